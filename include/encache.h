@@ -1,0 +1,364 @@
+/*
+ * encache.h: the one public header of libencache.
+ *
+ * encache lets the encoders of a multimodal serving fleet reuse each
+ * other's outputs through a shared Store.  This header is the whole API:
+ * anything not declared here is private and may change at any time.
+ *
+ * Thread safety (applies to every function unless its comment says
+ * otherwise):
+ *   - Functions without a handle argument (keys, object codec, error
+ *     names, version) are pure and may be called from any thread at any
+ *     time.
+ *   - A handle (encache_config, ...) may be used by one thread at a time;
+ *     distinct handles are independent.  Read-only accessors on a handle
+ *     that nobody modifies may run concurrently.
+ *
+ * Conventions:
+ *   - Functions return int: 0 (or a count) on success, a negative
+ *     ENCACHE_E* code on failure.  System errors are -errno.
+ *   - Every `const char *` argument may be freed by the caller as soon as
+ *     the call returns; the library copies what it keeps.
+ *   - Strings returned by the library are owned by it; their lifetime is
+ *     given at each function.
+ *   - `*_free(NULL)` is a no-op.
+ *
+ * Versioning: same major version = same ABI.
+ */
+#ifndef ENCACHE_H
+#define ENCACHE_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(ENCACHE_BUILDING) && defined(__GNUC__)
+#define ENCACHE_EXTERN __attribute__((visibility("default")))
+#else
+#define ENCACHE_EXTERN
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define ENCACHE_VERSION_MAJOR 0
+#define ENCACHE_VERSION_MINOR 1
+#define ENCACHE_VERSION_PATCH 0
+#define ENCACHE_VERSION_HEX                                                  \
+  ((ENCACHE_VERSION_MAJOR << 16) | (ENCACHE_VERSION_MINOR << 8) |            \
+   (ENCACHE_VERSION_PATCH))
+#define ENCACHE_VERSION_STRING "0.1.0"
+
+/* The version of the library actually loaded, as "MAJOR.MINOR.PATCH".
+ * Static storage; never free it. */
+ENCACHE_EXTERN const char *encache_version(void);
+/* The same as ENCACHE_VERSION_HEX of the loaded library. */
+ENCACHE_EXTERN unsigned encache_version_number(void);
+
+/* ----------------------------------------------------------------- errors */
+
+/*
+ * Every error code, once: XX(NAME, value, message).  System errors keep
+ * their errno value (negated); library errors live in the reserved range
+ * -30600 .. -30699, far from any errno.
+ */
+#define ENCACHE_ERRNO_MAP(XX)                                                \
+  XX(EINVAL, -EINVAL, "invalid argument")                                    \
+  XX(ENOMEM, -ENOMEM, "out of memory")                                       \
+  XX(ENOBUFS, -ENOBUFS, "buffer too small")                                  \
+  XX(ENOENT, -ENOENT, "no such object")                                      \
+  XX(EEXIST, -EEXIST, "object already exists")                               \
+  XX(EIO, -EIO, "input/output error")                                        \
+  XX(ECONFIG, -30600, "invalid configuration")                               \
+  XX(EJSON, -30601, "malformed JSON")                                        \
+  XX(EDTYPE, -30602, "unsupported dtype")                                    \
+  XX(ESHAPE, -30603, "not a 2-D matrix")                                     \
+  XX(ECONTIG, -30604, "matrix is not contiguous")                            \
+  XX(EINCOMPAT, -30605, "object incompatible with the expected contract")    \
+  XX(ETOOLARGE, -30606, "object too large")                                  \
+  XX(EUNAVAIL, -30607, "store unavailable (recoverable)")                    \
+  XX(EUNCONFIRMED, -30608, "store operation completion unconfirmed")         \
+  XX(EPOISONED, -30609, "handle poisoned by an unconfirmed store operation") \
+  XX(ECLOSED, -30610, "handle is closed")                                    \
+  XX(EBUDGET, -30611, "publication budget exhausted")                        \
+  XX(EFORMAT, -30612, "incompatible or corrupted store format")              \
+  XX(EURL, -30613, "invalid store URL")
+
+typedef enum encache_errno {
+#define ENCACHE_ERR_ENUM_(name, value, msg) ENCACHE_##name = (value),
+  ENCACHE_ERRNO_MAP(ENCACHE_ERR_ENUM_)
+#undef ENCACHE_ERR_ENUM_
+  ENCACHE_ERRNO_MAX_ = -30699
+} encache_errno;
+
+/* A human-readable message for any code returned by this library
+ * (including -errno values).  Static storage; never NULL. */
+ENCACHE_EXTERN const char *encache_strerror(int err);
+/* The code's name without prefix, e.g. "EINVAL", "EPOISONED"; "UNKNOWN"
+ * for codes not in the table.  Static storage; never NULL. */
+ENCACHE_EXTERN const char *encache_err_name(int err);
+
+/* ----------------------------------------------------------------- dtypes */
+
+/* Element types of an embedding matrix.  The values are the v3 wire codes
+ * (spec/v3-format.md): keep them. */
+typedef enum encache_dtype {
+  ENCACHE_FLOAT32 = 0,
+  ENCACHE_FLOAT16 = 11,
+  ENCACHE_BFLOAT16 = 12
+} encache_dtype;
+
+/* Size in bytes of one element, or 0 for a value that is not a dtype. */
+ENCACHE_EXTERN size_t encache_dtype_size(int dtype);
+/* "float32", "float16", "bfloat16", or NULL for a value that is not a
+ * dtype.  Static storage. */
+ENCACHE_EXTERN const char *encache_dtype_name(int dtype);
+/* "torch.float32" etc. (as PyTorch prints it; used in keys), or NULL. */
+ENCACHE_EXTERN const char *encache_dtype_torch_name(int dtype);
+/* Parses "float32", "float16", "bfloat16" (also with a "torch." prefix,
+ * and the aliases "fp32", "fp16", "bf16", "float", "half").  Returns the
+ * dtype value (>= 0) or ENCACHE_EDTYPE. */
+ENCACHE_EXTERN int encache_dtype_parse(const char *name);
+
+/* ------------------------------------------------------------------- keys */
+
+/*
+ * A Store key is NAMESPACE "@id:" IDENTIFIER.  The namespace is computed
+ * once per encoder from the components below, byte-exact with vLLM's
+ * protocol:v3 (spec/v3-format.md).  Nothing is escaped or hashed.
+ */
+typedef struct encache_namespace_params {
+  const char *prefix;       /* embedding_cache_prefix; NULL or "" = none */
+  const char *model;        /* model identity, or the model path as given;
+                               required, non-empty */
+  const char *revision;     /* NULL or "" = "default" */
+  const char *encoder_hash; /* multimodal-config hash; NULL or "" = the
+                               model has none ("encoder:encoder:default") */
+  int dtype;                /* the model dtype: an encache_dtype */
+} encache_namespace_params;
+
+/*
+ * Writes the namespace, NUL-terminated, into buf[0..size).
+ * Returns its length (without the NUL) when it fits.  With buf NULL and
+ * size 0, writes nothing and returns the length it needs (a size query).
+ * Errors: ENCACHE_ENOBUFS if size <= length (buf untouched but for a NUL
+ * at buf[0] when size > 0), ENCACHE_EINVAL for a missing model,
+ * ENCACHE_EDTYPE for a bad dtype.  Never allocates.
+ */
+ENCACHE_EXTERN int encache_namespace(const encache_namespace_params *p,
+                                     char *buf, size_t size);
+
+/*
+ * Writes the key NAMESPACE "@id:" ID into buf[0..size), with the same
+ * return convention as encache_namespace().  ns and id must be non-NULL;
+ * id must be non-empty.  Never allocates.
+ */
+ENCACHE_EXTERN int encache_key(const char *ns, const char *id, char *buf,
+                               size_t size);
+
+/* ---------------------------------------------------------------- objects */
+
+/*
+ * A v3 object is a 24-byte little-endian header (magic, dtype code, rows,
+ * cols) followed by rows * cols elements, row-major and contiguous.
+ */
+#define ENCACHE_HEADER_SIZE 24
+#define ENCACHE_MAGIC 0x4D4F4F4Eu
+
+/* A strided view of a host tensor, as a serving stack holds it.  Strides
+ * are in elements (as PyTorch and DLPack count them); NULL strides mean
+ * row-major contiguous. */
+typedef struct encache_tensor {
+  const void *data;
+  int dtype; /* an encache_dtype; anything else is refused */
+  int ndim;  /* only 2 is accepted */
+  const int64_t *shape;
+  const int64_t *strides;
+} encache_tensor;
+
+/* The decoded fields of a header. */
+typedef struct encache_header {
+  uint32_t magic;
+  uint32_t dtype; /* the wire code, not necessarily a known dtype */
+  uint64_t rows;
+  uint64_t cols;
+} encache_header;
+
+/* What a reader expects of an object. */
+typedef struct encache_contract {
+  int dtype; /* an encache_dtype */
+  uint64_t rows;
+  uint64_t cols;
+} encache_contract;
+
+/* Why an object is not a hit for a contract (spec/v3-format.md, in the
+ * order they are checked). */
+typedef enum encache_verdict {
+  ENCACHE_COMPATIBLE = 0,
+  ENCACHE_BAD_LENGTH = 1, /* byte count is not 24 + expected payload */
+  ENCACHE_BAD_MAGIC = 2,
+  ENCACHE_BAD_DTYPE = 3,
+  ENCACHE_BAD_SHAPE = 4  /* rows/cols differ, even if the sizes agree */
+} encache_verdict;
+
+/* "compatible", "length", "magic", "dtype", "shape"; "unknown" otherwise. */
+ENCACHE_EXTERN const char *encache_verdict_name(int verdict);
+
+/*
+ * Payload size of a rows x cols matrix of dtype, in *nbytes.
+ * Errors: ENCACHE_EDTYPE, ENCACHE_ETOOLARGE (the object size 24 + payload
+ * would not fit in 64 bits).
+ */
+ENCACHE_EXTERN int encache_payload_size(int dtype, uint64_t rows,
+                                        uint64_t cols, uint64_t *nbytes);
+
+/*
+ * Encodes the header for tensor t into out.  Refuses, before writing
+ * anything: a dtype that is not float32/float16/bfloat16 (ENCACHE_EDTYPE),
+ * ndim != 2 or a negative dimension (ENCACHE_ESHAPE), a non-contiguous
+ * layout (ENCACHE_ECONTIG; strides of dimensions of size 1 are ignored, as
+ * PyTorch does), a size that overflows (ENCACHE_ETOOLARGE).
+ */
+ENCACHE_EXTERN int encache_header_encode(const encache_tensor *t,
+                                         unsigned char out[ENCACHE_HEADER_SIZE]);
+
+/*
+ * Decodes the header at obj[0..len) into *hdr, without judging it: returns
+ * 0 when len >= 24, or ENCACHE_EINCOMPAT (short header; *hdr zeroed).
+ */
+ENCACHE_EXTERN int encache_header_decode(const void *obj, size_t len,
+                                         encache_header *hdr);
+
+/*
+ * Judges the object obj[0..len) against contract c: returns an
+ * encache_verdict (ENCACHE_COMPATIBLE = 0 for a hit), checking length,
+ * magic, dtype, shape in that order; hdr, when not NULL, receives whatever
+ * header could be decoded (zeroed for a short header).  Returns
+ * ENCACHE_EINVAL or ENCACHE_EDTYPE for a bad contract.
+ */
+ENCACHE_EXTERN int encache_object_check(const void *obj, size_t len,
+                                        const encache_contract *c,
+                                        encache_header *hdr);
+
+/*
+ * Describes, in buf, what a reader sees in obj[0..len) without a
+ * contract: "float32 2x2, 16 payload bytes" or why it is not a v3 object
+ * ("not a v3 object: bad magic 0x..."; "... length 30, expected 40").
+ * Returns 0 for a well-formed v3 object, ENCACHE_EINCOMPAT otherwise;
+ * buf is always NUL-terminated when size > 0.
+ */
+ENCACHE_EXTERN int encache_object_describe(const void *obj, size_t len,
+                                           char *buf, size_t size);
+
+/* ---------------------------------------------------------- configuration */
+
+/*
+ * The configuration of an encoder: the producer's vLLM
+ * --ec-transfer-config JSON (options under ec_connector_extra_config) and,
+ * optionally, the Mooncake Store client JSON named by MOONCAKE_CONFIG_PATH.
+ * Defaults and rules are those of spec/behaviour.md; see docs/configuration.md.
+ *
+ * Lifetime: encache_config_new() creates an empty configuration holding
+ * every default; each load replaces the section it reads, atomically: on
+ * failure the handle keeps its previous values and errmsg() says why.
+ */
+typedef struct encache_config encache_config;
+
+/* Creates a configuration with all defaults.  Free with
+ * encache_config_free().  Errors: ENCACHE_ENOMEM. */
+ENCACHE_EXTERN int encache_config_new(encache_config **out);
+ENCACHE_EXTERN void encache_config_free(encache_config *cfg);
+
+/* Parses the whole vLLM ec-transfer-config object from json[0..len).
+ * Errors: ENCACHE_EJSON (message has line and column), ENCACHE_ECONFIG
+ * (message names the field), ENCACHE_ENOMEM. */
+ENCACHE_EXTERN int encache_config_load_ec(encache_config *cfg,
+                                          const char *json, size_t len);
+
+/* Parses a Mooncake client JSON from json[0..len); `origin` (may be NULL)
+ * names where it came from, for messages.  Errors as above. */
+ENCACHE_EXTERN int encache_config_load_mooncake(encache_config *cfg,
+                                                const char *json, size_t len,
+                                                const char *origin);
+
+/* Reads and parses the Mooncake JSON file at path; with path NULL, the file
+ * named by MOONCAKE_CONFIG_PATH (ENCACHE_ECONFIG if it is unset).  Errors
+ * as above, plus -errno when the file cannot be read. */
+ENCACHE_EXTERN int encache_config_load_mooncake_file(encache_config *cfg,
+                                                     const char *path);
+
+/* Deployment facts that decide whether reuse may start (spec/behaviour.md):
+ * the processor cache size (identifiers are content hashes only when it is
+ * on), and the parallelism the encoder runs with. */
+typedef struct encache_deployment {
+  double mm_processor_cache_gb; /* vLLM's default is 4; 0 = off */
+  int tensor_parallel_size;     /* must be 1 */
+  int pipeline_parallel_size;   /* must be 1 */
+  int data_parallel_size;       /* must be 1 */
+  int dynamic_lora;             /* must be 0 */
+} encache_deployment;
+
+/* Fills *d with vLLM's defaults (4 GB cache, no parallelism, no LoRA). */
+ENCACHE_EXTERN void encache_deployment_defaults(encache_deployment *d);
+
+/* Checks that reuse may start for deployment d (NULL = defaults).  When
+ * cross_encoder_cache is false there is nothing to check and it returns 0.
+ * Errors: ENCACHE_ECONFIG naming the setting that forbids it. */
+ENCACHE_EXTERN int encache_config_check_deployment(
+    encache_config *cfg, const encache_deployment *d);
+
+/* The message of the last failed call on cfg, or "" after a success.
+ * Valid until the next call on cfg. */
+ENCACHE_EXTERN const char *encache_config_errmsg(const encache_config *cfg);
+
+/* One effective option, for display (the check command). */
+typedef struct encache_config_item {
+  const char *section; /* "ec_transfer_config",
+                          "ec_connector_extra_config" or "mooncake" */
+  const char *name;
+  const char *value;   /* the value as JSON text ("null" when unset) */
+  int is_default;      /* 1 when the value was not given */
+} encache_config_item;
+
+/* Number of items: every known option of every section loaded so far
+ * (the ec sections always; mooncake once loaded). */
+ENCACHE_EXTERN int encache_config_item_count(const encache_config *cfg);
+/* Fills *item for index i (0-based).  Strings are owned by cfg and valid
+ * until the next load or free.  Errors: ENCACHE_EINVAL (index). */
+ENCACHE_EXTERN int encache_config_item_at(const encache_config *cfg, int i,
+                                          encache_config_item *item);
+
+/* Options present in the input that encache does not know, as
+ * "section.name".  They are not errors (vLLM ignores them too).  Same
+ * lifetime as items. */
+ENCACHE_EXTERN int encache_config_unknown_count(const encache_config *cfg);
+ENCACHE_EXTERN const char *encache_config_unknown_at(const encache_config *cfg,
+                                                     int i);
+
+/* Typed accessors for the engine and for callers.  `name` is the option's
+ * name in its section (e.g. "store_read_buffer_bytes", "protocol").
+ * Errors: ENCACHE_ENOENT for an unknown name, ENCACHE_EINVAL when the
+ * option has another type.  Strings: owned by cfg, NULL when unset. */
+ENCACHE_EXTERN int encache_config_get_bool(const encache_config *cfg,
+                                           const char *name, int *out);
+ENCACHE_EXTERN int encache_config_get_u64(const encache_config *cfg,
+                                          const char *name, uint64_t *out);
+ENCACHE_EXTERN int encache_config_get_string(const encache_config *cfg,
+                                             const char *name,
+                                             const char **out);
+
+/*
+ * Parses a size: a plain integer of bytes, or a number with a unit
+ * B, KB, MB, GB, TB (binary multiples, as Mooncake reads them), KiB, MiB,
+ * GiB, TiB; case-insensitive, optional space.  Errors: ENCACHE_EINVAL
+ * (not a size), ENCACHE_ETOOLARGE (overflows 64 bits).
+ */
+ENCACHE_EXTERN int encache_parse_size(const char *text, uint64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ENCACHE_H */

@@ -1,0 +1,34 @@
+#!/bin/sh
+# install-deps.sh: installs, from Debian's packages, what encache needs to
+# build and test.  Does nothing for packages already installed; needs root
+# (or sudo) only when something is missing.  Nothing is downloaded from
+# anywhere else.
+set -eu
+
+packages="cmake make gcc pkgconf libjansson-dev"
+# clang and its runtimes build the fuzzers (libFuzzer) in CI.
+if [ "${ENCACHE_FUZZ_DEPS:-0}" = 1 ]; then
+  packages="$packages clang libclang-rt-14-dev"
+fi
+
+missing=""
+for p in $packages; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing="$missing $p"
+  fi
+done
+[ -z "$missing" ] && exit 0
+
+echo "install-deps: installing:$missing"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || {
+    echo "install-deps: need root to install:$missing" >&2
+    exit 1
+  }
+  sudo=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+# shellcheck disable=SC2086
+$sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,70 @@
+/*
+ * internal.h: what the parts of libencache share and nobody else sees.
+ *
+ * Allocation goes through encache__malloc() and friends, which check size
+ * overflow and can be told to fail the N-th call (tests use this to walk
+ * every allocation failure path, as libuv's loop_init_oom does).
+ *
+ * Two assert levels, as in Redis: ENCACHE_ASSERT is always on and guards
+ * invariants whose breach would corrupt data; ENCACHE_DEBUG_ASSERT is for
+ * expensive checks and compiled only in debug builds.
+ */
+#ifndef ENCACHE_INTERNAL_H
+#define ENCACHE_INTERNAL_H
+
+#include "encache.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENCACHE_INTERNAL __attribute__((visibility("hidden")))
+
+void encache__assert_fail(const char *expr, const char *file, int line)
+    __attribute__((noreturn));
+
+#define ENCACHE_ASSERT(e)                                                    \
+  ((e) ? (void)0 : encache__assert_fail(#e, __FILE__, __LINE__))
+#ifndef NDEBUG
+#define ENCACHE_DEBUG_ASSERT(e) ENCACHE_ASSERT(e)
+#else
+#define ENCACHE_DEBUG_ASSERT(e) ((void)0)
+#endif
+
+void *encache__malloc(size_t size);
+void *encache__calloc(size_t n, size_t size);
+void *encache__realloc(void *p, size_t size);
+void encache__free(void *p);
+char *encache__strdup(const char *s);
+/* printf into a fresh allocation; NULL on failure. */
+char *encache__asprintf(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+/*
+ * Test hook: the n-th allocation from now (1-based) and every one after it
+ * fails; 0 disarms.  Returns the number of allocations made since the
+ * last call.  Tests reach it by linking the static library.
+ */
+long encache__alloc_fail_after(long n);
+
+/* Little-endian loads and stores, correct on any host. */
+static inline void encache__put_le32(unsigned char *p, uint32_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+  p[2] = (unsigned char)(v >> 16);
+  p[3] = (unsigned char)(v >> 24);
+}
+static inline void encache__put_le64(unsigned char *p, uint64_t v) {
+  encache__put_le32(p, (uint32_t)v);
+  encache__put_le32(p + 4, (uint32_t)(v >> 32));
+}
+static inline uint32_t encache__get_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+         (uint32_t)p[3] << 24;
+}
+static inline uint64_t encache__get_le64(const unsigned char *p) {
+  return (uint64_t)encache__get_le32(p) |
+         (uint64_t)encache__get_le32(p + 4) << 32;
+}
+
+#endif

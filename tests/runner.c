@@ -1,0 +1,111 @@
+/*
+ * runner.c: runs every test of tests/list.h in a child process.
+ *
+ * Usage: encache_tests [SUBSTRING...]   run the tests whose names contain
+ *                                      any SUBSTRING (all without one)
+ *        ENCACHE_TEST_NOFORK=1         run in-process (for a debugger)
+ *        ENCACHE_TEST_TIMEOUT=SECONDS  per-test limit (default 120)
+ * Output is TAP; the exit status is 1 if any test failed.
+ */
+#include "runner.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "list.h"
+
+#define DECLARE_(name) void test_##name(void);
+TEST_LIST(DECLARE_)
+#undef DECLARE_
+
+static const struct {
+  const char *name;
+  void (*fn)(void);
+} tests[] = {
+#define ENTRY_(name) {#name, test_##name},
+    TEST_LIST(ENTRY_)
+#undef ENTRY_
+};
+
+void test__fail(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "# %s:%d: ", file, line);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  fflush(stderr);
+  exit(1);
+}
+
+size_t test__first_diff(const void *a, const void *b, size_t n) {
+  const unsigned char *x = a, *y = b;
+  size_t i = 0;
+  while (i < n && x[i] == y[i])
+    i++;
+  return i;
+}
+
+static int selected(const char *name, int argc, char **argv) {
+  if (argc < 2)
+    return 1;
+  for (int i = 1; i < argc; i++)
+    if (strstr(name, argv[i]) != NULL)
+      return 1;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  size_t n = sizeof(tests) / sizeof(tests[0]);
+  int nofork = getenv("ENCACHE_TEST_NOFORK") != NULL;
+  const char *t = getenv("ENCACHE_TEST_TIMEOUT");
+  unsigned timeout = t ? (unsigned)atoi(t) : 120;
+  int failed = 0, ran = 0;
+
+  size_t planned = 0;
+  for (size_t i = 0; i < n; i++)
+    planned += (size_t)selected(tests[i].name, argc, argv);
+  printf("1..%zu\n", planned);
+  fflush(stdout);
+  for (size_t i = 0; i < n; i++) {
+    if (!selected(tests[i].name, argc, argv))
+      continue;
+    ran++;
+    if (nofork) {
+      tests[i].fn();
+      printf("ok %d - %s\n", ran, tests[i].name);
+      continue;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      return 2;
+    }
+    if (pid == 0) {
+      alarm(timeout);
+      tests[i].fn();
+      /* exit(), not _exit(): LeakSanitizer checks for leaks at exit. */
+      exit(0);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+      ;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      printf("ok %d - %s\n", ran, tests[i].name);
+    } else {
+      failed++;
+      if (WIFSIGNALED(status))
+        printf("not ok %d - %s (killed by signal %d%s)\n", ran,
+               tests[i].name, WTERMSIG(status),
+               WTERMSIG(status) == SIGALRM ? ": timeout" : "");
+      else
+        printf("not ok %d - %s (exit %d)\n", ran, tests[i].name,
+               WEXITSTATUS(status));
+    }
+    fflush(stdout);
+  }
+  printf("# %d tests, %d failed\n", ran, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,48 @@
+/*
+ * tool.h: what the subcommands of the encache tool share.  The tool uses
+ * the public header only, like any other program would.
+ *
+ * Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad input
+ * (a configuration that is refused, a file that cannot be read).
+ */
+#ifndef ENCACHE_TOOL_H
+#define ENCACHE_TOOL_H
+
+#include <stddef.h>
+
+#define EXIT_OK 0
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+
+typedef struct tool_globals {
+  const char *store_url; /* --store or ENCACHE_STORE; NULL = the default */
+} tool_globals;
+
+typedef struct tool_command {
+  const char *name;
+  const char *summary;
+  int (*run)(const tool_globals *g, int argc, char **argv);
+} tool_command;
+
+int cmd_key(const tool_globals *g, int argc, char **argv);
+int cmd_config(const tool_globals *g, int argc, char **argv);
+
+/* Prints "encache: " + message to stderr; returns EXIT_USAGE so that
+ * callers can `return usage_error(...)`. */
+int usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Reads a whole file ("-" = standard input) into a NUL-terminated buffer
+ * the caller frees.  On failure prints why and returns NULL. */
+char *read_file(const char *path, size_t *len);
+
+/* The argument itself, or the contents of FILE when it is "@FILE".  The
+ * caller frees the result.  On failure prints why and returns NULL. */
+char *arg_or_file(const char *arg, size_t *len);
+
+/* Parses a strictly positive (or, with allow_zero, non-negative) decimal
+ * integer option; prints an error naming `opt` and returns -1 otherwise. */
+int parse_int_option(const char *cmd, const char *opt, const char *text,
+                     int allow_zero, long long *out);
+
+#endif
