@@ -358,6 +358,113 @@ ENCACHE_EXTERN int encache_config_get_string(const encache_config *cfg,
  */
 ENCACHE_EXTERN int encache_parse_size(const char *text, uint64_t *out);
 
+/* ----------------------------------------------------------------- stores */
+
+/*
+ * A Store holds objects under keys.  The engine talks to one through this
+ * handle; operators' tools use it directly.  Stores are opened from a URL:
+ *
+ *   shm://NAME?size=SIZE[&lock_timeout_ms=MS]
+ *        the embedded shared-memory Store: every process on the host that
+ *        opens NAME shares one segment (created by the first, sized SIZE,
+ *        default 1GiB; later openers use the existing segment whatever its
+ *        size).  It outlives processes until encache_shm_destroy().
+ *
+ * See docs/stores.md.  ENCACHE_DEFAULT_STORE is used when no URL is given.
+ *
+ * Results are classified once, in the backend:
+ *   >= 0                 success (a byte count for reads)
+ *   ENCACHE_ENOENT       not found
+ *   ENCACHE_ETOOLARGE    the object does not fit the buffer (reads) or the
+ *                        Store (writes); nothing was written
+ *   ENCACHE_EEXIST       writes: the key exists (or is being written);
+ *                        the Store never replaces an object
+ *   ENCACHE_EUNAVAIL     recoverable: the operation certainly did not happen
+ *                        (or certainly finished); try again later
+ *   ENCACHE_EUNCONFIRMED fatal: completion cannot be confirmed, the Store may
+ *                        still write into the caller's memory
+ *   ENCACHE_EINVAL       bad arguments
+ *
+ * Thread safety: a Store handle may be used by several threads at once.
+ * A handle must not be used in a child after fork(): open a new one.
+ */
+typedef struct encache_store encache_store;
+
+#define ENCACHE_DEFAULT_STORE "shm://encache?size=1GiB"
+
+/* Opens the Store at url (NULL = $ENCACHE_STORE, else
+ * ENCACHE_DEFAULT_STORE).  On failure *out may still hold a handle whose
+ * errmsg says why; close it.  Errors: ENCACHE_EURL, ENCACHE_EFORMAT (an
+ * incompatible or corrupted shared segment), -errno, ENCACHE_ENOMEM. */
+ENCACHE_EXTERN int encache_store_open(const char *url, encache_store **out);
+/* Closes the handle; NULL is a no-op.  Objects stay in the Store. */
+ENCACHE_EXTERN void encache_store_close(encache_store *st);
+/* Detail of the last error on this handle (thread-local per handle is not
+ * promised: with several threads, read it only after a failure on the
+ * same thread and before another call).  Never NULL. */
+ENCACHE_EXTERN const char *encache_store_errmsg(const encache_store *st);
+/* The URL the handle was opened with (canonical form).  Owned by st. */
+ENCACHE_EXTERN const char *encache_store_url(const encache_store *st);
+
+/* For each of keys[0..n): results[i] = 1 present, 0 absent, or a negative
+ * classified code.  Returns 0, or a negative code when the whole batch
+ * failed (then results are unspecified). */
+ENCACHE_EXTERN int encache_store_exists(encache_store *st,
+                                        const char *const *keys, size_t n,
+                                        int *results);
+
+/* Reads each of keys[0..n) into bufs[i] (capacity caps[i]); results[i] is
+ * the object's byte count or a negative classified code (ENCACHE_ENOENT,
+ * ENCACHE_ETOOLARGE when it exceeds caps[i]: nothing beyond caps[i] is
+ * ever written).  Returns 0, or a negative code for the whole batch. */
+ENCACHE_EXTERN int encache_store_read(encache_store *st,
+                                      const char *const *keys, size_t n,
+                                      void *const *bufs, const size_t *caps,
+                                      int64_t *results);
+
+/* Byte count of the object at key in *len.  Errors: ENCACHE_ENOENT, ... */
+ENCACHE_EXTERN int encache_store_object_size(encache_store *st,
+                                             const char *key, uint64_t *len);
+
+/* Writes hdr[0..hdr_len) followed by payload[0..len) as one object under
+ * key, unless key exists (ENCACHE_EEXIST).  Readers never see a partial
+ * object.  Either part may be empty. */
+ENCACHE_EXTERN int encache_store_write(encache_store *st, const char *key,
+                                       const void *hdr, size_t hdr_len,
+                                       const void *payload, size_t len);
+
+/* Removes the object at key.  Errors: ENCACHE_ENOENT. */
+ENCACHE_EXTERN int encache_store_remove(encache_store *st, const char *key);
+
+/* Calls cb(key, byte_count, arg) for each object whose key matches the
+ * shell pattern (fnmatch(3); NULL = all), in no particular order; stops
+ * early when cb returns non-zero and returns that value.  The key string
+ * is valid during the callback only.  Backends that cannot list return
+ * ENCACHE_EINVAL. */
+ENCACHE_EXTERN int encache_store_list(encache_store *st, const char *pattern,
+                                      int (*cb)(const char *key, uint64_t len,
+                                                void *arg),
+                                      void *arg);
+
+/* Counters of a Store; fields a backend does not know are UINT64_MAX. */
+typedef struct encache_store_stats {
+  const char *kind;     /* "shm", ...; static storage */
+  uint64_t objects;     /* objects stored */
+  uint64_t bytes_used;  /* bytes held, including per-object overhead */
+  uint64_t capacity;    /* bytes available for objects */
+  uint64_t evictions;   /* objects evicted to make room */
+  uint64_t reinsertions;/* objects given a second chance at eviction */
+  uint64_t repairs;     /* recoveries after a process died holding a lock */
+} encache_store_stats;
+
+ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,
+                                           encache_store_stats *stats);
+
+/* Removes the shared-memory segment NAME (as in shm://NAME).  Processes
+ * that have it open keep their mapping until they close it.  Errors:
+ * ENCACHE_ENOENT, ENCACHE_EURL (bad name), -errno. */
+ENCACHE_EXTERN int encache_shm_destroy(const char *name);
+
 #ifdef __cplusplus
 }
 #endif

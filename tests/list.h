@@ -29,4 +29,24 @@
   XX(config_mooncake_refusals_name_the_field)                                \
   XX(config_mooncake_file_and_env)                                           \
   XX(config_parse_size)                                                      \
-  XX(config_out_of_memory_every_allocation)
+  XX(config_out_of_memory_every_allocation)                                  \
+  XX(store_roundtrip_sizes)                                                  \
+  XX(store_never_replaces)                                                   \
+  XX(store_batches_mix_present_and_absent)                                   \
+  XX(store_read_into_too_small_buffer)                                       \
+  XX(store_long_keys)                                                        \
+  XX(store_remove)                                                           \
+  XX(store_reopen_and_survive_processes)                                     \
+  XX(store_list_and_stats)                                                   \
+  XX(store_concurrent_processes_verify_content)                              \
+  XX(shm_url_errors)                                                         \
+  XX(shm_refuses_foreign_or_corrupt_header)                                  \
+  XX(shm_evicts_when_full_and_refuses_too_large)                             \
+  XX(shm_second_chance_keeps_read_objects)                                   \
+  XX(shm_miss_when_object_replaced_while_read)                               \
+  XX(shm_repairs_after_lock_holder_dies)                                     \
+  XX(shm_killed_writer_loses_only_its_object)                                \
+  XX(shm_repairs_corrupted_index)                                            \
+  XX(shm_stress_processes_and_threads)                                       \
+  XX(shm_threads_in_one_process)                                             \
+  XX(shm_sigkill_writers_at_random_moments)

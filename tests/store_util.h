@@ -1,0 +1,29 @@
+/*
+ * store_util.h: what the Store tests share: opening the Store under test,
+ * and payloads derived from (key, version) so that any byte out of place
+ * (a torn read, another object's bytes, an overflow) is detected.
+ */
+#ifndef ENCACHE_TEST_STORE_UTIL_H
+#define ENCACHE_TEST_STORE_UTIL_H
+
+#include "encache.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Opens the Store under test: $ENCACHE_TEST_STORE, or a fresh shm segment
+ * private to this test process (of `size` bytes), destroyed at exit.
+ * Fails the test on error. */
+encache_store *ts_open(const char *size);
+/* Reopens the same Store (a second handle). */
+encache_store *ts_reopen(void);
+/* A key unique to this test process: "t<pid>/<name>". */
+void ts_key(char *buf, size_t size, const char *name);
+
+/* Fills buf[0..len) with the object for (key, version): the version in
+ * the first 8 bytes (when len >= 8), then bytes derived from both. */
+void ts_fill(const char *key, uint64_t version, unsigned char *buf, size_t len);
+/* Returns 1 when buf[0..len) is exactly some version's object for key. */
+int ts_verify(const char *key, const unsigned char *buf, size_t len);
+
+#endif

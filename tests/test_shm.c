@@ -1,0 +1,542 @@
+/*
+ * The shm Store beyond the conformance suite: format checks, eviction and
+ * its second chance, reads racing evictions, dead lock holders, killed
+ * writers, corrupted indexes, and stress with many processes and threads.
+ */
+#include "runner.h"
+#include "store_util.h"
+
+#include "store.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A fresh private segment "NAME-<pid>" of the given size; destroyed at
+ * exit by the process that made it. */
+static char seg_name[64];
+static pid_t seg_owner;
+static void seg_destroy(void) {
+  if (getpid() == seg_owner)
+    encache_shm_destroy(seg_name);
+}
+static encache_store *seg_open(const char *size, char *url, size_t ulen) {
+  snprintf(seg_name, sizeof(seg_name), "encache-shmtest-%d", (int)getpid());
+  encache_shm_destroy(seg_name);
+  seg_owner = getpid();
+  atexit(seg_destroy);
+  snprintf(url, ulen, "shm://%s?size=%s", seg_name, size);
+  encache_store *st = NULL;
+  int rc = encache_store_open(url, &st);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "open %s: %s", url, encache_store_errmsg(st));
+  return st;
+}
+
+static encache_store *reopen(const char *url) {
+  encache_store *st = NULL;
+  int rc = encache_store_open(url, &st);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "open %s: %s", url, encache_store_errmsg(st));
+  return st;
+}
+
+static int64_t read_one(encache_store *st, const char *key, void *buf,
+                        size_t cap) {
+  const char *keys[1] = {key};
+  void *bufs[1] = {buf};
+  size_t caps[1] = {cap};
+  int64_t res[1];
+  int rc = encache_store_read(st, keys, 1, bufs, caps, res);
+  return rc < 0 ? rc : res[0];
+}
+
+static void put(encache_store *st, const char *key, size_t len,
+                uint64_t version) {
+  unsigned char *buf = malloc(len ? len : 1);
+  ts_fill(key, version, buf, len);
+  int rc = encache_store_write(st, key, NULL, 0, buf, len);
+  free(buf);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "write %s: %s: %s", key,
+               encache_err_name(rc), encache_store_errmsg(st));
+}
+
+static int open_err(const char *url, char *msg, size_t size) {
+  encache_store *st = NULL;
+  int rc = encache_store_open(url, &st);
+  snprintf(msg, size, "%s", encache_store_errmsg(st));
+  encache_store_close(st);
+  return rc;
+}
+
+TEST(shm_url_errors) {
+  char msg[512];
+  ASSERT_EQ_INT(open_err("shm://", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_CONTAINS(msg, "segment name must be");
+  ASSERT_EQ_INT(open_err("shm://a/b", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_EQ_INT(open_err("shm://x?size=0", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_CONTAINS(msg, "size=0: must be a size from 1MiB");
+  ASSERT_EQ_INT(open_err("shm://x?size=lots", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_EQ_INT(open_err("shm://x?colour=red", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_CONTAINS(msg, "unknown option 'colour'");
+  ASSERT_EQ_INT(open_err("shm://x?size", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_EQ_INT(open_err("shm://x?lock_timeout_ms=0", msg, sizeof(msg)),
+                ENCACHE_EURL);
+  ASSERT_EQ_INT(open_err("nosuch://x", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_EQ_INT(encache_shm_destroy("../etc"), ENCACHE_EURL);
+  ASSERT_EQ_INT(encache_shm_destroy("encache-never-made"), ENCACHE_ENOENT);
+}
+
+/* Overwrites `len` bytes at `off` of the segment file. */
+static void poke(const char *name, off_t off, const void *bytes, size_t len) {
+  char path[128];
+  snprintf(path, sizeof(path), "/dev/shm/encache-%s", name);
+  int fd = open(path, O_RDWR);
+  ASSERT(fd >= 0);
+  ASSERT_EQ_INT(pwrite(fd, bytes, len, off), (ssize_t)len);
+  close(fd);
+}
+
+TEST(shm_refuses_foreign_or_corrupt_header) {
+  char url[128], msg[512];
+  encache_store *st = seg_open("2MiB", url, sizeof(url));
+  put(st, "k", 100, 1);
+  encache_store_close(st);
+  uint64_t word, saved;
+
+  /* Magic. */
+  char path[128];
+  snprintf(path, sizeof(path), "/dev/shm/encache-%s", seg_name);
+  int fd = open(path, O_RDONLY);
+  ASSERT(pread(fd, &saved, 8, 0) == 8);
+  close(fd);
+  word = 0x1122334455667788ull;
+  poke(seg_name, 0, &word, 8);
+  ASSERT_EQ_INT(open_err(url, msg, sizeof(msg)), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, "not an encache segment (bad magic");
+  poke(seg_name, 0, &saved, 8);
+
+  /* Format word: another layout version. */
+  fd = open(path, O_RDONLY);
+  ASSERT(pread(fd, &saved, 8, 8) == 8);
+  close(fd);
+  word = saved + (1ull << 56);
+  poke(seg_name, 8, &word, 8);
+  ASSERT_EQ_INT(open_err(url, msg, sizeof(msg)), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, "layout version 2");
+  poke(seg_name, 8, &saved, 8);
+
+  /* Geometry: a data offset that does not match. */
+  fd = open(path, O_RDONLY);
+  ASSERT(pread(fd, &saved, 8, 40) == 8);
+  close(fd);
+  word = saved + 4096;
+  poke(seg_name, 40, &word, 8);
+  ASSERT_EQ_INT(open_err(url, msg, sizeof(msg)), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, "corrupted segment header");
+  poke(seg_name, 40, &saved, 8);
+
+  /* Restored, it opens and still holds its object. */
+  st = reopen(url);
+  unsigned char out[100];
+  ASSERT_EQ_INT(read_one(st, "k", out, sizeof(out)), 100);
+  ASSERT(ts_verify("k", out, 100));
+  encache_store_close(st);
+
+  /* A file too short to hold a header. */
+  fd = open(path, O_RDWR);
+  ASSERT_EQ_INT(ftruncate(fd, 16), 0);
+  close(fd);
+  ASSERT_EQ_INT(open_err(url, msg, sizeof(msg)), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, "too short");
+}
+
+TEST(shm_evicts_when_full_and_refuses_too_large) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT_EQ_STR(s.kind, "shm");
+  uint64_t cap = s.capacity;
+  ASSERT(cap > (3u << 20) && cap < (4u << 20));
+  for (int i = 0; i < 200; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "obj-%03d", i);
+    put(st, key, 64 << 10, (uint64_t)i);
+  }
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT(s.evictions > 100);
+  ASSERT(s.bytes_used <= s.capacity);
+  ASSERT(s.objects * (64u << 10) <= s.capacity);
+  unsigned char *out = malloc(64 << 10);
+  ASSERT_EQ_INT(read_one(st, "obj-199", out, 64 << 10), 64 << 10);
+  ASSERT(ts_verify("obj-199", out, 64 << 10));
+  ASSERT_EQ_INT(read_one(st, "obj-000", out, 64 << 10), ENCACHE_ENOENT);
+  free(out);
+  /* An object that cannot fit the segment is refused, not half-stored. */
+  unsigned char *big = calloc(1, 4u << 20);
+  ASSERT_EQ_INT(encache_store_write(st, "huge", NULL, 0, big, 4u << 20),
+                ENCACHE_ETOOLARGE);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "does not fit");
+  free(big);
+  /* Tiny objects beyond the entry table evict by entry count. */
+  for (int i = 0; i < 3000; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "tiny-%d", i);
+    put(st, key, 8, (uint64_t)i);
+  }
+  unsigned char t[8];
+  ASSERT_EQ_INT(read_one(st, "tiny-2999", t, 8), 8);
+  encache_store_close(st);
+}
+
+TEST(shm_second_chance_keeps_read_objects) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  unsigned char *out = malloc(64 << 10);
+  put(st, "hot", 64 << 10, 1);
+  put(st, "cold", 64 << 10, 1);
+  for (int i = 0; i < 300; i++) {
+    if (i % 10 == 0)
+      ASSERT_EQ_INT(read_one(st, "hot", out, 64 << 10), 64 << 10);
+    char key[32];
+    snprintf(key, sizeof(key), "filler-%d", i);
+    put(st, key, 64 << 10, (uint64_t)i);
+  }
+  ASSERT_EQ_INT(read_one(st, "hot", out, 64 << 10), 64 << 10);
+  ASSERT(ts_verify("hot", out, 64 << 10));
+  ASSERT_EQ_INT(read_one(st, "cold", out, 64 << 10), ENCACHE_ENOENT);
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT(s.reinsertions >= 5);
+  free(out);
+  encache_store_close(st);
+}
+
+static encache_store *hook_store;
+static void remove_during_read(void) {
+  ASSERT_EQ_INT(encache_store_remove(hook_store, "victim"), 0);
+  put(hook_store, "victim", 4096, 2); /* same key, new object, maybe same place */
+}
+
+TEST(shm_miss_when_object_replaced_while_read) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  hook_store = reopen(url);
+  put(st, "victim", 4096, 1);
+  unsigned char out[4096];
+  encache__shm_read_hook = remove_during_read;
+  ASSERT_EQ_INT(read_one(st, "victim", out, sizeof(out)), ENCACHE_ENOENT);
+  encache__shm_read_hook = NULL;
+  ASSERT_EQ_INT(read_one(st, "victim", out, sizeof(out)), 4096);
+  uint64_t v;
+  memcpy(&v, out, 8);
+  ASSERT_EQ_U64(v, 2);
+  encache_store_close(hook_store);
+  encache_store_close(st);
+}
+
+TEST(shm_repairs_after_lock_holder_dies) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  for (int i = 0; i < 20; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "keep-%d", i);
+    put(st, key, 10000, (uint64_t)i);
+  }
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    encache_store *c = reopen(url);
+    if (encache__shm_test_lock(c) != 0)
+      _exit(1);
+    _exit(0); /* dies holding the lock */
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  unsigned char out[10000];
+  for (int i = 0; i < 20; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "keep-%d", i);
+    ASSERT_EQ_INT(read_one(st, key, out, sizeof(out)), 10000);
+    ASSERT(ts_verify(key, out, 10000));
+  }
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT_EQ_U64(s.repairs, 1);
+  ASSERT_EQ_U64(s.objects, 20);
+  put(st, "after", 100, 1);
+  encache_store_close(st);
+}
+
+static int hook_fd = -1;
+static void stall_writer(void) {
+  char c = 'w';
+  if (write(hook_fd, &c, 1) != 1)
+    _exit(3);
+  pause(); /* the parent kills us here, mid-write */
+}
+
+TEST(shm_killed_writer_loses_only_its_object) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  put(st, "before", 5000, 1);
+  int p[2];
+  ASSERT_EQ_INT(pipe(p), 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    encache_store *c = reopen(url);
+    hook_fd = p[1];
+    encache__shm_write_hook = stall_writer;
+    put(c, "doomed", 1 << 20, 1);
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ_INT(read(p[0], &c, 1), 1);
+  kill(pid, SIGKILL);
+  int status;
+  waitpid(pid, &status, 0);
+  ASSERT(WIFSIGNALED(status));
+  /* The half-written object is invisible; the rest is intact. */
+  const char *keys[2] = {"doomed", "before"};
+  int pr[2];
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 2, pr), 0);
+  ASSERT_EQ_INT(pr[0], 0);
+  ASSERT_EQ_INT(pr[1], 1);
+  /* Its key can be written again (the dead writer's entry is reclaimed),
+   * and the ring runs past its record. */
+  put(st, "doomed", 1 << 20, 2);
+  for (int i = 0; i < 100; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "more-%d", i);
+    put(st, key, 100 << 10, (uint64_t)i);
+  }
+  unsigned char *out = malloc(100 << 10);
+  ASSERT_EQ_INT(read_one(st, "more-99", out, 100 << 10), 100 << 10);
+  ASSERT(ts_verify("more-99", out, 100 << 10));
+  free(out);
+  encache_store_close(st);
+}
+
+TEST(shm_repairs_corrupted_index) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  for (int i = 0; i < 40; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "c-%d", i);
+    put(st, key, 20000, (uint64_t)i);
+  }
+  encache_store_close(st);
+  /* Garbage over part of the entry table (it starts at 4096). */
+  unsigned char junk[2048];
+  uint64_t r = 42;
+  for (size_t i = 0; i < sizeof(junk); i++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    junk[i] = (unsigned char)(r >> 56);
+  }
+  poke(seg_name, 4096 + 5 * 72, junk, sizeof(junk));
+  st = reopen(url);
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT(s.repairs >= 1);
+  ASSERT(s.objects < 40);
+  /* Whatever survived is exactly what was written. */
+  int survivors = 0;
+  unsigned char *out = malloc(20000);
+  for (int i = 0; i < 40; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "c-%d", i);
+    int64_t n = read_one(st, key, out, 20000);
+    ASSERT(n == 20000 || n == ENCACHE_ENOENT);
+    if (n == 20000) {
+      ASSERT(ts_verify(key, out, 20000));
+      survivors++;
+    }
+  }
+  ASSERT(survivors >= 5);
+  put(st, "fresh", 20000, 1);
+  ASSERT_EQ_INT(read_one(st, "fresh", out, 20000), 20000);
+  free(out);
+  encache_store_close(st);
+}
+
+/* Random operations with verification, from one thread. */
+typedef struct worker_arg {
+  const char *url;
+  encache_store *st;
+  uint64_t seed;
+  double seconds;
+  int keys;
+  int bad;
+  long ops;
+} worker_arg;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void *worker(void *p) {
+  worker_arg *a = p;
+  unsigned char *buf = malloc(256 << 10), *out = malloc(256 << 10);
+  uint64_t r = a->seed | 1;
+  double end = now_s() + a->seconds;
+  while (!a->bad && now_s() < end) {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    int k = (int)(r % (uint64_t)a->keys);
+    char key[32];
+    snprintf(key, sizeof(key), "s-%d", k);
+    size_t len = 24 + ((size_t)k * 7919u) % (200u << 10);
+    unsigned op = (unsigned)(r >> 33) % 16;
+    int rc;
+    if (op < 6) {
+      ts_fill(key, r, buf, len);
+      rc = encache_store_write(a->st, key, buf, 24, buf + 24, len - 24);
+      if (rc != 0 && rc != ENCACHE_EEXIST && rc != ENCACHE_EUNAVAIL) {
+        fprintf(stderr, "# write %s: %s: %s\n", key, encache_err_name(rc),
+                encache_store_errmsg(a->st));
+        a->bad = 1;
+      }
+    } else if (op < 15) {
+      int64_t n = read_one(a->st, key, out, 256 << 10);
+      if (n >= 0 && ((size_t)n != len || !ts_verify(key, out, len)))
+        a->bad = 2;
+      else if (n < 0 && n != ENCACHE_ENOENT && n != ENCACHE_EUNAVAIL)
+        a->bad = 3;
+    } else {
+      rc = encache_store_remove(a->st, key);
+      if (rc != 0 && rc != ENCACHE_ENOENT && rc != ENCACHE_EUNAVAIL)
+        a->bad = 4;
+    }
+    a->ops++;
+  }
+  free(buf);
+  free(out);
+  return NULL;
+}
+
+/* One process: `threads` workers sharing one handle.  Returns 0 if clean. */
+static int run_workers(const char *url, int threads, double seconds,
+                       uint64_t seed) {
+  encache_store *st = reopen(url);
+  pthread_t t[8];
+  worker_arg a[8];
+  int bad = 0;
+  for (int i = 0; i < threads; i++) {
+    a[i] = (worker_arg){url, st, seed * 131 + (uint64_t)i * 7 + 1, seconds,
+                        64, 0, 0};
+    pthread_create(&t[i], NULL, worker, &a[i]);
+  }
+  for (int i = 0; i < threads; i++) {
+    pthread_join(t[i], NULL);
+    if (a[i].bad) {
+      fprintf(stderr, "# worker %d: failure %d after %ld ops\n", i, a[i].bad,
+              a[i].ops);
+      bad = 1;
+    }
+  }
+  encache_store_close(st);
+  return bad;
+}
+
+static double stress_seconds(void) {
+  const char *e = getenv("ENCACHE_STRESS_SECONDS");
+  return e ? atof(e) : 3.0;
+}
+
+TEST(shm_stress_processes_and_threads) {
+  char url[128];
+  encache_store *st = seg_open("16MiB", url, sizeof(url));
+  encache_store_close(st);
+  enum { PROCS = 3, THREADS = 4 };
+  pid_t pids[PROCS];
+  for (int p = 0; p < PROCS; p++) {
+    pids[p] = fork();
+    ASSERT(pids[p] >= 0);
+    if (pids[p] == 0)
+      _exit(run_workers(url, THREADS, stress_seconds(), (uint64_t)p + 1));
+  }
+  for (int p = 0; p < PROCS; p++) {
+    int status;
+    waitpid(pids[p], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      test__fail(__FILE__, __LINE__, "process %d failed (status 0x%x)", p,
+                 status);
+  }
+}
+
+TEST(shm_threads_in_one_process) {
+  /* The ThreadSanitizer build runs this one: threads share one handle. */
+  char url[128];
+  encache_store *st = seg_open("16MiB", url, sizeof(url));
+  encache_store_close(st);
+  ASSERT_EQ_INT(run_workers(url, 4, stress_seconds() / 2, 99), 0);
+}
+
+/* Verifies every object in the store; returns the count, -1 on a bad one. */
+static int verify_all_cb(const char *key, uint64_t len, void *arg) {
+  encache_store *st = arg;
+  unsigned char *out = malloc(len ? len : 1);
+  int64_t n = read_one(st, key, out, len);
+  int ok = n == ENCACHE_ENOENT || (n == (int64_t)len && ts_verify(key, out, len));
+  free(out);
+  if (!ok)
+    fprintf(stderr, "# %s: read %lld of %llu bytes, or content differs\n",
+            key, (long long)n, (unsigned long long)len);
+  return ok ? 0 : 1;
+}
+
+TEST(shm_sigkill_writers_at_random_moments) {
+  char url[128];
+  encache_store *st = seg_open("8MiB", url, sizeof(url));
+  enum { PROCS = 3 };
+  pid_t pids[PROCS];
+  uint64_t r = 12345;
+  int kills = 0;
+  for (int p = 0; p < PROCS; p++) {
+    pids[p] = fork();
+    if (pids[p] == 0)
+      _exit(run_workers(url, 2, 60, (uint64_t)p + 11));
+  }
+  double end = now_s() + stress_seconds();
+  while (now_s() < end) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    usleep((useconds_t)(2000 + (r >> 40) % 30000));
+    int p = (int)((r >> 20) % PROCS);
+    kill(pids[p], SIGKILL);
+    int status;
+    waitpid(pids[p], &status, 0);
+    /* A worker that exited by itself found a bad object. */
+    if (WIFEXITED(status))
+      test__fail(__FILE__, __LINE__, "worker exited with %d before it was "
+                 "killed", WEXITSTATUS(status));
+    kills++;
+    pids[p] = fork();
+    if (pids[p] == 0)
+      _exit(run_workers(url, 2, 60, r));
+  }
+  for (int p = 0; p < PROCS; p++) {
+    kill(pids[p], SIGKILL);
+    waitpid(pids[p], NULL, 0);
+  }
+  ASSERT(kills > 10);
+  /* Consistent afterwards: every object verifies, and the Store works. */
+  ASSERT_EQ_INT(encache_store_list(st, NULL, verify_all_cb, st), 0);
+  ASSERT_EQ_INT(run_workers(url, 2, 0.5, 7), 0);
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT(s.bytes_used <= s.capacity);
+  fprintf(stderr, "# %d kills, %llu repairs, %llu objects\n", kills,
+          (unsigned long long)s.repairs, (unsigned long long)s.objects);
+  encache_store_close(st);
+}

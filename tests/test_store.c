@@ -1,0 +1,325 @@
+/*
+ * The Store conformance suite: every backend must pass it.  It runs on the
+ * Store named by $ENCACHE_TEST_STORE, or on a fresh shm segment.
+ */
+#include "runner.h"
+#include "store_util.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void put_ok(encache_store *st, const char *key, const void *hdr,
+                   size_t hl, const void *p, size_t n) {
+  int rc = encache_store_write(st, key, hdr, hl, p, n);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "write %s (%zu bytes): %s: %s", key,
+               hl + n, encache_err_name(rc), encache_store_errmsg(st));
+}
+
+TEST(store_roundtrip_sizes) {
+  static const size_t sizes[] = {0,    1,       7,         8,        63,
+                                 64,   65,      24,        4096,     65537,
+                                 (1u << 20) + 3, 10u << 20, 40u << 20};
+  encache_store *st = ts_open("256MiB");
+  unsigned char *buf = malloc((40u << 20) + 64);
+  unsigned char *out = malloc((40u << 20) + 64);
+  ASSERT(buf != NULL && out != NULL);
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    char key[64], name[32];
+    snprintf(name, sizeof(name), "size-%zu", sizes[i]);
+    ts_key(key, sizeof(key), name);
+    size_t n = sizes[i];
+    ts_fill(key, 7, buf, n);
+    /* Split header and payload at 24 bytes where possible, as the engine
+     * writes them; a whole-payload write otherwise. */
+    size_t hl = n >= 24 && i % 2 ? 24 : 0;
+    put_ok(st, key, buf, hl, buf + hl, n - hl);
+    uint64_t len = 0;
+    ASSERT_EQ_INT(encache_store_object_size(st, key, &len), 0);
+    ASSERT_EQ_U64(len, n);
+    const char *keys[1] = {key};
+    void *bufs[1] = {out};
+    size_t caps[1] = {n + 64};
+    int64_t res[1];
+    memset(out, 0xEE, n + 64);
+    ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+    ASSERT_EQ_INT(res[0], (int64_t)n);
+    ASSERT_EQ_MEM(out, buf, n);
+    for (size_t k = n; k < n + 64; k++)
+      ASSERT_EQ_INT(out[k], 0xEE); /* nothing past the object */
+    ASSERT(ts_verify(key, out, n));
+  }
+  free(buf);
+  free(out);
+  encache_store_close(st);
+}
+
+TEST(store_never_replaces) {
+  encache_store *st = ts_open("64MiB");
+  char key[64];
+  ts_key(key, sizeof(key), "once");
+  unsigned char a[1000], b[1000], out[1000];
+  ts_fill(key, 1, a, sizeof(a));
+  ts_fill(key, 2, b, sizeof(b));
+  put_ok(st, key, NULL, 0, a, sizeof(a));
+  ASSERT_EQ_INT(encache_store_write(st, key, NULL, 0, b, sizeof(b)),
+                ENCACHE_EEXIST);
+  ASSERT_EQ_INT(encache_store_write(st, key, b, 10, b, 20), ENCACHE_EEXIST);
+  const char *keys[1] = {key};
+  void *bufs[1] = {out};
+  size_t caps[1] = {sizeof(out)};
+  int64_t res[1];
+  ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], sizeof(a));
+  ASSERT_EQ_MEM(out, a, sizeof(a));
+  encache_store_close(st);
+}
+
+TEST(store_batches_mix_present_and_absent) {
+  encache_store *st = ts_open("64MiB");
+  enum { N = 24 };
+  char keys_buf[N][64];
+  const char *keys[N];
+  unsigned char *bufs_mem[N];
+  void *bufs[N];
+  size_t caps[N];
+  int present[N];
+  int64_t res[N];
+  for (int i = 0; i < N; i++) {
+    char name[16];
+    snprintf(name, sizeof(name), "mix-%d", i);
+    ts_key(keys_buf[i], sizeof(keys_buf[i]), name);
+    keys[i] = keys_buf[i];
+    caps[i] = 3000 + (size_t)i * 100;
+    bufs_mem[i] = malloc(caps[i]);
+    bufs[i] = bufs_mem[i];
+    if (i % 3 != 1) {
+      unsigned char obj[6000];
+      size_t n = 1000 + (size_t)i * 50;
+      ts_fill(keys[i], (uint64_t)i, obj, n);
+      put_ok(st, keys[i], NULL, 0, obj, n);
+    }
+  }
+  ASSERT_EQ_INT(encache_store_exists(st, keys, N, present), 0);
+  for (int i = 0; i < N; i++)
+    ASSERT_EQ_INT(present[i], i % 3 != 1);
+  ASSERT_EQ_INT(encache_store_read(st, keys, N, bufs, caps, res), 0);
+  for (int i = 0; i < N; i++) {
+    if (i % 3 == 1) {
+      ASSERT_EQ_INT(res[i], ENCACHE_ENOENT);
+    } else {
+      ASSERT_EQ_INT(res[i], 1000 + i * 50);
+      ASSERT(ts_verify(keys[i], bufs_mem[i], (size_t)res[i]));
+    }
+    free(bufs_mem[i]);
+  }
+  /* The same key twice in one batch is answered twice. */
+  const char *twice[2] = {keys[0], keys[0]};
+  int pr[2];
+  ASSERT_EQ_INT(encache_store_exists(st, twice, 2, pr), 0);
+  ASSERT(pr[0] == 1 && pr[1] == 1);
+  encache_store_close(st);
+}
+
+TEST(store_read_into_too_small_buffer) {
+  encache_store *st = ts_open("64MiB");
+  char key[64];
+  ts_key(key, sizeof(key), "big");
+  unsigned char obj[4096];
+  ts_fill(key, 3, obj, sizeof(obj));
+  put_ok(st, key, obj, 24, obj + 24, sizeof(obj) - 24);
+  unsigned char out[4096 + 16];
+  memset(out, 0x5A, sizeof(out));
+  const char *keys[2] = {key, key};
+  void *bufs[2] = {out, out + 4096};
+  size_t caps[2] = {4095, 0};
+  int64_t res[2];
+  ASSERT_EQ_INT(encache_store_read(st, keys, 2, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], ENCACHE_ETOOLARGE);
+  ASSERT_EQ_INT(res[1], ENCACHE_ETOOLARGE);
+  /* "Too large" never writes past the capacity given. */
+  for (size_t i = 4095; i < sizeof(out); i++)
+    ASSERT_EQ_INT(out[i], 0x5A);
+  caps[0] = 4096;
+  ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], 4096);
+  ASSERT_EQ_MEM(out, obj, 4096);
+  encache_store_close(st);
+}
+
+TEST(store_long_keys) {
+  encache_store *st = ts_open("64MiB");
+  static char k1[4097], k2[4097], k3[16385];
+  char prefix[64];
+  ts_key(prefix, sizeof(prefix), "");
+  memset(k1, 'k', 4096);
+  memcpy(k1, prefix, strlen(prefix));
+  memcpy(k2, k1, 4097);
+  k2[4095] = 'j'; /* differs only in the last byte */
+  memset(k3, '@', 16384);
+  memcpy(k3, prefix, strlen(prefix));
+  unsigned char a[100], b[100], c[100], out[100];
+  ts_fill(k1, 1, a, 100);
+  ts_fill(k2, 1, b, 100);
+  ts_fill(k3, 1, c, 100);
+  put_ok(st, k1, NULL, 0, a, 100);
+  put_ok(st, k2, NULL, 0, b, 100);
+  put_ok(st, k3, NULL, 0, c, 100);
+  const char *keys[3] = {k1, k2, k3};
+  const unsigned char *want[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    void *bufs[1] = {out};
+    size_t caps[1] = {100};
+    int64_t res[1];
+    ASSERT_EQ_INT(encache_store_read(st, keys + i, 1, bufs, caps, res), 0);
+    ASSERT_EQ_INT(res[0], 100);
+    ASSERT_EQ_MEM(out, want[i], 100);
+  }
+  encache_store_close(st);
+}
+
+TEST(store_remove) {
+  encache_store *st = ts_open("64MiB");
+  char key[64];
+  ts_key(key, sizeof(key), "gone");
+  unsigned char obj[500];
+  ts_fill(key, 1, obj, sizeof(obj));
+  put_ok(st, key, NULL, 0, obj, sizeof(obj));
+  ASSERT_EQ_INT(encache_store_remove(st, key), 0);
+  const char *keys[1] = {key};
+  int pr[1];
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, pr), 0);
+  ASSERT_EQ_INT(pr[0], 0);
+  uint64_t len;
+  ASSERT_EQ_INT(encache_store_object_size(st, key, &len), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(encache_store_remove(st, key), ENCACHE_ENOENT);
+  /* Removed keys can be written again. */
+  ts_fill(key, 2, obj, sizeof(obj));
+  put_ok(st, key, NULL, 0, obj, sizeof(obj));
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, pr), 0);
+  ASSERT_EQ_INT(pr[0], 1);
+  encache_store_close(st);
+}
+
+TEST(store_reopen_and_survive_processes) {
+  encache_store *st = ts_open("64MiB");
+  char key[64];
+  ts_key(key, sizeof(key), "durable");
+  encache_store_close(st);
+  /* A child process writes and exits; the object outlives it. */
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    encache_store *c = ts_reopen();
+    unsigned char obj[3000];
+    ts_fill(key, 9, obj, sizeof(obj));
+    _exit(encache_store_write(c, key, NULL, 0, obj, sizeof(obj)) == 0 ? 0 : 1);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  st = ts_reopen();
+  unsigned char out[3000];
+  const char *keys[1] = {key};
+  void *bufs[1] = {out};
+  size_t caps[1] = {sizeof(out)};
+  int64_t res[1];
+  ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], 3000);
+  ASSERT(ts_verify(key, out, 3000));
+  uint64_t v;
+  memcpy(&v, out, 8);
+  ASSERT_EQ_U64(v, 9);
+  encache_store_close(st);
+}
+
+static int count_cb(const char *key, uint64_t len, void *arg) {
+  (void)len;
+  int *n = arg;
+  (*n)++;
+  return strstr(key, "list-") == NULL; /* stop on a foreign key */
+}
+
+TEST(store_list_and_stats) {
+  encache_store *st = ts_open("64MiB");
+  for (int i = 0; i < 5; i++) {
+    char key[64], name[16];
+    snprintf(name, sizeof(name), "list-%d", i);
+    ts_key(key, sizeof(key), name);
+    put_ok(st, key, NULL, 0, "abc", 3);
+  }
+  char pattern[64];
+  ts_key(pattern, sizeof(pattern), "list-*");
+  int n = 0;
+  int rc = encache_store_list(st, pattern, count_cb, &n);
+  if (rc == ENCACHE_EINVAL) { /* this backend cannot list */
+    encache_store_close(st);
+    return;
+  }
+  ASSERT_EQ_INT(rc, 0);
+  ASSERT_EQ_INT(n, 5);
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT(s.kind != NULL);
+  encache_store_close(st);
+}
+
+/* Several processes write, read and remove one key space at once; every
+ * byte read must be exactly some version of that key's object. */
+TEST(store_concurrent_processes_verify_content) {
+  encache_store *st = ts_open("32MiB");
+  encache_store_close(st);
+  enum { PROCS = 4, KEYS = 48 };
+  char prefix[64];
+  ts_key(prefix, sizeof(prefix), "conc-");
+  pid_t pids[PROCS];
+  for (int p = 0; p < PROCS; p++) {
+    pids[p] = fork();
+    ASSERT(pids[p] >= 0);
+    if (pids[p] != 0)
+      continue;
+    encache_store *c = ts_reopen();
+    unsigned char *buf = malloc(1 << 20), *out = malloc(1 << 20);
+    uint64_t r = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+    int bad = 0;
+    for (int it = 0; it < 3000 && !bad; it++) {
+      r ^= r << 13;
+      r ^= r >> 7;
+      r ^= r << 17;
+      int k = (int)(r % KEYS);
+      char key[96];
+      snprintf(key, sizeof(key), "%s%d", prefix, k);
+      size_t len = 24 + ((size_t)k * 24571u) % (600u << 10);
+      unsigned op = (unsigned)(r >> 40) % 10;
+      if (op < 4) {
+        ts_fill(key, r, buf, len);
+        int rc = encache_store_write(c, key, buf, 24, buf + 24, len - 24);
+        bad = rc != 0 && rc != ENCACHE_EEXIST && rc != ENCACHE_EUNAVAIL;
+      } else if (op < 9) {
+        const char *keys[1] = {key};
+        void *bufs[1] = {out};
+        size_t caps[1] = {1 << 20};
+        int64_t res[1];
+        int rc = encache_store_read(c, keys, 1, bufs, caps, res);
+        if (rc == 0 && res[0] >= 0)
+          bad = (size_t)res[0] != len || !ts_verify(key, out, len);
+        else
+          bad = rc != 0 || (res[0] != ENCACHE_ENOENT && res[0] != ENCACHE_EUNAVAIL);
+      } else {
+        int rc = encache_store_remove(c, key);
+        bad = rc != 0 && rc != ENCACHE_ENOENT;
+      }
+      if (bad)
+        fprintf(stderr, "# process %d: op %u on %s failed\n", p, op, key);
+    }
+    _exit(bad);
+  }
+  for (int p = 0; p < PROCS; p++) {
+    int status;
+    waitpid(pids[p], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      test__fail(__FILE__, __LINE__, "process %d failed (status 0x%x)", p,
+                 status);
+  }
+}
