@@ -399,9 +399,10 @@ typedef struct encache_store encache_store;
 ENCACHE_EXTERN int encache_store_open(const char *url, encache_store **out);
 /* Closes the handle; NULL is a no-op.  Objects stay in the Store. */
 ENCACHE_EXTERN void encache_store_close(encache_store *st);
-/* Detail of the last error on this handle (thread-local per handle is not
- * promised: with several threads, read it only after a failure on the
- * same thread and before another call).  Never NULL. */
+/* Detail of the last failed Store call made by the calling thread (on any
+ * handle, including a failed open), so that threads sharing a handle never
+ * see each other's messages.  Valid until that thread's next Store call.
+ * Never NULL; st may be NULL. */
 ENCACHE_EXTERN const char *encache_store_errmsg(const encache_store *st);
 /* The URL the handle was opened with (canonical form).  Owned by st. */
 ENCACHE_EXTERN const char *encache_store_url(const encache_store *st);

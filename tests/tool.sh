@@ -11,18 +11,19 @@ n=0
 
 # check NAME WANT_STATUS NEEDLE -- ARGS...: runs the tool, expects the exit
 # status and NEEDLE in its output (stdout and stderr together, runs of
-# spaces squeezed to one so that column alignment does not matter).
+# spaces and tabs squeezed to one space so that alignment does not matter;
+# an empty NEEDLE checks the status only).
 check() {
   name=$1 want=$2 needle=$3
   shift 4
   n=$((n + 1))
   out=$("$tool" "$@" 2>&1)
   got=$?
-  out=$(printf '%s' "$out" | tr -s ' ')
+  out=$(printf '%s' "$out" | tr '\t' ' ' | tr -s ' ')
   if [ "$got" -ne "$want" ]; then
     echo "not ok $n - $name: exit $got, expected $want"; echo "$out" | sed 's/^/# /'
     fails=$((fails + 1))
-  elif ! printf '%s' "$out" | grep -qF -- "$needle"; then
+  elif [ -n "$needle" ] && ! printf '%s\n' "$out" | grep -qF -- "$needle"; then
     echo "not ok $n - $name: output lacks '$needle'"; echo "$out" | sed 's/^/# /'
     fails=$((fails + 1))
   else
@@ -122,6 +123,39 @@ if MOONCAKE_CONFIG_PATH="$tmp/mc2.json" "$tool" config check --ec-transfer-confi
 else
   echo "ok $n - config reads MOONCAKE_CONFIG_PATH"
 fi
+
+# --- Store commands, on a private shm segment
+seg="encache-tooltest-$$"
+export ENCACHE_STORE="shm://$seg?size=4MiB"
+trap 'rm -rf "$tmp"; "$tool" shm destroy "$seg" >/dev/null 2>&1' EXIT
+printf '\116\117\117\115\000\000\000\000\002\000\000\000\000\000\000\000\002\000\000\000\000\000\000\000\000\000\200\077\000\000\000\100\000\000\100\100\000\000\200\100' > "$tmp/v3.bin"
+check "put" 0 "written 40 bytes" -- put "emb@id:1" "$tmp/v3.bin"
+check "put never replaces" 1 "exists (objects are never replaced" -- put "emb@id:1" "$tmp/v3.bin"
+n=$((n + 1))
+if "$tool" get "emb@id:1" | cmp -s - "$tmp/v3.bin"; then echo "ok $n - get is byte-exact"
+else echo "not ok $n - get is byte-exact"; fails=$((fails + 1)); fi
+check "inspect v3" 0 "object: float32 2x2, 16 payload bytes" -- inspect "emb@id:1"
+printf 'hello' > "$tmp/plain"
+check "put stdin" 0 "written 5 bytes" -- put other - < "$tmp/plain"
+check "inspect non-v3" 0 "not a v3 object: 5 bytes, shorter than the 24-byte header" -- inspect other
+check "ls all" 0 "40 emb@id:1" -- ls
+check "ls pattern" 0 "5 other" -- ls 'oth*'
+n=$((n + 1))
+if [ "$("$tool" ls 'emb*' | wc -l)" -eq 1 ]; then echo "ok $n - ls filters"
+else echo "not ok $n - ls filters"; fails=$((fails + 1)); fi
+check "stats" 0 "objects 2" -- stats
+check "--store overrides ENCACHE_STORE" 0 "objects 0" -- --store "shm://$seg-b?size=2MiB" stats
+"$tool" shm destroy "$seg-b" >/dev/null
+check "get missing" 1 "nope: not found" -- get nope
+check "rm" 0 "" -- rm other
+check "rm missing" 1 "other: not found" -- rm other
+check "bad store URL" 1 "unknown option 'sise'" -- --store "shm://x?sise=1" stats
+check "unknown scheme" 1 "cannot open the Store" -- --store "ftp://x" stats
+check "shm destroy" 0 "destroyed $seg" -- shm destroy "$seg"
+check "shm destroy missing" 1 "no such segment" -- shm destroy "$seg"
+check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"
+check "put --help" 0 "usage: encache [--store URL] put KEY FILE" -- put --help
+check "ls --help" 0 "shell PATTERN" -- ls --help
 
 echo "1..$n"
 echo "# $n checks, $fails failed"

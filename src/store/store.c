@@ -8,13 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Messages are per thread, so that threads sharing a handle never see or
+ * clobber each other's. */
+static _Thread_local char last_msg[512];
+
 int encache__store_fail(encache_store *st, int rc, const char *fmt, ...) {
-  if (st != NULL) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(st->errmsg, sizeof(st->errmsg), fmt, ap);
-    va_end(ap);
-  }
+  (void)st;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_msg, sizeof(last_msg), fmt, ap);
+  va_end(ap);
   return rc;
 }
 
@@ -58,7 +61,8 @@ void encache_store_close(encache_store *st) {
 }
 
 const char *encache_store_errmsg(const encache_store *st) {
-  return st != NULL ? st->errmsg : "no store";
+  (void)st;
+  return last_msg;
 }
 
 const char *encache_store_url(const encache_store *st) {

@@ -44,10 +44,9 @@ typedef struct encache__store_ops {
 struct encache_store {
   const encache__store_ops *ops;
   char *url;
-  char errmsg[512];
 };
 
-/* Records a message on st and returns rc. */
+/* Records the calling thread's Store error message and returns rc. */
 int encache__store_fail(encache_store *st, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -20,6 +20,13 @@ static const tool_command commands[] = {
     {"key", "print the Store key of an identifier", cmd_key},
     {"config", "check a vLLM ec-transfer-config and a Mooncake config",
      cmd_config},
+    {"put", "store a file as an object", cmd_put},
+    {"get", "write an object to standard output", cmd_get},
+    {"inspect", "decode an object's v3 header", cmd_inspect},
+    {"ls", "list objects whose keys match a pattern", cmd_ls},
+    {"stats", "show the Store's counters", cmd_stats},
+    {"rm", "remove objects", cmd_rm},
+    {"shm", "manage shared-memory segments (destroy)", cmd_shm},
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -38,8 +45,9 @@ static void help(FILE *out) {
   fprintf(out,
           "\n"
           "Global options:\n"
-          "  --store URL   the Store to use (default: $ENCACHE_STORE, then the\n"
-          "                embedded shared-memory Store)\n"
+          "  --store URL   the Store to use (default: $ENCACHE_STORE, then\n"
+          "                " ENCACHE_DEFAULT_STORE ")\n"
+          "                URLs: shm://NAME?size=SIZE (see docs/stores.md)\n"
           "  --help        show this help\n"
           "  --version     show the version\n"
           "\n"

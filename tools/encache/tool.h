@@ -26,6 +26,13 @@ typedef struct tool_command {
 
 int cmd_key(const tool_globals *g, int argc, char **argv);
 int cmd_config(const tool_globals *g, int argc, char **argv);
+int cmd_put(const tool_globals *g, int argc, char **argv);
+int cmd_get(const tool_globals *g, int argc, char **argv);
+int cmd_inspect(const tool_globals *g, int argc, char **argv);
+int cmd_ls(const tool_globals *g, int argc, char **argv);
+int cmd_stats(const tool_globals *g, int argc, char **argv);
+int cmd_rm(const tool_globals *g, int argc, char **argv);
+int cmd_shm(const tool_globals *g, int argc, char **argv);
 
 /* Prints "encache: " + message to stderr; returns EXIT_USAGE so that
  * callers can `return usage_error(...)`. */

@@ -1,0 +1,324 @@
+/*
+ * Store commands: put, get, inspect, ls, stats, rm, shm destroy.  They work
+ * on any Store URL (--store, $ENCACHE_STORE, else the default shm Store).
+ */
+#include "tool.h"
+
+#include "encache.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int wants_help(int argc, char **argv, const char *usage) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(usage, stdout);
+      return 1;
+    }
+  return 0;
+}
+
+static encache_store *open_store(const char *cmd, const tool_globals *g) {
+  encache_store *st = NULL;
+  int rc = encache_store_open(g->store_url, &st);
+  if (rc != 0) {
+    fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
+            encache_store_errmsg(st)[0] ? encache_store_errmsg(st)
+                                        : encache_strerror(rc));
+    encache_store_close(st);
+    return NULL;
+  }
+  return st;
+}
+
+static int store_error(const char *cmd, const char *key, int rc) {
+  if (rc == ENCACHE_ENOENT)
+    fprintf(stderr, "encache %s: %s: not found\n", cmd, key);
+  else
+    fprintf(stderr, "encache %s: %s: %s (%s)\n", cmd, key, encache_strerror(rc),
+            encache_store_errmsg(NULL));
+  return EXIT_FAIL;
+}
+
+/* Reads the whole object at key into a fresh buffer. */
+static int fetch(encache_store *st, const char *cmd, const char *key,
+                 unsigned char **out, uint64_t *len) {
+  for (int attempt = 0; attempt < 3; attempt++) {
+    int rc = encache_store_object_size(st, key, len);
+    if (rc < 0)
+      return store_error(cmd, key, rc);
+    if (*len > SIZE_MAX - 1) {
+      fprintf(stderr, "encache %s: %s: too large\n", cmd, key);
+      return EXIT_FAIL;
+    }
+    unsigned char *buf = malloc((size_t)*len + 1);
+    if (buf == NULL) {
+      fprintf(stderr, "encache %s: out of memory\n", cmd);
+      return EXIT_FAIL;
+    }
+    const char *keys[1] = {key};
+    void *bufs[1] = {buf};
+    size_t caps[1] = {(size_t)*len};
+    int64_t res[1];
+    rc = encache_store_read(st, keys, 1, bufs, caps, res);
+    if (rc == 0 && res[0] >= 0) {
+      *len = (uint64_t)res[0];
+      *out = buf;
+      return EXIT_OK;
+    }
+    free(buf);
+    if (rc == 0)
+      rc = (int)res[0];
+    if (rc != ENCACHE_ETOOLARGE) /* replaced in between: try again */
+      return store_error(cmd, key, rc);
+  }
+  fprintf(stderr, "encache %s: %s: keeps changing size\n", cmd, key);
+  return EXIT_FAIL;
+}
+
+static const char put_usage[] =
+    "usage: encache [--store URL] put KEY FILE\n"
+    "\n"
+    "Stores the bytes of FILE (- = standard input) as the object KEY.  An\n"
+    "existing object is never replaced: then it says so and exits 1.\n";
+
+int cmd_put(const tool_globals *g, int argc, char **argv) {
+  if (wants_help(argc, argv, put_usage))
+    return EXIT_OK;
+  if (argc != 3)
+    return usage_error("put", "expects KEY FILE (see --help)");
+  size_t len;
+  char *data = read_file(argv[2], &len);
+  if (data == NULL)
+    return EXIT_USAGE;
+  encache_store *st = open_store("put", g);
+  int rc = EXIT_FAIL;
+  if (st != NULL) {
+    int r = encache_store_write(st, argv[1], NULL, 0, data, len);
+    if (r == 0) {
+      printf("written %zu bytes\n", len);
+      rc = EXIT_OK;
+    } else if (r == ENCACHE_EEXIST) {
+      fprintf(stderr, "encache put: %s: exists (objects are never replaced; "
+                      "rm it first)\n", argv[1]);
+    } else {
+      store_error("put", argv[1], r);
+    }
+  }
+  encache_store_close(st);
+  free(data);
+  return rc;
+}
+
+static const char get_usage[] =
+    "usage: encache [--store URL] get KEY > FILE\n"
+    "\n"
+    "Writes the object KEY, byte for byte, to standard output.\n";
+
+int cmd_get(const tool_globals *g, int argc, char **argv) {
+  if (wants_help(argc, argv, get_usage))
+    return EXIT_OK;
+  if (argc != 2)
+    return usage_error("get", "expects KEY (see --help)");
+  encache_store *st = open_store("get", g);
+  if (st == NULL)
+    return EXIT_FAIL;
+  unsigned char *buf = NULL;
+  uint64_t len = 0;
+  int rc = fetch(st, "get", argv[1], &buf, &len);
+  if (rc == EXIT_OK && (fwrite(buf, 1, (size_t)len, stdout) != len ||
+                        fflush(stdout) != 0)) {
+    perror("encache get: write");
+    rc = EXIT_FAIL;
+  }
+  free(buf);
+  encache_store_close(st);
+  return rc;
+}
+
+static const char inspect_usage[] =
+    "usage: encache [--store URL] inspect KEY\n"
+    "\n"
+    "Decodes the v3 header of the object KEY: dtype, rows, cols and payload\n"
+    "bytes, or says why it is not a v3 object.\n";
+
+int cmd_inspect(const tool_globals *g, int argc, char **argv) {
+  if (wants_help(argc, argv, inspect_usage))
+    return EXIT_OK;
+  if (argc != 2)
+    return usage_error("inspect", "expects KEY (see --help)");
+  encache_store *st = open_store("inspect", g);
+  if (st == NULL)
+    return EXIT_FAIL;
+  unsigned char *buf = NULL;
+  uint64_t len = 0;
+  int rc = fetch(st, "inspect", argv[1], &buf, &len);
+  if (rc == EXIT_OK) {
+    char desc[256];
+    encache_object_describe(buf, (size_t)len, desc, sizeof(desc));
+    printf("key:    %s\nbytes:  %" PRIu64 "\nobject: %s\n", argv[1], len, desc);
+  }
+  free(buf);
+  encache_store_close(st);
+  return rc;
+}
+
+typedef struct ls_item {
+  char *key;
+  uint64_t len;
+} ls_item;
+
+typedef struct ls_acc {
+  ls_item *items;
+  size_t n, cap;
+  int oom;
+} ls_acc;
+
+static int ls_collect(const char *key, uint64_t len, void *arg) {
+  ls_acc *a = arg;
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 64;
+    ls_item *it = realloc(a->items, cap * sizeof(*it));
+    if (it == NULL)
+      return a->oom = 1;
+    a->items = it;
+    a->cap = cap;
+  }
+  if ((a->items[a->n].key = strdup(key)) == NULL)
+    return a->oom = 1;
+  a->items[a->n++].len = len;
+  return 0;
+}
+
+static int ls_cmp(const void *x, const void *y) {
+  return strcmp(((const ls_item *)x)->key, ((const ls_item *)y)->key);
+}
+
+static const char ls_usage[] =
+    "usage: encache [--store URL] ls [PATTERN]\n"
+    "\n"
+    "Lists the objects whose keys match the shell PATTERN (default: all),\n"
+    "sorted, one per line: BYTES <tab> KEY.\n";
+
+int cmd_ls(const tool_globals *g, int argc, char **argv) {
+  if (wants_help(argc, argv, ls_usage))
+    return EXIT_OK;
+  if (argc > 2)
+    return usage_error("ls", "expects at most one PATTERN (quote it)");
+  encache_store *st = open_store("ls", g);
+  if (st == NULL)
+    return EXIT_FAIL;
+  ls_acc acc = {NULL, 0, 0, 0};
+  int r = encache_store_list(st, argc == 2 ? argv[1] : NULL, ls_collect, &acc);
+  int rc = EXIT_OK;
+  if (acc.oom) {
+    fprintf(stderr, "encache ls: out of memory\n");
+    rc = EXIT_FAIL;
+  } else if (r < 0) {
+    fprintf(stderr, "encache ls: %s\n", encache_store_errmsg(st));
+    rc = EXIT_FAIL;
+  } else {
+    qsort(acc.items, acc.n, sizeof(ls_item), ls_cmp);
+    for (size_t i = 0; i < acc.n; i++)
+      printf("%" PRIu64 "\t%s\n", acc.items[i].len, acc.items[i].key);
+  }
+  for (size_t i = 0; i < acc.n; i++)
+    free(acc.items[i].key);
+  free(acc.items);
+  encache_store_close(st);
+  return rc;
+}
+
+static const char stats_usage[] =
+    "usage: encache [--store URL] stats\n"
+    "\n"
+    "Prints the Store's counters: objects, bytes used, capacity, evictions,\n"
+    "second chances given at eviction, repairs after crashed processes.\n";
+
+static void stat_line(const char *name, uint64_t v) {
+  if (v == UINT64_MAX)
+    printf("%-13s -\n", name);
+  else
+    printf("%-13s %" PRIu64 "\n", name, v);
+}
+
+int cmd_stats(const tool_globals *g, int argc, char **argv) {
+  if (wants_help(argc, argv, stats_usage))
+    return EXIT_OK;
+  if (argc != 1)
+    return usage_error("stats", "takes no arguments");
+  encache_store *st = open_store("stats", g);
+  if (st == NULL)
+    return EXIT_FAIL;
+  encache_store_stats s;
+  int r = encache_store_stats_get(st, &s);
+  if (r < 0) {
+    fprintf(stderr, "encache stats: %s\n", encache_store_errmsg(st));
+    encache_store_close(st);
+    return EXIT_FAIL;
+  }
+  printf("%-13s %s\n%-13s %s\n", "store", encache_store_url(st), "kind", s.kind);
+  stat_line("objects", s.objects);
+  stat_line("bytes_used", s.bytes_used);
+  stat_line("capacity", s.capacity);
+  stat_line("evictions", s.evictions);
+  stat_line("reinsertions", s.reinsertions);
+  stat_line("repairs", s.repairs);
+  encache_store_close(st);
+  return EXIT_OK;
+}
+
+static const char rm_usage[] =
+    "usage: encache [--store URL] rm KEY...\n"
+    "\n"
+    "Removes the objects KEY...; exits 1 if any was not found.\n";
+
+int cmd_rm(const tool_globals *g, int argc, char **argv) {
+  if (wants_help(argc, argv, rm_usage))
+    return EXIT_OK;
+  if (argc < 2)
+    return usage_error("rm", "expects KEY... (see --help)");
+  encache_store *st = open_store("rm", g);
+  if (st == NULL)
+    return EXIT_FAIL;
+  int rc = EXIT_OK;
+  for (int i = 1; i < argc; i++) {
+    int r = encache_store_remove(st, argv[i]);
+    if (r < 0)
+      rc = store_error("rm", argv[i], r);
+  }
+  encache_store_close(st);
+  return rc;
+}
+
+static const char shm_usage[] =
+    "usage: encache shm destroy NAME\n"
+    "\n"
+    "Removes the shared-memory segment NAME (as in shm://NAME).  Processes\n"
+    "that have it open keep using it until they close it; the next opener\n"
+    "creates a fresh, empty one.\n";
+
+int cmd_shm(const tool_globals *g, int argc, char **argv) {
+  (void)g;
+  if (wants_help(argc, argv, shm_usage))
+    return EXIT_OK;
+  if (argc != 3 || strcmp(argv[1], "destroy") != 0)
+    return usage_error("shm", "expects 'destroy NAME' (see --help)");
+  int r = encache_shm_destroy(argv[2]);
+  if (r == ENCACHE_EURL)
+    return usage_error("shm destroy", "'%s' is not a segment name "
+                       "(A-Z a-z 0-9 . _ -)", argv[2]);
+  if (r == ENCACHE_ENOENT) {
+    fprintf(stderr, "encache shm destroy: %s: no such segment\n", argv[2]);
+    return EXIT_FAIL;
+  }
+  if (r < 0) {
+    fprintf(stderr, "encache shm destroy: %s: %s\n", argv[2],
+            encache_strerror(r));
+    return EXIT_FAIL;
+  }
+  printf("destroyed %s\n", argv[2]);
+  return EXIT_OK;
+}
