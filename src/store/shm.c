@@ -1032,7 +1032,10 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
                              s->base.url);
     goto out;
   }
-  void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED,
+  /* Populate the page tables now: first-touch faults would otherwise
+   * cost every early write about as much as its copy. */
+  void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE,
                    s->fd, 0);
   if (map == MAP_FAILED) {
     rc = encache__store_fail(&s->base, -errno, "%s: mmap: %s", s->base.url,
