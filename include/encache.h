@@ -466,6 +466,239 @@ ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,
  * ENCACHE_ENOENT, ENCACHE_EURL (bad name), -errno. */
 ENCACHE_EXTERN int encache_shm_destroy(const char *name);
 
+/* ----------------------------------------------------------------- engine */
+
+/*
+ * The engine: what an encoder calls on every step (docs/engine.md).
+ *
+ *   encache_open()     once, from the vLLM ec-transfer-config JSON
+ *   encache_lookup()   before encoding: which candidates are already in the
+ *                      Store; their outputs are loaded into destinations
+ *                      the caller's allocator hands out
+ *   encache_publish()  after encoding: queue each new output for a
+ *                      background write (bounded, best effort)
+ *   encache_close()    drain the queue, close the Store
+ *
+ * Threading: lookup, publish and close must not run at the same time on
+ * one handle (an encoder step is one thread; serialise them if not).  The
+ * publisher's worker thread is internal: it only writes to the Store.
+ * encache_stats_get() and encache_errmsg() may be called from any thread.
+ * Caller callbacks (allocator, storage release) always run on the thread
+ * that called lookup, publish or close, never on the worker.
+ *
+ * Poisoning: when a Store operation's completion cannot be confirmed, the
+ * Store may still write into memory encache handed it.  The handle is
+ * then poisoned: those buffers are deliberately never freed or reused,
+ * every later call fails fast with ENCACHE_EPOISONED, and close reports it.
+ * The process is expected to exit.
+ */
+typedef struct encache encache;
+
+/* Where a destination lives.  Only host memory is supported for now;
+ * candidates on another device are SKIPPED. */
+typedef enum encache_device_kind {
+  ENCACHE_DEVICE_HOST = 0,
+  ENCACHE_DEVICE_CUDA = 1
+} encache_device_kind;
+
+typedef enum encache_modality {
+  ENCACHE_MODALITY_IMAGE = 0, /* the only modality looked up and published */
+  ENCACHE_MODALITY_VIDEO = 1,
+  ENCACHE_MODALITY_AUDIO = 2
+} encache_modality;
+
+typedef struct encache_options {
+  /* The producer's vLLM --ec-transfer-config, the whole JSON object
+   * (required).  len 0 = strlen. */
+  const char *ec_transfer_config;
+  size_t ec_transfer_config_len;
+  /* The namespace (spec/v3-format.md): the model path as given to the
+   * encoder (used when embedding_model_identity is unset; required), the
+   * revision and multimodal-config hash (NULL = none), the model dtype. */
+  const char *model;
+  const char *revision;
+  const char *encoder_hash;
+  int model_dtype;
+  /* The Store (NULL = $ENCACHE_STORE, else ENCACHE_DEFAULT_STORE). */
+  const char *store_url;
+  /* How the encoder runs (NULL = vLLM's defaults); reuse is refused when
+   * it cannot be correct (see encache_config_check_deployment()). */
+  const encache_deployment *deployment;
+  /* Optional: warnings (an object too large for the staging buffer, with
+   * both sizes) go here; called on the caller's thread.  NULL = none. */
+  void (*log)(void *ctx, const char *message);
+  void *log_ctx;
+} encache_options;
+
+/*
+ * Opens a handle.  With cross_encoder_cache false, the handle is a no-op:
+ * no Store is opened, no thread started; lookups answer SKIPPED and
+ * publications are skipped (ENCACHE_SKIP_DISABLED).
+ * On failure *out may hold a handle whose errmsg says why (close it).
+ * Errors: ENCACHE_EJSON, ENCACHE_ECONFIG (the message names the field),
+ * ENCACHE_EURL, ENCACHE_EFORMAT, ENCACHE_ENOMEM, -errno.
+ */
+ENCACHE_EXTERN int encache_open(const encache_options *opts, encache **out);
+
+/*
+ * Shuts down: refuses later publications, waits for the queued writes (no
+ * cancellation), releases them, unregisters and frees the staging buffer,
+ * closes the Store exactly once, frees the handle.  NULL is a no-op.
+ * Returns 0, or ENCACHE_EPOISONED when the handle was poisoned: then the
+ * buffers the Store may still touch (and the Store) are left alone.
+ */
+ENCACHE_EXTERN int encache_close(encache *ec);
+
+/* Detail of the handle's last failure (open, lookup, publish, close).
+ * Valid until the next call on the handle.  Never NULL. */
+ENCACHE_EXTERN const char *encache_errmsg(const encache *ec);
+
+/* 1 when cross_encoder_cache is on (the handle uses a Store), else 0. */
+ENCACHE_EXTERN int encache_enabled(const encache *ec);
+
+/* The handle's namespace (keys are NAMESPACE "@id:" ID).  Owned by ec. */
+ENCACHE_EXTERN const char *encache_namespace_of(const encache *ec);
+
+/* One input of a step, as the caller describes it. */
+typedef struct encache_candidate {
+  const char *id;       /* mm_hash or caller UUID; the key's identifier */
+  int modality;         /* encache_modality */
+  int dtype;            /* expected output: encache_dtype, rows x cols */
+  uint64_t rows;
+  uint64_t cols;
+  int device;           /* encache_device_kind of the destination */
+  int device_index;
+} encache_candidate;
+
+/* The caller's allocator of destinations, so that outputs can be the
+ * serving stack's own tensors. */
+typedef struct encache_allocator {
+  void *ctx;
+  /* Allocate nbytes for candidate i (on its device); set *data to the
+   * destination and *handle to anything the caller wants back (its tensor).
+   * Return 0, or a negative code (the lookup then fails with that code,
+   * and the handle stays healthy). */
+  int (*alloc)(void *ctx, size_t i, const encache_candidate *c,
+               uint64_t nbytes, void **data, void **handle);
+  /* Release a destination that alloc returned but the lookup does not
+   * hand back (the lookup failed).  May be NULL if nothing is needed. */
+  void (*release)(void *ctx, size_t i, void *data, void *handle);
+} encache_allocator;
+
+typedef enum encache_outcome {
+  ENCACHE_HIT = 0,          /* loaded into data; do not encode */
+  ENCACHE_MISS = 1,         /* not in the Store */
+  ENCACHE_INCOMPATIBLE = 2, /* an object is there but is not this output */
+  ENCACHE_OVERSIZE = 3,     /* larger than store_read_buffer_bytes */
+  ENCACHE_UNAVAILABLE = 4,  /* the Store failed, recoverably */
+  ENCACHE_SKIPPED = 5       /* not eligible (modality, dtype, device, ...) */
+} encache_outcome;
+
+/* "HIT", "MISS", "INCOMPATIBLE", "OVERSIZE", "UNAVAILABLE", "SKIPPED". */
+ENCACHE_EXTERN const char *encache_outcome_name(int outcome);
+
+typedef struct encache_result {
+  int outcome;         /* encache_outcome */
+  int verdict;         /* INCOMPATIBLE: the encache_verdict (what differed) */
+  encache_header found;/* INCOMPATIBLE: the header found (zeroed if short) */
+  void *data;          /* HIT: the destination, filled */
+  void *handle;        /* HIT: what alloc returned with it */
+  uint64_t nbytes;     /* HIT: payload bytes */
+} encache_result;
+
+/*
+ * Looks up candidates c[0..n) and fills results[0..n).  Every HIT's
+ * destination comes from the allocator and belongs to the caller; all
+ * other outcomes mean "encode it".  Duplicate ids are read once (each gets
+ * its own destination).  Returns the number of hits, or a negative code:
+ * the allocator's error (every destination already allocated was released;
+ * the handle stays healthy), ENCACHE_EPOISONED (now or before), or
+ * ENCACHE_EINVAL.
+ */
+ENCACHE_EXTERN int encache_lookup(encache *ec, const encache_candidate *c,
+                                  size_t n, const encache_allocator *alloc,
+                                  encache_result *results);
+
+/*
+ * A reference-counted backing storage of outputs (a tensor's storage):
+ * bytes [base, base + nbytes), released by calling release(ctx) when the
+ * last reference goes.  The caller holds one reference from
+ * encache_storage_new() and drops it with encache_storage_unref(); each
+ * queued publication holds another until it is reaped, so the memory is
+ * never reused while a write may still read it.
+ */
+typedef struct encache_storage encache_storage;
+
+ENCACHE_EXTERN int encache_storage_new(const void *base, uint64_t nbytes,
+                                       void (*release)(void *ctx), void *ctx,
+                                       encache_storage **out);
+ENCACHE_EXTERN void encache_storage_unref(encache_storage *s);
+
+/* Why a publication was skipped (encache_publish() returns these > 0). */
+#define ENCACHE_SKIP_MAP(XX)                                                 \
+  XX(DISABLED, 1, "cross_encoder_cache is off")                              \
+  XX(NOT_CANDIDATE, 2, "not a candidate of the current step")                \
+  XX(NOT_MATRIX, 3, "not a 2-D matrix")                                      \
+  XX(NOT_CONTIGUOUS, 4, "not contiguous")                                    \
+  XX(DTYPE, 5, "dtype not float32/float16/bfloat16")                         \
+  XX(OUTSIDE_STORAGE, 6, "view outside its backing storage")                 \
+  XX(PENDING, 7, "already pending under the same key")                       \
+  XX(CLOSED, 8, "publisher closed")                                          \
+  XX(OVER_ITEMS, 9, "store_max_pending_items reached")                       \
+  XX(OVER_BYTES, 10, "store_max_pending_bytes reached")
+
+typedef enum encache_skip {
+  ENCACHE_QUEUED = 0,
+#define ENCACHE_SKIP_ENUM_(name, value, msg) ENCACHE_SKIP_##name = (value),
+  ENCACHE_SKIP_MAP(ENCACHE_SKIP_ENUM_)
+#undef ENCACHE_SKIP_ENUM_
+  ENCACHE_SKIP_COUNT_ = 11
+} encache_skip;
+
+/* "queued", or the reason's message. */
+ENCACHE_EXTERN const char *encache_skip_name(int reason);
+
+/*
+ * Queues the output `view` (a 2-D, row-major, contiguous matrix inside
+ * `storage`) for publication under `id`.  Nothing is copied here: the
+ * worker writes straight from the storage, which stays retained until the
+ * job is reaped.  Returns ENCACHE_QUEUED (0), a skip reason (> 0; the
+ * storage is not retained), or a negative code: ENCACHE_EPOISONED,
+ * ENCACHE_EINVAL.
+ */
+ENCACHE_EXTERN int encache_publish(encache *ec, const char *id,
+                                   const encache_tensor *view,
+                                   encache_storage *storage);
+
+/* Waits until every queued publication has been written or skipped, then
+ * reaps them.  Returns 0 or ENCACHE_EPOISONED. */
+ENCACHE_EXTERN int encache_flush(encache *ec);
+
+typedef struct encache_stats {
+  uint64_t lookups;            /* lookup calls */
+  uint64_t candidates;         /* candidates looked at */
+  uint64_t hits;
+  uint64_t misses;             /* MISS */
+  uint64_t incompatible;       /* INCOMPATIBLE */
+  uint64_t oversize;           /* OVERSIZE */
+  uint64_t unavailable;        /* UNAVAILABLE */
+  uint64_t skipped;            /* SKIPPED */
+  uint64_t bytes_read;         /* payload bytes loaded into destinations */
+  uint64_t batched_reads;      /* Store read calls (one per chunk) */
+  uint64_t published_queued;
+  uint64_t published_written;  /* written to the Store */
+  uint64_t published_present;  /* already in the Store: nothing written */
+  uint64_t published_failed;   /* recoverable Store failures: not written */
+  uint64_t published_skipped[ENCACHE_SKIP_COUNT_]; /* by reason */
+  uint64_t pending_items;      /* queued or in flight, not yet reaped */
+  uint64_t pending_bytes;      /* charged bytes (per backing storage) */
+  uint64_t staging_allocations;/* times the staging buffer was allocated */
+  uint64_t staging_bytes;      /* its current size (0 = none) */
+  int poisoned;
+} encache_stats;
+
+ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -49,4 +49,24 @@
   XX(shm_repairs_corrupted_index)                                            \
   XX(shm_stress_processes_and_threads)                                       \
   XX(shm_threads_in_one_process)                                             \
-  XX(shm_sigkill_writers_at_random_moments)
+  XX(shm_sigkill_writers_at_random_moments)                                  \
+  XX(engine_case01_keys_through_the_handle)                                  \
+  XX(engine_case02_startup_refusals)                                         \
+  XX(engine_case03_roundtrip_every_dtype)                                    \
+  XX(engine_case04_chunking_and_one_registration)                            \
+  XX(engine_case05_nothing_allocated_without_hits)                           \
+  XX(engine_case06_malformed_read_answers_poison)                            \
+  XX(engine_case07_allocation_failure_and_failed_copy)                       \
+  XX(engine_case08_3d_output_refused_before_registration)                    \
+  XX(engine_case09_end_to_end_scenarios)                                     \
+  XX(engine_case10_incompatible_objects_are_misses)                          \
+  XX(engine_case11_rejected_header_registration_is_recoverable)              \
+  XX(engine_case12_unregistration_unconfirmed_quota_budget)                  \
+  XX(engine_case13_view_charges_its_whole_storage)                           \
+  XX(engine_case14_two_views_charged_once)                                   \
+  XX(engine_case15_fatal_after_reaper_looked)                                \
+  XX(engine_case16_shutdown_drains)                                          \
+  XX(engine_duplicates_read_once_each_own_output)                            \
+  XX(engine_skips_ineligible_and_non_candidates)                             \
+  XX(engine_unavailable_store_means_encode)                                  \
+  XX(engine_threads_step_and_worker)

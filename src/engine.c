@@ -1,0 +1,251 @@
+/*
+ * engine.c: opening and closing the engine handle, its messages, poison
+ * and statistics.  The read path is in lookup.c, the publisher in
+ * publish.c.
+ *
+ * A handle opened with cross_encoder_cache false holds nothing but its
+ * configuration: no Store, no worker thread, no buffers.
+ */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int encache__fail(encache *ec, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ec->errmsg, sizeof(ec->errmsg), fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int encache__poison(encache *ec, const char *fmt, ...) {
+  if (!encache__is_poisoned(ec)) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    snprintf(ec->errmsg, sizeof(ec->errmsg),
+             "poisoned: %s; buffers the Store may still touch are kept, "
+             "every call now fails: exit the process", msg);
+    __atomic_store_n(&ec->poisoned, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&ec->stats.poisoned, 1, __ATOMIC_RELAXED);
+  }
+  return ENCACHE_EPOISONED;
+}
+
+int encache__is_poisoned(const encache *ec) {
+  return __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
+}
+
+const char *encache_errmsg(const encache *ec) {
+  return ec != NULL ? ec->errmsg : "no handle";
+}
+
+int encache_enabled(const encache *ec) { return ec != NULL && ec->enabled; }
+
+const char *encache_namespace_of(const encache *ec) {
+  return ec != NULL && ec->ns != NULL ? ec->ns : "";
+}
+
+uint64_t encache__hash_id(const char *id) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *id; id++)
+    h = (h ^ (unsigned char)*id) * 0x100000001b3ull;
+  return h;
+}
+
+char *encache__make_key(const encache *ec, const char *id) {
+  int n = encache_key(ec->ns, id, NULL, 0);
+  if (n < 0)
+    return NULL;
+  char *k = encache__malloc((size_t)n + 1);
+  if (k != NULL && encache_key(ec->ns, id, k, (size_t)n + 1) < 0) {
+    encache__free(k);
+    return NULL;
+  }
+  return k;
+}
+
+const char *encache_outcome_name(int outcome) {
+  static const char *const names[] = {"HIT",      "MISS",        "INCOMPATIBLE",
+                                      "OVERSIZE", "UNAVAILABLE", "SKIPPED"};
+  return outcome >= 0 && outcome <= ENCACHE_SKIPPED ? names[outcome]
+                                                     : "UNKNOWN";
+}
+
+const char *encache_skip_name(int reason) {
+  switch (reason) {
+  case ENCACHE_QUEUED:
+    return "queued";
+#define ENCACHE_SKIP_CASE_(name, value, msg)                                 \
+  case ENCACHE_SKIP_##name:                                                  \
+    return msg;
+    ENCACHE_SKIP_MAP(ENCACHE_SKIP_CASE_)
+#undef ENCACHE_SKIP_CASE_
+  default:
+    return "unknown";
+  }
+}
+
+/* Everything the configuration decides, checked before any resource. */
+static int configure(encache *ec, const encache_options *o) {
+  encache_config *cfg = NULL;
+  int rc = encache_config_new(&cfg);
+  if (rc < 0)
+    return encache__fail(ec, rc, "out of memory");
+  size_t len = o->ec_transfer_config_len ? o->ec_transfer_config_len
+                                         : strlen(o->ec_transfer_config);
+  rc = encache_config_load_ec(cfg, o->ec_transfer_config, len);
+  if (rc == 0)
+    rc = encache_config_check_deployment(cfg, o->deployment);
+  if (rc < 0) {
+    encache__fail(ec, rc, "%s", encache_config_errmsg(cfg));
+    encache_config_free(cfg);
+    return rc;
+  }
+  const char *prefix, *identity;
+  encache_config_get_bool(cfg, "cross_encoder_cache", &ec->enabled);
+  encache_config_get_string(cfg, "embedding_cache_prefix", &prefix);
+  encache_config_get_string(cfg, "embedding_model_identity", &identity);
+  encache_config_get_u64(cfg, "store_max_pending_items", &ec->max_items);
+  encache_config_get_u64(cfg, "store_max_pending_bytes", &ec->max_bytes);
+  encache_config_get_u64(cfg, "store_read_buffer_bytes", &ec->read_buf_bytes);
+
+  encache_namespace_params p = {prefix, identity ? identity : o->model,
+                                o->revision, o->encoder_hash, o->model_dtype};
+  if (p.model == NULL || p.model[0] == '\0')
+    rc = encache__fail(ec, ENCACHE_EINVAL,
+                       "model: required (the model path as given to the "
+                       "encoder) unless embedding_model_identity is set");
+  else if (encache_dtype_size(o->model_dtype) == 0)
+    rc = encache__fail(ec, ENCACHE_EDTYPE,
+                       "model_dtype: %d is not float32, float16 or bfloat16",
+                       o->model_dtype);
+  else if (ec->read_buf_bytes > SIZE_MAX / 2)
+    rc = encache__fail(ec, ENCACHE_ECONFIG,
+                       "store_read_buffer_bytes: too large for this machine");
+  if (rc == 0) {
+    int n = encache_namespace(&p, NULL, 0);
+    if (n < 0 || (ec->ns = encache__malloc((size_t)n + 1)) == NULL ||
+        encache_namespace(&p, ec->ns, (size_t)n + 1) < 0)
+      rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+  }
+  encache_config_free(cfg);
+  return rc;
+}
+
+static int open_common(const encache_options *o, encache_store *given,
+                       encache **out) {
+  if (out == NULL) {
+    encache_store_close(given);
+    return ENCACHE_EINVAL;
+  }
+  *out = NULL;
+  encache *ec = encache__calloc(1, sizeof(*ec));
+  if (ec == NULL) {
+    encache_store_close(given);
+    return ENCACHE_ENOMEM;
+  }
+  *out = ec;
+  pthread_mutex_init(&ec->mu, NULL);
+  pthread_cond_init(&ec->work, NULL);
+  pthread_cond_init(&ec->idle, NULL);
+  if (o == NULL || o->ec_transfer_config == NULL) {
+    encache_store_close(given);
+    return encache__fail(ec, ENCACHE_EINVAL,
+                         "ec_transfer_config: required (the vLLM JSON)");
+  }
+  ec->log = o->log;
+  ec->log_ctx = o->log_ctx;
+  int rc = configure(ec, o);
+  if (rc < 0 || !ec->enabled) {
+    encache_store_close(given);
+    return rc;
+  }
+  if (given != NULL) {
+    ec->store = given;
+  } else if ((rc = encache_store_open(o->store_url, &ec->store)) < 0) {
+    encache__fail(ec, rc, "store: %s", encache_store_errmsg(ec->store));
+    encache_store_close(ec->store);
+    ec->store = NULL;
+    return rc;
+  }
+  if ((rc = encache__publisher_start(ec)) < 0)
+    return encache__fail(ec, rc, "cannot start the publisher thread: %s",
+                         encache_strerror(rc));
+  return 0;
+}
+
+int encache_open(const encache_options *o, encache **out) {
+  return open_common(o, NULL, out);
+}
+
+int encache__open_with_store(const encache_options *o, encache_store *st,
+                             encache **out) {
+  return open_common(o, st, out);
+}
+
+/* Closed poisoned handles, kept reachable on purpose: the Store may still
+ * write into their buffers, so they are never freed, and a leak checker
+ * should see them as kept, not lost. */
+static encache *graveyard;
+static pthread_mutex_t graveyard_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int bury(encache *ec) {
+  pthread_mutex_lock(&graveyard_mu);
+  ec->next_buried = graveyard;
+  graveyard = ec;
+  pthread_mutex_unlock(&graveyard_mu);
+  return ENCACHE_EPOISONED;
+}
+
+int encache_close(encache *ec) {
+  if (ec == NULL)
+    return 0;
+  int rc = 0;
+  if (ec->enabled && ec->store != NULL) {
+    encache__publisher_stop(ec);
+    rc = encache__reap(ec);
+    if (rc == 0 && ec->staging_registered &&
+        !encache__is_poisoned(ec) && ec->store->ops->unregister_buffer != NULL) {
+      int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
+      if (u < 0)
+        encache__poison(ec, "unregistering the staging buffer failed: %s",
+                        encache_strerror(u));
+      else
+        ec->staging_registered = 0;
+    }
+    if (encache__is_poisoned(ec)) {
+      /* The Store may still write into the staging buffer and the kept
+       * jobs' memory: leave them, and the Store, alone. */
+      return bury(ec);
+    }
+    encache__free(ec->staging);
+    encache_store_close(ec->store);
+  } else if (encache__is_poisoned(ec)) {
+    return bury(ec);
+  }
+  encache__lookup_free(ec);
+  pthread_mutex_destroy(&ec->mu);
+  pthread_cond_destroy(&ec->work);
+  pthread_cond_destroy(&ec->idle);
+  encache__free(ec->ns);
+  encache__free(ec);
+  return rc;
+}
+
+int encache_stats_get(const encache *ec, encache_stats *st) {
+  if (ec == NULL || st == NULL)
+    return ENCACHE_EINVAL;
+  const uint64_t *src = (const uint64_t *)&ec->stats;
+  uint64_t *dst = (uint64_t *)st;
+  /* Every field up to `poisoned` is a uint64_t counter. */
+  size_t n = offsetof(encache_stats, poisoned) / sizeof(uint64_t);
+  for (size_t i = 0; i < n; i++)
+    dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+  st->poisoned = __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
+  return 0;
+}

@@ -1,0 +1,467 @@
+/*
+ * lookup.c: the read path of one encoder step (spec/behaviour.md, Lookup).
+ *
+ *   1. reap finished publications;
+ *   2. decide eligibility (modality, dtype, shape, device), drop duplicate
+ *      ids (read once, copied to each);
+ *   3. one batched existence check;
+ *   4. plan chunks: walk the present items in order, object size = 24 +
+ *      payload; an object larger than the staging buffer is OVERSIZE; one
+ *      that does not fit the rest of the current chunk closes it; slots
+ *      are packed from offset 0;
+ *   5. allocate and register the staging buffer on the first non-empty
+ *      chunk (never when nothing hits or all are oversize), keep it for
+ *      every later lookup, unregister it only at close;
+ *   6. per chunk: one batched read into the slots, validate every answer
+ *      and header, allocate the chunk's destinations, copy each payload to
+ *      its own destination (outputs never alias the staging buffer).
+ *
+ * Every Store answer is classified: a count equal to the slot is a read,
+ * a smaller one or "too large" is an incompatible object, not found is a
+ * miss, recoverable is UNAVAILABLE; anything else (a count above the slot,
+ * an unknown code, an unconfirmed batch) poisons the handle, and the
+ * staging buffer is then kept forever.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int (*encache__copy_hook)(void *dst, const void *src, size_t n);
+
+/* Per unique candidate. */
+typedef struct item {
+  size_t first;    /* index of the candidate it stands for */
+  char *key;
+  uint64_t nbytes; /* expected payload */
+  uint64_t osize;  /* 24 + nbytes: the slot */
+  uint64_t off;    /* slot offset in the staging buffer */
+  int present;
+  int outcome;     /* for the unique item; copied to its duplicates */
+} item;
+
+void encache__lookup_free(encache *ec) {
+  for (size_t i = 0; i < ec->ncand; i++)
+    encache__free(ec->cand_ids[i]);
+  encache__free(ec->cand_ids);
+  encache__free(ec->cand_hash);
+  ec->cand_ids = NULL;
+  ec->cand_hash = NULL;
+  ec->ncand = 0;
+}
+
+/* Remembers the step's eligible candidates: only their outputs may be
+ * published.  On allocation failure the set is left empty (publications
+ * are then skipped, which is safe). */
+static void remember_candidates(encache *ec, const encache_candidate *c,
+                                const int *eligible, size_t n) {
+  encache__lookup_free(ec);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    m += (size_t)eligible[i];
+  if (m == 0)
+    return;
+  ec->cand_ids = encache__calloc(m, sizeof(char *));
+  ec->cand_hash = encache__calloc(m, sizeof(uint64_t));
+  if (ec->cand_ids == NULL || ec->cand_hash == NULL) {
+    encache__lookup_free(ec);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (!eligible[i])
+      continue;
+    if ((ec->cand_ids[ec->ncand] = encache__strdup(c[i].id)) == NULL) {
+      encache__lookup_free(ec);
+      return;
+    }
+    ec->cand_hash[ec->ncand++] = encache__hash_id(c[i].id);
+  }
+}
+
+static int eligible_candidate(const encache_candidate *c) {
+  uint64_t nbytes;
+  return c->id != NULL && c->id[0] != '\0' &&
+         c->modality == ENCACHE_MODALITY_IMAGE &&
+         c->device == ENCACHE_DEVICE_HOST && c->rows > 0 && c->cols > 0 &&
+         encache_payload_size(c->dtype, c->rows, c->cols, &nbytes) == 0 &&
+         nbytes <= SIZE_MAX - ENCACHE_HEADER_SIZE;
+}
+
+static void set_outcome(encache *ec, encache_result *r, int outcome) {
+  r->outcome = outcome;
+  switch (outcome) {
+  case ENCACHE_MISS: STAT_ADD(ec, misses, 1); break;
+  case ENCACHE_INCOMPATIBLE: STAT_ADD(ec, incompatible, 1); break;
+  case ENCACHE_OVERSIZE: STAT_ADD(ec, oversize, 1); break;
+  case ENCACHE_UNAVAILABLE: STAT_ADD(ec, unavailable, 1); break;
+  case ENCACHE_SKIPPED: STAT_ADD(ec, skipped, 1); break;
+  case ENCACHE_HIT: STAT_ADD(ec, hits, 1); break;
+  default: break;
+  }
+}
+
+/* Allocates (and registers, when the Store needs it) the staging buffer. */
+static int staging_ensure(encache *ec) {
+  if (ec->staging != NULL)
+    return 0;
+  size_t size = (size_t)ec->read_buf_bytes;
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, size ? size : 1) != 0)
+    return encache__fail(ec, ENCACHE_ENOMEM,
+                         "cannot allocate the %zu-byte staging buffer", size);
+  if (ec->store->ops->register_buffer != NULL) {
+    int rc = ec->store->ops->register_buffer(ec->store, p, size);
+    if (rc < 0) {
+      /* Nothing is kept: the next step tries again. */
+      free(p);
+      return encache__fail(ec, ENCACHE_EUNAVAIL,
+                           "registering the staging buffer failed: %s",
+                           encache_store_errmsg(ec->store));
+    }
+    ec->staging_registered = 1;
+  }
+  ec->staging = p;
+  STAT_ADD(ec, staging_allocations, 1);
+  __atomic_store_n(&ec->stats.staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* Destinations handed out so far, released if the lookup fails. */
+typedef struct dest_log {
+  size_t *idx;
+  size_t n;
+} dest_log;
+
+static void release_all(const encache_allocator *a, dest_log *d,
+                        encache_result *results) {
+  for (size_t k = 0; k < d->n; k++) {
+    encache_result *r = &results[d->idx[k]];
+    if (a->release != NULL)
+      a->release(a->ctx, d->idx[k], r->data, r->handle);
+    r->data = r->handle = NULL;
+    r->outcome = ENCACHE_UNAVAILABLE;
+  }
+  d->n = 0;
+}
+
+/* Reads one chunk items[from..to) and delivers its hits. */
+static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
+                      item *items, size_t from, size_t to,
+                      const size_t *unique_of, const encache_allocator *a,
+                      encache_result *results, dest_log *dl, int *hits) {
+  size_t m = to - from;
+  const char **keys = encache__calloc(m, sizeof(char *));
+  void **bufs = encache__calloc(m, sizeof(void *));
+  size_t *caps = encache__calloc(m, sizeof(size_t));
+  int64_t *res = encache__calloc(m, sizeof(int64_t));
+  int rc = 0;
+  if (keys == NULL || bufs == NULL || caps == NULL || res == NULL) {
+    rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t k = 0; k < m; k++) {
+    keys[k] = items[from + k].key;
+    bufs[k] = ec->staging + items[from + k].off;
+    caps[k] = (size_t)items[from + k].osize;
+  }
+  STAT_ADD(ec, batched_reads, 1);
+  rc = ec->store->ops->read(ec->store, keys, m, bufs, caps, res);
+  if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ENOMEM) {
+    for (size_t k = 0; k < m; k++)
+      items[from + k].outcome = ENCACHE_UNAVAILABLE;
+    rc = 0;
+    goto out;
+  }
+  if (rc < 0) {
+    rc = encache__poison(ec, "a batched read's completion is unconfirmed "
+                             "(%s: %s)", encache_err_name(rc),
+                         encache_store_errmsg(ec->store));
+    goto out;
+  }
+  for (size_t k = 0; k < m; k++) {
+    item *it = &items[from + k];
+    int64_t r = res[k];
+    if (r >= 0 && (uint64_t)r > it->osize) {
+      rc = encache__poison(ec, "the Store answered %" PRId64 " bytes for a "
+                               "%" PRIu64 "-byte slot", r, it->osize);
+      goto out;
+    }
+    if (r >= 0) {
+      encache_result *res0 = &results[it->first];
+      const encache_candidate *cc = &c[it->first];
+      encache_contract ct = {cc->dtype, cc->rows, cc->cols};
+      int v = encache_object_check(ec->staging + it->off, (size_t)r, &ct,
+                                   &res0->found);
+      res0->verdict = v;
+      it->outcome = v == ENCACHE_COMPATIBLE ? ENCACHE_HIT : ENCACHE_INCOMPATIBLE;
+    } else if (r == ENCACHE_ETOOLARGE) {
+      /* Longer than the contract: an incompatible object. */
+      it->outcome = ENCACHE_INCOMPATIBLE;
+      results[it->first].verdict = ENCACHE_BAD_LENGTH;
+    } else if (r == ENCACHE_ENOENT) {
+      it->outcome = ENCACHE_MISS;
+    } else if (r == ENCACHE_EUNAVAIL) {
+      it->outcome = ENCACHE_UNAVAILABLE;
+    } else {
+      rc = encache__poison(ec, "the Store answered an unknown code %" PRId64
+                               " for %s", r, it->key);
+      goto out;
+    }
+  }
+  /* Every destination of the chunk, before any copy. */
+  for (size_t i = 0; i < n; i++) {
+    size_t u = unique_of[i];
+    if (u == SIZE_MAX || u < from || u >= to || items[u].outcome != ENCACHE_HIT)
+      continue;
+    void *data = NULL, *handle = NULL;
+    int arc = a->alloc(a->ctx, i, &c[i], items[u].nbytes, &data, &handle);
+    if (arc < 0 || (data == NULL && items[u].nbytes > 0)) {
+      release_all(a, dl, results);
+      rc = encache__fail(ec, arc < 0 ? arc : ENCACHE_ENOMEM,
+                         "the allocator failed for candidate %zu (%s): %s", i,
+                         c[i].id, encache_strerror(arc < 0 ? arc : ENCACHE_ENOMEM));
+      goto out;
+    }
+    results[i].data = data;
+    results[i].handle = handle;
+    results[i].nbytes = items[u].nbytes;
+    dl->idx[dl->n++] = i;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t u = unique_of[i];
+    if (u == SIZE_MAX || u < from || u >= to || items[u].outcome != ENCACHE_HIT)
+      continue;
+    const unsigned char *src = ec->staging + items[u].off + ENCACHE_HEADER_SIZE;
+    if (encache__copy_hook != NULL) {
+      if (encache__copy_hook(results[i].data, src, (size_t)items[u].nbytes) != 0) {
+        /* A device copy may still be in flight: keep the staging buffer
+         * and every destination. */
+        rc = encache__poison(ec, "copying candidate %zu (%s) to its "
+                                 "destination failed", i, c[i].id);
+        goto out;
+      }
+    } else {
+      memcpy(results[i].data, src, (size_t)items[u].nbytes);
+    }
+    STAT_ADD(ec, bytes_read, items[u].nbytes);
+    (*hits)++;
+  }
+out:
+  encache__free(keys);
+  encache__free(bufs);
+  encache__free(caps);
+  encache__free(res);
+  return rc;
+}
+
+int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
+                   const encache_allocator *a, encache_result *results) {
+  if (ec == NULL || (n > 0 && (c == NULL || results == NULL)))
+    return ENCACHE_EINVAL;
+  if (encache__is_poisoned(ec))
+    return ENCACHE_EPOISONED;
+  for (size_t i = 0; i < n; i++) {
+    memset(&results[i], 0, sizeof(results[i]));
+    results[i].outcome = ENCACHE_SKIPPED;
+  }
+  STAT_ADD(ec, lookups, 1);
+  STAT_ADD(ec, candidates, n);
+  if (!ec->enabled) {
+    STAT_ADD(ec, skipped, n);
+    return 0;
+  }
+  if (a == NULL || a->alloc == NULL)
+    return encache__fail(ec, ENCACHE_EINVAL, "lookup: an allocator is required");
+  int rc = encache__reap(ec);
+  if (rc < 0)
+    return rc;
+  if (n == 0) {
+    encache__lookup_free(ec);
+    return 0;
+  }
+
+  int *eligible = encache__calloc(n, sizeof(int));
+  size_t *unique_of = encache__calloc(n, sizeof(size_t));
+  uint64_t *hash = encache__calloc(n, sizeof(uint64_t));
+  item *items = encache__calloc(n, sizeof(item));
+  const char **keys = encache__calloc(n, sizeof(char *));
+  int *present = encache__calloc(n, sizeof(int));
+  dest_log dl = {encache__calloc(n, sizeof(size_t)), 0};
+  size_t nu = 0;
+  int hits = 0;
+  rc = 0;
+  if (!eligible || !unique_of || !hash || !items || !keys || !present ||
+      !dl.idx) {
+    rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+    goto out;
+  }
+
+  /* Eligibility and duplicates: the same id with the same contract is
+   * read once. */
+  for (size_t i = 0; i < n; i++) {
+    unique_of[i] = SIZE_MAX;
+    eligible[i] = eligible_candidate(&c[i]);
+    if (!eligible[i])
+      continue;
+    hash[i] = encache__hash_id(c[i].id);
+    for (size_t u = 0; u < nu && unique_of[i] == SIZE_MAX; u++) {
+      const encache_candidate *f = &c[items[u].first];
+      if (hash[items[u].first] == hash[i] && strcmp(f->id, c[i].id) == 0 &&
+          f->dtype == c[i].dtype && f->rows == c[i].rows && f->cols == c[i].cols)
+        unique_of[i] = u;
+    }
+    if (unique_of[i] != SIZE_MAX)
+      continue;
+    item *it = &items[nu];
+    it->first = i;
+    it->outcome = ENCACHE_MISS;
+    encache_payload_size(c[i].dtype, c[i].rows, c[i].cols, &it->nbytes);
+    it->osize = ENCACHE_HEADER_SIZE + it->nbytes;
+    if ((it->key = encache__make_key(ec, c[i].id)) == NULL) {
+      rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+      goto out;
+    }
+    keys[nu] = it->key;
+    unique_of[i] = nu++;
+  }
+  remember_candidates(ec, c, eligible, n);
+  if (nu == 0)
+    goto deliver;
+
+  /* One batched existence check. */
+  rc = ec->store->ops->exists(ec->store, keys, nu, present);
+  if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ENOMEM) {
+    for (size_t u = 0; u < nu; u++)
+      items[u].outcome = ENCACHE_UNAVAILABLE;
+    rc = 0;
+    goto deliver;
+  }
+  if (rc < 0) {
+    rc = encache__poison(ec, "the existence check's completion is "
+                             "unconfirmed (%s)", encache_err_name(rc));
+    goto out;
+  }
+  for (size_t u = 0; u < nu; u++) {
+    int p = present[u];
+    items[u].present = p == 1;
+    if (p == 1)
+      continue;
+    if (p == 0 || p == ENCACHE_ENOENT)
+      items[u].outcome = ENCACHE_MISS;
+    else if (p == ENCACHE_EUNAVAIL)
+      items[u].outcome = ENCACHE_UNAVAILABLE;
+    else {
+      rc = encache__poison(ec, "the existence check answered an unknown "
+                               "code %d for %s", p, items[u].key);
+      goto out;
+    }
+  }
+
+  /* Plan chunks over the present items, in order; read each. */
+  size_t first = SIZE_MAX; /* first item of the open chunk */
+  uint64_t used = 0;
+  /* Present items are compacted to the front so that a chunk is a range. */
+  size_t np = 0;
+  for (size_t u = 0; u < nu; u++) {
+    if (!items[u].present)
+      continue;
+    if (items[u].osize > ec->read_buf_bytes) {
+      items[u].outcome = ENCACHE_OVERSIZE;
+      if (ec->log != NULL) {
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "encache: object %s is %" PRIu64 " bytes, larger than the "
+                 "%" PRIu64 "-byte staging buffer (store_read_buffer_bytes): "
+                 "encoding it instead", c[items[u].first].id, items[u].osize,
+                 ec->read_buf_bytes);
+        ec->log(ec->log_ctx, msg);
+      }
+      continue;
+    }
+    np++;
+  }
+  /* Reorder: present, fitting items first (stable), keeping unique_of
+   * consistent. */
+  if (np > 0) {
+    size_t *newpos = encache__calloc(nu, sizeof(size_t));
+    item *sorted = encache__calloc(nu, sizeof(item));
+    if (newpos == NULL || sorted == NULL) {
+      encache__free(newpos);
+      encache__free(sorted);
+      rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+      goto out;
+    }
+    size_t w = 0;
+    for (int pass = 0; pass < 2; pass++)
+      for (size_t u = 0; u < nu; u++) {
+        int fits = items[u].present && items[u].outcome != ENCACHE_OVERSIZE;
+        if (fits == (pass == 0)) {
+          newpos[u] = w;
+          sorted[w++] = items[u];
+        }
+      }
+    memcpy(items, sorted, nu * sizeof(item));
+    for (size_t i = 0; i < n; i++)
+      if (unique_of[i] != SIZE_MAX)
+        unique_of[i] = newpos[unique_of[i]];
+    encache__free(newpos);
+    encache__free(sorted);
+  }
+  for (size_t u = 0; u <= np; u++) {
+    int close_chunk = u == np ||
+                      (first != SIZE_MAX && used + items[u].osize > ec->read_buf_bytes);
+    if (close_chunk && first != SIZE_MAX) {
+      rc = staging_ensure(ec);
+      if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
+        for (size_t k = 0; k < np; k++)
+          items[k].outcome = ENCACHE_UNAVAILABLE;
+        rc = 0;
+        break;
+      }
+      if (rc < 0)
+        goto out;
+      rc = read_chunk(ec, c, n, items, first, u, unique_of, a, results, &dl,
+                      &hits);
+      if (rc < 0)
+        goto out;
+      first = SIZE_MAX;
+      used = 0;
+    }
+    if (u == np)
+      break;
+    if (first == SIZE_MAX)
+      first = u;
+    items[u].off = used;
+    used += items[u].osize;
+  }
+
+deliver:
+  for (size_t i = 0; i < n; i++) {
+    if (unique_of[i] == SIZE_MAX) {
+      set_outcome(ec, &results[i], ENCACHE_SKIPPED);
+      continue;
+    }
+    item *it = &items[unique_of[i]];
+    if (it->outcome == ENCACHE_INCOMPATIBLE && i != it->first) {
+      results[i].verdict = results[it->first].verdict;
+      results[i].found = results[it->first].found;
+    }
+    set_outcome(ec, &results[i], it->outcome);
+  }
+  rc = hits;
+out:
+  if (rc < 0 && !encache__is_poisoned(ec))
+    release_all(a, &dl, results);
+  for (size_t u = 0; items != NULL && u < n; u++)
+    encache__free(items[u].key);
+  encache__free(eligible);
+  encache__free(unique_of);
+  encache__free(hash);
+  encache__free(items);
+  encache__free(keys);
+  encache__free(present);
+  encache__free(dl.idx);
+  return rc;
+}

@@ -1,0 +1,355 @@
+/*
+ * publish.c: the bounded asynchronous publisher (spec/behaviour.md,
+ * Publication).
+ *
+ * encache_publish() runs on the caller's thread and copies nothing: it
+ * checks the view, applies the budgets, retains the view's backing
+ * storage and queues a job.  One worker thread takes jobs in order: if
+ * the key exists it does nothing (never replace), else it writes header +
+ * payload straight from the caller's storage.  Finished jobs wait on the
+ * done list until a reap (start of every lookup, before every enqueue,
+ * at flush and at close) releases them on the caller's thread: their
+ * budget charges, and their storage references (whose release callbacks
+ * thus never run on the worker).
+ *
+ * Budgets: at most store_max_pending_items jobs and store_max_pending_bytes
+ * bytes are retained.  Bytes are charged per backing storage, once however
+ * many views of it are pending, and released when the last is reaped.
+ *
+ * A job whose write cannot be confirmed is fatal: it keeps its storage and
+ * charge forever, the worker stops touching the Store (later jobs are
+ * released unwritten), and the next reap poisons the handle.
+ *
+ * Invariants (under mu): pending_items = jobs queued + running + done (+
+ * fatal); pending_bytes = sum of nbytes of storages with views_pending > 0.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+int encache_storage_new(const void *base, uint64_t nbytes,
+                        void (*release)(void *ctx), void *ctx,
+                        encache_storage **out) {
+  if (out == NULL || (base == NULL && nbytes != 0))
+    return ENCACHE_EINVAL;
+  encache_storage *s = encache__calloc(1, sizeof(*s));
+  if (s == NULL)
+    return ENCACHE_ENOMEM;
+  s->refs = 1;
+  s->base = base;
+  s->nbytes = nbytes;
+  s->release = release;
+  s->ctx = ctx;
+  *out = s;
+  return 0;
+}
+
+void encache_storage_unref(encache_storage *s) {
+  if (s == NULL)
+    return;
+  if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (s->release != NULL)
+      s->release(s->ctx);
+    encache__free(s);
+  }
+}
+
+static void publish_gauges(encache *ec) {
+  __atomic_store_n(&ec->stats.pending_items, ec->pending_items, __ATOMIC_RELAXED);
+  __atomic_store_n(&ec->stats.pending_bytes, ec->pending_bytes, __ATOMIC_RELAXED);
+}
+
+/* ----------------------------------------------------------------- worker */
+
+static void set_why(job *j, const char *what, encache_store *st) {
+  snprintf(j->why, sizeof(j->why), "%s: %s", what, encache_store_errmsg(st));
+}
+
+/* Runs one job against the Store; returns an enum job_result. */
+static int run_job(encache *ec, job *j) {
+  encache_store *st = ec->store;
+  const char *keys[1] = {j->key};
+  int present = 0;
+  int rc = st->ops->exists(st, keys, 1, &present);
+  if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ENOMEM ||
+      (rc == 0 && present == ENCACHE_EUNAVAIL)) {
+    set_why(j, "existence check", st);
+    return JOB_FAILED;
+  }
+  if (rc < 0 || (present != 0 && present != 1 && present != ENCACHE_ENOENT)) {
+    set_why(j, "existence check unconfirmed", st);
+    return JOB_FATAL;
+  }
+  if (present == 1)
+    return JOB_PRESENT;
+
+  int reg_hdr = 0, reg_data = 0, result;
+  if (st->ops->register_buffer != NULL) {
+    if (st->ops->register_buffer(st, j->hdr, sizeof(j->hdr)) < 0) {
+      set_why(j, "registering the header", st);
+      return JOB_FAILED; /* the write is not issued */
+    }
+    reg_hdr = 1;
+    if (j->nbytes > 0) {
+      if (st->ops->register_buffer(st, (void *)j->data, (size_t)j->nbytes) < 0) {
+        set_why(j, "registering the payload", st);
+        result = JOB_FAILED;
+        goto unregister;
+      }
+      reg_data = 1;
+    }
+  }
+  rc = st->ops->write(st, j->key, j->hdr, sizeof(j->hdr), j->data,
+                      (size_t)j->nbytes);
+  if (rc == 0) {
+    result = JOB_WRITTEN;
+  } else if (rc == ENCACHE_EEXIST) {
+    result = JOB_PRESENT;
+  } else if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ETOOLARGE ||
+             rc == ENCACHE_ENOMEM || rc == ENCACHE_EINVAL) {
+    set_why(j, "write", st);
+    result = JOB_FAILED;
+  } else {
+    set_why(j, "write unconfirmed", st);
+    return JOB_FATAL; /* keep everything registered and retained */
+  }
+unregister:
+  if (reg_data && st->ops->unregister_buffer(st, (void *)j->data) < 0) {
+    set_why(j, "unregistering the payload", st);
+    return JOB_FATAL;
+  }
+  if (reg_hdr && st->ops->unregister_buffer(st, j->hdr) < 0) {
+    set_why(j, "unregistering the header", st);
+    return JOB_FATAL;
+  }
+  return result;
+}
+
+static void *worker_main(void *arg) {
+  encache *ec = arg;
+  int fatal_seen = 0;
+  pthread_mutex_lock(&ec->mu);
+  for (;;) {
+    while (ec->queue_head == NULL && !ec->closing)
+      pthread_cond_wait(&ec->work, &ec->mu);
+    job *j = ec->queue_head;
+    if (j == NULL)
+      break; /* closing, and drained */
+    ec->queue_head = j->next;
+    if (ec->queue_head == NULL)
+      ec->queue_tail = NULL;
+    ec->running = j;
+    pthread_mutex_unlock(&ec->mu);
+
+    int result;
+    if (fatal_seen || encache__is_poisoned(ec)) {
+      snprintf(j->why, sizeof(j->why), "not written: the handle is poisoned");
+      result = JOB_FAILED; /* the Store is not touched again */
+    } else {
+      result = run_job(ec, j);
+      fatal_seen = result == JOB_FATAL;
+    }
+
+    pthread_mutex_lock(&ec->mu);
+    j->result = result;
+    j->done = 1;
+    ec->running = NULL;
+    j->next = ec->done_head;
+    ec->done_head = j;
+    if (ec->queue_head == NULL)
+      pthread_cond_broadcast(&ec->idle);
+  }
+  pthread_cond_broadcast(&ec->idle);
+  pthread_mutex_unlock(&ec->mu);
+  return NULL;
+}
+
+int encache__publisher_start(encache *ec) {
+  int rc = pthread_create(&ec->worker, NULL, worker_main, ec);
+  if (rc != 0)
+    return -rc;
+  ec->worker_started = 1;
+  return 0;
+}
+
+void encache__publisher_stop(encache *ec) {
+  if (!ec->worker_started)
+    return;
+  pthread_mutex_lock(&ec->mu);
+  ec->closing = 1;
+  pthread_cond_broadcast(&ec->work);
+  pthread_mutex_unlock(&ec->mu);
+  pthread_join(ec->worker, NULL);
+  ec->worker_started = 0;
+}
+
+/* ------------------------------------------------------------------- reap */
+
+int encache__reap(encache *ec) {
+  pthread_mutex_lock(&ec->mu);
+  job *done = ec->done_head;
+  ec->done_head = NULL;
+  job *release = NULL;
+  const char *fatal_why = NULL;
+  char why[400];
+  while (done != NULL) {
+    job *j = done;
+    done = j->next;
+    if (j->result == JOB_FATAL) {
+      /* Kept forever, with its charge and its storage. */
+      j->next = ec->fatal_jobs;
+      ec->fatal_jobs = j;
+      snprintf(why, sizeof(why), "%.160s (%.200s)", j->why, j->key);
+      fatal_why = why;
+      continue;
+    }
+    encache_storage *s = j->storage;
+    if (--s->views_pending == 0)
+      ec->pending_bytes -= s->nbytes;
+    ec->pending_items--;
+    j->next = release;
+    release = j;
+  }
+  publish_gauges(ec);
+  pthread_mutex_unlock(&ec->mu);
+
+  /* Outside the lock: counters, then the caller's release callbacks. */
+  while (release != NULL) {
+    job *j = release;
+    release = j->next;
+    switch (j->result) {
+    case JOB_WRITTEN: STAT_ADD(ec, published_written, 1); break;
+    case JOB_PRESENT: STAT_ADD(ec, published_present, 1); break;
+    default: STAT_ADD(ec, published_failed, 1); break;
+    }
+    encache_storage_unref(j->storage);
+    encache__free(j->key);
+    encache__free(j);
+  }
+  if (fatal_why != NULL)
+    return encache__poison(ec, "a publication's write is unconfirmed: %s",
+                           fatal_why);
+  return encache__is_poisoned(ec) ? ENCACHE_EPOISONED : 0;
+}
+
+int encache_flush(encache *ec) {
+  if (ec == NULL)
+    return ENCACHE_EINVAL;
+  if (!ec->enabled)
+    return 0;
+  pthread_mutex_lock(&ec->mu);
+  while (ec->queue_head != NULL || ec->running != NULL)
+    pthread_cond_wait(&ec->idle, &ec->mu);
+  pthread_mutex_unlock(&ec->mu);
+  return encache__reap(ec);
+}
+
+/* ---------------------------------------------------------------- publish */
+
+static int skip(encache *ec, int reason) {
+  STAT_ADD(ec, published_skipped[reason], 1);
+  return reason;
+}
+
+static int is_candidate(const encache *ec, const char *id) {
+  uint64_t h = encache__hash_id(id);
+  for (size_t i = 0; i < ec->ncand; i++)
+    if (ec->cand_hash[i] == h && strcmp(ec->cand_ids[i], id) == 0)
+      return 1;
+  return 0;
+}
+
+static int key_pending(const encache *ec, const char *key) {
+  const job *lists[3] = {ec->queue_head, ec->running, ec->done_head};
+  for (int l = 0; l < 3; l++)
+    for (const job *j = lists[l]; j != NULL; j = l == 1 ? NULL : j->next)
+      if (strcmp(j->key, key) == 0)
+        return 1;
+  return 0;
+}
+
+int encache_publish(encache *ec, const char *id, const encache_tensor *view,
+                    encache_storage *storage) {
+  if (ec == NULL || id == NULL || view == NULL || storage == NULL)
+    return ENCACHE_EINVAL;
+  if (encache__is_poisoned(ec))
+    return ENCACHE_EPOISONED;
+  if (!ec->enabled)
+    return skip(ec, ENCACHE_SKIP_DISABLED);
+  pthread_mutex_lock(&ec->mu);
+  int closing = ec->closing;
+  pthread_mutex_unlock(&ec->mu);
+  if (closing)
+    return skip(ec, ENCACHE_SKIP_CLOSED);
+  int rc = encache__reap(ec);
+  if (rc < 0)
+    return rc;
+
+  if (!is_candidate(ec, id))
+    return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
+  unsigned char hdr[ENCACHE_HEADER_SIZE];
+  rc = encache_header_encode(view, hdr);
+  if (rc == ENCACHE_EDTYPE)
+    return skip(ec, ENCACHE_SKIP_DTYPE);
+  if (rc == ENCACHE_ECONTIG)
+    return skip(ec, ENCACHE_SKIP_NOT_CONTIGUOUS);
+  if (rc < 0)
+    return skip(ec, ENCACHE_SKIP_NOT_MATRIX);
+  uint64_t nbytes;
+  encache_payload_size(view->dtype, (uint64_t)view->shape[0],
+                       (uint64_t)view->shape[1], &nbytes);
+  const unsigned char *data = view->data;
+  if (nbytes > 0 &&
+      (data == NULL || data < storage->base ||
+       (uint64_t)(data - storage->base) > storage->nbytes ||
+       nbytes > storage->nbytes - (uint64_t)(data - storage->base)))
+    return skip(ec, ENCACHE_SKIP_OUTSIDE_STORAGE);
+
+  job *j = encache__calloc(1, sizeof(*j));
+  char *key = encache__make_key(ec, id);
+  if (j == NULL || key == NULL) {
+    encache__free(j);
+    encache__free(key);
+    return encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+  }
+  j->key = key;
+  j->storage = storage;
+  j->data = data;
+  j->nbytes = nbytes;
+  memcpy(j->hdr, hdr, sizeof(hdr));
+
+  pthread_mutex_lock(&ec->mu);
+  int reason = ENCACHE_QUEUED;
+  uint64_t charge = storage->views_pending == 0 ? storage->nbytes : 0;
+  if (ec->closing)
+    reason = ENCACHE_SKIP_CLOSED;
+  else if (key_pending(ec, key))
+    reason = ENCACHE_SKIP_PENDING;
+  else if (ec->pending_items + 1 > ec->max_items)
+    reason = ENCACHE_SKIP_OVER_ITEMS;
+  else if (charge > ec->max_bytes - ec->pending_bytes)
+    reason = ENCACHE_SKIP_OVER_BYTES;
+  if (reason == ENCACHE_QUEUED) {
+    __atomic_add_fetch(&storage->refs, 1, __ATOMIC_RELAXED);
+    storage->views_pending++;
+    ec->pending_bytes += charge;
+    ec->pending_items++;
+    if (ec->queue_tail != NULL)
+      ec->queue_tail->next = j;
+    else
+      ec->queue_head = j;
+    ec->queue_tail = j;
+    publish_gauges(ec);
+    pthread_cond_signal(&ec->work);
+  }
+  pthread_mutex_unlock(&ec->mu);
+  if (reason != ENCACHE_QUEUED) {
+    encache__free(key);
+    encache__free(j);
+    return skip(ec, reason);
+  }
+  STAT_ADD(ec, published_queued, 1);
+  return ENCACHE_QUEUED;
+}

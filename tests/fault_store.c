@@ -1,0 +1,168 @@
+#include "fault_store.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct fault_store {
+  encache_store base;
+  encache_store *inner;
+  fault_ctl *ctl;
+} fault_store;
+
+void fault_ctl_init(fault_ctl *ctl) {
+  memset(ctl, 0, sizeof(*ctl));
+  pthread_mutex_init(&ctl->mu, NULL);
+  pthread_cond_init(&ctl->cv, NULL);
+}
+
+static fault_ctl *ctl_of(encache_store *st) { return ((fault_store *)st)->ctl; }
+static encache_store *inner_of(encache_store *st) {
+  return ((fault_store *)st)->inner;
+}
+
+static void count(fault_ctl *c, int *field) {
+  pthread_mutex_lock(&c->mu);
+  (*field)++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static int f_exists(encache_store *st, const char *const *keys, size_t n,
+                    int *results) {
+  fault_ctl *c = ctl_of(st);
+  count(c, &c->exists_calls);
+  if (c->exists_rc)
+    return c->exists_rc;
+  int rc = inner_of(st)->ops->exists(inner_of(st), keys, n, results);
+  if (rc == 0 && c->exists_item)
+    for (size_t i = 0; i < n; i++)
+      results[i] = c->exists_item;
+  return rc;
+}
+
+static int f_read(encache_store *st, const char *const *keys, size_t n,
+                  void *const *bufs, const size_t *caps, int64_t *results) {
+  fault_ctl *c = ctl_of(st);
+  count(c, &c->read_calls);
+  if (c->read_rc)
+    return c->read_rc;
+  int rc = inner_of(st)->ops->read(inner_of(st), keys, n, bufs, caps, results);
+  if (rc != 0)
+    return rc;
+  for (size_t i = 0; i < n; i++) {
+    switch (c->read_mode) {
+    case READ_ITEM_CODE: results[i] = c->read_item_code; break;
+    case READ_COUNT_ABOVE: results[i] = (int64_t)caps[i] + 1; break;
+    case READ_SHORT: if (results[i] > 0) results[i]--; break;
+    default: break;
+    }
+  }
+  return 0;
+}
+
+static int f_size(encache_store *st, const char *key, uint64_t *len) {
+  return inner_of(st)->ops->object_size(inner_of(st), key, len);
+}
+
+static int f_write(encache_store *st, const char *key, const void *hdr,
+                   size_t hl, const void *p, size_t n) {
+  fault_ctl *c = ctl_of(st);
+  pthread_mutex_lock(&c->mu);
+  c->write_calls++;
+  if (c->hold_writes) {
+    c->writes_waiting++;
+    pthread_cond_broadcast(&c->cv);
+    while (c->hold_writes)
+      pthread_cond_wait(&c->cv, &c->mu);
+    c->writes_waiting--;
+  }
+  int forced = c->write_rc;
+  pthread_mutex_unlock(&c->mu);
+  int rc = forced ? forced
+                  : inner_of(st)->ops->write(inner_of(st), key, hdr, hl, p, n);
+  pthread_mutex_lock(&c->mu);
+  c->writes_finished++;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+static int f_remove(encache_store *st, const char *key) {
+  return inner_of(st)->ops->remove(inner_of(st), key);
+}
+
+static int f_register(encache_store *st, void *buf, size_t len) {
+  (void)buf;
+  (void)len;
+  fault_ctl *c = ctl_of(st);
+  pthread_mutex_lock(&c->mu);
+  int nth = ++c->register_calls;
+  int fail = c->fail_register_from && nth >= c->fail_register_from;
+  if (!fail)
+    c->registered++;
+  pthread_mutex_unlock(&c->mu);
+  return fail ? encache__store_fail(st, ENCACHE_EUNAVAIL,
+                                    "injected registration failure")
+              : 0;
+}
+
+static int f_unregister(encache_store *st, void *buf) {
+  (void)buf;
+  fault_ctl *c = ctl_of(st);
+  pthread_mutex_lock(&c->mu);
+  c->unregister_calls++;
+  int fail = c->fail_unregister;
+  if (!fail)
+    c->registered--;
+  pthread_mutex_unlock(&c->mu);
+  return fail ? encache__store_fail(st, ENCACHE_EUNCONFIRMED,
+                                    "injected unregistration failure")
+              : 0;
+}
+
+static int f_stats(encache_store *st, encache_store_stats *s) {
+  return inner_of(st)->ops->stats(inner_of(st), s);
+}
+
+static void f_close(encache_store *st) {
+  fault_ctl *c = ctl_of(st);
+  count(c, &c->close_calls);
+  encache_store_close(inner_of(st));
+  free(st);
+}
+
+static const encache__store_ops plain_ops = {
+    "fault", f_exists, f_read, f_size, f_write, f_remove, NULL, NULL, NULL,
+    f_stats, f_close};
+static const encache__store_ops reg_ops = {
+    "fault", f_exists, f_read, f_size, f_write, f_remove, f_register,
+    f_unregister, NULL, f_stats, f_close};
+
+encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl) {
+  fault_store *s = calloc(1, sizeof(*s));
+  s->base.ops = ctl->registration ? &reg_ops : &plain_ops;
+  s->base.url = NULL;
+  s->inner = inner;
+  s->ctl = ctl;
+  return &s->base;
+}
+
+void fault_release_writes(fault_ctl *ctl) {
+  pthread_mutex_lock(&ctl->mu);
+  ctl->hold_writes = 0;
+  pthread_cond_broadcast(&ctl->cv);
+  pthread_mutex_unlock(&ctl->mu);
+}
+
+void fault_wait_held(fault_ctl *ctl, int n) {
+  pthread_mutex_lock(&ctl->mu);
+  while (ctl->writes_waiting < n)
+    pthread_cond_wait(&ctl->cv, &ctl->mu);
+  pthread_mutex_unlock(&ctl->mu);
+}
+
+void fault_wait_finished(fault_ctl *ctl, int n) {
+  pthread_mutex_lock(&ctl->mu);
+  while (ctl->writes_finished < n)
+    pthread_cond_wait(&ctl->cv, &ctl->mu);
+  pthread_mutex_unlock(&ctl->mu);
+}

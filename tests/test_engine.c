@@ -1,0 +1,1041 @@
+/*
+ * The engine against the 16 acceptance cases of spec/behaviour.md, on the
+ * real shm Store, with a fault-injecting wrapper for the error cases.
+ * Case 1 (keys), 2 (configuration), 3 (codec), 8 and 10 (header
+ * validation) also have unit tests of their own parts; here they run
+ * through the engine.
+ */
+#include "runner.h"
+#include "store_util.h"
+
+#include "engine.h"
+#include "fault_store.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#define ROWS 2
+#define COLS 2 /* float32 2x2: 16 payload bytes, 40-byte objects */
+
+/* ------------------------------------------------------------- fixtures */
+
+typedef struct env {
+  char url[128];
+  char seg[64];
+  fault_ctl ctl;
+  encache *ec;
+} env;
+
+static char seg_at_exit[64]; /* not a pointer into a test's stack frame */
+static void env_destroy(void) {
+  if (seg_at_exit[0])
+    encache_shm_destroy(seg_at_exit);
+}
+
+static void env_init(env *e, int registration) {
+  memset(e, 0, sizeof(*e));
+  snprintf(e->seg, sizeof(e->seg), "encache-engtest-%d", (int)getpid());
+  snprintf(e->url, sizeof(e->url), "shm://%s?size=8MiB", e->seg);
+  encache_shm_destroy(e->seg);
+  fault_ctl_init(&e->ctl);
+  e->ctl.registration = registration;
+  if (!seg_at_exit[0])
+    atexit(env_destroy);
+  snprintf(seg_at_exit, sizeof(seg_at_exit), "%s", e->seg);
+}
+
+static void json_for(char *buf, size_t size, uint64_t read_buf, uint64_t items,
+                     uint64_t bytes) {
+  snprintf(buf, size,
+           "{\"ec_connector\": \"ECMooncakeStorageConnector\", "
+           "\"ec_role\": \"ec_producer\", \"ec_connector_extra_config\": {"
+           "\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %llu, "
+           "\"store_max_pending_items\": %llu, \"store_max_pending_bytes\": "
+           "%llu}}",
+           (unsigned long long)read_buf, (unsigned long long)items,
+           (unsigned long long)bytes);
+}
+
+static encache_options options(const char *json) {
+  encache_options o;
+  memset(&o, 0, sizeof(o));
+  o.ec_transfer_config = json;
+  o.model = "shared/model";
+  o.model_dtype = ENCACHE_FLOAT32;
+  return o;
+}
+
+/* Opens an engine over the fault wrapper around the env's shm Store. */
+static encache *open_on(env *e, uint64_t read_buf, uint64_t items,
+                        uint64_t bytes) {
+  char json[512];
+  json_for(json, sizeof(json), read_buf, items, bytes);
+  encache_options o = options(json);
+  encache_store *inner = NULL;
+  if (encache_store_open(e->url, &inner) != 0)
+    test__fail(__FILE__, __LINE__, "open %s: %s", e->url,
+               encache_store_errmsg(inner));
+  encache *ec = NULL;
+  int rc = encache__open_with_store(&o, fault_store_wrap(inner, &e->ctl), &ec);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "encache open: %s", encache_errmsg(ec));
+  e->ec = ec;
+  return ec;
+}
+
+static encache *open_default(env *e) {
+  return open_on(e, 1 << 20, 32, 1 << 30);
+}
+
+/* The host allocator of the tests: counts, can fail the n-th call. */
+typedef struct talloc {
+  int allocs, releases, fail_at;
+} talloc;
+
+static int ta_alloc(void *ctx, size_t i, const encache_candidate *c,
+                    uint64_t nbytes, void **data, void **handle) {
+  (void)c;
+  talloc *t = ctx;
+  if (t->fail_at && ++t->allocs == t->fail_at)
+    return ENCACHE_ENOMEM;
+  if (!t->fail_at)
+    t->allocs++;
+  *data = malloc(nbytes ? nbytes : 1);
+  *handle = (void *)(uintptr_t)(i + 1);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void ta_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)i;
+  (void)handle;
+  ((talloc *)ctx)->releases++;
+  free(data);
+}
+
+static encache_allocator allocator(talloc *t) {
+  encache_allocator a = {t, ta_alloc, ta_release};
+  return a;
+}
+
+static encache_candidate cand(const char *id) {
+  encache_candidate c = {id, ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, ROWS,
+                         COLS, ENCACHE_DEVICE_HOST, 0};
+  return c;
+}
+
+/* The reference encoder: a deterministic output per id. */
+static void encode(const char *id, float *out) {
+  uint64_t h = encache__hash_id(id);
+  for (int i = 0; i < ROWS * COLS; i++)
+    out[i] = (float)((h >> (i * 8)) & 0xffff) / 7.0f - 3.0f;
+}
+
+/* Storages of the tests: heap buffers whose release is counted. */
+static int storage_releases;
+static void storage_release(void *ctx) {
+  storage_releases++;
+  free(ctx);
+}
+
+static encache_storage *storage_of(float **data, size_t floats) {
+  *data = calloc(floats, sizeof(float));
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(*data, floats * sizeof(float),
+                                    storage_release, *data, &s),
+                0);
+  return s;
+}
+
+/* Publishes the reference output for id; returns publish()'s answer. */
+static int publish_ref(encache *ec, const char *id) {
+  float *data;
+  encache_storage *s = storage_of(&data, ROWS * COLS);
+  encode(id, data);
+  int64_t shape[2] = {ROWS, COLS};
+  encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+  int rc = encache_publish(ec, id, &v, s);
+  encache_storage_unref(s);
+  return rc;
+}
+
+/* Writes raw bytes under the handle's key for id, straight to the Store. */
+static void store_raw(env *e, const char *key_ns, const char *id,
+                      const void *obj, size_t len) {
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(e->url, &st), 0);
+  char key[512];
+  ASSERT(encache_key(key_ns, id, key, sizeof(key)) > 0);
+  ASSERT_EQ_INT(encache_store_write(st, key, NULL, 0, obj, len), 0);
+  encache_store_close(st);
+}
+
+/* A valid v3 object for id, as the reference encoder makes it. */
+static size_t ref_object(const char *id, unsigned char *obj) {
+  float out[ROWS * COLS];
+  encode(id, out);
+  int64_t shape[2] = {ROWS, COLS};
+  encache_tensor t = {out, ENCACHE_FLOAT32, 2, shape, NULL};
+  ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
+  memcpy(obj + 24, out, sizeof(out));
+  return 24 + sizeof(out);
+}
+
+/* Waits until the worker has finished every job (without reaping). */
+static void wait_worker_idle(encache *ec) {
+  pthread_mutex_lock(&ec->mu);
+  while (ec->queue_head != NULL || ec->running != NULL)
+    pthread_cond_wait(&ec->idle, &ec->mu);
+  pthread_mutex_unlock(&ec->mu);
+}
+
+/* ------------------------------------------------------------ the cases */
+
+TEST(engine_case01_keys_through_the_handle) {
+  env e;
+  env_init(&e, 0);
+  char json[] = "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+                "true, \"embedding_cache_prefix\": \"team@cache\", "
+                "\"embedding_model_identity\": \"shared/model\"}}";
+  encache_options o = options(json);
+  o.model = "/models/some/path"; /* replaced by the identity */
+  o.revision = "rev:1";
+  o.store_url = e.url;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  ASSERT_EQ_STR(encache_namespace_of(ec),
+                "team@cache@embedding@model:shared/model@revision:rev:1"
+                "@encoder:encoder:default@dtype:torch.float32@protocol:v3");
+  /* A published output lands under exactly the vector's key. */
+  encache_candidate c = cand("image@1");
+  encache_result r;
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
+  ASSERT_EQ_INT(publish_ref(ec, "image@1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(e.url, &st), 0);
+  uint64_t len;
+  ASSERT_EQ_INT(encache_store_object_size(
+                    st,
+                    "team@cache@embedding@model:shared/model@revision:rev:1"
+                    "@encoder:encoder:default@dtype:torch.float32@protocol:v3"
+                    "@id:image@1",
+                    &len),
+                0);
+  ASSERT_EQ_U64(len, 40);
+  encache_store_close(st);
+}
+
+TEST(engine_case02_startup_refusals) {
+  static const char *const limits[] = {"store_max_pending_items",
+                                       "store_max_pending_bytes",
+                                       "store_read_buffer_bytes"};
+  static const char *const bad[] = {"0", "-3", "2.5", "\"8\"", "true"};
+  for (size_t i = 0; i < 3; i++)
+    for (size_t k = 0; k < 5; k++) {
+      char json[256];
+      snprintf(json, sizeof(json),
+               "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+               "true, \"%s\": %s}}", limits[i], bad[k]);
+      encache_options o = options(json);
+      o.store_url = "shm://never-opened";
+      encache *ec = NULL;
+      ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+      ASSERT_CONTAINS(encache_errmsg(ec), limits[i]);
+      ASSERT_EQ_INT(encache_close(ec), 0);
+    }
+  /* Unstable identifiers: the processor cache is off. */
+  encache_deployment d;
+  encache_deployment_defaults(&d);
+  d.mm_processor_cache_gb = 0;
+  encache_options o = options("{\"ec_connector_extra_config\": "
+                              "{\"cross_encoder_cache\": true}}");
+  o.deployment = &d;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+  ASSERT_CONTAINS(encache_errmsg(ec), "stable content hashes");
+  encache_close(ec);
+  /* With reuse off nothing is created: not even a Store. */
+  o = options("{\"ec_connector_extra_config\": {}}");
+  o.store_url = "nosuch://store";
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  ASSERT_EQ_INT(encache_enabled(ec), 0);
+  encache_candidate c = cand("x");
+  encache_result r;
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
+  ASSERT_EQ_INT(r.outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_INT(publish_ref(ec, "x"), ENCACHE_SKIP_DISABLED);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_case03_roundtrip_every_dtype) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  static const int dtypes[] = {ENCACHE_FLOAT32, ENCACHE_FLOAT16,
+                               ENCACHE_BFLOAT16};
+  static const char *const ids[] = {"f32", "f16", "bf16"};
+  unsigned char payload[3][2 * 3 * 4];
+  for (int k = 0; k < 3; k++) {
+    for (size_t b = 0; b < sizeof(payload[k]); b++)
+      payload[k][b] = (unsigned char)(b * 37 + (size_t)k * 101 + 0x80);
+    encache_candidate c = cand(ids[k]);
+    c.dtype = dtypes[k];
+    c.rows = 2;
+    c.cols = 3;
+    encache_result r;
+    talloc t = {0};
+    encache_allocator a = allocator(&t);
+    ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
+    ASSERT_EQ_INT(r.outcome, ENCACHE_MISS);
+    size_t nbytes = 6 * encache_dtype_size(dtypes[k]);
+    unsigned char *copy = malloc(nbytes);
+    memcpy(copy, payload[k], nbytes);
+    encache_storage *s = NULL;
+    encache_storage_new(copy, nbytes, storage_release, copy, &s);
+    int64_t shape[2] = {2, 3};
+    encache_tensor v = {copy, dtypes[k], 2, shape, NULL};
+    ASSERT_EQ_INT(encache_publish(ec, ids[k], &v, s), ENCACHE_QUEUED);
+    encache_storage_unref(s);
+    ASSERT_EQ_INT(encache_flush(ec), 0);
+    ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 1);
+    ASSERT_EQ_INT(r.outcome, ENCACHE_HIT);
+    ASSERT_EQ_U64(r.nbytes, nbytes);
+    ASSERT_EQ_MEM(r.data, payload[k], nbytes);
+    free(r.data);
+    /* The object is 24 + nbytes long. */
+    encache_store *st = NULL;
+    encache_store_open(e.url, &st);
+    char key[512];
+    encache_key(encache_namespace_of(ec), ids[k], key, sizeof(key));
+    uint64_t len;
+    ASSERT_EQ_INT(encache_store_object_size(st, key, &len), 0);
+    ASSERT_EQ_U64(len, 24 + nbytes);
+    encache_store_close(st);
+  }
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* Stores valid objects for ids through a first handle's namespace. */
+static void seed(env *e, const char *ns, const char *const *ids, int n) {
+  for (int i = 0; i < n; i++) {
+    unsigned char obj[64];
+    size_t len = ref_object(ids[i], obj);
+    store_raw(e, ns, ids[i], obj, len);
+  }
+}
+
+static int lookup_ids(encache *ec, const char *const *ids, int n,
+                      encache_result *r, talloc *t) {
+  encache_candidate c[16];
+  for (int i = 0; i < n; i++)
+    c[i] = cand(ids[i]);
+  encache_allocator a = allocator(t);
+  return encache_lookup(ec, c, (size_t)n, &a, r);
+}
+
+static void free_hits(encache_result *r, int n) {
+  for (int i = 0; i < n; i++)
+    if (r[i].outcome == ENCACHE_HIT)
+      free(r[i].data);
+}
+
+TEST(engine_case04_chunking_and_one_registration) {
+  static const char *const ids[] = {"a", "b", "c"};
+  for (int pass = 0; pass < 2; pass++) {
+    env e;
+    env_init(&e, 1);
+    encache *ec = open_on(&e, pass == 0 ? 80 : 120, 32, 1 << 20);
+    seed(&e, encache_namespace_of(ec), ids, 3);
+    encache_result r[3];
+    talloc t = {0};
+    for (int round = 0; round < 5; round++) {
+      ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), 3);
+      for (int i = 0; i < 3; i++) {
+        float want[ROWS * COLS];
+        encode(ids[i], want);
+        ASSERT_EQ_MEM(r[i].data, want, sizeof(want));
+      }
+      if (round < 4)
+        free_hits(r, 3);
+    }
+    /* 80 bytes: two 40-byte objects per read, so two reads per lookup;
+     * 120 bytes: one. */
+    ASSERT_EQ_INT(e.ctl.read_calls, pass == 0 ? 10 : 5);
+    ASSERT_EQ_INT(e.ctl.exists_calls, 5);
+    ASSERT_EQ_INT(e.ctl.register_calls, 1);
+    ASSERT_EQ_INT(e.ctl.unregister_calls, 0);
+    encache_stats s;
+    encache_stats_get(ec, &s);
+    ASSERT_EQ_U64(s.staging_allocations, 1);
+    ASSERT_EQ_U64(s.staging_bytes, pass == 0 ? 80 : 120);
+    /* Outputs are independent of the Store: change it, they stay. */
+    unsigned char junk[40];
+    memset(junk, 0x77, sizeof(junk));
+    encache_store *st = NULL;
+    encache_store_open(e.url, &st);
+    char key[512];
+    encache_key(encache_namespace_of(ec), "a", key, sizeof(key));
+    encache_store_remove(st, key);
+    encache_store_write(st, key, NULL, 0, junk, sizeof(junk));
+    encache_store_close(st);
+    float want[ROWS * COLS];
+    encode("a", want);
+    ASSERT_EQ_MEM(r[0].data, want, sizeof(want));
+    free_hits(r, 3);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    ASSERT_EQ_INT(e.ctl.unregister_calls, 1);
+    ASSERT_EQ_INT(e.ctl.registered, 0);
+    ASSERT_EQ_INT(e.ctl.close_calls, 1);
+    encache_shm_destroy(e.seg);
+  }
+}
+
+TEST(engine_case05_nothing_allocated_without_hits) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_on(&e, 30, 32, 1 << 20); /* every object is oversize */
+  static const char *const ids[] = {"p", "q"};
+  encache_result r[2];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0); /* all miss */
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_MISS);
+  seed(&e, encache_namespace_of(ec), ids, 2);
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0); /* all oversize */
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_OVERSIZE);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_OVERSIZE);
+  ASSERT_EQ_INT(e.ctl.read_calls, 0);
+  ASSERT_EQ_INT(e.ctl.register_calls, 0);
+  ASSERT_EQ_INT(t.allocs, 0);
+  encache_stats s;
+  encache_stats_get(ec, &s);
+  ASSERT_EQ_U64(s.staging_allocations, 0);
+  ASSERT_EQ_U64(s.oversize, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  ASSERT_EQ_INT(e.ctl.unregister_calls, 0);
+}
+
+TEST(engine_case06_malformed_read_answers_poison) {
+  static const int modes[] = {READ_ITEM_CODE, READ_COUNT_ABOVE, -1};
+  static const char *const ids[] = {"m1", "m2"};
+  for (int k = 0; k < 3; k++) {
+    env e;
+    env_init(&e, 1);
+    encache *ec = open_default(&e);
+    seed(&e, encache_namespace_of(ec), ids, 2);
+    if (modes[k] == -1) {
+      e.ctl.read_rc = ENCACHE_EUNCONFIRMED; /* a wrong-length answer */
+    } else {
+      e.ctl.read_mode = modes[k];
+      e.ctl.read_item_code = -12345; /* an unknown code */
+    }
+    encache_result r[2];
+    talloc t = {0};
+    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), ENCACHE_EPOISONED);
+    ASSERT_CONTAINS(encache_errmsg(ec), "poisoned");
+    int reads = e.ctl.read_calls, exists = e.ctl.exists_calls;
+    /* Fails fast, without calling the Store. */
+    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(e.ctl.read_calls, reads);
+    ASSERT_EQ_INT(e.ctl.exists_calls, exists);
+    ASSERT_EQ_INT(publish_ref(ec, "m1"), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(e.ctl.unregister_calls, 0); /* nothing unregistered */
+    ASSERT_EQ_INT(e.ctl.registered, 1);
+    encache_shm_destroy(e.seg);
+  }
+}
+
+static int fail_copy(void *dst, const void *src, size_t n) {
+  (void)dst;
+  (void)src;
+  (void)n;
+  return -1;
+}
+
+TEST(engine_case07_allocation_failure_and_failed_copy) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  static const char *const ids[] = {"x1", "x2", "x3"};
+  seed(&e, encache_namespace_of(ec), ids, 3);
+  encache_result r[3];
+  talloc t = {0, 0, 2}; /* the second destination fails */
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), ENCACHE_ENOMEM);
+  ASSERT_EQ_INT(t.releases, 1); /* the first was handed back */
+  ASSERT_EQ_INT(encache_stats_get(ec, &(encache_stats){0}), 0);
+  /* Healthy: the next lookup works. */
+  talloc ok = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &ok), 3);
+  free_hits(r, 3);
+  /* A failed (device) copy poisons and keeps staging and destinations. */
+  encache__copy_hook = fail_copy;
+  talloc t2 = {0};
+  static encache_result kept[3]; /* destinations stay alive, reachable */
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 3, kept, &t2), ENCACHE_EPOISONED);
+  encache__copy_hook = NULL;
+  ASSERT(t2.allocs == 3);
+  ASSERT_EQ_INT(t2.releases, 0);
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(e.ctl.unregister_calls, 0);
+}
+
+TEST(engine_case08_3d_output_refused_before_registration) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  static const char *const ids[] = {"three"};
+  encache_result r[1];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 1, r, &t), 0);
+  float *data;
+  encache_storage *s = storage_of(&data, 8);
+  int64_t shape[3] = {2, 2, 2};
+  encache_tensor v = {data, ENCACHE_FLOAT32, 3, shape, NULL};
+  ASSERT_EQ_INT(encache_publish(ec, "three", &v, s), ENCACHE_SKIP_NOT_MATRIX);
+  int64_t strides[2] = {1, 2};
+  int64_t shape2[2] = {2, 2};
+  encache_tensor tv = {data, ENCACHE_FLOAT32, 2, shape2, strides};
+  ASSERT_EQ_INT(encache_publish(ec, "three", &tv, s),
+                ENCACHE_SKIP_NOT_CONTIGUOUS);
+  encache_tensor iv = {data, 7, 2, shape2, NULL};
+  ASSERT_EQ_INT(encache_publish(ec, "three", &iv, s), ENCACHE_SKIP_DTYPE);
+  encache_storage_unref(s);
+  ASSERT_EQ_INT(storage_releases, 1); /* not retained */
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(e.ctl.register_calls, 0);
+  ASSERT_EQ_INT(e.ctl.write_calls, 0);
+  ASSERT_EQ_INT(e.ctl.exists_calls, 1); /* the lookup's only */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* One encoder step over ids: lookup, encode the non-hits (counted), check
+ * every output bit-exact, publish what was encoded. */
+static void encoder_step(encache *ec, const char *const *ids, int n,
+                         int *encoded) {
+  encache_result r[16];
+  talloc t = {0};
+  int hits = lookup_ids(ec, ids, n, r, &t);
+  ASSERT(hits >= 0);
+  for (int i = 0; i < n; i++) {
+    float want[ROWS * COLS];
+    encode(ids[i], want);
+    if (r[i].outcome == ENCACHE_HIT) {
+      ASSERT_EQ_MEM(r[i].data, want, sizeof(want));
+      free(r[i].data);
+      continue;
+    }
+    (*encoded)++;
+    int q = publish_ref(ec, ids[i]);
+    ASSERT(q == ENCACHE_QUEUED);
+  }
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+}
+
+TEST(engine_case09_end_to_end_scenarios) {
+  static const char *const ids[] = {"e1", "e2", "e3", "e4"};
+  enum { ALL_MISS, OLD_PROTOCOL, ALL_HIT, PARTIAL, NOT_FOUND, SHORT, LEASE,
+         REGISTRATION, NSCEN };
+  for (int sc = 0; sc < NSCEN; sc++) {
+    env e;
+    env_init(&e, 1);
+    encache *ec = open_default(&e);
+    const char *ns = encache_namespace_of(ec);
+    int seeded = 0;
+    if (sc == OLD_PROTOCOL) {
+      char old[512];
+      snprintf(old, sizeof(old), "%.*sprotocol:v2", (int)(strlen(ns) - 11), ns);
+      seed(&e, old, ids, 4);
+    } else if (sc == ALL_HIT || sc == NOT_FOUND || sc == SHORT ||
+               sc == LEASE || sc == REGISTRATION) {
+      seed(&e, ns, ids, 4);
+      seeded = 4;
+    } else if (sc == PARTIAL) {
+      seed(&e, ns, ids, 2);
+      seeded = 2;
+    }
+    if (sc == NOT_FOUND) {
+      e.ctl.read_mode = READ_ITEM_CODE;
+      e.ctl.read_item_code = ENCACHE_ENOENT;
+    } else if (sc == SHORT) {
+      e.ctl.read_mode = READ_SHORT;
+    } else if (sc == LEASE) {
+      e.ctl.read_mode = READ_ITEM_CODE;
+      e.ctl.read_item_code = ENCACHE_EUNAVAIL; /* lease expired */
+    } else if (sc == REGISTRATION) {
+      e.ctl.fail_register_from = 1;
+    }
+    int encoded = 0;
+    encoder_step(ec, ids, 4, &encoded);
+    int expect_encoded =
+        sc == ALL_HIT ? 0 : sc == PARTIAL ? 2 : (seeded && sc != NOT_FOUND &&
+                                                 sc != SHORT && sc != LEASE &&
+                                                 sc != REGISTRATION) ? 0 : 4;
+    if (encoded != expect_encoded)
+      test__fail(__FILE__, __LINE__, "scenario %d: encoded %d, expected %d",
+                 sc, encoded, expect_encoded);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    ASSERT_EQ_INT(e.ctl.registered, 0); /* nothing stays registered */
+    if (sc == ALL_MISS) {
+      /* A fresh handle loads everything the first one published. */
+      fault_ctl_init(&e.ctl);
+      encache *ec2 = open_default(&e);
+      encoded = 0;
+      encoder_step(ec2, ids, 4, &encoded);
+      ASSERT_EQ_INT(encoded, 0);
+      ASSERT_EQ_INT(encache_close(ec2), 0);
+    }
+    encache_shm_destroy(e.seg);
+  }
+}
+
+TEST(engine_case10_incompatible_objects_are_misses) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  const char *ns = encache_namespace_of(ec);
+  unsigned char good[64], obj[64];
+  size_t len = ref_object("valid", good);
+  store_raw(&e, ns, "valid", good, len);
+  /* Another revision's namespace: never seen. */
+  store_raw(&e, "embedding@model:shared/model@revision:other@encoder:encoder:"
+                "default@dtype:torch.float32@protocol:v3", "rev", good, len);
+  /* Shape 4x1 (same size), dtype float16 2x4 (same size), bad magic. */
+  memcpy(obj, good, len);
+  obj[8] = 4;
+  obj[16] = 1;
+  store_raw(&e, ns, "shape", obj, len);
+  memcpy(obj, good, len);
+  obj[4] = 11;
+  obj[16] = 4;
+  store_raw(&e, ns, "dtype", obj, len);
+  memcpy(obj, good, len);
+  obj[0] ^= 0xff;
+  store_raw(&e, ns, "magic", obj, len);
+  store_raw(&e, ns, "shorthdr", good, 20);
+  store_raw(&e, ns, "shortdata", good, len - 4);
+  memcpy(obj, good, len);
+  store_raw(&e, ns, "longdata", obj, len + 8);
+  static const char *const ids[] = {"rev",   "shape",     "dtype",
+                                    "magic", "shorthdr", "shortdata",
+                                    "longdata", "valid"};
+  static const int want[] = {ENCACHE_MISS,         ENCACHE_INCOMPATIBLE,
+                             ENCACHE_INCOMPATIBLE, ENCACHE_INCOMPATIBLE,
+                             ENCACHE_INCOMPATIBLE, ENCACHE_INCOMPATIBLE,
+                             ENCACHE_INCOMPATIBLE, ENCACHE_HIT};
+  static const int verdict[] = {0, ENCACHE_BAD_SHAPE, ENCACHE_BAD_DTYPE,
+                                ENCACHE_BAD_MAGIC, ENCACHE_BAD_LENGTH,
+                                ENCACHE_BAD_LENGTH, ENCACHE_BAD_LENGTH, 0};
+  encache_result r[8];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 8, r, &t), 1);
+  for (int i = 0; i < 8; i++) {
+    if (r[i].outcome != want[i] ||
+        (want[i] == ENCACHE_INCOMPATIBLE && r[i].verdict != verdict[i]))
+      test__fail(__FILE__, __LINE__, "%s: %s/%s, expected %s/%s", ids[i],
+                 encache_outcome_name(r[i].outcome),
+                 encache_verdict_name(r[i].verdict),
+                 encache_outcome_name(want[i]), encache_verdict_name(verdict[i]));
+  }
+  ASSERT_EQ_U64(r[1].found.rows, 4); /* what was found is reported */
+  free_hits(r, 8);
+  encache_stats s;
+  encache_stats_get(ec, &s);
+  ASSERT_EQ_INT(s.poisoned, 0);
+  ASSERT_EQ_U64(s.incompatible, 6);
+  /* Incompatible objects are never overwritten by a publication. */
+  ASSERT_EQ_INT(publish_ref(ec, "shape"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats_get(ec, &s);
+  ASSERT_EQ_U64(s.published_present, 1);
+  ASSERT_EQ_U64(s.published_written, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_case11_rejected_header_registration_is_recoverable) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  static const char *const ids[] = {"h"};
+  encache_result r[1];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 1, r, &t), 0);
+  e.ctl.fail_register_from = 1; /* the header's registration */
+  storage_releases = 0;
+  ASSERT_EQ_INT(publish_ref(ec, "h"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(e.ctl.write_calls, 0); /* not issued */
+  ASSERT_EQ_INT(storage_releases, 1); /* released at reap */
+  encache_stats s;
+  encache_stats_get(ec, &s);
+  ASSERT_EQ_U64(s.published_failed, 1);
+  ASSERT_EQ_U64(s.pending_bytes, 0);
+  ASSERT_EQ_INT(s.poisoned, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_case12_unregistration_unconfirmed_quota_budget) {
+  static const char *const ids[] = {"u"};
+  encache_result r[1];
+  talloc t = {0};
+  /* A failed unregistration poisons and keeps the buffers. */
+  {
+    env e;
+    env_init(&e, 1);
+    encache *ec = open_default(&e);
+    lookup_ids(ec, ids, 1, r, &t);
+    e.ctl.fail_unregister = 1;
+    storage_releases = 0;
+    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(storage_releases, 0);
+    ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+    encache_shm_destroy(e.seg);
+  }
+  /* An unconfirmed write result poisons and keeps the tensor. */
+  {
+    env e;
+    env_init(&e, 0);
+    encache *ec = open_default(&e);
+    lookup_ids(ec, ids, 1, r, &t);
+    e.ctl.write_rc = ENCACHE_EUNCONFIRMED;
+    storage_releases = 0;
+    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(storage_releases, 0);
+    encache_stats s;
+    encache_stats_get(ec, &s);
+    ASSERT_EQ_U64(s.pending_bytes, 16); /* the charge is kept */
+    ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+    encache_shm_destroy(e.seg);
+  }
+  /* A quota-exceeded write is recoverable and releases the tensor. */
+  {
+    env e;
+    env_init(&e, 0);
+    encache *ec = open_default(&e);
+    lookup_ids(ec, ids, 1, r, &t);
+    e.ctl.write_rc = ENCACHE_EUNAVAIL;
+    storage_releases = 0;
+    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_flush(ec), 0);
+    ASSERT_EQ_INT(storage_releases, 1);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    encache_shm_destroy(e.seg);
+  }
+  /* Over budget: skipped, the caller's tensor is not retained. */
+  {
+    env e;
+    env_init(&e, 0);
+    encache *ec = open_on(&e, 1 << 20, 32, 8); /* 8 bytes < 16 */
+    lookup_ids(ec, ids, 1, r, &t);
+    storage_releases = 0;
+    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_SKIP_OVER_BYTES);
+    ASSERT_EQ_INT(storage_releases, 1); /* released at the caller's unref */
+    ASSERT_EQ_INT(e.ctl.write_calls, 0);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+  }
+}
+
+TEST(engine_case13_view_charges_its_whole_storage) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_on(&e, 1 << 20, 1, 1 << 20); /* one item at most */
+  static const char *const ids[] = {"v1", "v2"};
+  encache_result r[2];
+  talloc t = {0};
+  lookup_ids(ec, ids, 2, r, &t);
+  e.ctl.hold_writes = 1;
+  float *data;
+  encache_storage *s = storage_of(&data, 16); /* 64 bytes */
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {data + 4, ENCACHE_FLOAT32, 2, shape, NULL};
+  storage_releases = 0;
+  ASSERT_EQ_INT(encache_publish(ec, "v1", &v, s), ENCACHE_QUEUED);
+  encache_stats st;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.pending_bytes, 64);
+  ASSERT_EQ_U64(st.pending_items, 1);
+  /* The item limit. */
+  encache_tensor v2 = {data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
+  ASSERT_EQ_INT(encache_publish(ec, "v2", &v2, s), ENCACHE_SKIP_OVER_ITEMS);
+  encache_storage_unref(s);
+  ASSERT_EQ_INT(storage_releases, 0);
+  fault_wait_held(&e.ctl, 1);
+  fault_release_writes(&e.ctl);
+  fault_wait_finished(&e.ctl, 1);
+  /* Written, but released only at reap. */
+  ASSERT_EQ_INT(storage_releases, 0);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(storage_releases, 1);
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.pending_bytes, 0);
+  ASSERT_EQ_U64(st.pending_items, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_case14_two_views_charged_once) {
+  for (int rejected = 0; rejected < 2; rejected++) {
+    env e;
+    env_init(&e, 0);
+    encache *ec = open_default(&e);
+    static const char *const ids[] = {"w1", "w2"};
+    encache_result r[2];
+    talloc t = {0};
+    lookup_ids(ec, ids, 2, r, &t);
+    if (rejected)
+      e.ctl.write_rc = ENCACHE_EUNAVAIL;
+    e.ctl.hold_writes = 1;
+    float *data;
+    encache_storage *s = storage_of(&data, 16); /* 64 bytes */
+    int64_t shape[2] = {1, 4};
+    encache_tensor a = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_tensor b = {data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
+    storage_releases = 0;
+    ASSERT_EQ_INT(encache_publish(ec, "w1", &a, s), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_publish(ec, "w2", &b, s), ENCACHE_QUEUED);
+    encache_storage_unref(s);
+    encache_stats st;
+    encache_stats_get(ec, &st);
+    ASSERT_EQ_U64(st.pending_bytes, 64);
+    ASSERT_EQ_U64(st.pending_items, 2);
+    fault_release_writes(&e.ctl);
+    fault_wait_finished(&e.ctl, 1);
+    /* Reap the first only: the storage stays charged and retained. */
+    pthread_mutex_lock(&ec->mu);
+    while (ec->done_head == NULL)
+      pthread_cond_wait(&ec->idle, &ec->mu);
+    int both_done = ec->queue_head == NULL && ec->running == NULL;
+    pthread_mutex_unlock(&ec->mu);
+    if (!both_done) {
+      ASSERT_EQ_INT(encache__reap(ec), 0);
+      encache_stats_get(ec, &st);
+      ASSERT_EQ_U64(st.pending_bytes, 64);
+      ASSERT_EQ_INT(storage_releases, 0);
+    }
+    ASSERT_EQ_INT(encache_flush(ec), 0);
+    encache_stats_get(ec, &st);
+    ASSERT_EQ_U64(st.pending_bytes, 0);
+    ASSERT_EQ_INT(storage_releases, 1);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    encache_shm_destroy(e.seg);
+  }
+}
+
+TEST(engine_case15_fatal_after_reaper_looked) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  static const char *const ids[] = {"f1", "f2", "f3"};
+  encache_result r[3];
+  talloc t = {0};
+  lookup_ids(ec, ids, 3, r, &t);
+  storage_releases = 0;
+  ASSERT_EQ_INT(publish_ref(ec, "f1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0); /* f1 written and released */
+  ASSERT_EQ_INT(storage_releases, 1);
+  e.ctl.hold_writes = 1;
+  ASSERT_EQ_INT(publish_ref(ec, "f2"), ENCACHE_QUEUED);
+  fault_wait_held(&e.ctl, 1);
+  /* The reaper looks while f2 is in flight: nothing to report yet. */
+  ASSERT_EQ_INT(lookup_ids(ec, ids + 2, 1, r, &t), 0);
+  e.ctl.write_rc = ENCACHE_EUNCONFIRMED;
+  fault_release_writes(&e.ctl);
+  wait_worker_idle(ec);
+  /* Caught by the next reap; later publications fail. */
+  ASSERT_EQ_INT(publish_ref(ec, "f3"), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(publish_ref(ec, "f3"), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 1, r, &t), ENCACHE_EPOISONED);
+  /* f1's, and the two refused f3's (never retained); f2's is kept. */
+  ASSERT_EQ_INT(storage_releases, 3);
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(storage_releases, 3);
+}
+
+typedef struct closer {
+  encache *ec;
+  int rc;
+} closer;
+
+static void *close_thread(void *p) {
+  closer *c = p;
+  c->rc = encache_close(c->ec);
+  return NULL;
+}
+
+TEST(engine_case16_shutdown_drains) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  static const char *const ids[] = {"s1", "s2"};
+  encache_result r[2];
+  talloc t = {0};
+  /* A hit first, so that the staging buffer is registered. */
+  seed(&e, encache_namespace_of(ec), ids + 1, 1);
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 1);
+  free_hits(r, 2);
+  e.ctl.hold_writes = 1;
+  storage_releases = 0;
+  ASSERT_EQ_INT(publish_ref(ec, "s1"), ENCACHE_QUEUED);
+  fault_wait_held(&e.ctl, 1);
+  closer c = {ec, -1};
+  pthread_t th;
+  pthread_create(&th, NULL, close_thread, &c);
+  /* Once closing, later publications are refused. */
+  for (;;) {
+    pthread_mutex_lock(&ec->mu);
+    int closing = ec->closing;
+    pthread_mutex_unlock(&ec->mu);
+    if (closing)
+      break;
+    usleep(1000);
+  }
+  ASSERT_EQ_INT(publish_ref(ec, "s2"), ENCACHE_SKIP_CLOSED);
+  usleep(20000);
+  ASSERT_EQ_INT(c.rc, -1); /* still waiting for the write */
+  ASSERT_EQ_INT(e.ctl.close_calls, 0);
+  fault_release_writes(&e.ctl);
+  pthread_join(th, NULL);
+  ASSERT_EQ_INT(c.rc, 0);
+  ASSERT_EQ_INT(e.ctl.close_calls, 1);
+  ASSERT_EQ_INT(e.ctl.registered, 0);
+  ASSERT_EQ_INT(storage_releases, 2); /* s1 after its write, s2 at once */
+  /* The written payload is correct. */
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(e.url, &st), 0);
+  char ns[512], key[600];
+  encache_namespace_params p = {NULL, "shared/model", NULL, NULL,
+                                ENCACHE_FLOAT32};
+  encache_namespace(&p, ns, sizeof(ns));
+  encache_key(ns, "s1", key, sizeof(key));
+  unsigned char got[64], want[64];
+  size_t len = ref_object("s1", want);
+  const char *keys[1] = {key};
+  void *bufs[1] = {got};
+  size_t caps[1] = {sizeof(got)};
+  int64_t res[1];
+  ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], (int64_t)len);
+  ASSERT_EQ_MEM(got, want, len);
+  encache_store_close(st);
+}
+
+/* ------------------------------------------------------- beyond the cases */
+
+TEST(engine_duplicates_read_once_each_own_output) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  static const char *const one[] = {"d"};
+  seed(&e, encache_namespace_of(ec), one, 1);
+  static const char *const ids[] = {"d", "zz", "d", "d"};
+  encache_result r[4];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 4, r, &t), 3);
+  ASSERT_EQ_INT(e.ctl.read_calls, 1);
+  ASSERT(r[0].data != r[2].data && r[2].data != r[3].data);
+  ASSERT_EQ_MEM(r[0].data, r[3].data, 16);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_MISS);
+  free_hits(r, 4);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_skips_ineligible_and_non_candidates) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_candidate c[4] = {cand("img"), cand("vid"), cand("gpu"), cand("")};
+  c[1].modality = ENCACHE_MODALITY_VIDEO;
+  c[2].device = ENCACHE_DEVICE_CUDA;
+  encache_result r[4];
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(ec, c, 4, &a, r), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_MISS);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_INT(r[2].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_INT(r[3].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_INT(publish_ref(ec, "vid"), ENCACHE_SKIP_NOT_CANDIDATE);
+  ASSERT_EQ_INT(publish_ref(ec, "img"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(ec, "img"), ENCACHE_SKIP_PENDING);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_unavailable_store_means_encode) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  static const char *const ids[] = {"n1", "n2"};
+  seed(&e, encache_namespace_of(ec), ids, 2);
+  e.ctl.exists_rc = ENCACHE_EUNAVAIL;
+  encache_result r[2];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+  e.ctl.exists_rc = 0;
+  e.ctl.read_rc = ENCACHE_EUNAVAIL;
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_UNAVAILABLE);
+  e.ctl.read_rc = 0;
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 2);
+  free_hits(r, 2);
+  /* An unknown per-item existence answer is unconfirmed: poison. */
+  e.ctl.exists_item = 77;
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+}
+
+/* Lookups and publications from the step thread while the worker writes
+ * (ThreadSanitizer runs this one).  A flush every few steps lets the
+ * worker catch up however the threads are scheduled. */
+TEST(engine_threads_step_and_worker) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_on(&e, 4096, 8, 1 << 20);
+  char idbuf[64][16];
+  const char *ids[8];
+  int encoded = 0;
+  for (int step = 0; step < 200; step++) {
+    for (int k = 0; k < 8; k++) {
+      snprintf(idbuf[k], sizeof(idbuf[k]), "t%d", (step * 3 + k) % 40);
+      ids[k] = idbuf[k];
+    }
+    encache_result r[8];
+    talloc t = {0};
+    encache_candidate c[8];
+    for (int k = 0; k < 8; k++)
+      c[k] = cand(ids[k]);
+    encache_allocator a = allocator(&t);
+    int hits = encache_lookup(ec, c, 8, &a, r);
+    ASSERT(hits >= 0);
+    for (int k = 0; k < 8; k++) {
+      float want[ROWS * COLS];
+      encode(ids[k], want);
+      if (r[k].outcome == ENCACHE_HIT) {
+        ASSERT_EQ_MEM(r[k].data, want, sizeof(want));
+        free(r[k].data);
+      } else {
+        encoded++;
+        int q = publish_ref(ec, ids[k]);
+        ASSERT(q >= 0);
+      }
+    }
+    if (step % 10 == 9)
+      ASSERT_EQ_INT(encache_flush(ec), 0);
+  }
+  encache_stats s;
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats_get(ec, &s);
+  if (!(s.hits > 0 && s.published_written > 0))
+    test__fail(__FILE__, __LINE__, "hits %llu written %llu queued %llu "
+               "failed %llu items-skipped %llu", (unsigned long long)s.hits,
+               (unsigned long long)s.published_written,
+               (unsigned long long)s.published_queued,
+               (unsigned long long)s.published_failed,
+               (unsigned long long)s.published_skipped[ENCACHE_SKIP_OVER_ITEMS]);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  ASSERT_EQ_INT(e.ctl.registered, 0);
+}
