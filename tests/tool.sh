@@ -151,6 +151,28 @@ check "rm" 0 "" -- rm other
 check "rm missing" 1 "other: not found" -- rm other
 check "bad store URL" 1 "unknown option 'sise'" -- --store "shm://x?sise=1" stats
 check "unknown scheme" 1 "cannot open the Store" -- --store "ftp://x" stats
+# --- lookup and publish through the engine
+printf '\000\000\200\077\000\000\000\100\000\000\100\100\000\000\200\100' > "$tmp/payload"
+ns="embedding@model:m@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3"
+check "publish writes" 0 "$ns@id:img1 written" -- publish --model m --dtype float32 --rows 2 --cols 2 --id img1 "$tmp/payload"
+check "publish never replaces" 0 "skipped: already in the Store" -- publish --model m --dtype float32 --rows 2 --cols 2 --id img1 "$tmp/payload"
+n=$((n + 1))
+if "$tool" get "$ns@id:img1" | cmp -s - "$tmp/v3.bin"; then echo "ok $n - published object is the normative v3 vector"
+else echo "not ok $n - published object is the normative v3 vector"; fails=$((fails + 1)); fi
+check "lookup hit" 0 "img1 HIT float32 2 2" -- lookup --model m --dtype float32 --rows 2 --cols 2 img1 img2
+check "lookup miss" 0 "img2 MISS" -- lookup --model m --dtype float32 --rows 2 --cols 2 img1 img2
+check "lookup incompatible names the shape" 0 "img1 INCOMPATIBLE shape 2x2 (expected 4x1)" -- lookup --model m --dtype float32 --rows 4 --cols 1 img1
+check "another model dtype is another namespace" 0 "img1 MISS" -- lookup --model m --dtype float16 --rows 2 --cols 4 img1
+check "lookup --json" 0 '"outcome": "HIT"' -- lookup --json --model m --dtype float32 --rows 2 --cols 2 img1
+check "lookup via --config identity" 0 "img1 HIT" -- lookup --config '{"ec_connector_extra_config": {"cross_encoder_cache": true, "embedding_model_identity": "m"}}' --dtype float32 --rows 2 --cols 2 img1
+check "lookup --config off" 2 "cross_encoder_cache is false" -- lookup --config '{}' --model m --dtype float32 --rows 2 --cols 2 img1
+check "lookup prefix namespace differs" 0 "img1 MISS" -- lookup --prefix team --model m --dtype float32 --rows 2 --cols 2 img1
+check "publish wrong size" 2 "holds 16 bytes, but 2x3 float32 needs 24" -- publish --model m --dtype float32 --rows 2 --cols 3 --id x "$tmp/payload"
+check "publish needs --id" 2 "--id is required" -- publish --model m --dtype float32 --rows 2 --cols 2 "$tmp/payload"
+check "lookup needs rows" 2 "--rows and --cols are required" -- lookup --model m --dtype float32 img1
+check "lookup bad rows" 2 "--rows: must be a positive integer" -- lookup --model m --dtype float32 --rows 0 --cols 2 img1
+check "lookup --help" 0 "INCOMPATIBLE (and what did not match)" -- lookup --help
+check "publish --help" 0 "raw row-major payload" -- publish --help
 check "shm destroy" 0 "destroyed $seg" -- shm destroy "$seg"
 check "shm destroy missing" 1 "no such segment" -- shm destroy "$seg"
 check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"

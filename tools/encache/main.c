@@ -20,6 +20,8 @@ static const tool_command commands[] = {
     {"key", "print the Store key of an identifier", cmd_key},
     {"config", "check a vLLM ec-transfer-config and a Mooncake config",
      cmd_config},
+    {"lookup", "look identifiers up as an encoder would", cmd_lookup},
+    {"publish", "publish a payload as an encoder's output", cmd_publish},
     {"put", "store a file as an object", cmd_put},
     {"get", "write an object to standard output", cmd_get},
     {"inspect", "decode an object's v3 header", cmd_inspect},

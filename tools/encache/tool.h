@@ -52,4 +52,31 @@ char *arg_or_file(const char *arg, size_t *len);
 int parse_int_option(const char *cmd, const char *opt, const char *text,
                      int allow_zero, long long *out);
 
+/* The namespace options shared by key, lookup and publish. */
+typedef struct ns_opts {
+  const char *model, *prefix, *revision, *encoder_hash, *dtype;
+  const char *config; /* --config JSON|@FILE (lookup, publish) */
+} ns_opts;
+
+#define NS_LONGOPTS                                                          \
+  {"model", required_argument, NULL, 'm'},                                   \
+      {"prefix", required_argument, NULL, 'p'},                              \
+      {"revision", required_argument, NULL, 'r'},                            \
+      {"encoder-hash", required_argument, NULL, 'e'},                        \
+      {"dtype", required_argument, NULL, 'd'}
+
+/* Stores option c's argument in o; returns 1 if c is a namespace option. */
+int ns_option(ns_opts *o, int c, const char *arg);
+
+/* Opens an engine handle for the namespace options on the global Store:
+ * the vLLM JSON of --config (or one with cross_encoder_cache on and the
+ * --prefix), the model, revision, encoder hash and dtype.  Prints why
+ * and returns NULL on failure. */
+struct encache;
+struct encache *open_engine(const char *cmd, const tool_globals *g,
+                            const ns_opts *o);
+
+int cmd_lookup(const tool_globals *g, int argc, char **argv);
+int cmd_publish(const tool_globals *g, int argc, char **argv);
+
 #endif
