@@ -146,31 +146,137 @@ static void release_all(const encache_allocator *a, dest_log *d,
   d->n = 0;
 }
 
-/* Reads one chunk items[from..to) and delivers its hits. */
+/* Hands out the destination of candidate i (logged for release). */
+static int give_dest(encache *ec, const encache_allocator *a,
+                     const encache_candidate *c, size_t i, uint64_t nbytes,
+                     encache_result *results, dest_log *dl) {
+  void *data = NULL, *handle = NULL;
+  int rc = a->alloc(a->ctx, i, &c[i], nbytes, &data, &handle);
+  if (rc < 0 || (data == NULL && nbytes > 0)) {
+    if (rc >= 0 && a->release != NULL)
+      a->release(a->ctx, i, data, handle);
+    rc = rc < 0 ? rc : ENCACHE_ENOMEM;
+    return encache__fail(ec, rc, "the allocator failed for candidate %zu "
+                                 "(%s): %s", i, c[i].id, encache_strerror(rc));
+  }
+  results[i].data = data;
+  results[i].handle = handle;
+  results[i].nbytes = nbytes;
+  dl->idx[dl->n++] = i;
+  return 0;
+}
+
+/* Gives candidate i's destination back (its object was not a hit). */
+static void take_dest(const encache_allocator *a, size_t i,
+                      encache_result *results, dest_log *dl) {
+  for (size_t k = 0; k < dl->n; k++) {
+    if (dl->idx[k] != i)
+      continue;
+    if (a->release != NULL)
+      a->release(a->ctx, i, results[i].data, results[i].handle);
+    results[i].data = results[i].handle = NULL;
+    results[i].nbytes = 0;
+    dl->idx[k] = dl->idx[--dl->n];
+    return;
+  }
+}
+
+/* Classifies the answer r for item it, whose header (when r > 0) is at
+ * head.  Returns 0, or ENCACHE_EPOISONED for an answer that leaves the
+ * read unconfirmed. */
+static int classify(encache *ec, item *it, int64_t r, const void *head,
+                    const encache_candidate *c, encache_result *res0) {
+  if (r >= 0 && (uint64_t)r > it->osize)
+    return encache__poison(ec, "the Store answered %" PRId64 " bytes for a "
+                               "%" PRIu64 "-byte slot", r, it->osize);
+  if (r >= 0) {
+    encache_contract ct = {c->dtype, c->rows, c->cols};
+    /* Only the header is read: the length is judged from r. */
+    int v = encache_object_check(head, (size_t)r, &ct, &res0->found);
+    res0->verdict = v;
+    it->outcome = v == ENCACHE_COMPATIBLE ? ENCACHE_HIT : ENCACHE_INCOMPATIBLE;
+  } else if (r == ENCACHE_ETOOLARGE) {
+    it->outcome = ENCACHE_INCOMPATIBLE; /* longer than the contract */
+    res0->verdict = ENCACHE_BAD_LENGTH;
+  } else if (r == ENCACHE_ENOENT) {
+    it->outcome = ENCACHE_MISS;
+  } else if (r == ENCACHE_EUNAVAIL) {
+    it->outcome = ENCACHE_UNAVAILABLE;
+  } else {
+    return encache__poison(ec, "the Store answered an unknown code %" PRId64
+                               " for %s", r, it->key);
+  }
+  return 0;
+}
+
+/* Copies a payload to a destination; a failed (device) copy poisons. */
+static int deliver_copy(encache *ec, void *dst, const void *src, size_t n,
+                        size_t i, const char *id) {
+  if (encache__copy_hook != NULL ? encache__copy_hook(dst, src, n) != 0
+                                 : (memcpy(dst, src, n), 0))
+    /* A device copy may still be in flight: keep the staging buffer and
+     * every destination. */
+    return encache__poison(ec, "copying candidate %zu (%s) to its "
+                               "destination failed", i, id);
+  return 0;
+}
+
+/*
+ * Reads one chunk items[from..to) and delivers its hits.
+ *
+ * Staged (the Store needs registered memory): one batched read into the
+ * staging slots, validation, the chunk's destinations, then the copies.
+ * Direct (the Store offers split reads and needs no registration): the
+ * destinations first, one batched read of each header into a small buffer
+ * and each payload straight into its destination, then validation; a
+ * destination whose object is not a hit is given back.  The direct path
+ * saves a whole copy of every payload.
+ */
 static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
                       item *items, size_t from, size_t to,
                       const size_t *unique_of, const encache_allocator *a,
-                      encache_result *results, dest_log *dl, int *hits) {
+                      encache_result *results, dest_log *dl, int *hits,
+                      int direct) {
   size_t m = to - from;
   const char **keys = encache__calloc(m, sizeof(char *));
   void **bufs = encache__calloc(m, sizeof(void *));
+  void **heads = encache__calloc(m, sizeof(void *));
+  unsigned char *hdrs = encache__calloc(m, ENCACHE_HEADER_SIZE);
   size_t *caps = encache__calloc(m, sizeof(size_t));
   int64_t *res = encache__calloc(m, sizeof(int64_t));
   int rc = 0;
-  if (keys == NULL || bufs == NULL || caps == NULL || res == NULL) {
+  if (!keys || !bufs || !heads || !hdrs || !caps || !res) {
     rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
     goto out;
   }
   for (size_t k = 0; k < m; k++) {
-    keys[k] = items[from + k].key;
-    bufs[k] = ec->staging + items[from + k].off;
-    caps[k] = (size_t)items[from + k].osize;
+    item *it = &items[from + k];
+    keys[k] = it->key;
+    if (direct) {
+      if ((rc = give_dest(ec, a, c, it->first, it->nbytes, results, dl)) < 0) {
+        release_all(a, dl, results);
+        goto out;
+      }
+      heads[k] = hdrs + k * ENCACHE_HEADER_SIZE;
+      bufs[k] = results[it->first].data;
+      caps[k] = (size_t)it->nbytes;
+    } else {
+      heads[k] = ec->staging + it->off;
+      bufs[k] = heads[k];
+      caps[k] = (size_t)it->osize;
+    }
   }
   STAT_ADD(ec, batched_reads, 1);
-  rc = ec->store->ops->read(ec->store, keys, m, bufs, caps, res);
+  rc = direct ? ec->store->ops->read_split(ec->store, keys, m,
+                                           ENCACHE_HEADER_SIZE, heads, bufs,
+                                           caps, res)
+              : ec->store->ops->read(ec->store, keys, m, bufs, caps, res);
   if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ENOMEM) {
-    for (size_t k = 0; k < m; k++)
+    for (size_t k = 0; k < m; k++) {
       items[from + k].outcome = ENCACHE_UNAVAILABLE;
+      if (direct)
+        take_dest(a, items[from + k].first, results, dl);
+    }
     rc = 0;
     goto out;
   }
@@ -182,68 +288,34 @@ static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
   }
   for (size_t k = 0; k < m; k++) {
     item *it = &items[from + k];
-    int64_t r = res[k];
-    if (r >= 0 && (uint64_t)r > it->osize) {
-      rc = encache__poison(ec, "the Store answered %" PRId64 " bytes for a "
-                               "%" PRIu64 "-byte slot", r, it->osize);
+    if ((rc = classify(ec, it, res[k], heads[k], &c[it->first],
+                       &results[it->first])) < 0)
       goto out;
-    }
-    if (r >= 0) {
-      encache_result *res0 = &results[it->first];
-      const encache_candidate *cc = &c[it->first];
-      encache_contract ct = {cc->dtype, cc->rows, cc->cols};
-      int v = encache_object_check(ec->staging + it->off, (size_t)r, &ct,
-                                   &res0->found);
-      res0->verdict = v;
-      it->outcome = v == ENCACHE_COMPATIBLE ? ENCACHE_HIT : ENCACHE_INCOMPATIBLE;
-    } else if (r == ENCACHE_ETOOLARGE) {
-      /* Longer than the contract: an incompatible object. */
-      it->outcome = ENCACHE_INCOMPATIBLE;
-      results[it->first].verdict = ENCACHE_BAD_LENGTH;
-    } else if (r == ENCACHE_ENOENT) {
-      it->outcome = ENCACHE_MISS;
-    } else if (r == ENCACHE_EUNAVAIL) {
-      it->outcome = ENCACHE_UNAVAILABLE;
-    } else {
-      rc = encache__poison(ec, "the Store answered an unknown code %" PRId64
-                               " for %s", r, it->key);
-      goto out;
-    }
+    if (direct && it->outcome != ENCACHE_HIT)
+      take_dest(a, it->first, results, dl);
   }
-  /* Every destination of the chunk, before any copy. */
+  /* Every destination of the chunk before any copy (the direct path's
+   * first occurrences already hold theirs, filled by the read). */
   for (size_t i = 0; i < n; i++) {
     size_t u = unique_of[i];
-    if (u == SIZE_MAX || u < from || u >= to || items[u].outcome != ENCACHE_HIT)
+    if (u == SIZE_MAX || u < from || u >= to || items[u].outcome != ENCACHE_HIT ||
+        (direct && i == items[u].first))
       continue;
-    void *data = NULL, *handle = NULL;
-    int arc = a->alloc(a->ctx, i, &c[i], items[u].nbytes, &data, &handle);
-    if (arc < 0 || (data == NULL && items[u].nbytes > 0)) {
+    if ((rc = give_dest(ec, a, c, i, items[u].nbytes, results, dl)) < 0) {
       release_all(a, dl, results);
-      rc = encache__fail(ec, arc < 0 ? arc : ENCACHE_ENOMEM,
-                         "the allocator failed for candidate %zu (%s): %s", i,
-                         c[i].id, encache_strerror(arc < 0 ? arc : ENCACHE_ENOMEM));
       goto out;
     }
-    results[i].data = data;
-    results[i].handle = handle;
-    results[i].nbytes = items[u].nbytes;
-    dl->idx[dl->n++] = i;
   }
   for (size_t i = 0; i < n; i++) {
     size_t u = unique_of[i];
     if (u == SIZE_MAX || u < from || u >= to || items[u].outcome != ENCACHE_HIT)
       continue;
-    const unsigned char *src = ec->staging + items[u].off + ENCACHE_HEADER_SIZE;
-    if (encache__copy_hook != NULL) {
-      if (encache__copy_hook(results[i].data, src, (size_t)items[u].nbytes) != 0) {
-        /* A device copy may still be in flight: keep the staging buffer
-         * and every destination. */
-        rc = encache__poison(ec, "copying candidate %zu (%s) to its "
-                                 "destination failed", i, c[i].id);
+    if (!(direct && i == items[u].first)) {
+      const void *src = direct ? results[items[u].first].data
+                               : ec->staging + items[u].off + ENCACHE_HEADER_SIZE;
+      if ((rc = deliver_copy(ec, results[i].data, src, (size_t)items[u].nbytes,
+                             i, c[i].id)) < 0)
         goto out;
-      }
-    } else {
-      memcpy(results[i].data, src, (size_t)items[u].nbytes);
     }
     STAT_ADD(ec, bytes_read, items[u].nbytes);
     (*hits)++;
@@ -251,6 +323,8 @@ static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
 out:
   encache__free(keys);
   encache__free(bufs);
+  encache__free(heads);
+  encache__free(hdrs);
   encache__free(caps);
   encache__free(res);
   return rc;
@@ -359,6 +433,11 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
     }
   }
 
+  /* Payloads go straight to host destinations when the Store can split
+   * its reads and needs no registered memory. */
+  int direct = ec->store->ops->read_split != NULL &&
+               ec->store->ops->register_buffer == NULL;
+
   /* Plan chunks over the present items, in order; read each. */
   size_t first = SIZE_MAX; /* first item of the open chunk */
   uint64_t used = 0;
@@ -413,7 +492,7 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
     int close_chunk = u == np ||
                       (first != SIZE_MAX && used + items[u].osize > ec->read_buf_bytes);
     if (close_chunk && first != SIZE_MAX) {
-      rc = staging_ensure(ec);
+      rc = direct ? 0 : staging_ensure(ec);
       if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
         for (size_t k = 0; k < np; k++)
           items[k].outcome = ENCACHE_UNAVAILABLE;
@@ -423,7 +502,7 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
       if (rc < 0)
         goto out;
       rc = read_chunk(ec, c, n, items, first, u, unique_of, a, results, &dl,
-                      &hits);
+                      &hits, direct);
       if (rc < 0)
         goto out;
       first = SIZE_MAX;

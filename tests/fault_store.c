@@ -59,6 +59,28 @@ static int f_read(encache_store *st, const char *const *keys, size_t n,
   return 0;
 }
 
+static int f_read_split(encache_store *st, const char *const *keys, size_t n,
+                        size_t split, void *const *heads, void *const *bufs,
+                        const size_t *caps, int64_t *results) {
+  fault_ctl *c = ctl_of(st);
+  count(c, &c->read_calls);
+  if (c->read_rc)
+    return c->read_rc;
+  int rc = inner_of(st)->ops->read_split(inner_of(st), keys, n, split, heads,
+                                         bufs, caps, results);
+  if (rc != 0)
+    return rc;
+  for (size_t i = 0; i < n; i++) {
+    switch (c->read_mode) {
+    case READ_ITEM_CODE: results[i] = c->read_item_code; break;
+    case READ_COUNT_ABOVE: results[i] = (int64_t)(split + caps[i]) + 1; break;
+    case READ_SHORT: if (results[i] > 0) results[i]--; break;
+    default: break;
+    }
+  }
+  return 0;
+}
+
 static int f_size(encache_store *st, const char *key, uint64_t *len) {
   return inner_of(st)->ops->object_size(inner_of(st), key, len);
 }
@@ -130,12 +152,17 @@ static void f_close(encache_store *st) {
   free(st);
 }
 
+/* Without registration the wrapper offers split reads, as shm does; with
+ * it, it does not, as a Store that reads into registered memory would. */
 static const encache__store_ops plain_ops = {
-    "fault", f_exists, f_read, f_size, f_write, f_remove, NULL, NULL, NULL,
-    f_stats, f_close};
+    .kind = "fault", .exists = f_exists, .read = f_read,
+    .read_split = f_read_split, .object_size = f_size, .write = f_write,
+    .remove = f_remove, .stats = f_stats, .close = f_close};
 static const encache__store_ops reg_ops = {
-    "fault", f_exists, f_read, f_size, f_write, f_remove, f_register,
-    f_unregister, NULL, f_stats, f_close};
+    .kind = "fault", .exists = f_exists, .read = f_read,
+    .object_size = f_size, .write = f_write, .remove = f_remove,
+    .register_buffer = f_register, .unregister_buffer = f_unregister,
+    .stats = f_stats, .close = f_close};
 
 encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl) {
   fault_store *s = calloc(1, sizeof(*s));

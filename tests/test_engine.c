@@ -421,30 +421,32 @@ TEST(engine_case05_nothing_allocated_without_hits) {
 TEST(engine_case06_malformed_read_answers_poison) {
   static const int modes[] = {READ_ITEM_CODE, READ_COUNT_ABOVE, -1};
   static const char *const ids[] = {"m1", "m2"};
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < 6; k++) { /* each answer, staged then direct reads */
     env e;
-    env_init(&e, 1);
+    env_init(&e, k < 3);
     encache *ec = open_default(&e);
     seed(&e, encache_namespace_of(ec), ids, 2);
-    if (modes[k] == -1) {
+    if (modes[k % 3] == -1) {
       e.ctl.read_rc = ENCACHE_EUNCONFIRMED; /* a wrong-length answer */
     } else {
-      e.ctl.read_mode = modes[k];
+      e.ctl.read_mode = modes[k % 3];
       e.ctl.read_item_code = -12345; /* an unknown code */
     }
-    encache_result r[2];
+    static encache_result r[6][2]; /* kept destinations stay reachable */
     talloc t = {0};
-    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r[k], &t), ENCACHE_EPOISONED);
     ASSERT_CONTAINS(encache_errmsg(ec), "poisoned");
     int reads = e.ctl.read_calls, exists = e.ctl.exists_calls;
     /* Fails fast, without calling the Store. */
-    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), ENCACHE_EPOISONED);
+    encache_result again[2];
+    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, again, &t), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(e.ctl.read_calls, reads);
     ASSERT_EQ_INT(e.ctl.exists_calls, exists);
     ASSERT_EQ_INT(publish_ref(ec, "m1"), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(e.ctl.unregister_calls, 0); /* nothing unregistered */
-    ASSERT_EQ_INT(e.ctl.registered, 1);
+    ASSERT_EQ_INT(e.ctl.registered, k < 3);
+    ASSERT_EQ_INT(t.releases, 0); /* destinations the Store wrote are kept */
     encache_shm_destroy(e.seg);
   }
 }
@@ -457,16 +459,32 @@ static int fail_copy(void *dst, const void *src, size_t n) {
 }
 
 TEST(engine_case07_allocation_failure_and_failed_copy) {
+  static const char *const ids[] = {"x1", "x2", "x3"};
+  encache_result r[3];
+  { /* Direct reads: the allocation fails before the read. */
+    env e;
+    env_init(&e, 0);
+    encache *ec = open_default(&e);
+    seed(&e, encache_namespace_of(ec), ids, 3);
+    talloc t = {0, 0, 2};
+    ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), ENCACHE_ENOMEM);
+    ASSERT_EQ_INT(t.releases, 1);
+    talloc ok = {0};
+    ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &ok), 3);
+    free_hits(r, 3);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    encache_shm_destroy(e.seg);
+  }
   env e;
   env_init(&e, 1);
   encache *ec = open_default(&e);
-  static const char *const ids[] = {"x1", "x2", "x3"};
   seed(&e, encache_namespace_of(ec), ids, 3);
-  encache_result r[3];
   talloc t = {0, 0, 2}; /* the second destination fails */
   ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), ENCACHE_ENOMEM);
   ASSERT_EQ_INT(t.releases, 1); /* the first was handed back */
-  ASSERT_EQ_INT(encache_stats_get(ec, &(encache_stats){0}), 0);
+  encache_stats st;
+  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+  ASSERT_EQ_INT(st.poisoned, 0);
   /* Healthy: the next lookup works. */
   talloc ok = {0};
   ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &ok), 3);
@@ -539,9 +557,12 @@ TEST(engine_case09_end_to_end_scenarios) {
   static const char *const ids[] = {"e1", "e2", "e3", "e4"};
   enum { ALL_MISS, OLD_PROTOCOL, ALL_HIT, PARTIAL, NOT_FOUND, SHORT, LEASE,
          REGISTRATION, NSCEN };
-  for (int sc = 0; sc < NSCEN; sc++) {
+  for (int run = 0; run < 2 * NSCEN; run++) { /* staged, then direct */
+    int sc = run % NSCEN;
+    if (run >= NSCEN && sc == REGISTRATION)
+      continue; /* direct reads register nothing */
     env e;
-    env_init(&e, 1);
+    env_init(&e, run < NSCEN);
     encache *ec = open_default(&e);
     const char *ns = encache_namespace_of(ec);
     int seeded = 0;
@@ -959,8 +980,10 @@ TEST(engine_skips_ineligible_and_non_candidates) {
   ASSERT_EQ_INT(r[2].outcome, ENCACHE_SKIPPED);
   ASSERT_EQ_INT(r[3].outcome, ENCACHE_SKIPPED);
   ASSERT_EQ_INT(publish_ref(ec, "vid"), ENCACHE_SKIP_NOT_CANDIDATE);
+  e.ctl.hold_writes = 1; /* keep the first one pending */
   ASSERT_EQ_INT(publish_ref(ec, "img"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(publish_ref(ec, "img"), ENCACHE_SKIP_PENDING);
+  fault_release_writes(&e.ctl);
   ASSERT_EQ_INT(encache_close(ec), 0);
 }
 

@@ -551,8 +551,11 @@ typedef struct read_snap {
   uint64_t len;
 } read_snap;
 
-static int shm_read(encache_store *st, const char *const *keys, size_t n,
-                    void *const *bufs, const size_t *caps, int64_t *results) {
+/* Reads whole objects (split 0) or splits each: its first `split` bytes to
+ * heads[i], the rest to bufs[i]. */
+static int read_common(encache_store *st, const char *const *keys, size_t n,
+                       size_t split, void *const *heads, void *const *bufs,
+                       const size_t *caps, int64_t *results) {
   shm_store *s = (shm_store *)st;
   read_snap local[16];
   read_snap *snap = n <= 16 ? local : encache__calloc(n, sizeof(*snap));
@@ -572,7 +575,7 @@ static int shm_read(encache_store *st, const char *const *keys, size_t n,
                                   hash_key(keys[i], klen));
     if (e == NULL || e->state != E_READY) {
       results[i] = ENCACHE_ENOENT;
-    } else if (e->obj_len > caps[i]) {
+    } else if (e->obj_len > caps[i] && e->obj_len - caps[i] > split) {
       results[i] = ENCACHE_ETOOLARGE;
     } else {
       snap[i].e = e;
@@ -588,8 +591,11 @@ static int shm_read(encache_store *st, const char *const *keys, size_t n,
   for (size_t i = 0; i < n; i++) {
     if (snap[i].e == NULL)
       continue;
+    size_t h = snap[i].len < split ? (size_t)snap[i].len : split;
     OPTIMISTIC_BEGIN();
-    memcpy(bufs[i], snap[i].src, snap[i].len);
+    if (h > 0)
+      memcpy(heads[i], snap[i].src, h);
+    memcpy(bufs[i], snap[i].src + h, (size_t)snap[i].len - h);
     OPTIMISTIC_END();
     /* Seqlock check: the copy above must complete before the generation
      * is read again. */
@@ -605,6 +611,18 @@ out:
   if (snap != local)
     encache__free(snap);
   return rc;
+}
+
+static int shm_read(encache_store *st, const char *const *keys, size_t n,
+                    void *const *bufs, const size_t *caps, int64_t *results) {
+  return read_common(st, keys, n, 0, NULL, bufs, caps, results);
+}
+
+static int shm_read_split(encache_store *st, const char *const *keys,
+                          size_t n, size_t split, void *const *heads,
+                          void *const *bufs, const size_t *caps,
+                          int64_t *results) {
+  return read_common(st, keys, n, split, heads, bufs, caps, results);
 }
 
 static int shm_object_size(encache_store *st, const char *key,
@@ -873,8 +891,16 @@ static void shm_close(encache_store *st) {
 }
 
 static const encache__store_ops shm_ops = {
-    "shm",     shm_exists, shm_read,  shm_object_size, shm_write, shm_remove,
-    NULL,      NULL,       shm_list,  shm_stats,       shm_close};
+    .kind = "shm",
+    .exists = shm_exists,
+    .read = shm_read,
+    .read_split = shm_read_split,
+    .object_size = shm_object_size,
+    .write = shm_write,
+    .remove = shm_remove,
+    .list = shm_list,
+    .stats = shm_stats,
+    .close = shm_close};
 
 /* ------------------------------------------------------ create and attach */
 

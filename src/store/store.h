@@ -25,6 +25,14 @@ typedef struct encache__store_ops {
                 int *results);
   int (*read)(encache_store *st, const char *const *keys, size_t n,
               void *const *bufs, const size_t *caps, int64_t *results);
+  /* Optional (NULL = not offered): read() that splits each object, its
+   * first `split` bytes to heads[i] and the rest to bufs[i] (capacity
+   * caps[i]); results[i] counts the whole object, and one longer than
+   * split + caps[i] is ENCACHE_ETOOLARGE.  Lets the engine read payloads
+   * straight into their destinations, with no staging copy. */
+  int (*read_split)(encache_store *st, const char *const *keys, size_t n,
+                    size_t split, void *const *heads, void *const *bufs,
+                    const size_t *caps, int64_t *results);
   int (*object_size)(encache_store *st, const char *key, uint64_t *len);
   int (*write)(encache_store *st, const char *key, const void *hdr,
                size_t hdr_len, const void *payload, size_t len);
