@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int encache__fail(encache *ec, int rc, const char *fmt, ...) {
   va_list ap;
@@ -151,7 +152,11 @@ static int open_common(const encache_options *o, encache_store *given,
   }
   *out = ec;
   pthread_mutex_init(&ec->mu, NULL);
-  pthread_cond_init(&ec->work, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the worker's polls */
+  pthread_cond_init(&ec->work, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_cond_init(&ec->idle, NULL);
   if (o == NULL || o->ec_transfer_config == NULL) {
     encache_store_close(given);

@@ -56,9 +56,12 @@ struct encache {
   /* Read path (caller's thread). */
   unsigned char *staging;
   int staging_registered;
-  char **cand_ids; /* ids of the last lookup's eligible candidates */
-  uint64_t *cand_hash;
-  size_t ncand;
+  char **cand_ids; /* ids of the last lookup's eligible candidates, */
+  uint64_t *cand_hash; /* their hashes, */
+  char *cand_text;     /* and their text; buffers reused step to step */
+  size_t ncand, cand_ids_cap, cand_hash_cap, cand_text_cap; /* caps: bytes */
+  unsigned char *scratch; /* the per-lookup arrays, reused */
+  size_t scratch_cap;
 
   /* Publisher. */
   pthread_mutex_t mu;
@@ -70,6 +73,7 @@ struct encache {
   job *fatal_jobs; /* kept forever once poisoned */
   uint64_t pending_items, pending_bytes;
   int closing;
+  int worker_waiting; /* the worker sleeps on `work` */
   int worker_started;
   pthread_t worker;
 

@@ -43,40 +43,58 @@ typedef struct item {
 } item;
 
 void encache__lookup_free(encache *ec) {
-  for (size_t i = 0; i < ec->ncand; i++)
-    encache__free(ec->cand_ids[i]);
   encache__free(ec->cand_ids);
   encache__free(ec->cand_hash);
+  encache__free(ec->cand_text);
+  encache__free(ec->scratch);
   ec->cand_ids = NULL;
   ec->cand_hash = NULL;
-  ec->ncand = 0;
+  ec->cand_text = NULL;
+  ec->scratch = NULL;
+  ec->ncand = ec->cand_ids_cap = ec->cand_hash_cap = ec->cand_text_cap = 0;
+  ec->scratch_cap = 0;
+}
+
+/* Makes *p hold at least need bytes (contents not kept). */
+static int reserve(void **p, size_t *cap, size_t need) {
+  if (need <= *cap)
+    return 0;
+  size_t size = need + need / 2;
+  void *q = encache__malloc(size);
+  if (q == NULL)
+    return ENCACHE_ENOMEM;
+  encache__free(*p);
+  *p = q;
+  *cap = size;
+  return 0;
 }
 
 /* Remembers the step's eligible candidates: only their outputs may be
- * published.  On allocation failure the set is left empty (publications
- * are then skipped, which is safe). */
+ * published.  The buffers are reused from step to step.  On allocation
+ * failure the set is left empty (publications are then skipped, which is
+ * safe). */
 static void remember_candidates(encache *ec, const encache_candidate *c,
                                 const int *eligible, size_t n) {
-  encache__lookup_free(ec);
-  size_t m = 0;
+  size_t m = 0, text = 0;
+  ec->ncand = 0;
   for (size_t i = 0; i < n; i++)
-    m += (size_t)eligible[i];
-  if (m == 0)
+    if (eligible[i]) {
+      m++;
+      text += strlen(c[i].id) + 1;
+    }
+  if (reserve((void **)&ec->cand_ids, &ec->cand_ids_cap, m * sizeof(char *)) < 0 ||
+      reserve((void **)&ec->cand_hash, &ec->cand_hash_cap, m * 8) < 0 ||
+      reserve((void **)&ec->cand_text, &ec->cand_text_cap, text) < 0)
     return;
-  ec->cand_ids = encache__calloc(m, sizeof(char *));
-  ec->cand_hash = encache__calloc(m, sizeof(uint64_t));
-  if (ec->cand_ids == NULL || ec->cand_hash == NULL) {
-    encache__lookup_free(ec);
-    return;
-  }
+  char *w = ec->cand_text;
   for (size_t i = 0; i < n; i++) {
     if (!eligible[i])
       continue;
-    if ((ec->cand_ids[ec->ncand] = encache__strdup(c[i].id)) == NULL) {
-      encache__lookup_free(ec);
-      return;
-    }
+    size_t len = strlen(c[i].id) + 1;
+    memcpy(w, c[i].id, len);
+    ec->cand_ids[ec->ncand] = w;
     ec->cand_hash[ec->ncand++] = encache__hash_id(c[i].id);
+    w += len;
   }
 }
 
@@ -232,23 +250,27 @@ static int deliver_copy(encache *ec, void *dst, const void *src, size_t n,
  * destination whose object is not a hit is given back.  The direct path
  * saves a whole copy of every payload.
  */
+/* The arrays of one batched read, sized for the largest chunk. */
+typedef struct chunk_bufs {
+  const char **keys;
+  void **bufs, **heads;
+  unsigned char *hdrs;
+  size_t *caps;
+  int64_t *res;
+} chunk_bufs;
+
 static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
                       item *items, size_t from, size_t to,
                       const size_t *unique_of, const encache_allocator *a,
                       encache_result *results, dest_log *dl, int *hits,
-                      int direct) {
+                      int direct, const chunk_bufs *cb) {
   size_t m = to - from;
-  const char **keys = encache__calloc(m, sizeof(char *));
-  void **bufs = encache__calloc(m, sizeof(void *));
-  void **heads = encache__calloc(m, sizeof(void *));
-  unsigned char *hdrs = encache__calloc(m, ENCACHE_HEADER_SIZE);
-  size_t *caps = encache__calloc(m, sizeof(size_t));
-  int64_t *res = encache__calloc(m, sizeof(int64_t));
+  const char **keys = cb->keys;
+  void **bufs = cb->bufs, **heads = cb->heads;
+  unsigned char *hdrs = cb->hdrs;
+  size_t *caps = cb->caps;
+  int64_t *res = cb->res;
   int rc = 0;
-  if (!keys || !bufs || !heads || !hdrs || !caps || !res) {
-    rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
-    goto out;
-  }
   for (size_t k = 0; k < m; k++) {
     item *it = &items[from + k];
     keys[k] = it->key;
@@ -321,13 +343,19 @@ static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
     (*hits)++;
   }
 out:
-  encache__free(keys);
-  encache__free(bufs);
-  encache__free(heads);
-  encache__free(hdrs);
-  encache__free(caps);
-  encache__free(res);
   return rc;
+}
+
+/* A bump allocator over the handle's scratch buffer. */
+typedef struct bump {
+  unsigned char *p;
+  size_t off;
+} bump;
+
+static void *take(bump *b, size_t size) {
+  void *r = b->p + b->off;
+  b->off += (size + 15) & ~(size_t)15;
+  return r;
 }
 
 int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
@@ -356,21 +384,36 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
     return 0;
   }
 
-  int *eligible = encache__calloc(n, sizeof(int));
-  size_t *unique_of = encache__calloc(n, sizeof(size_t));
-  uint64_t *hash = encache__calloc(n, sizeof(uint64_t));
-  item *items = encache__calloc(n, sizeof(item));
-  const char **keys = encache__calloc(n, sizeof(char *));
-  int *present = encache__calloc(n, sizeof(int));
-  dest_log dl = {encache__calloc(n, sizeof(size_t)), 0};
+  /* Every array of this lookup comes from one scratch buffer, reused from
+   * step to step: no allocation per lookup once it has grown. */
+  size_t ns_len = strlen(ec->ns), text = 0;
+  for (size_t i = 0; i < n; i++)
+    text += c[i].id != NULL ? ns_len + 5 + strlen(c[i].id) : 0;
+  size_t per = 2 * sizeof(int) + 3 * sizeof(size_t) + sizeof(uint64_t) +
+               2 * sizeof(item) + 3 * sizeof(void *) + sizeof(char *) +
+               ENCACHE_HEADER_SIZE + sizeof(size_t) + sizeof(int64_t);
+  if (n > (SIZE_MAX - text) / per / 2 ||
+      reserve((void **)&ec->scratch, &ec->scratch_cap,
+              n * per + text + 16 * 16 + n * 16 * 2) < 0)
+    return encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
+  bump b = {ec->scratch, 0};
+  int *eligible = take(&b, n * sizeof(int));
+  size_t *unique_of = take(&b, n * sizeof(size_t));
+  uint64_t *hash = take(&b, n * sizeof(uint64_t));
+  item *items = take(&b, n * sizeof(item));
+  item *sorted = take(&b, n * sizeof(item));
+  size_t *newpos = take(&b, n * sizeof(size_t));
+  const char **keys = take(&b, n * sizeof(char *));
+  int *present = take(&b, n * sizeof(int));
+  dest_log dl = {take(&b, n * sizeof(size_t)), 0};
+  chunk_bufs cb = {take(&b, n * sizeof(char *)), take(&b, n * sizeof(void *)),
+                   take(&b, n * sizeof(void *)),
+                   take(&b, n * ENCACHE_HEADER_SIZE),
+                   take(&b, n * sizeof(size_t)), take(&b, n * sizeof(int64_t))};
+  char *keytext = (char *)ec->scratch + b.off;
   size_t nu = 0;
   int hits = 0;
   rc = 0;
-  if (!eligible || !unique_of || !hash || !items || !keys || !present ||
-      !dl.idx) {
-    rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
-    goto out;
-  }
 
   /* Eligibility and duplicates: the same id with the same contract is
    * read once. */
@@ -389,14 +432,17 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
     if (unique_of[i] != SIZE_MAX)
       continue;
     item *it = &items[nu];
+    memset(it, 0, sizeof(*it));
     it->first = i;
     it->outcome = ENCACHE_MISS;
     encache_payload_size(c[i].dtype, c[i].rows, c[i].cols, &it->nbytes);
     it->osize = ENCACHE_HEADER_SIZE + it->nbytes;
-    if ((it->key = encache__make_key(ec, c[i].id)) == NULL) {
-      rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
-      goto out;
-    }
+    size_t idlen = strlen(c[i].id);
+    it->key = keytext;
+    memcpy(keytext, ec->ns, ns_len);
+    memcpy(keytext + ns_len, "@id:", 4);
+    memcpy(keytext + ns_len + 4, c[i].id, idlen + 1);
+    keytext += ns_len + 5 + idlen;
     keys[nu] = it->key;
     unique_of[i] = nu++;
   }
@@ -464,14 +510,6 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
   /* Reorder: present, fitting items first (stable), keeping unique_of
    * consistent. */
   if (np > 0) {
-    size_t *newpos = encache__calloc(nu, sizeof(size_t));
-    item *sorted = encache__calloc(nu, sizeof(item));
-    if (newpos == NULL || sorted == NULL) {
-      encache__free(newpos);
-      encache__free(sorted);
-      rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
-      goto out;
-    }
     size_t w = 0;
     for (int pass = 0; pass < 2; pass++)
       for (size_t u = 0; u < nu; u++) {
@@ -485,8 +523,6 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
     for (size_t i = 0; i < n; i++)
       if (unique_of[i] != SIZE_MAX)
         unique_of[i] = newpos[unique_of[i]];
-    encache__free(newpos);
-    encache__free(sorted);
   }
   for (size_t u = 0; u <= np; u++) {
     int close_chunk = u == np ||
@@ -502,7 +538,7 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
       if (rc < 0)
         goto out;
       rc = read_chunk(ec, c, n, items, first, u, unique_of, a, results, &dl,
-                      &hits, direct);
+                      &hits, direct, &cb);
       if (rc < 0)
         goto out;
       first = SIZE_MAX;
@@ -533,14 +569,5 @@ deliver:
 out:
   if (rc < 0 && !encache__is_poisoned(ec))
     release_all(a, &dl, results);
-  for (size_t u = 0; items != NULL && u < n; u++)
-    encache__free(items[u].key);
-  encache__free(eligible);
-  encache__free(unique_of);
-  encache__free(hash);
-  encache__free(items);
-  encache__free(keys);
-  encache__free(present);
-  encache__free(dl.idx);
   return rc;
 }

@@ -28,6 +28,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 int encache_storage_new(const void *base, uint64_t nbytes,
                         void (*release)(void *ctx), void *ctx,
@@ -127,13 +128,39 @@ unregister:
   return result;
 }
 
+/* How the idle worker waits: for a while it polls (1 ms timed waits, up
+ * to IDLE_POLLS of them) and publishers do not signal it, so that during
+ * a burst of encoder steps encache_publish() never pays for a wake-up
+ * system call; after that it sleeps until signalled. */
+#define IDLE_POLL_NS 1000000L
+#define IDLE_POLLS 200
+
+static void wait_for_work(encache *ec, int *polls) {
+  if (*polls < IDLE_POLLS) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += IDLE_POLL_NS;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    (*polls)++;
+    pthread_cond_timedwait(&ec->work, &ec->mu, &ts);
+  } else {
+    ec->worker_waiting = 1;
+    pthread_cond_wait(&ec->work, &ec->mu);
+    ec->worker_waiting = 0;
+  }
+}
+
 static void *worker_main(void *arg) {
   encache *ec = arg;
-  int fatal_seen = 0;
+  int fatal_seen = 0, polls = 0;
   pthread_mutex_lock(&ec->mu);
   for (;;) {
     while (ec->queue_head == NULL && !ec->closing)
-      pthread_cond_wait(&ec->work, &ec->mu);
+      wait_for_work(ec, &polls);
+    polls = 0;
     job *j = ec->queue_head;
     if (j == NULL)
       break; /* closing, and drained */
@@ -278,11 +305,6 @@ int encache_publish(encache *ec, const char *id, const encache_tensor *view,
     return ENCACHE_EPOISONED;
   if (!ec->enabled)
     return skip(ec, ENCACHE_SKIP_DISABLED);
-  pthread_mutex_lock(&ec->mu);
-  int closing = ec->closing;
-  pthread_mutex_unlock(&ec->mu);
-  if (closing)
-    return skip(ec, ENCACHE_SKIP_CLOSED);
   int rc = encache__reap(ec);
   if (rc < 0)
     return rc;
@@ -342,7 +364,10 @@ int encache_publish(encache *ec, const char *id, const encache_tensor *view,
       ec->queue_head = j;
     ec->queue_tail = j;
     publish_gauges(ec);
-    pthread_cond_signal(&ec->work);
+    /* Wake the worker only if it sleeps: a busy one finds the job, and
+     * the caller's thread is spared a system call. */
+    if (ec->worker_waiting)
+      pthread_cond_signal(&ec->work);
   }
   pthread_mutex_unlock(&ec->mu);
   if (reason != ENCACHE_QUEUED) {
