@@ -6,6 +6,10 @@
 set -eu
 
 packages="cmake make gcc pkgconf libjansson-dev"
+# valgrind checks for leaks in CI.
+if [ "${CI:-}" = true ]; then
+  packages="$packages valgrind"
+fi
 # clang and its runtimes build the fuzzers (libFuzzer) in CI.
 if [ "${ENCACHE_FUZZ_DEPS:-0}" = 1 ]; then
   packages="$packages clang libclang-rt-14-dev"
