@@ -5,7 +5,7 @@
 # anywhere else.
 set -eu
 
-packages="cmake make gcc pkgconf libjansson-dev"
+packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev"
 # valgrind checks for leaks in CI.
 if [ "${CI:-}" = true ]; then
   packages="$packages valgrind"

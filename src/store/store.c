@@ -52,6 +52,10 @@ int encache_store_open(const char *url, encache_store **out) {
   }
   if (strncmp(url, "shm://", 6) == 0)
     return encache__shm_open(url, out);
+  if (strncmp(url, "redis://", 8) == 0 ||
+      strncmp(url, "redis-cluster://", 16) == 0 ||
+      strncmp(url, "unix://", 7) == 0)
+    return encache__redis_open(url, out);
   return ENCACHE_EURL;
 }
 

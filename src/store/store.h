@@ -70,6 +70,8 @@ int encache__query_next(encache__query *q, char *key, size_t ksize, char *val,
 /* Backends.  Each opens from its URL and, on failure, may still return a
  * handle in *out whose errmsg says why (the caller closes it). */
 int encache__shm_open(const char *url, encache_store **out);
+/* redis://, redis-cluster:// and unix:// URLs. */
+int encache__redis_open(const char *url, encache_store **out);
 /* Opens a shared-memory Store from an already open file descriptor (the
  * fuzzer and tests use this with a plain file).  The fd is duplicated. */
 int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
