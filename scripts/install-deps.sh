@@ -5,7 +5,9 @@
 # anywhere else.
 set -eu
 
-packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev"
+# redis-server (with redis-cli): the tests run the Stores' suites on real
+# Redis servers and a Redis Cluster they start themselves.
+packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev redis-server"
 # valgrind checks for leaks in CI.
 if [ "${CI:-}" = true ]; then
   packages="$packages valgrind"

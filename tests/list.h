@@ -69,4 +69,10 @@
   XX(engine_duplicates_read_once_each_own_output)                            \
   XX(engine_skips_ineligible_and_non_candidates)                             \
   XX(engine_unavailable_store_means_encode)                                  \
-  XX(engine_threads_step_and_worker)
+  XX(engine_threads_step_and_worker)                                         \
+  XX(redis_url_errors)                                                       \
+  XX(redis_ttl_and_auth)                                                     \
+  XX(redis_server_killed_then_restarted)                                     \
+  XX(redis_stopped_server_lookups_bounded_by_timeout)                        \
+  XX(redis_cluster_node_killed_others_still_hit)                             \
+  XX(redis_cluster_follows_moved_and_ask)

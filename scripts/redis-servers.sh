@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# redis-servers.sh start DIR | stop DIR
+#
+# Starts, on free loopback ports, one Redis server and a Redis Cluster of
+# three masters, for the tests; writes DIR/env with
+#   ENCACHE_REDIS_URL=redis://127.0.0.1:PORT
+#   ENCACHE_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...
+# "stop DIR" shuts them down.  Needs redis-server and redis-cli (Debian's
+# redis-server package).
+set -eu
+cmd=${1:?usage: redis-servers.sh start|stop DIR}
+dir=${2:?usage: redis-servers.sh start|stop DIR}
+
+port_free() {
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# A free port at or after $1 whose cluster bus port (+10000) is free too.
+free_port() {
+  p=$1
+  while ! port_free "$p" || ! port_free $((p + 10000)); do p=$((p + 1)); done
+  echo "$p"
+}
+
+start_server() { # PORT [extra redis-server args...]
+  p=$1
+  shift
+  redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+    --daemonize yes --dir "$dir" --logfile "$dir/redis-$p.log" \
+    --pidfile "$dir/redis-$p.pid" "$@"
+  i=0
+  until redis-cli -p "$p" ping >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ "$i" -lt 100 ] || { echo "redis-server on $p did not start" >&2; cat "$dir/redis-$p.log" >&2; exit 1; }
+    sleep 0.05
+  done
+}
+
+case $cmd in
+start)
+  mkdir -p "$dir"
+  base=$((12000 + $$ % 18000))
+  single=$(free_port "$base")
+  start_server "$single"
+  seeds=""
+  p=$((single + 1))
+  ports=""
+  for n in 1 2 3; do
+    p=$(free_port "$p")
+    start_server "$p" --cluster-enabled yes \
+      --cluster-config-file "$dir/nodes-$p.conf" --cluster-node-timeout 2000 \
+      --cluster-require-full-coverage no
+    ports="$ports $p"
+    seeds="$seeds${seeds:+,}127.0.0.1:$p"
+    p=$((p + 1))
+  done
+  # shellcheck disable=SC2086
+  redis-cli --cluster create $(for q in $ports; do printf '127.0.0.1:%s ' "$q"; done) \
+    --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1
+  for q in $ports; do
+    i=0
+    until redis-cli -p "$q" cluster info | grep -q 'cluster_state:ok'; do
+      i=$((i + 1))
+      [ "$i" -lt 200 ] || { echo "cluster on $q not ok" >&2; exit 1; }
+      sleep 0.05
+    done
+  done
+  {
+    echo "ENCACHE_REDIS_URL=redis://127.0.0.1:$single"
+    echo "ENCACHE_REDIS_CLUSTER_URL=redis-cluster://$seeds"
+  } >"$dir/env"
+  cat "$dir/env"
+  ;;
+stop)
+  for f in "$dir"/redis-*.pid; do
+    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+  done
+  ;;
+*)
+  echo "usage: redis-servers.sh start|stop DIR" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,539 @@
+/*
+ * Redis Store against real servers that each test starts itself (so that
+ * it can kill, stop and restart them): a killed and restarted server, a
+ * stopped one, a cluster node killed, MOVED and ASK redirections.  Tests
+ * say "skipped" and pass when redis-server is not installed; CI installs
+ * it.
+ */
+#include "runner.h"
+
+#include "encache.h"
+
+#include <hiredis/hiredis.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int have_redis(void) {
+  if (system("command -v redis-server >/dev/null 2>&1 && "
+             "command -v redis-cli >/dev/null 2>&1") == 0)
+    return 1;
+  printf("# skipped: redis-server or redis-cli is not installed\n");
+  return 0;
+}
+
+static int bindable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+/* A free port below the ephemeral range, whose cluster bus port (+10000)
+ * is free too. */
+static int free_port(void) {
+  static unsigned seed;
+  if (seed == 0)
+    seed = (unsigned)getpid() * 2654435761u;
+  for (int tries = 0; tries < 1000; tries++) {
+    seed = seed * 1103515245u + 12345u;
+    int port = 12000 + (int)((seed >> 8) % 18000);
+    if (bindable(port) && bindable(port + 10000))
+      return port;
+  }
+  test__fail(__FILE__, __LINE__, "no free port");
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static redisContext *connect_to(int port) {
+  struct timeval tv = {1, 0};
+  return redisConnectWithTimeout("127.0.0.1", port, tv);
+}
+
+/* Starts redis-server on port (cluster mode with a config in dir when dir
+ * is not NULL); waits until it answers PING. */
+static pid_t spawn_redis(int port, const char *dir) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    char p[16], conf[256];
+    snprintf(p, sizeof(p), "%d", port);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    if (dir != NULL) {
+      snprintf(conf, sizeof(conf), "%s/nodes-%d.conf", dir, port);
+      execlp("redis-server", "redis-server", "--port", p, "--bind",
+             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
+             "--cluster-enabled", "yes", "--cluster-config-file", conf,
+             "--cluster-node-timeout", "2000",
+             "--cluster-require-full-coverage", "no", (char *)NULL);
+    } else {
+      execlp("redis-server", "redis-server", "--port", p, "--bind",
+             "127.0.0.1", "--save", "", "--appendonly", "no", (char *)NULL);
+    }
+    _exit(127);
+  }
+  for (int i = 0; i < 200; i++) {
+    redisContext *c = connect_to(port);
+    if (c != NULL && !c->err) {
+      redisReply *r = redisCommand(c, "PING");
+      int ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+      if (r)
+        freeReplyObject(r);
+      redisFree(c);
+      if (ok)
+        return pid;
+    } else if (c != NULL) {
+      redisFree(c);
+    }
+    usleep(20000);
+  }
+  test__fail(__FILE__, __LINE__, "redis-server on port %d did not start", port);
+}
+
+static void kill_wait(pid_t pid, int sig) {
+  kill(pid, sig);
+  if (sig == SIGKILL || sig == SIGTERM)
+    waitpid(pid, NULL, 0);
+}
+
+/* --------------------------------------------------------- engine helpers */
+
+static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **handle) {
+  (void)ctx, (void)i, (void)c;
+  *handle = NULL;
+  *data = malloc(nbytes);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void host_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)ctx, (void)i, (void)handle;
+  free(data);
+}
+
+static void free_ctx(void *p) { free(p); }
+
+static encache *open_engine(const char *url) {
+  encache_options o;
+  memset(&o, 0, sizeof(o));
+  o.ec_transfer_config =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}";
+  o.model = "redis/test";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  encache *ec = NULL;
+  if (encache_open(&o, &ec) != 0)
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(ec));
+  return ec;
+}
+
+/* Looks ids up (2x4 float32); returns hits and fills outcomes. */
+static int look(encache *ec, const char *const *ids, int n, int *outcome) {
+  encache_candidate c[8];
+  encache_result r[8];
+  for (int i = 0; i < n; i++) {
+    encache_candidate cc = {ids[i], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2,
+                            4, ENCACHE_DEVICE_HOST, 0};
+    c[i] = cc;
+  }
+  encache_allocator a = {NULL, host_alloc, host_release};
+  int hits = encache_lookup(ec, c, (size_t)n, &a, r);
+  ASSERT(hits >= 0);
+  for (int i = 0; i < n; i++) {
+    outcome[i] = r[i].outcome;
+    if (r[i].outcome == ENCACHE_HIT) {
+      float *f = r[i].data;
+      ASSERT(f[0] == (float)strlen(ids[i]) && f[7] == 7.0f);
+      free(r[i].data);
+    }
+  }
+  return hits;
+}
+
+static int publish(encache *ec, const char *id) {
+  float *f = malloc(8 * sizeof(float));
+  for (int i = 0; i < 8; i++)
+    f[i] = (float)i;
+  f[0] = (float)strlen(id);
+  encache_storage *s = NULL;
+  encache_storage_new(f, 8 * sizeof(float), free_ctx, f, &s);
+  int64_t shape[2] = {2, 4};
+  encache_tensor v = {f, ENCACHE_FLOAT32, 2, shape, NULL};
+  int q = encache_publish(ec, id, &v, s);
+  encache_storage_unref(s);
+  return q;
+}
+
+/* ------------------------------------------------------------- the tests */
+
+TEST(redis_server_killed_then_restarted) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[128];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300", port);
+  encache *ec = open_engine(url);
+  static const char *const ids[] = {"k1", "k22", "k333"};
+  int out[3];
+  ASSERT_EQ_INT(look(ec, ids, 3, out), 0);
+  for (int i = 0; i < 3; i++)
+    ASSERT_EQ_INT(publish(ec, ids[i]), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(look(ec, ids, 3, out), 3);
+
+  kill_wait(pid, SIGKILL);
+  /* No crash, nothing poisoned: lookups are UNAVAILABLE, writes skipped. */
+  static const char *const more[] = {"k1", "fresh"};
+  ASSERT_EQ_INT(look(ec, more, 2, out), 0);
+  ASSERT_EQ_INT(out[0], ENCACHE_UNAVAILABLE);
+  ASSERT_EQ_INT(out[1], ENCACHE_UNAVAILABLE);
+  ASSERT_EQ_INT(publish(ec, "fresh"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats st;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_failed, 1);
+  ASSERT_EQ_INT(st.poisoned, 0);
+
+  /* Restarted (empty): after the backoff, the handle works again. */
+  pid = spawn_redis(port, NULL);
+  int recovered = 0;
+  for (int i = 0; i < 60 && !recovered; i++) {
+    look(ec, more, 2, out);
+    recovered = out[1] == ENCACHE_MISS;
+    if (!recovered)
+      usleep(100000);
+  }
+  ASSERT(recovered);
+  ASSERT_EQ_INT(publish(ec, "fresh"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(look(ec, more, 2, out), 1);
+  ASSERT_EQ_INT(out[1], ENCACHE_HIT);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  kill_wait(pid, SIGKILL);
+}
+
+TEST(redis_stopped_server_lookups_bounded_by_timeout) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[128];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?timeout_ms=200&connect_timeout_ms=200", port);
+  encache *ec = open_engine(url);
+  static const char *const ids[] = {"s1", "s22"};
+  int out[2];
+  ASSERT_EQ_INT(look(ec, ids, 2, out), 0); /* connected, misses */
+  kill(pid, SIGSTOP);
+  double t0 = now_s();
+  look(ec, ids, 2, out);
+  double took = now_s() - t0;
+  ASSERT_EQ_INT(out[0], ENCACHE_UNAVAILABLE);
+  /* One 200 ms timeout, not a hang (generous bound for a loaded machine). */
+  if (took > 2.0)
+    test__fail(__FILE__, __LINE__, "lookup took %.3f s with a 0.2 s timeout",
+               took);
+  t0 = now_s();
+  look(ec, ids, 2, out); /* within the backoff: at once */
+  ASSERT(now_s() - t0 < 1.0);
+  kill(pid, SIGCONT);
+  int recovered = 0;
+  for (int i = 0; i < 60 && !recovered; i++) {
+    look(ec, ids, 2, out);
+    recovered = out[0] == ENCACHE_MISS;
+    if (!recovered)
+      usleep(100000);
+  }
+  ASSERT(recovered);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  kill_wait(pid, SIGKILL);
+}
+
+/* A three-master cluster in a fresh directory. */
+typedef struct cluster {
+  char dir[64];
+  int port[3];
+  pid_t pid[3];
+  char url[256];
+} cluster;
+
+static void cluster_start(cluster *cl) {
+  snprintf(cl->dir, sizeof(cl->dir), "/tmp/encache-cluster-%d", (int)getpid());
+  mkdir(cl->dir, 0700);
+  char cmd[512];
+  int n = snprintf(cmd, sizeof(cmd), "redis-cli --cluster create");
+  for (int i = 0; i < 3; i++) {
+    cl->port[i] = free_port();
+    cl->pid[i] = spawn_redis(cl->port[i], cl->dir);
+    n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " 127.0.0.1:%d", cl->port[i]);
+  }
+  snprintf(cmd + n, sizeof(cmd) - (size_t)n,
+           " --cluster-replicas 0 --cluster-yes >/dev/null 2>&1");
+  ASSERT_EQ_INT(system(cmd), 0);
+  for (int i = 0; i < 3; i++) {
+    int ok = 0;
+    for (int k = 0; k < 200 && !ok; k++) {
+      redisContext *c = connect_to(cl->port[i]);
+      redisReply *r = redisCommand(c, "CLUSTER INFO");
+      ok = r && r->str && strstr(r->str, "cluster_state:ok") != NULL;
+      if (r)
+        freeReplyObject(r);
+      redisFree(c);
+      if (!ok)
+        usleep(50000);
+    }
+    ASSERT(ok);
+  }
+  snprintf(cl->url, sizeof(cl->url),
+           "redis-cluster://127.0.0.1:%d,127.0.0.1:%d?timeout_ms=300&"
+           "connect_timeout_ms=300", cl->port[0], cl->port[1]);
+}
+
+static void cluster_stop(cluster *cl) {
+  for (int i = 0; i < 3; i++)
+    if (cl->pid[i] > 0)
+      kill_wait(cl->pid[i], SIGKILL);
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", cl->dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "# could not remove %s\n", cl->dir);
+}
+
+/* Which of the cluster's nodes owns key (index into cl->port). */
+static int owner(cluster *cl, const char *key) {
+  redisContext *c = connect_to(cl->port[0]);
+  redisReply *slot = redisCommand(c, "CLUSTER KEYSLOT %s", key);
+  redisReply *slots = redisCommand(c, "CLUSTER SLOTS");
+  int found = -1;
+  for (size_t e = 0; e < slots->elements && found < 0; e++) {
+    redisReply *r = slots->element[e];
+    if (slot->integer >= r->element[0]->integer &&
+        slot->integer <= r->element[1]->integer)
+      for (int i = 0; i < 3; i++)
+        if (r->element[2]->element[1]->integer == cl->port[i])
+          found = i;
+  }
+  freeReplyObject(slot);
+  freeReplyObject(slots);
+  redisFree(c);
+  return found;
+}
+
+static int64_t read_one(encache_store *st, const char *key, void *buf,
+                        size_t cap) {
+  const char *keys[1] = {key};
+  void *bufs[1] = {buf};
+  size_t caps[1] = {cap};
+  int64_t res[1];
+  int rc = encache_store_read(st, keys, 1, bufs, caps, res);
+  return rc < 0 ? rc : res[0];
+}
+
+TEST(redis_cluster_node_killed_others_still_hit) {
+  if (!have_redis())
+    return;
+  cluster cl;
+  cluster_start(&cl);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(cl.url, &st), 0);
+  int per_node[3] = {0};
+  char keys[60][32];
+  for (int i = 0; i < 60; i++) {
+    snprintf(keys[i], sizeof(keys[i]), "node-test-%d", i);
+    ASSERT_EQ_INT(encache_store_write(st, keys[i], NULL, 0, keys[i],
+                                      strlen(keys[i])), 0);
+    per_node[owner(&cl, keys[i])]++;
+  }
+  ASSERT(per_node[0] > 0 && per_node[1] > 0 && per_node[2] > 0);
+  kill_wait(cl.pid[2], SIGKILL);
+  cl.pid[2] = 0;
+  const char *kp[60];
+  char bufs_mem[60][32];
+  void *bufs[60];
+  size_t caps[60];
+  int64_t res[60];
+  for (int i = 0; i < 60; i++) {
+    kp[i] = keys[i];
+    bufs[i] = bufs_mem[i];
+    caps[i] = sizeof(bufs_mem[i]);
+  }
+  ASSERT_EQ_INT(encache_store_read(st, kp, 60, bufs, caps, res), 0);
+  int hits = 0, unavailable = 0;
+  for (int i = 0; i < 60; i++) {
+    if (owner(&cl, keys[i]) == 2) {
+      ASSERT_EQ_INT(res[i], ENCACHE_EUNAVAIL);
+      unavailable++;
+    } else {
+      ASSERT_EQ_INT(res[i], (int64_t)strlen(keys[i]));
+      ASSERT_EQ_MEM(bufs_mem[i], keys[i], strlen(keys[i]));
+      hits++;
+    }
+  }
+  ASSERT_EQ_INT(hits, per_node[0] + per_node[1]);
+  ASSERT_EQ_INT(unavailable, per_node[2]);
+  encache_store_close(st);
+  cluster_stop(&cl);
+}
+
+static char *node_id(int port) {
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, "CLUSTER MYID");
+  char *id = strdup(r->str);
+  freeReplyObject(r);
+  redisFree(c);
+  return id;
+}
+
+static void on_node(int port, const char *fmt, const char *a, const char *b) {
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, fmt, a, b);
+  if (r == NULL || r->type == REDIS_REPLY_ERROR)
+    test__fail(__FILE__, __LINE__, "%s on %d: %s", fmt, port,
+               r && r->str ? r->str : c->errstr);
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+TEST(redis_cluster_follows_moved_and_ask) {
+  if (!have_redis())
+    return;
+  cluster cl;
+  cluster_start(&cl);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(cl.url, &st), 0);
+  char buf[64];
+  /* The Store learns the slot map. */
+  ASSERT_EQ_INT(read_one(st, "warm-up", buf, sizeof(buf)), ENCACHE_ENOENT);
+
+  /* MOVED: an empty slot handed from its owner A to B behind our back. */
+  const char *key = "moved-key";
+  int a = owner(&cl, key), b = (a + 1) % 3;
+  char *bid = node_id(cl.port[b]);
+  char slot[16];
+  redisContext *c = connect_to(cl.port[0]);
+  redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", key);
+  snprintf(slot, sizeof(slot), "%lld", r->integer);
+  freeReplyObject(r);
+  redisFree(c);
+  for (int i = 0; i < 3; i++)
+    on_node(cl.port[i], "CLUSTER SETSLOT %s NODE %s", slot, bid);
+  ASSERT_EQ_INT(encache_store_write(st, key, NULL, 0, "moved", 5), 0);
+  ASSERT_EQ_INT(read_one(st, key, buf, sizeof(buf)), 5);
+  ASSERT_EQ_MEM(buf, "moved", 5);
+  ASSERT_EQ_INT(owner(&cl, key), b);
+
+  /* ASK: a slot migrating from A to B; a new key goes to B. */
+  const char *key2 = "ask-key-7";
+  a = owner(&cl, key2);
+  b = (a + 1) % 3;
+  char *aid = node_id(cl.port[a]);
+  free(bid);
+  bid = node_id(cl.port[b]);
+  c = connect_to(cl.port[0]);
+  r = redisCommand(c, "CLUSTER KEYSLOT %s", key2);
+  snprintf(slot, sizeof(slot), "%lld", r->integer);
+  freeReplyObject(r);
+  redisFree(c);
+  on_node(cl.port[b], "CLUSTER SETSLOT %s IMPORTING %s", slot, aid);
+  on_node(cl.port[a], "CLUSTER SETSLOT %s MIGRATING %s", slot, bid);
+  ASSERT_EQ_INT(encache_store_write(st, key2, NULL, 0, "asked", 5), 0);
+  ASSERT_EQ_INT(read_one(st, key2, buf, sizeof(buf)), 5);
+  ASSERT_EQ_MEM(buf, "asked", 5);
+  /* It really is on B. */
+  c = connect_to(cl.port[b]);
+  redisReply *ok = redisCommand(c, "ASKING");
+  freeReplyObject(ok);
+  r = redisCommand(c, "GET %s", key2);
+  ASSERT(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 5);
+  freeReplyObject(r);
+  redisFree(c);
+  free(aid);
+  free(bid);
+  encache_store_close(st);
+  cluster_stop(&cl);
+}
+
+TEST(redis_url_errors) {
+  static const struct {
+    const char *url, *needle;
+  } bad[] = {
+      {"redis://127.0.0.1", "expected redis://[user:password@]host:port[/db]"},
+      {"redis://127.0.0.1:99999", "expected redis://"},
+      {"redis://127.0.0.1:6379/x", "the database must be a number"},
+      {"redis://127.0.0.1:6379?timeout_ms=0", "timeout_ms=0: must be a positive"},
+      {"redis://127.0.0.1:6379?colour=red", "unknown option 'colour'"},
+      {"redis-cluster://", "expected host:port[,host:port...]"},
+      {"redis-cluster://a:1,b", "seed 'b' is not host:port"},
+      {"unix://relative", "expected unix:///path/to/socket"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    encache_store *st = NULL;
+    ASSERT_EQ_INT(encache_store_open(bad[i].url, &st), ENCACHE_EURL);
+    ASSERT_CONTAINS(encache_store_errmsg(st), bad[i].needle);
+    encache_store_close(st);
+  }
+  /* A refused connection is recoverable, with a message. */
+  encache_store *st = NULL;
+  char url[64];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", free_port());
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  const char *keys[1] = {"x"};
+  int pr[1];
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, pr), 0);
+  ASSERT_EQ_INT(pr[0], ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "Connection refused");
+  ASSERT_EQ_INT(encache_store_write(st, "x", NULL, 0, "y", 1), ENCACHE_EUNAVAIL);
+  encache_store_close(st);
+}
+
+TEST(redis_ttl_and_auth) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, "CONFIG SET requirepass s3cret");
+  freeReplyObject(r);
+  redisFree(c);
+  char url[160];
+  encache_store *st = NULL;
+  snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", port);
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "t", NULL, 0, "v", 1), ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "AUTH");
+  encache_store_close(st);
+  snprintf(url, sizeof(url), "redis://:s3cret@127.0.0.1:%d/3?ttl_s=100", port);
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "t", NULL, 0, "v", 1), 0);
+  encache_store_close(st);
+  c = connect_to(port);
+  r = redisCommand(c, "AUTH s3cret");
+  freeReplyObject(r);
+  r = redisCommand(c, "SELECT 3");
+  freeReplyObject(r);
+  r = redisCommand(c, "TTL t");
+  ASSERT(r->type == REDIS_REPLY_INTEGER && r->integer > 90 && r->integer <= 100);
+  freeReplyObject(r);
+  redisFree(c);
+  kill_wait(pid, SIGKILL);
+}
