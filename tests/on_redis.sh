@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# on_redis.sh ENCACHE_TESTS: runs the Store conformance suite and the
-# engine's acceptance cases on a real Redis server and on a real
+# on_redis.sh ENCACHE_TESTS ENCACHE_TOOL: runs the Store conformance suite
+# and the engine's acceptance cases on a real Redis server and on a real
 # three-master Redis Cluster, started on free loopback ports for the run
-# and stopped after it.  Exits 77 (skipped) without redis-server.
+# and stopped after it, then the tool's Store commands on both.  Exits 77
+# (skipped) without redis-server.
 set -u
 tests=$1
+tool=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   echo "skipped: redis-server is not installed"
@@ -20,4 +22,25 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
   echo "# on $url"
   ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
 done
+# The tool's Store commands, on both.
+tmp=$(mktemp -d)
+printf 'NOOM\000\000\000\000\001\000\000\000\000\000\000\000\001\000\000\000\000\000\000\000\000\000\200\077' > "$tmp/v3"
+printf '\000\000\200\077' > "$tmp/payload"
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+  k="tool-$$-$RANDOM"
+  fail() { echo "not ok - tool on $url: $*"; rc=1; }
+  "$tool" --store "$url" put "$k" "$tmp/v3" >/dev/null || fail put
+  "$tool" --store "$url" put "$k" "$tmp/v3" 2>/dev/null && fail "put replaced"
+  "$tool" --store "$url" get "$k" | cmp -s - "$tmp/v3" || fail get
+  "$tool" --store "$url" inspect "$k" | grep -q "float32 1x1, 4 payload bytes" || fail inspect
+  "$tool" --store "$url" ls "$k" | grep -q "^28.$k\$" || fail ls
+  "$tool" --store "$url" stats | grep -q "kind *redis" || fail stats
+  "$tool" --store "$url" rm "$k" || fail rm
+  "$tool" --store "$url" get "$k" 2>/dev/null && fail "get after rm"
+  m="model-$$-$RANDOM"
+  "$tool" --store "$url" publish --model "$m" --dtype float32 --rows 1 --cols 1 --id img "$tmp/payload" | grep -q written || fail publish
+  "$tool" --store "$url" lookup --model "$m" --dtype float32 --rows 1 --cols 1 img | grep -q "img HIT float32 1 1" || fail lookup
+  [ $rc -eq 0 ] && echo "ok - tool commands on $url"
+done
+rm -rf "$tmp"
 exit $rc
