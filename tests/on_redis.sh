@@ -43,4 +43,16 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
   [ $rc -eq 0 ] && echo "ok - tool commands on $url"
 done
 rm -rf "$tmp"
+
+# The demo, small, every hit verified, on both.
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+  out=$("$tool" --store "$url" demo --encoders 3 --requests 30 --images 12 \
+    --tokens 16 --hidden 128 --verify all --no-baseline 2>&1)
+  if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&
+     ! printf '%s' "$out" | grep -q "encodes avoided *0 "; then
+    echo "ok - demo on $url"
+  else
+    echo "not ok - demo on $url"; printf '%s\n' "$out"; rc=1
+  fi
+done
 exit $rc

@@ -17,11 +17,14 @@
 #include <string.h>
 
 static const tool_command commands[] = {
+    {"demo", "run a fleet of encoders sharing one Store (the main job)",
+     cmd_demo},
     {"key", "print the Store key of an identifier", cmd_key},
     {"config", "check a vLLM ec-transfer-config and a Mooncake config",
      cmd_config},
     {"lookup", "look identifiers up as an encoder would", cmd_lookup},
     {"publish", "publish a payload as an encoder's output", cmd_publish},
+    {"bench", "measure Stores against memcpy and their raw reads", cmd_bench},
     {"put", "store a file as an object", cmd_put},
     {"get", "write an object to standard output", cmd_get},
     {"inspect", "decode an object's v3 header", cmd_inspect},
@@ -49,7 +52,9 @@ static void help(FILE *out) {
           "Global options:\n"
           "  --store URL   the Store to use (default: $ENCACHE_STORE, then\n"
           "                " ENCACHE_DEFAULT_STORE ")\n"
-          "                URLs: shm://NAME?size=SIZE (see docs/stores.md)\n"
+          "                URLs: shm://NAME?size=SIZE, redis://HOST:PORT,\n"
+          "                redis-cluster://HOST:PORT,..., unix:///PATH\n"
+          "                (see docs/stores.md)\n"
           "  --help        show this help\n"
           "  --version     show the version\n"
           "\n"
@@ -133,7 +138,7 @@ int parse_int_option(const char *cmd, const char *opt, const char *text,
 }
 
 int main(int argc, char **argv) {
-  tool_globals g = {getenv("ENCACHE_STORE")};
+  tool_globals g = {getenv("ENCACHE_STORE"), {NULL}, 0};
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     const char *a = argv[i];
@@ -143,12 +148,15 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
       printf("encache %s (protocol:v3)\n", encache_version());
       return EXIT_OK;
-    } else if (strcmp(a, "--store") == 0) {
-      if (i + 1 >= argc)
+    } else if (strcmp(a, "--store") == 0 || strncmp(a, "--store=", 8) == 0) {
+      const char *url = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
+      if (url == NULL)
         return usage_error(NULL, "--store needs a URL");
-      g.store_url = argv[++i];
-    } else if (strncmp(a, "--store=", 8) == 0) {
-      g.store_url = a + 8;
+      if (g.nstores == 8)
+        return usage_error(NULL, "--store: at most 8");
+      if (g.nstores == 0)
+        g.store_url = url;
+      g.stores[g.nstores++] = url;
     } else {
       usage_error(NULL, "unknown global option '%s'", a);
       fprintf(stderr, "Run 'encache --help' for usage.\n");

@@ -16,6 +16,8 @@
 
 typedef struct tool_globals {
   const char *store_url; /* --store or ENCACHE_STORE; NULL = the default */
+  const char *stores[8]; /* every global --store given (bench takes several) */
+  int nstores;
 } tool_globals;
 
 typedef struct tool_command {
@@ -78,5 +80,7 @@ struct encache *open_engine(const char *cmd, const tool_globals *g,
 
 int cmd_lookup(const tool_globals *g, int argc, char **argv);
 int cmd_publish(const tool_globals *g, int argc, char **argv);
+int cmd_demo(const tool_globals *g, int argc, char **argv);
+int cmd_bench(const tool_globals *g, int argc, char **argv);
 
 #endif
