@@ -244,7 +244,7 @@ static int plot(const char *path, const uint64_t *sizes, int ns,
                  "points=\"", color, s < 0 ? " stroke-dasharray=\"6 4\"" : "");
     for (int j = 0; j < ns; j++)
       fprintf(out, "%.1f,%.1f ", X(j), Y(s < 0 ? mem[j] : f[s][j].lookup_gbs));
-    fprintf(out, "\"/>\n<text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>\n",
+    fprintf(out, "\"/>\n<text x=\"%d\" y=\"%d\" fill=\"%s\">%.28s</text>\n",
             W - R + 12, T + 20 * (s + 2), color, s < 0 ? "memcpy" : urls[s]);
   }
   fprintf(out, "</svg>\n");
