@@ -173,6 +173,14 @@ check "lookup needs rows" 2 "--rows and --cols are required" -- lookup --model m
 check "lookup bad rows" 2 "--rows: must be a positive integer" -- lookup --model m --dtype float32 --rows 0 --cols 2 img1
 check "lookup --help" 0 "INCOMPATIBLE (and what did not match)" -- lookup --help
 check "publish --help" 0 "raw row-major payload" -- publish --help
+# --- the demo on real PNG files (one of them broken: skipped, named)
+check "demo --images DIR" 0 "verification passed" -- demo --encoders 2 --requests 10 --images "$src/tests/data/images" --tokens 16 --hidden 32 --verify all --no-baseline
+check "demo names a broken image" 0 "skipping $src/tests/data/images/not-an-image.png" -- demo --encoders 1 --requests 2 --images "$src/tests/data/images" --tokens 4 --hidden 8 --no-baseline
+check "demo --json" 0 '"passed": true' -- demo --encoders 2 --requests 10 --images 4 --tokens 4 --hidden 8 --json
+check "demo bad option" 2 "--encoders: must be an integer from 1 to 64" -- demo --encoders 0
+check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help
+check "bench bad size" 2 "--sizes: \"huge\" is not a size" -- bench --sizes huge
+check "bench plot must be svg" 2 "only SVG" -- bench --plot x.png
 check "shm destroy" 0 "destroyed $seg" -- shm destroy "$seg"
 check "shm destroy missing" 1 "no such segment" -- shm destroy "$seg"
 check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"

@@ -323,9 +323,10 @@ int cmd_bench(const tool_globals *g, int argc, char **argv) {
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     if (ns == MAX_SIZES || encache_parse_size(tok, &sizes[ns]) < 0 ||
         sizes[ns] < 16 || sizes[ns] > (1ull << 30)) {
+      usage_error("bench", "--sizes: \"%s\" is not a size from 16 B to 1 GiB "
+                           "(at most %d sizes)", tok, MAX_SIZES);
       free(list);
-      return usage_error("bench", "--sizes: \"%s\" is not a size from 16 B "
-                                  "to 1 GiB (at most %d sizes)", tok, MAX_SIZES);
+      return EXIT_USAGE;
     }
     ns++;
   }

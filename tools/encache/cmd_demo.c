@@ -903,15 +903,23 @@ int cmd_demo(const tool_globals *g, int argc, char **argv) {
   }
   int verified_ok = cached.total.verify_failed == 0 && !cached.total.poisoned;
   summary(&o, url, &set, &cached, baseline_ok ? &base : NULL, verified_ok);
+  fflush(stdout);
+  int exit_code = EXIT_OK;
   if (cached.failed || !verified_ok) {
     fprintf(stderr, "encache demo: %s\n",
             !verified_ok ? "VERIFICATION FAILED: a hit differed from a fresh "
                            "encode (see above)"
                          : "an encoder failed (see above)");
-    return EXIT_FAIL;
+    exit_code = EXIT_FAIL;
+  }
+  free(cached.hit_lat);
+  free(cached.miss_lat);
+  if (baseline_ok) {
+    free(base.hit_lat);
+    free(base.miss_lat);
   }
   for (int i = 0; i < set.n; i++)
     free(set.img[i].rgb);
   free(set.img);
-  return EXIT_OK;
+  return exit_code;
 }
