@@ -85,7 +85,8 @@ ENCACHE_EXTERN unsigned encache_version_number(void);
   XX(ECLOSED, -30610, "handle is closed")                                    \
   XX(EBUDGET, -30611, "publication budget exhausted")                        \
   XX(EFORMAT, -30612, "incompatible or corrupted store format")              \
-  XX(EURL, -30613, "invalid store URL")
+  XX(EURL, -30613, "invalid store URL")                                      \
+  XX(ENOLIB, -30614, "a library the Store needs cannot be loaded")
 
 typedef enum encache_errno {
 #define ENCACHE_ERR_ENUM_(name, value, msg) ENCACHE_##name = (value),
@@ -369,6 +370,13 @@ ENCACHE_EXTERN int encache_parse_size(const char *text, uint64_t *out);
  *        opens NAME shares one segment (created by the first, sized SIZE,
  *        default 1GiB; later openers use the existing segment whatever its
  *        size).  It outlives processes until encache_shm_destroy().
+ *   redis://[user:password@]host:port[/db], unix:///path,
+ *   redis-cluster://host:port[,host:port...]   (options: docs/stores.md)
+ *        Redis or Valkey, single node or Redis Cluster.
+ *   mooncake:  or  mooncake:PATH
+ *        Mooncake Store, through libmooncake_store.so loaded at run time
+ *        ($ENCACHE_MOONCAKE_LIBRARY); the client JSON is PATH, else the
+ *        file named by $MOONCAKE_CONFIG_PATH.
  *
  * See docs/stores.md.  ENCACHE_DEFAULT_STORE is used when no URL is given.
  *
@@ -395,7 +403,9 @@ typedef struct encache_store encache_store;
 /* Opens the Store at url (NULL = $ENCACHE_STORE, else
  * ENCACHE_DEFAULT_STORE).  On failure *out may still hold a handle whose
  * errmsg says why; close it.  Errors: ENCACHE_EURL, ENCACHE_EFORMAT (an
- * incompatible or corrupted shared segment), -errno, ENCACHE_ENOMEM. */
+ * incompatible or corrupted shared segment), ENCACHE_ENOLIB (Mooncake's
+ * library is missing), ENCACHE_ECONFIG, ENCACHE_EUNAVAIL (Mooncake setup
+ * failed), -errno, ENCACHE_ENOMEM. */
 ENCACHE_EXTERN int encache_store_open(const char *url, encache_store **out);
 /* Closes the handle; NULL is a no-op.  Objects stay in the Store. */
 ENCACHE_EXTERN void encache_store_close(encache_store *st);

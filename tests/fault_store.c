@@ -5,6 +5,7 @@
 
 typedef struct fault_store {
   encache_store base;
+  encache__store_ops ops;
   encache_store *inner;
   fault_ctl *ctl;
 } fault_store;
@@ -152,21 +153,24 @@ static void f_close(encache_store *st) {
   free(st);
 }
 
-/* Without registration the wrapper offers split reads, as shm does; with
- * it, it does not, as a Store that reads into registered memory would. */
-static const encache__store_ops plain_ops = {
-    .kind = "fault", .exists = f_exists, .read = f_read,
-    .read_split = f_read_split, .object_size = f_size, .write = f_write,
-    .remove = f_remove, .stats = f_stats, .close = f_close};
-static const encache__store_ops reg_ops = {
+/* With registration on, the wrapper offers no split reads, as a Store that
+ * reads into registered memory would not; without it, it offers them when
+ * the Store it wraps does. */
+static const encache__store_ops base_ops = {
     .kind = "fault", .exists = f_exists, .read = f_read,
     .object_size = f_size, .write = f_write, .remove = f_remove,
-    .register_buffer = f_register, .unregister_buffer = f_unregister,
     .stats = f_stats, .close = f_close};
 
 encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl) {
   fault_store *s = calloc(1, sizeof(*s));
-  s->base.ops = ctl->registration ? &reg_ops : &plain_ops;
+  s->ops = base_ops;
+  if (ctl->registration) {
+    s->ops.register_buffer = f_register;
+    s->ops.unregister_buffer = f_unregister;
+  } else if (inner->ops->read_split != NULL) {
+    s->ops.read_split = f_read_split;
+  }
+  s->base.ops = &s->ops;
   s->base.url = NULL;
   s->inner = inner;
   s->ctl = ctl;

@@ -75,4 +75,8 @@
   XX(redis_server_killed_then_restarted)                                     \
   XX(redis_stopped_server_lookups_bounded_by_timeout)                        \
   XX(redis_cluster_node_killed_others_still_hit)                             \
-  XX(redis_cluster_follows_moved_and_ask)
+  XX(redis_cluster_follows_moved_and_ask)                                    \
+  XX(mooncake_missing_library_or_symbol_is_clear)                            \
+  XX(mooncake_configuration_errors_name_the_field)                           \
+  XX(mooncake_result_code_table)                                             \
+  XX(mooncake_codes_through_the_engine)

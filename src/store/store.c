@@ -56,6 +56,8 @@ int encache_store_open(const char *url, encache_store **out) {
       strncmp(url, "redis-cluster://", 16) == 0 ||
       strncmp(url, "unix://", 7) == 0)
     return encache__redis_open(url, out);
+  if (strncmp(url, "mooncake:", 9) == 0)
+    return encache__mooncake_open(url, out);
   return ENCACHE_EURL;
 }
 

@@ -72,6 +72,12 @@ int encache__query_next(encache__query *q, char *key, size_t ksize, char *val,
 int encache__shm_open(const char *url, encache_store **out);
 /* redis://, redis-cluster:// and unix:// URLs. */
 int encache__redis_open(const char *url, encache_store **out);
+/* mooncake: and mooncake:PATH URLs. */
+int encache__mooncake_open(const char *url, encache_store **out);
+/* Mooncake's result codes: encache's classification (0 for counts), and
+ * the ErrorCode name ("unknown" when not in the table). */
+int encache__mooncake_classify(int64_t code);
+const char *encache__mooncake_code_name(int64_t code);
 /* Opens a shared-memory Store from an already open file descriptor (the
  * fuzzer and tests use this with a plain file).  The fd is duplicated. */
 int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,

@@ -1,0 +1,404 @@
+/*
+ * mooncake.c: Mooncake Store, loaded at run time through its C ABI.
+ *
+ * URL `mooncake:` reads the client JSON named by MOONCAKE_CONFIG_PATH;
+ * `mooncake:PATH` reads PATH (docs/configuration.md).  The library is
+ * $ENCACHE_MOONCAKE_LIBRARY, else libmooncake_store.so from the default
+ * search path: Mooncake built with -DWITH_STORE_C_SHARED=ON, which exports
+ * only the C ABI of mooncake-store/include/store_c.h.  encache builds and
+ * runs without it; the prototypes it needs are declared here, in our own
+ * words, from that ABI.
+ *
+ * Reads go into buffers the engine registers (its staging buffer).  Writes
+ * check existence first, as the reference does (a put on an existing key
+ * is not an error in Mooncake, and must not replace it), then put header +
+ * payload from one registered buffer of this backend's (the C ABI has no
+ * multi-buffer put), grown when needed and registered once per size.
+ *
+ * Every Mooncake result code is classified by one table (codes below):
+ * object not found; already exists; a fixed set of codes that say the
+ * operation did not happen (recoverable); anything else, including any
+ * unknown negative code, is "completion unconfirmed" (fatal).  The
+ * engine judges byte counts against its slots.
+ *
+ * Mooncake's first client creation in a process blocks SIGINT, SIGTERM,
+ * SIGHUP and SIGUSR1 and handles them on a thread of its own
+ * (../shared/notes): a program's own handlers for those never run.
+ */
+#include "store.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The C ABI (store_c.h), as function pointer types. */
+typedef void *mc_handle;
+typedef mc_handle (*mc_create_fn)(void);
+typedef void (*mc_destroy_fn)(mc_handle);
+typedef int (*mc_setup_fn)(mc_handle, const char *local_hostname,
+                           const char *metadata_server,
+                           uint64_t global_segment_size,
+                           uint64_t local_buffer_size, const char *protocol,
+                           const char *device_name,
+                           const char *master_server_addr);
+typedef int (*mc_health_fn)(mc_handle);
+typedef int (*mc_put_from_fn)(mc_handle, const char *key, void *buffer,
+                              size_t size, const void *replicate_config);
+typedef int (*mc_batch_get_into_fn)(mc_handle, const char **keys,
+                                    void **buffers, const size_t *sizes,
+                                    size_t count, int64_t *results);
+typedef int (*mc_batch_is_exist_fn)(mc_handle, const char **keys,
+                                    size_t count, int *results);
+typedef int64_t (*mc_get_size_fn)(mc_handle, const char *key);
+typedef int (*mc_remove_fn)(mc_handle, const char *key, int force);
+typedef int (*mc_register_fn)(mc_handle, void *buffer, size_t size);
+typedef int (*mc_unregister_fn)(mc_handle, void *buffer);
+
+/* ------------------------------------------------------- result codes */
+
+enum mc_class { MC_NOT_FOUND, MC_EXISTS, MC_RECOVERABLE };
+
+/* The codes of Mooncake's ErrorCode enum that encache understands; every
+ * other negative code leaves an operation's completion unconfirmed. */
+static const struct {
+  int code;
+  const char *name;
+  enum mc_class cls;
+} mc_codes[] = {
+    {-704, "OBJECT_NOT_FOUND", MC_NOT_FOUND},
+    {-705, "OBJECT_ALREADY_EXISTS", MC_EXISTS},
+    {-200, "NO_AVAILABLE_HANDLE", MC_RECOVERABLE},     /* out of space */
+    {-400, "INVALID_KEY", MC_RECOVERABLE},
+    {-600, "INVALID_PARAMS", MC_RECOVERABLE},          /* also: buffer too small */
+    {-703, "REPLICA_IS_NOT_READY", MC_RECOVERABLE},
+    {-706, "OBJECT_HAS_LEASE", MC_RECOVERABLE},
+    {-707, "LEASE_EXPIRED", MC_RECOVERABLE},
+    {-900, "RPC_FAIL", MC_RECOVERABLE},
+    {-1700, "TENANT_QUOTA_EXCEEDED", MC_RECOVERABLE},
+};
+
+const char *encache__mooncake_code_name(int64_t code) {
+  for (size_t i = 0; i < sizeof(mc_codes) / sizeof(mc_codes[0]); i++)
+    if (mc_codes[i].code == code)
+      return mc_codes[i].name;
+  return code == 0 ? "OK" : "unknown";
+}
+
+int encache__mooncake_classify(int64_t code) {
+  if (code >= 0)
+    return 0;
+  for (size_t i = 0; i < sizeof(mc_codes) / sizeof(mc_codes[0]); i++)
+    if (mc_codes[i].code == code)
+      return mc_codes[i].cls == MC_NOT_FOUND ? ENCACHE_ENOENT
+             : mc_codes[i].cls == MC_EXISTS  ? ENCACHE_EEXIST
+                                             : ENCACHE_EUNAVAIL;
+  return ENCACHE_EUNCONFIRMED;
+}
+
+/* ---------------------------------------------------------------- handle */
+
+typedef struct mooncake_store {
+  encache_store base;
+  void *lib;
+  mc_handle h;
+  mc_destroy_fn destroy;
+  mc_health_fn health;
+  mc_put_from_fn put_from;
+  mc_batch_get_into_fn batch_get_into;
+  mc_batch_is_exist_fn batch_is_exist;
+  mc_get_size_fn get_size;
+  mc_remove_fn remove;
+  mc_register_fn register_buffer;
+  mc_unregister_fn unregister_buffer;
+  pthread_mutex_t wmu; /* the write buffer */
+  unsigned char *wbuf;
+  size_t wcap;
+  int poisoned; /* a write buffer the Store may still touch: kept */
+} mooncake_store;
+
+static mooncake_store *ms(encache_store *st) { return (mooncake_store *)st; }
+
+static int mc_exists(encache_store *st, const char *const *keys, size_t n,
+                     int *results) {
+  mooncake_store *s = ms(st);
+  int rc = s->batch_is_exist(s->h, (const char **)keys, n, results);
+  if (rc != 0)
+    return encache__store_fail(st, ENCACHE_EUNCONFIRMED,
+                               "%s: batch_is_exist answered %d", s->base.url,
+                               rc);
+  for (size_t i = 0; i < n; i++)
+    if (results[i] < 0)
+      results[i] = encache__mooncake_classify(results[i]);
+    else if (results[i] > 1)
+      results[i] = ENCACHE_EUNCONFIRMED;
+  return 0;
+}
+
+static int mc_read(encache_store *st, const char *const *keys, size_t n,
+                   void *const *bufs, const size_t *caps, int64_t *results) {
+  mooncake_store *s = ms(st);
+  int rc = s->batch_get_into(s->h, (const char **)keys, (void **)bufs, caps, n,
+                             results);
+  if (rc != 0)
+    return encache__store_fail(st, ENCACHE_EUNCONFIRMED,
+                               "%s: batch_get_into answered %d", s->base.url,
+                               rc);
+  for (size_t i = 0; i < n; i++)
+    if (results[i] < 0) {
+      int64_t code = results[i];
+      results[i] = encache__mooncake_classify(code);
+      if (results[i] == ENCACHE_EUNCONFIRMED || results[i] == ENCACHE_EUNAVAIL)
+        encache__store_fail(st, 0, "%s: %s: code %" PRId64 " (%s)",
+                            s->base.url, keys[i], code,
+                            encache__mooncake_code_name(code));
+    }
+  /* A count above the slot is left for the engine to judge. */
+  return 0;
+}
+
+static int mc_object_size(encache_store *st, const char *key, uint64_t *len) {
+  mooncake_store *s = ms(st);
+  int64_t r = s->get_size(s->h, key);
+  if (r < 0) {
+    int c = encache__mooncake_classify(r);
+    return encache__store_fail(st, c == ENCACHE_EUNCONFIRMED ? ENCACHE_EUNAVAIL : c,
+                               "%s: get_size %s: code %" PRId64 " (%s)",
+                               s->base.url, key, r,
+                               encache__mooncake_code_name(r));
+  }
+  *len = (uint64_t)r;
+  return 0;
+}
+
+/* Makes the write buffer hold n bytes, registered.  Under wmu. */
+static int wbuf_reserve(mooncake_store *s, size_t n) {
+  if (n <= s->wcap)
+    return 0;
+  if (s->wbuf != NULL) {
+    int rc = s->unregister_buffer(s->h, s->wbuf);
+    if (rc != 0) {
+      s->poisoned = 1; /* the Store may still use it: keep it forever */
+      return encache__store_fail(&s->base, ENCACHE_EUNCONFIRMED,
+                                 "%s: unregister_buffer answered %d",
+                                 s->base.url, rc);
+    }
+    free(s->wbuf);
+    s->wbuf = NULL;
+    s->wcap = 0;
+  }
+  size_t cap = 1u << 20;
+  while (cap < n)
+    cap *= 2;
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, cap) != 0)
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "out of memory");
+  int rc = s->register_buffer(s->h, p, cap);
+  if (rc != 0) {
+    free(p);
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "%s: register_buffer of %zu bytes answered %d",
+                               s->base.url, cap, rc);
+  }
+  s->wbuf = p;
+  s->wcap = cap;
+  return 0;
+}
+
+static int mc_write(encache_store *st, const char *key, const void *hdr,
+                    size_t hl, const void *payload, size_t len) {
+  mooncake_store *s = ms(st);
+  const char *keys[1] = {key};
+  int present = 0;
+  int rc = mc_exists(st, keys, 1, &present);
+  if (rc < 0)
+    return rc;
+  if (present == 1)
+    return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
+                               s->base.url);
+  if (present < 0 && present != ENCACHE_ENOENT)
+    return present; /* the check failed: the write is not issued */
+  pthread_mutex_lock(&s->wmu);
+  if (s->poisoned) {
+    pthread_mutex_unlock(&s->wmu);
+    return ENCACHE_EUNCONFIRMED;
+  }
+  rc = wbuf_reserve(s, hl + len);
+  if (rc == 0) {
+    memcpy(s->wbuf, hdr, hl);
+    memcpy(s->wbuf + hl, payload, len);
+    int r = s->put_from(s->h, key, s->wbuf, hl + len, NULL);
+    if (r < 0) {
+      rc = encache__mooncake_classify(r);
+      if (rc == ENCACHE_EUNCONFIRMED)
+        s->poisoned = 1; /* the transfer may still read the buffer */
+      encache__store_fail(st, rc, "%s: put_from %s: code %d (%s)", s->base.url,
+                          key, r, encache__mooncake_code_name(r));
+    }
+  }
+  pthread_mutex_unlock(&s->wmu);
+  return rc;
+}
+
+static int mc_remove(encache_store *st, const char *key) {
+  mooncake_store *s = ms(st);
+  int r = s->remove(s->h, key, 0);
+  if (r >= 0)
+    return 0;
+  int c = encache__mooncake_classify(r);
+  return encache__store_fail(st, c == ENCACHE_EUNCONFIRMED ? ENCACHE_EUNAVAIL : c,
+                             "%s: remove %s: code %d (%s)", s->base.url, key,
+                             r, encache__mooncake_code_name(r));
+}
+
+static int mc_register(encache_store *st, void *buf, size_t len) {
+  mooncake_store *s = ms(st);
+  int r = s->register_buffer(s->h, buf, len);
+  return r == 0 ? 0
+                : encache__store_fail(st, ENCACHE_EUNAVAIL,
+                                      "%s: register_buffer answered %d",
+                                      s->base.url, r);
+}
+
+static int mc_unregister(encache_store *st, void *buf) {
+  mooncake_store *s = ms(st);
+  int r = s->unregister_buffer(s->h, buf);
+  return r == 0 ? 0
+                : encache__store_fail(st, ENCACHE_EUNCONFIRMED,
+                                      "%s: unregister_buffer answered %d",
+                                      s->base.url, r);
+}
+
+static int mc_stats(encache_store *st, encache_store_stats *out) {
+  mooncake_store *s = ms(st);
+  int r = s->health(s->h);
+  (void)out; /* Mooncake's C ABI reports no counters: all unknown */
+  return r == 0 ? 0
+                : encache__store_fail(st, ENCACHE_EUNAVAIL,
+                                      "%s: health_check answered %d",
+                                      s->base.url, r);
+}
+
+static void mc_close(encache_store *st) {
+  mooncake_store *s = ms(st);
+  if (s->h != NULL && !s->poisoned) {
+    if (s->wbuf != NULL && s->unregister_buffer(s->h, s->wbuf) == 0)
+      free(s->wbuf);
+    s->destroy(s->h);
+  }
+  /* The library stays loaded: Mooncake's threads may outlive destroy. */
+  pthread_mutex_destroy(&s->wmu);
+  encache__free(s->base.url);
+  encache__free(s);
+}
+
+static const encache__store_ops mooncake_ops = {
+    .kind = "mooncake",
+    .exists = mc_exists,
+    .read = mc_read,
+    .object_size = mc_object_size,
+    .write = mc_write,
+    .remove = mc_remove,
+    .register_buffer = mc_register,
+    .unregister_buffer = mc_unregister,
+    .stats = mc_stats,
+    .close = mc_close};
+
+int encache__mooncake_open(const char *url, encache_store **out) {
+  *out = NULL;
+  mooncake_store *s = encache__calloc(1, sizeof(*s));
+  if (s == NULL || (s->base.url = encache__strdup(url)) == NULL) {
+    encache__free(s);
+    return ENCACHE_ENOMEM;
+  }
+  s->base.ops = &mooncake_ops;
+  pthread_mutex_init(&s->wmu, NULL);
+  *out = &s->base;
+
+  /* The configuration first: a bad one is reported whatever the library. */
+  const char *path = url[9] != '\0' ? url + 9 : NULL; /* "mooncake:" */
+  encache_config *cfg = NULL;
+  int rc = encache_config_new(&cfg);
+  if (rc == 0)
+    rc = encache_config_load_mooncake_file(cfg, path);
+  if (rc < 0) {
+    encache__store_fail(&s->base, rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG,
+                        "%s: %s", url, encache_config_errmsg(cfg));
+    encache_config_free(cfg);
+    return rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG;
+  }
+
+  const char *lib = getenv("ENCACHE_MOONCAKE_LIBRARY");
+  if (lib == NULL || lib[0] == '\0')
+    lib = "libmooncake_store.so";
+  s->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (s->lib == NULL) {
+    encache__store_fail(&s->base, ENCACHE_ENOLIB,
+                        "%s: cannot load %s (%s). Build Mooncake with "
+                        "-DWITH_STORE_C_SHARED=ON and point "
+                        "ENCACHE_MOONCAKE_LIBRARY at its libmooncake_store.so "
+                        "(or put its directory on LD_LIBRARY_PATH)",
+                        url, lib, dlerror());
+    encache_config_free(cfg);
+    return ENCACHE_ENOLIB;
+  }
+  static const char *const names[] = {
+      "mooncake_store_create",         "mooncake_store_destroy",
+      "mooncake_store_setup",          "mooncake_store_health_check",
+      "mooncake_store_put_from",       "mooncake_store_batch_get_into",
+      "mooncake_store_batch_is_exist", "mooncake_store_get_size",
+      "mooncake_store_remove",         "mooncake_store_register_buffer",
+      "mooncake_store_unregister_buffer"};
+  void *sym[sizeof(names) / sizeof(names[0])];
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    sym[i] = dlsym(s->lib, names[i]);
+    if (sym[i] == NULL) {
+      encache__store_fail(&s->base, ENCACHE_ENOLIB,
+                          "%s: %s has no symbol %s: it is not Mooncake's "
+                          "store C ABI (build with -DWITH_STORE_C_SHARED=ON)",
+                          url, lib, names[i]);
+      encache_config_free(cfg);
+      return ENCACHE_ENOLIB;
+    }
+  }
+  mc_create_fn create;
+  mc_setup_fn setup;
+  memcpy(&create, &sym[0], sizeof(create));
+  memcpy(&s->destroy, &sym[1], sizeof(s->destroy));
+  memcpy(&setup, &sym[2], sizeof(setup));
+  memcpy(&s->health, &sym[3], sizeof(s->health));
+  memcpy(&s->put_from, &sym[4], sizeof(s->put_from));
+  memcpy(&s->batch_get_into, &sym[5], sizeof(s->batch_get_into));
+  memcpy(&s->batch_is_exist, &sym[6], sizeof(s->batch_is_exist));
+  memcpy(&s->get_size, &sym[7], sizeof(s->get_size));
+  memcpy(&s->remove, &sym[8], sizeof(s->remove));
+  memcpy(&s->register_buffer, &sym[9], sizeof(s->register_buffer));
+  memcpy(&s->unregister_buffer, &sym[10], sizeof(s->unregister_buffer));
+
+  const char *host, *meta, *proto, *dev, *master;
+  uint64_t seg, lbuf;
+  encache_config_get_string(cfg, "local_hostname", &host);
+  encache_config_get_string(cfg, "metadata_server", &meta);
+  encache_config_get_string(cfg, "protocol", &proto);
+  encache_config_get_string(cfg, "device_name", &dev);
+  encache_config_get_string(cfg, "master_server_address", &master);
+  encache_config_get_u64(cfg, "global_segment_size", &seg);
+  encache_config_get_u64(cfg, "local_buffer_size", &lbuf);
+  s->h = create();
+  int r = s->h == NULL ? -1
+                       : setup(s->h, host, meta, seg, lbuf, proto, dev, master);
+  if (r != 0) {
+    encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                        "%s: Mooncake setup (master %s, metadata %s, protocol "
+                        "%s) answered %d", url, master, meta, proto, r);
+    encache_config_free(cfg);
+    if (s->h != NULL)
+      s->destroy(s->h);
+    s->h = NULL;
+    return ENCACHE_EUNAVAIL;
+  }
+  encache_config_free(cfg);
+  return 0;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# on_mooncake.sh ENCACHE_TESTS ENCACHE_TOOL: with a real Mooncake Store
+# (ENCACHE_TEST_MOONCAKE=1, ENCACHE_MOONCAKE_LIBRARY naming its
+# libmooncake_store.so, MOONCAKE_CONFIG_PATH its client JSON, and a running
+# mooncake_master and RAM-owning mooncake_client), runs the Store
+# conformance suite, the engine's acceptance cases and a small demo on it.
+# Exits 77 (skipped), saying so, otherwise.  docs/stores.md says how to run
+# a Mooncake Store for it.
+set -u
+tests=$1
+tool=$2
+if [ "${ENCACHE_TEST_MOONCAKE:-0}" != 1 ]; then
+  echo "skipped: set ENCACHE_TEST_MOONCAKE=1 (with ENCACHE_MOONCAKE_LIBRARY and MOONCAKE_CONFIG_PATH) to test on a real Mooncake Store"
+  exit 77
+fi
+: "${MOONCAKE_CONFIG_PATH:?MOONCAKE_CONFIG_PATH must name the client JSON}"
+rc=0
+ENCACHE_TEST_STORE=mooncake: "$tests" store_ engine_ || rc=1
+out=$("$tool" --store mooncake: demo --encoders 2 --requests 30 --images 12 \
+  --tokens 16 --hidden 128 --verify all --no-baseline 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed"; then
+  echo "ok - demo on mooncake:"
+else
+  echo "not ok - demo on mooncake:"; printf '%s\n' "$out"; rc=1
+fi
+exit $rc
