@@ -17,6 +17,11 @@ static void destroy_segment(void) {
 }
 
 encache_store *ts_open(const char *size) {
+  ts_prepare(size);
+  return ts_reopen();
+}
+
+void ts_prepare(const char *size) {
   const char *env = getenv("ENCACHE_TEST_STORE");
   if (env != NULL && env[0] != '\0') {
     snprintf(url, sizeof(url), "%s", env);
@@ -27,7 +32,6 @@ encache_store *ts_open(const char *size) {
     owner = getpid();
     atexit(destroy_segment);
   }
-  return ts_reopen();
 }
 
 encache_store *ts_reopen(void) {

@@ -15,6 +15,9 @@
  * private to this test process (of `size` bytes), destroyed at exit.
  * Fails the test on error. */
 encache_store *ts_open(const char *size);
+/* Names the Store under test without opening it (for tests that fork:
+ * a client such as Mooncake's must not be created before fork()). */
+void ts_prepare(const char *size);
 /* Reopens the same Store (a second handle). */
 encache_store *ts_reopen(void);
 /* A key unique to this test process: "t<pid>/<name>". */

@@ -34,7 +34,10 @@ TEST(store_roundtrip_sizes) {
     /* Split header and payload at 24 bytes where possible, as the engine
      * writes them; a whole-payload write otherwise. */
     size_t hl = n >= 24 && i % 2 ? 24 : 0;
-    put_ok(st, key, buf, hl, buf + hl, n - hl);
+    if (n == 0 && encache_store_write(st, key, NULL, 0, NULL, 0) == ENCACHE_EINVAL)
+      continue; /* a Store that cannot hold empty objects says so (Mooncake) */
+    if (n > 0)
+      put_ok(st, key, buf, hl, buf + hl, n - hl);
     uint64_t len = 0;
     ASSERT_EQ_INT(encache_store_object_size(st, key, &len), 0);
     ASSERT_EQ_U64(len, n);
@@ -203,10 +206,9 @@ TEST(store_remove) {
 }
 
 TEST(store_reopen_and_survive_processes) {
-  encache_store *st = ts_open("64MiB");
+  ts_prepare("64MiB");
   char key[64];
   ts_key(key, sizeof(key), "durable");
-  encache_store_close(st);
   /* A child process writes and exits; the object outlives it. */
   pid_t pid = fork();
   ASSERT(pid >= 0);
@@ -219,6 +221,8 @@ TEST(store_reopen_and_survive_processes) {
   int status;
   waitpid(pid, &status, 0);
   ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  encache_store *st = ts_reopen();
+  encache_store_close(st); /* and survives this handle too */
   st = ts_reopen();
   unsigned char out[3000];
   const char *keys[1] = {key};
@@ -268,8 +272,7 @@ TEST(store_list_and_stats) {
 /* Several processes write, read and remove one key space at once; every
  * byte read must be exactly some version of that key's object. */
 TEST(store_concurrent_processes_verify_content) {
-  encache_store *st = ts_open("32MiB");
-  encache_store_close(st);
+  ts_prepare("32MiB"); /* each process opens its own handle */
   enum { PROCS = 4, KEYS = 48 };
   char prefix[64];
   ts_key(prefix, sizeof(prefix), "conc-");

@@ -150,6 +150,15 @@ static int mc_read(encache_store *st, const char *const *keys, size_t n,
     if (results[i] < 0) {
       int64_t code = results[i];
       results[i] = encache__mooncake_classify(code);
+      /* INVALID_PARAMS is also Mooncake's "the buffer is too small": ask
+       * the object's size to tell the two apart. */
+      if (code == -600) {
+        int64_t size = s->get_size(s->h, keys[i]);
+        if (size >= 0 && (uint64_t)size > caps[i]) {
+          results[i] = ENCACHE_ETOOLARGE;
+          continue;
+        }
+      }
       if (results[i] == ENCACHE_EUNCONFIRMED || results[i] == ENCACHE_EUNAVAIL)
         encache__store_fail(st, 0, "%s: %s: code %" PRId64 " (%s)",
                             s->base.url, keys[i], code,
@@ -210,6 +219,10 @@ static int wbuf_reserve(mooncake_store *s, size_t n) {
 static int mc_write(encache_store *st, const char *key, const void *hdr,
                     size_t hl, const void *payload, size_t len) {
   mooncake_store *s = ms(st);
+  if (hl + len == 0) /* Mooncake accepts the put and stores nothing */
+    return encache__store_fail(st, ENCACHE_EINVAL,
+                               "%s: Mooncake cannot store an empty object",
+                               s->base.url);
   const char *keys[1] = {key};
   int present = 0;
   int rc = mc_exists(st, keys, 1, &present);
