@@ -12,7 +12,7 @@
  *     writes of the same objects.
  * Without --store a private shm segment is created and destroyed.
  */
-#include "encache.h"
+#include "bench_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,38 +21,6 @@
 #include <unistd.h>
 
 #define NOBJ 4
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, int p) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  int i = (n * p) / 100;
-  return v[i < n ? i : n - 1];
-}
-
-/* Destinations from a fixed pool, as a serving stack's tensor allocator
- * would reuse memory: the benchmark times the engine, not malloc. */
-typedef struct pool {
-  void *buf[NOBJ];
-} pool;
-
-static int pool_alloc(void *ctx, size_t i, const encache_candidate *c,
-                      uint64_t nbytes, void **data, void **handle) {
-  (void)c;
-  (void)nbytes;
-  *data = ((pool *)ctx)->buf[i];
-  *handle = NULL;
-  return 0;
-}
 
 static void no_release(void *ctx) { (void)ctx; }
 
@@ -107,7 +75,8 @@ int main(int argc, char **argv) {
     size_t nbytes = sizes[s], cols = 1024, rows = nbytes / 4 / cols;
     if (rows == 0)
       rows = 1, cols = nbytes / 4;
-    pool p;
+    void *pbuf[NOBJ];
+    bench_pool p = {pbuf};
     char ids[NOBJ][32], keys[NOBJ][256];
     const char *kp[NOBJ];
     void *raw[NOBJ];
@@ -116,9 +85,9 @@ int main(int argc, char **argv) {
     encache_candidate c[NOBJ];
     encache_result r[NOBJ];
     for (int k = 0; k < NOBJ; k++) {
-      p.buf[k] = malloc(nbytes);
+      pbuf[k] = malloc(nbytes);
       raw[k] = malloc(nbytes + 24);
-      memset(p.buf[k], 1, nbytes);
+      memset(pbuf[k], 1, nbytes);
       memset(raw[k], 1, nbytes + 24);
       snprintf(ids[k], sizeof(ids[k]), "a-%zu-%d", nbytes, k);
       encache_key(encache_namespace_of(ec), ids[k], keys[k], sizeof(keys[k]));
@@ -129,29 +98,29 @@ int main(int argc, char **argv) {
       c[k] = cc;
       /* The object, written as the engine would. */
       int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-      encache_tensor v = {p.buf[k], ENCACHE_FLOAT32, 2, shape, NULL};
+      encache_tensor v = {pbuf[k], ENCACHE_FLOAT32, 2, shape, NULL};
       unsigned char hdr[24];
       encache_header_encode(&v, hdr);
-      encache_store_write(st, keys[k], hdr, 24, p.buf[k], nbytes);
+      encache_store_write(st, keys[k], hdr, 24, pbuf[k], nbytes);
     }
-    encache_allocator a = {&p, pool_alloc, NULL};
+    encache_allocator a = {&p, bench_pool_alloc, NULL};
     encache_store_read(st, kp, NOBJ, raw, caps, res);
     encache_lookup(ec, c, NOBJ, &a, r);
     for (int i = 0; i < iters; i++) {
-      double t0 = now();
+      double t0 = bench_now();
       int rc = encache_store_read(st, kp, NOBJ, raw, caps, res);
-      t[i] = now() - t0;
-      t0 = now();
+      t[i] = bench_now() - t0;
+      t0 = bench_now();
       int hits = encache_lookup(ec, c, NOBJ, &a, r);
-      u[i] = now() - t0;
+      u[i] = bench_now() - t0;
       if (rc != 0 || hits != NOBJ) {
         fprintf(stderr, "bench_engine: read %d, hits %d: %s\n", rc, hits,
                 encache_errmsg(ec));
         return 1;
       }
     }
-    double raw50 = pct(t, iters, 50), raw99 = pct(t, iters, 99);
-    double lk50 = pct(u, iters, 50), lk99 = pct(u, iters, 99);
+    double raw50 = bench_pct(t, iters, 50), raw99 = bench_pct(t, iters, 99);
+    double lk50 = bench_pct(u, iters, 50), lk99 = bench_pct(u, iters, 99);
     char label[16];
     snprintf(label, sizeof(label), nbytes < (1u << 20) ? "%zu KiB" : "%zu MiB",
              nbytes < (1u << 20) ? nbytes >> 10 : nbytes >> 20);
@@ -159,7 +128,7 @@ int main(int argc, char **argv) {
            raw50 * 1e3, raw99 * 1e3, lk50 * 1e3, lk99 * 1e3, raw50 / lk50);
     for (int k = 0; k < NOBJ; k++) {
       encache_store_remove(st, keys[k]);
-      free(p.buf[k]);
+      free(pbuf[k]);
       free(raw[k]);
     }
   }
@@ -177,8 +146,8 @@ int main(int argc, char **argv) {
       char ids[B][32];
       encache_candidate c[B];
       encache_result r[B];
-      pool dummy = {{0}};
-      encache_allocator a = {&dummy, pool_alloc, NULL};
+      bench_pool dummy = {NULL};
+      encache_allocator a = {&dummy, bench_pool_alloc, NULL};
       for (int k = 0; k < B; k++) {
         snprintf(ids[k], sizeof(ids[k]), "b-%d", serial++);
         encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
@@ -192,9 +161,9 @@ int main(int argc, char **argv) {
       for (int k = 0; k < B; k++) {
         /* Views of one storage: the budget charges it once. */
         encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
-        double t0 = now();
+        double t0 = bench_now();
         int q = encache_publish(ec, ids[k], &v, stg);
-        double dt = now() - t0;
+        double dt = bench_now() - t0;
         t[calls++] = dt;
         if (k == 0)
           wake[wakes++] = dt; /* the call that wakes the idle worker */
@@ -213,8 +182,8 @@ int main(int argc, char **argv) {
              nbytes < (1u << 20) ? nbytes >> 10 : nbytes >> 20);
     printf("%-10s %8.2fus %8.2fus %8.2fus  (%d calls; first of each burst, "
            "which wakes the idle worker: p50 %.2fus)\n", label,
-           pct(t, calls, 50) * 1e6, pct(t, calls, 90) * 1e6,
-           pct(t, calls, 99) * 1e6, calls, pct(wake, wakes, 50) * 1e6);
+           bench_pct(t, calls, 50) * 1e6, bench_pct(t, calls, 90) * 1e6,
+           bench_pct(t, calls, 99) * 1e6, calls, bench_pct(wake, wakes, 50) * 1e6);
     free(data);
   }
 
@@ -227,27 +196,27 @@ int main(int argc, char **argv) {
     int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
     encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
     encache_header_encode(&v, hdr);
-    double t0 = now();
+    double t0 = bench_now();
     for (int i = 0; i < total; i++) {
       char key[256], id[32];
       snprintf(id, sizeof(id), "c-raw-%d", i);
       encache_key(encache_namespace_of(ec), id, key, sizeof(key));
       encache_store_write(st, key, hdr, 24, data, nbytes);
     }
-    double raw = now() - t0;
+    double raw = bench_now() - t0;
     encache_stats s0, s1;
     encache_stats_get(ec, &s0);
     /* Steps of 16 new outputs; when the queue nears the item budget the
      * step waits for the worker, so that the figure is what the worker
      * sustains, not what the budget sheds. */
-    t0 = now();
+    t0 = bench_now();
     for (int i = 0; i < total; i += 16) {
       enum { B = 16 };
       char ids[B][32];
       encache_candidate c[B];
       encache_result r[B];
-      pool dummy = {{0}};
-      encache_allocator a = {&dummy, pool_alloc, NULL};
+      bench_pool dummy = {NULL};
+      encache_allocator a = {&dummy, bench_pool_alloc, NULL};
       for (int k = 0; k < B; k++) {
         snprintf(ids[k], sizeof(ids[k]), "c-eng-%d", i + k);
         encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
@@ -267,7 +236,7 @@ int main(int argc, char **argv) {
         encache_flush(ec);
     }
     encache_flush(ec);
-    double eng = now() - t0;
+    double eng = bench_now() - t0;
     encache_stats_get(ec, &s1);
     uint64_t written = s1.published_written - s0.published_written;
     uint64_t skipped = 0;

@@ -10,7 +10,7 @@
  * (b) writes of 1 MiB objects: raw hiredis SET vs the Store's write (SET NX
  *     with writev from the caller's buffers).
  */
-#include "encache.h"
+#include "bench_common.h"
 
 #include <hiredis/hiredis.h>
 
@@ -21,35 +21,6 @@
 #include <unistd.h>
 
 #define NOBJ 4
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, int p) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  int i = (n * p) / 100;
-  return v[i < n ? i : n - 1];
-}
-
-typedef struct pool {
-  void *buf[NOBJ];
-} pool;
-
-static int pool_alloc(void *ctx, size_t i, const encache_candidate *c,
-                      uint64_t nbytes, void **data, void **handle) {
-  (void)c, (void)nbytes;
-  *data = ((pool *)ctx)->buf[i];
-  *handle = NULL;
-  return 0;
-}
 
 int main(int argc, char **argv) {
   if (argc < 2 || strncmp(argv[1], "redis://", 8) != 0) {
@@ -96,27 +67,28 @@ int main(int argc, char **argv) {
   static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
   for (size_t s = 0; s < 3; s++) {
     size_t nbytes = sizes[s], cols = 1024, rows = nbytes / 4 / cols;
-    pool p;
+    void *pbuf[NOBJ];
+    bench_pool p = {pbuf};
     char ids[NOBJ][32], keys[NOBJ][256];
     encache_candidate c[NOBJ];
     encache_result r[NOBJ];
     for (int k = 0; k < NOBJ; k++) {
-      p.buf[k] = malloc(nbytes);
-      memset(p.buf[k], k + 1, nbytes);
+      pbuf[k] = malloc(nbytes);
+      memset(pbuf[k], k + 1, nbytes);
       snprintf(ids[k], sizeof(ids[k]), "r-%zu-%d", nbytes, k);
       encache_key(encache_namespace_of(ec), ids[k], keys[k], sizeof(keys[k]));
       encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
                               rows, cols, ENCACHE_DEVICE_HOST, 0};
       c[k] = cc;
       int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-      encache_tensor v = {p.buf[k], ENCACHE_FLOAT32, 2, shape, NULL};
+      encache_tensor v = {pbuf[k], ENCACHE_FLOAT32, 2, shape, NULL};
       unsigned char hdr[24];
       encache_header_encode(&v, hdr);
-      encache_store_write(st, keys[k], hdr, 24, p.buf[k], nbytes);
+      encache_store_write(st, keys[k], hdr, 24, pbuf[k], nbytes);
     }
-    encache_allocator a = {&p, pool_alloc, NULL};
+    encache_allocator a = {&p, bench_pool_alloc, NULL};
     for (int i = -1; i < iters; i++) { /* i = -1 warms up */
-      double t0 = now();
+      double t0 = bench_now();
       for (int k = 0; k < NOBJ; k++)
         redisAppendCommand(raw, "GET %s", keys[k]);
       for (int k = 0; k < NOBJ; k++) {
@@ -128,9 +100,9 @@ int main(int argc, char **argv) {
         }
         freeReplyObject(rep);
       }
-      double t1 = now();
+      double t1 = bench_now();
       int hits = encache_lookup(ec, c, NOBJ, &a, r);
-      double t2 = now();
+      double t2 = bench_now();
       if (hits != NOBJ) {
         fprintf(stderr, "bench_redis: %d hits: %s\n", hits, encache_errmsg(ec));
         return 1;
@@ -140,13 +112,13 @@ int main(int argc, char **argv) {
         u[i] = t2 - t1;
       }
     }
-    double r50 = pct(t, iters, 50), r99 = pct(t, iters, 99);
-    double l50 = pct(u, iters, 50), l99 = pct(u, iters, 99);
+    double r50 = bench_pct(t, iters, 50), r99 = bench_pct(t, iters, 99);
+    double l50 = bench_pct(u, iters, 50), l99 = bench_pct(u, iters, 99);
     printf("%-3zu MiB  %8.2fms %8.2fms %10.2fms %10.2fms %8.2f\n", nbytes >> 20,
            r50 * 1e3, r99 * 1e3, l50 * 1e3, l99 * 1e3, r50 / l50);
     for (int k = 0; k < NOBJ; k++) {
       encache_store_remove(st, keys[k]);
-      free(p.buf[k]);
+      free(pbuf[k]);
     }
   }
 
@@ -155,21 +127,21 @@ int main(int argc, char **argv) {
   int total = iters * 4;
   char *val = malloc(nbytes + 24);
   memset(val, 3, nbytes + 24);
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < total; i++) {
     redisReply *rep = redisCommand(raw, "SET bench-raw-%d-%d %b", (int)getpid(),
                                    i, val, nbytes + 24);
     if (rep)
       freeReplyObject(rep);
   }
-  double traw = now() - t0;
-  t0 = now();
+  double traw = bench_now() - t0;
+  t0 = bench_now();
   for (int i = 0; i < total; i++) {
     char key[64];
     snprintf(key, sizeof(key), "bench-enc-%d-%d", (int)getpid(), i);
     encache_store_write(st, key, val, 24, val + 24, nbytes);
   }
-  double tenc = now() - t0;
+  double tenc = bench_now() - t0;
   printf("raw SET: %.0f objects/s; encache write (SET NX, writev): %.0f "
          "objects/s; ratio %.2f\n", total / traw, total / tenc, traw / tenc);
   for (int i = 0; i < total; i++) {

@@ -11,7 +11,7 @@
  * destinations.  It prints p50 GB/s of each and the ratio store/memcpy
  * (target: >= 0.8 for the shm Store), then the put rate.
  */
-#include "encache.h"
+#include "bench_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,22 +20,6 @@
 #include <unistd.h>
 
 #define NOBJ 4
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  return v[n / 2];
-}
 
 int main(int argc, char **argv) {
   const char *url = NULL;
@@ -95,18 +79,18 @@ int main(int argc, char **argv) {
     for (int k = 0; k < NOBJ; k++)
       memcpy(dst[k], src[k], n);
     for (int i = 0; i < iters; i++) {
-      double t0 = now();
+      double t0 = bench_now();
       for (int k = 0; k < NOBJ; k++)
         memcpy(dst[k], src[k], n);
-      t[i] = now() - t0;
+      t[i] = bench_now() - t0;
     }
-    double mem = median(t, iters);
+    double mem = bench_pct(t, iters, 50);
     /* Batched store read. */
     encache_store_read(st, keys, NOBJ, dst, caps, res);
     for (int i = 0; i < iters; i++) {
-      double t0 = now();
+      double t0 = bench_now();
       int rc = encache_store_read(st, keys, NOBJ, dst, caps, res);
-      t[i] = now() - t0;
+      t[i] = bench_now() - t0;
       for (int k = 0; k < NOBJ; k++)
         if (rc != 0 || res[k] != (int64_t)n) {
           fprintf(stderr, "bench_store: read %s: %lld\n", keys[k],
@@ -114,8 +98,8 @@ int main(int argc, char **argv) {
           return 1;
         }
     }
-    double rd = median(t, iters);
-    double p99 = t[(iters * 99) / 100 < iters ? (iters * 99) / 100 : iters - 1];
+    double rd = bench_pct(t, iters, 50);
+    double p99 = bench_pct(t, iters, 99);
     double bytes = (double)n * NOBJ;
     char label[32];
     snprintf(label, sizeof(label), "%d x %zu MiB", NOBJ, n >> 20);
@@ -133,13 +117,13 @@ int main(int argc, char **argv) {
   void *buf = malloc(n);
   memset(buf, 7, n);
   int puts_n = iters * 8;
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < puts_n; i++) {
     char key[64];
     snprintf(key, sizeof(key), "bench/put/%d/%d", (int)getpid(), i);
     encache_store_write(st, key, NULL, 0, buf, n);
   }
-  double el = now() - t0;
+  double el = bench_now() - t0;
   printf("put 1 MiB: %.0f objects/s, %.2f GB/s (memcpy above: the limit)\n",
          puts_n / el, (double)n * puts_n / el / 1e9);
   for (int i = 0; i < puts_n; i++) {

@@ -8,6 +8,8 @@
 
 #include "encache.h"
 
+#include "bench_common.h"
+
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -19,34 +21,6 @@
 
 #define MAX_STORES 8
 #define MAX_SIZES 16
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
-  return v[n / 2];
-}
-
-typedef struct pool {
-  void **buf;
-} pool;
-
-static int pool_alloc(void *ctx, size_t i, const encache_candidate *c,
-                      uint64_t nbytes, void **data, void **handle) {
-  (void)c, (void)nbytes;
-  *data = ((pool *)ctx)->buf[i];
-  *handle = NULL;
-  return 0;
-}
 
 typedef struct figures {
   double raw_gbs, lookup_gbs, raw_p50_ms, lookup_p50_ms;
@@ -111,15 +85,15 @@ static int measure(const char *url, uint64_t size, int batch, int iters,
       rc = -1;
     }
   }
-  pool p = {dst};
-  encache_allocator a = {&p, pool_alloc, NULL};
+  bench_pool p = {dst};
+  encache_allocator a = {&p, bench_pool_alloc, NULL};
   for (int i = -1; i < iters && rc == 0; i++) {
-    double t0 = now_s();
+    double t0 = bench_now();
     int rr = encache_store_read(st, (const char *const *)keys, (size_t)batch,
                                 raw, caps, res);
-    double t1 = now_s();
+    double t1 = bench_now();
     int hits = encache_lookup(ec, c, (size_t)batch, &a, r);
-    double t2 = now_s();
+    double t2 = bench_now();
     if (rr != 0 || hits != batch) {
       fprintf(stderr, "encache bench: %s: %d of %d hits (%s)\n", url, hits,
               batch, encache_errmsg(ec));
@@ -132,8 +106,8 @@ static int measure(const char *url, uint64_t size, int batch, int iters,
   }
   if (rc == 0) {
     double bytes = (double)nbytes * batch;
-    f->raw_p50_ms = median(t, iters) * 1e3;
-    f->lookup_p50_ms = median(u, iters) * 1e3;
+    f->raw_p50_ms = bench_pct(t, iters, 50) * 1e3;
+    f->lookup_p50_ms = bench_pct(u, iters, 50) * 1e3;
     f->raw_gbs = bytes / (f->raw_p50_ms / 1e3) / 1e9;
     f->lookup_gbs = bytes / (f->lookup_p50_ms / 1e3) / 1e9;
     f->ok = 1;
@@ -162,13 +136,13 @@ static double memcpy_gbs(uint64_t size, int batch, int iters) {
     memset(dst[k], 0, size);
   }
   for (int i = -1; i < iters; i++) {
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int k = 0; k < batch; k++)
       memcpy(dst[k], src[k], size);
     if (i >= 0)
-      t[i] = now_s() - t0;
+      t[i] = bench_now() - t0;
   }
-  double gbs = (double)size * batch / median(t, iters) / 1e9;
+  double gbs = (double)size * batch / bench_pct(t, iters, 50) / 1e9;
   for (int k = 0; k < batch; k++) {
     free(src[k]);
     free(dst[k]);
