@@ -50,6 +50,7 @@
   XX(shm_stress_processes_and_threads)                                       \
   XX(shm_threads_in_one_process)                                             \
   XX(shm_sigkill_writers_at_random_moments)                                  \
+  XX(shm_writer_in_another_pid_namespace_is_alive)                                  \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \

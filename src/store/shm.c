@@ -12,6 +12,7 @@
  *                mutable state it protects (ring head, lists, counters)
  *   entries_off  nentries x shm_entry: one per object
  *   buckets_off  nbuckets x u32: hash chains of entries (index + 1)
+ *   slots_off    nslots x u64: the token of each writer slot's holder
  *   data_off     data_size bytes: a ring of records, one per object:
  *                the key, padding to 64 bytes, then the object bytes
  *
@@ -38,8 +39,9 @@
  *     the lock, copies the object outside it, and publishes the entry
  *     (READY) under the lock again.  Readers never see a WRITING entry,
  *     so they never see a partial object.  A WRITING entry at the tail
- *     is not evicted while its writer (pid + process start time) lives;
- *     a dead writer's entry is reclaimed by whoever finds it.
+ *     is not evicted while its writer lives (the writer's handle holds an
+ *     open-file-description lock on a slot byte, see owner_alive()); a
+ *     dead writer's entry is reclaimed by whoever finds it.
  *   - A reader looks its keys up under the lock, noting each entry's
  *     generation, and copies outside it.  Every event that ends a record's
  *     validity (eviction, removal, reinsertion, repair) increments the
@@ -71,6 +73,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -97,13 +100,14 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 #endif
 
 #define SHM_MAGIC 0x314d48534e434e45ull /* "ENCNSHM1" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define REC_ALIGN 64u
 #define SHM_MAX_KEY (64u * 1024u)
 #define SHM_DEFAULT_SIZE (1ull << 30)
 #define SHM_MIN_SIZE (1ull << 20)
 #define SHM_MAX_NAME 200
 #define SHM_PAGE 4096u
+#define SHM_SLOTS 4096u /* handles that can write at once */
 
 enum entry_state { E_FREE = 0, E_WRITING = 1, E_READY = 2, E_MOVING = 3 };
 
@@ -117,12 +121,12 @@ typedef struct shm_entry {
   uint64_t hash;        /* of the key */
   uint64_t pos;         /* ring position of the record */
   uint64_t obj_len;     /* object bytes (after the key) */
-  uint64_t owner_start; /* WRITING: writer's process start time */
+  uint64_t owner_token; /* WRITING: the writer's handle token */
   uint32_t key_len;
   uint32_t state;
   uint32_t hnext;       /* hash chain / free list: index + 1, 0 = end */
   uint32_t fprev, fnext;/* FIFO (ring order) list: index + 1 */
-  uint32_t owner_pid;   /* WRITING: the writer */
+  uint32_t owner_slot;  /* WRITING: the writer's handle slot */
   uint32_t referenced;  /* set by readers: earns a second chance */
   uint32_t pad_;
 } shm_entry;
@@ -138,6 +142,9 @@ typedef struct shm_header {
   uint64_t data_size;
   uint32_t nentries;
   uint32_t nbuckets;
+  uint64_t slots_off; /* nslots x u64: the token of each slot's holder */
+  uint32_t nslots;
+  uint32_t pad_;
   /* The lock, on its own cache line. */
   _Alignas(64) pthread_mutex_t lock;
   /* Mutable, under the lock. */
@@ -166,10 +173,11 @@ typedef struct shm_store {
   uint32_t *buckets;
   unsigned char *data;
   uint64_t data_size;
-  uint32_t nentries, nbuckets;
+  uint32_t nentries, nbuckets, nslots;
+  uint64_t *tokens;
   unsigned lock_timeout_ms;
-  pid_t pid;
-  uint64_t start_time;
+  int slot;       /* this handle's writer slot, -1 = none */
+  uint64_t token; /* this handle's token, in tokens[slot] */
 } shm_store;
 
 /* Test hooks: read() calls the first between the lookup and the copy,
@@ -229,35 +237,60 @@ static int entry_sane(shm_store *s, const shm_entry *e) {
          rec <= head - e->pos && head - e->pos <= ds;
 }
 
-static uint64_t process_start_time(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (f == NULL)
-    return 0;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  /* Field 22 (starttime).  The command name (field 2) may hold spaces and
-   * parentheses, so count from the last ')': the space after it starts
-   * field 3, and each further space starts the next field. */
-  char *p = strrchr(buf, ')');
-  if (p == NULL)
-    return 0;
-  p++;
-  for (int field = 3; field < 22 && p != NULL; field++)
-    p = strchr(p + 1, ' ');
-  return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
+/*
+ * Writer liveness.  Each handle holds an open-file-description lock
+ * (F_OFD_SETLK) on one byte of the segment file beyond its end, its slot,
+ * for as long as it is open, and writes a random token into tokens[slot].
+ * The kernel drops the lock when the handle is closed or its process dies,
+ * whatever the PID namespace; a WRITING entry's writer lives while its
+ * slot is locked and still holds its token.
+ */
+static struct flock slot_lock(const shm_store *s, uint32_t slot, short type) {
+  struct flock fl;
+  memset(&fl, 0, sizeof(fl));
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = (off_t)(s->h->total_size + slot);
+  fl.l_len = 1;
+  return fl;
 }
 
-static int owner_alive(const shm_entry *e) {
-  pid_t pid = (pid_t)e->owner_pid;
-  if (pid <= 0)
+static int owner_alive(shm_store *s, const shm_entry *e) {
+  uint32_t slot = e->owner_slot;
+  if (slot >= s->nslots)
     return 0;
-  if (kill(pid, 0) != 0 && errno == ESRCH)
-    return 0;
-  uint64_t st = process_start_time(pid);
-  return !(st != 0 && e->owner_start != 0 && st != e->owner_start);
+  if ((int)slot == s->slot)
+    return e->owner_token == s->token; /* our own lock does not show */
+  struct flock fl = slot_lock(s, slot, F_WRLCK);
+  if (fcntl(s->fd, F_OFD_GETLK, &fl) != 0)
+    return 1; /* cannot tell: assume alive, never reclaim blindly */
+  return fl.l_type != F_UNLCK &&
+         __atomic_load_n(&s->tokens[slot], __ATOMIC_ACQUIRE) == e->owner_token;
+}
+
+static uint64_t new_token(const shm_store *s) {
+  uint64_t t = 0;
+  if (getrandom(&t, sizeof(t), GRND_NONBLOCK) != (ssize_t)sizeof(t)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    t = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^
+        (uint64_t)getpid() << 16 ^ (uint64_t)(uintptr_t)s;
+  }
+  return t | 1; /* never 0, the token of a free slot */
+}
+
+/* Takes a free slot for this handle (none: it cannot write). */
+static void take_slot(shm_store *s) {
+  s->slot = -1;
+  for (uint32_t i = 0; i < s->nslots; i++) {
+    struct flock fl = slot_lock(s, i, F_WRLCK);
+    if (fcntl(s->fd, F_OFD_SETLK, &fl) == 0) {
+      s->slot = (int)i;
+      s->token = new_token(s);
+      __atomic_store_n(&s->tokens[i], s->token, __ATOMIC_RELEASE);
+      return;
+    }
+  }
 }
 
 /* ----------------------------------------------------- list maintenance */
@@ -350,7 +383,7 @@ static void repair(shm_store *s) {
       if (e->state == E_READY)
         keep = hash_key((const char *)rec_at(s, e->pos), e->key_len) == e->hash;
       else if (e->state == E_WRITING)
-        keep = owner_alive(e);
+        keep = owner_alive(s, e);
     }
     if (keep) {
       order[kept++] = i;
@@ -677,7 +710,7 @@ static int reinsert_oldest(shm_store *s, shm_entry *e) {
  * ENCACHE_EUNAVAIL when the oldest is still being written. */
 static int drop_oldest(shm_store *s, uint64_t *budget) {
   shm_entry *o = ent(s, s->h->fifo_first);
-  if (o->state == E_WRITING && owner_alive(o))
+  if (o->state == E_WRITING && owner_alive(s, o))
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                "%s: full, and its oldest object is still "
                                "being written", s->base.url);
@@ -742,11 +775,15 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
                                "the %" PRIu64 "-byte segment",
                                s->base.url, obj_len, s->data_size);
   uint64_t hash = hash_key(key, klen), rec = rec_size(klen, obj_len), pos = 0;
+  if (s->slot < 0)
+    return encache__store_fail(st, ENCACHE_EUNAVAIL,
+                               "%s: all %u writer slots are taken: close some "
+                               "handles", s->base.url, s->nslots);
   if ((rc = shm_lock(s)) < 0)
     return rc;
   shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash);
   if (e != NULL) {
-    if (e->state != E_WRITING || owner_alive(e)) {
+    if (e->state != E_WRITING || owner_alive(s, e)) {
       shm_unlock(s);
       return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
                                  s->base.url);
@@ -764,8 +801,8 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   e->key_len = (uint32_t)klen;
   e->obj_len = obj_len;
   e->pos = pos;
-  e->owner_pid = (uint32_t)s->pid;
-  e->owner_start = s->start_time;
+  e->owner_slot = (uint32_t)s->slot;
+  e->owner_token = s->token;
   __atomic_store_n(&e->referenced, 0, __ATOMIC_RELAXED);
   s->h->head = pos + rec;
   memcpy(rec_at(s, pos), key, klen);
@@ -789,9 +826,9 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   if ((rc = shm_lock(s)) < 0)
     return rc; /* the entry stays WRITING; reclaimed once we are gone */
   if (e->state == E_WRITING && __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == gen &&
-      e->owner_pid == (uint32_t)s->pid) {
+      e->owner_slot == (uint32_t)s->slot && e->owner_token == s->token) {
     e->state = E_READY;
-    e->owner_pid = 0;
+    e->owner_slot = UINT32_MAX;
   } else {
     rc = encache__store_fail(st, ENCACHE_EUNAVAIL,
                              "%s: the object was reclaimed while being "
@@ -922,7 +959,9 @@ static int segment_init(shm_store *s, uint64_t total) {
   h->nbuckets = (uint32_t)nb;
   h->entries_off = align_up(sizeof(shm_header), SHM_PAGE);
   h->buckets_off = h->entries_off + nent * sizeof(shm_entry);
-  h->data_off = align_up(h->buckets_off + nb * sizeof(uint32_t), SHM_PAGE);
+  h->slots_off = align_up(h->buckets_off + nb * sizeof(uint32_t), 64);
+  h->nslots = SHM_SLOTS;
+  h->data_off = align_up(h->slots_off + SHM_SLOTS * sizeof(uint64_t), SHM_PAGE);
   if (h->data_off + (64u << 10) > total)
     return encache__store_fail(&s->base, ENCACHE_EINVAL,
                                "%s: size %" PRIu64 " is too small",
@@ -944,6 +983,7 @@ static int segment_init(shm_store *s, uint64_t total) {
     entries[i].hnext = i + 2 <= nent ? i + 2 : 0;
   h->free_first = 1;
   memset(s->map + h->buckets_off, 0, nb * sizeof(uint32_t));
+  memset(s->map + h->slots_off, 0, SHM_SLOTS * sizeof(uint64_t));
   h->format = SHM_FORMAT;
   __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_RELEASE);
   return 0;
@@ -970,7 +1010,10 @@ static int segment_check(shm_store *s, uint64_t file_size) {
       (nb & (nb - 1)) != 0 ||
       h->entries_off != align_up(sizeof(shm_header), SHM_PAGE) ||
       h->buckets_off != h->entries_off + ne * sizeof(shm_entry) ||
-      h->data_off != align_up(h->buckets_off + nb * sizeof(uint32_t), SHM_PAGE) ||
+      h->slots_off != align_up(h->buckets_off + nb * sizeof(uint32_t), 64) ||
+      h->nslots != SHM_SLOTS ||
+      h->data_off != align_up(h->slots_off + SHM_SLOTS * sizeof(uint64_t),
+                              SHM_PAGE) ||
       h->data_off >= file_size || h->data_size != file_size - h->data_off)
     return encache__store_fail(&s->base, ENCACHE_EFORMAT,
                                "%s: corrupted segment header (geometry does "
@@ -987,6 +1030,8 @@ static void bind_geometry(shm_store *s) {
   s->data_size = s->h->data_size;
   s->nentries = s->h->nentries;
   s->nbuckets = s->h->nbuckets;
+  s->tokens = (uint64_t *)(s->map + s->h->slots_off);
+  s->nslots = s->h->nslots;
 }
 
 static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
@@ -996,8 +1041,7 @@ static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
   s->base.ops = &shm_ops;
   s->fd = -1;
   s->lock_timeout_ms = 5000;
-  s->pid = getpid();
-  s->start_time = process_start_time(s->pid);
+  s->slot = -1;
   if ((s->base.url = encache__strdup(url)) == NULL) {
     encache__free(s);
     return ENCACHE_ENOMEM;
@@ -1071,8 +1115,10 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
   s->map = map;
   s->map_size = (size_t)size;
   rc = fresh ? segment_init(s, size) : segment_check(s, size);
-  if (rc == 0)
+  if (rc == 0) {
     bind_geometry(s);
+    take_slot(s);
+  }
 out:
   flock(s->fd, LOCK_UN);
   if (rc == 0 && !fresh) {
