@@ -1103,10 +1103,11 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
     goto out;
   }
   /* Populate the page tables now: first-touch faults would otherwise
-   * cost every early write about as much as its copy. */
+   * cost every early write of a large segment about as much as its copy.
+   * Small segments (tests, the fuzzer) are cheaper to fault in lazily. */
+  int populate = size >= (64ull << 20) ? MAP_POPULATE : 0;
   void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE,
-                   s->fd, 0);
+                   MAP_SHARED | populate, s->fd, 0);
   if (map == MAP_FAILED) {
     rc = encache__store_fail(&s->base, -errno, "%s: mmap: %s", s->base.url,
                              strerror(errno));
