@@ -7,7 +7,7 @@
 #   ENCACHE_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...
 # "stop DIR" shuts them down.  Needs redis-server and redis-cli (Debian's
 # redis-server package).
-set -eu
+set -eu -o pipefail
 cmd=${1:?usage: redis-servers.sh start|stop DIR}
 dir=${2:?usage: redis-servers.sh start|stop DIR}
 
@@ -22,34 +22,63 @@ free_port() {
   echo "$p"
 }
 
-start_server() { # PORT [extra redis-server args...]
+stop_all() {
+  for f in "$dir"/redis-*.pid; do
+    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+  done
+}
+
+# start_server PORT [extra redis-server args...]: 0 when it answers PING.
+# A port can look free and still fail to bind (a client's ephemeral port,
+# a cluster bus port in TIME_WAIT): then the caller tries another.
+start_server() {
   p=$1
   shift
   redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
     --daemonize yes --dir "$dir" --logfile "$dir/redis-$p.log" \
-    --pidfile "$dir/redis-$p.pid" "$@"
+    --pidfile "$dir/redis-$p.pid" "$@" || return 1
   i=0
   until redis-cli -p "$p" ping >/dev/null 2>&1; do
     i=$((i + 1))
-    [ "$i" -lt 100 ] || { echo "redis-server on $p did not start" >&2; cat "$dir/redis-$p.log" >&2; exit 1; }
+    if [ "$i" -ge 100 ] || grep -q "aborting" "$dir/redis-$p.log" 2>/dev/null; then
+      [ -f "$dir/redis-$p.pid" ] && kill "$(cat "$dir/redis-$p.pid")" 2>/dev/null
+      rm -f "$dir/redis-$p.pid"
+      return 1
+    fi
     sleep 0.05
   done
+}
+
+# start_any FIRST_PORT [args...]: starts a server on the first port from
+# FIRST_PORT that works; prints it.
+start_any() {
+  q=$1
+  shift
+  for attempt in $(seq 1 30); do
+    q=$(free_port "$q")
+    if start_server "$q" "$@"; then
+      echo "$q"
+      return 0
+    fi
+    q=$((q + 1))
+  done
+  echo "redis-servers.sh: no port would do after 30 attempts" >&2
+  return 1
 }
 
 case $cmd in
 start)
   mkdir -p "$dir"
+  trap 'stop_all' ERR
   base=$((12000 + $$ % 18000))
-  single=$(free_port "$base")
-  start_server "$single"
+  single=$(start_any "$base")
   seeds=""
   p=$((single + 1))
   ports=""
   for n in 1 2 3; do
-    p=$(free_port "$p")
-    start_server "$p" --cluster-enabled yes \
-      --cluster-config-file "$dir/nodes-$p.conf" --cluster-node-timeout 2000 \
-      --cluster-require-full-coverage no
+    p=$(start_any "$p" --cluster-enabled yes \
+      --cluster-config-file "$dir/nodes-$n.conf" --cluster-node-timeout 2000 \
+      --cluster-require-full-coverage no)
     ports="$ports $p"
     seeds="$seeds${seeds:+,}127.0.0.1:$p"
     p=$((p + 1))
@@ -72,9 +101,7 @@ start)
   cat "$dir/env"
   ;;
 stop)
-  for f in "$dir"/redis-*.pid; do
-    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
-  done
+  stop_all
   ;;
 *)
   echo "usage: redis-servers.sh start|stop DIR" >&2
