@@ -218,7 +218,7 @@ static int classify(encache *ec, item *it, int64_t r, const void *head,
     res0->verdict = ENCACHE_BAD_LENGTH;
   } else if (r == ENCACHE_ENOENT) {
     it->outcome = ENCACHE_MISS;
-  } else if (r == ENCACHE_EUNAVAIL) {
+  } else if (r == ENCACHE_EUNAVAIL || r == ENCACHE_EINVAL) {
     it->outcome = ENCACHE_UNAVAILABLE;
   } else {
     return encache__poison(ec, "the Store answered an unknown code %" PRId64
@@ -308,14 +308,17 @@ static int read_chunk(encache *ec, const encache_candidate *c, size_t n,
                          encache_store_errmsg(ec->store));
     goto out;
   }
+  /* Every answer first: if one leaves the batch unconfirmed, no
+   * destination of it may be given back. */
   for (size_t k = 0; k < m; k++) {
     item *it = &items[from + k];
     if ((rc = classify(ec, it, res[k], heads[k], &c[it->first],
                        &results[it->first])) < 0)
       goto out;
-    if (direct && it->outcome != ENCACHE_HIT)
-      take_dest(a, it->first, results, dl);
   }
+  for (size_t k = 0; direct && k < m; k++)
+    if (items[from + k].outcome != ENCACHE_HIT)
+      take_dest(a, items[from + k].first, results, dl);
   /* Every destination of the chunk before any copy (the direct path's
    * first occurrences already hold theirs, filled by the read). */
   for (size_t i = 0; i < n; i++) {
@@ -470,7 +473,9 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
       continue;
     if (p == 0 || p == ENCACHE_ENOENT)
       items[u].outcome = ENCACHE_MISS;
-    else if (p == ENCACHE_EUNAVAIL)
+    else if (p == ENCACHE_EUNAVAIL || p == ENCACHE_EINVAL)
+      /* EINVAL: the Store refused the key (too long...): certainly not
+       * done, so recoverable. */
       items[u].outcome = ENCACHE_UNAVAILABLE;
     else {
       rc = encache__poison(ec, "the existence check answered an unknown "

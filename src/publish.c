@@ -75,7 +75,7 @@ static int run_job(encache *ec, job *j) {
   int present = 0;
   int rc = st->ops->exists(st, keys, 1, &present);
   if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ENOMEM ||
-      (rc == 0 && present == ENCACHE_EUNAVAIL)) {
+      (rc == 0 && (present == ENCACHE_EUNAVAIL || present == ENCACHE_EINVAL))) {
     set_why(j, "existence check", st);
     return JOB_FAILED;
   }

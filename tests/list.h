@@ -50,7 +50,10 @@
   XX(shm_stress_processes_and_threads)                                       \
   XX(shm_threads_in_one_process)                                             \
   XX(shm_sigkill_writers_at_random_moments)                                  \
-  XX(shm_writer_in_another_pid_namespace_is_alive)                                  \
+  XX(shm_writer_in_another_pid_namespace_is_alive)                           \
+  XX(shm_publication_survives_a_lock_timeout)                                \
+  XX(shm_forked_child_does_not_keep_a_dead_writer_alive)                     \
+  XX(shm_overlong_key_is_refused_not_fatal)                                  \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \
@@ -71,6 +74,7 @@
   XX(engine_skips_ineligible_and_non_candidates)                             \
   XX(engine_unavailable_store_means_encode)                                  \
   XX(engine_threads_step_and_worker)                                         \
+  XX(engine_overlong_identifier_is_recoverable)                                         \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_server_killed_then_restarted)                                     \

@@ -1092,3 +1092,30 @@ TEST(engine_threads_step_and_worker) {
   ASSERT_EQ_INT(encache_close(ec), 0);
   ASSERT_EQ_INT(e.ctl.registered, 0);
 }
+
+/* An identifier the Store cannot hold (too long for a key) is refused by
+ * the Store: certainly not done, so UNAVAILABLE and a skipped write, never
+ * a poisoned handle. */
+TEST(engine_overlong_identifier_is_recoverable) {
+  env e;
+  env_init(&e, 0);
+  if (getenv("ENCACHE_TEST_STORE") != NULL) /* the limit is shm's */
+    return;
+  encache *ec = open_default(&e);
+  static char id[70000];
+  memset(id, 'i', sizeof(id) - 1);
+  const char *ids[2] = {id, "short"};
+  encache_result r[2];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_MISS);
+  ASSERT_EQ_INT(publish_ref(ec, id), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats st;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_failed, 1);
+  ASSERT_EQ_INT(st.poisoned, 0);
+  ASSERT_EQ_INT(lookup_ids(ec, ids + 1, 1, r, &t), 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}

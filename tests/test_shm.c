@@ -595,3 +595,96 @@ TEST(shm_writer_in_another_pid_namespace_is_alive) {
   ASSERT_EQ_INT(read_one(st, "contained", buf, sizeof(buf)), 16);
   encache_store_close(st);
 }
+
+/* A lock holder that stalls past the writer's lock timeout must not leave
+ * the writer's finished record WRITING (it would block its key, and the
+ * ring once it reaches the tail): it is published at the next lock. */
+static int stall_pipe[2];
+static void lock_from_a_child(void) {
+  encache__shm_write_hook = NULL;
+  pid_t pid = fork();
+  if (pid == 0) {
+    encache_store *c = reopen(getenv("ENCACHE_SHM_TEST_URL"));
+    if (encache__shm_test_lock(c) != 0)
+      _exit(1);
+    char ch = 'l';
+    if (write(stall_pipe[1], &ch, 1) != 1)
+      _exit(1);
+    usleep(300000); /* longer than the writer's lock timeout */
+    _exit(0);       /* dies holding it: the next locker repairs */
+  }
+  char ch;
+  if (read(stall_pipe[0], &ch, 1) != 1)
+    _exit(2);
+}
+
+TEST(shm_publication_survives_a_lock_timeout) {
+  char url[160], base[128];
+  encache_store *st = seg_open("4MiB", base, sizeof(base));
+  encache_store_close(st);
+  snprintf(url, sizeof(url), "%s&lock_timeout_ms=50", base);
+  setenv("ENCACHE_SHM_TEST_URL", url, 1);
+  ASSERT_EQ_INT(pipe(stall_pipe), 0);
+  st = reopen(url);
+  encache__shm_write_hook = lock_from_a_child;
+  unsigned char buf[4096];
+  ts_fill("victim", 1, buf, sizeof(buf));
+  ASSERT_EQ_INT(encache_store_write(st, "victim", NULL, 0, buf, sizeof(buf)),
+                ENCACHE_EUNAVAIL); /* the final lock timed out */
+  while (wait(NULL) > 0)
+    ;
+  /* The next lock of the handle publishes it. */
+  unsigned char out[4096];
+  ASSERT_EQ_INT(read_one(st, "victim", out, sizeof(out)), 4096);
+  ASSERT(ts_verify("victim", out, sizeof(out)));
+  for (int i = 0; i < 100; i++) { /* and the ring runs past it */
+    char key[32];
+    snprintf(key, sizeof(key), "after-%d", i);
+    put(st, key, 100 << 10, (uint64_t)i);
+  }
+  encache_store_close(st);
+}
+
+/* A child forked after the handle was opened must not keep a killed
+ * writer looking alive (it would share the writer's slot lock). */
+TEST(shm_forked_child_does_not_keep_a_dead_writer_alive) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  int p[2];
+  ASSERT_EQ_INT(pipe(p), 0);
+  pid_t writer = fork();
+  ASSERT(writer >= 0);
+  if (writer == 0) {
+    encache_store *w = reopen(url);
+    if (fork() == 0) { /* a worker that outlives its parent */
+      sleep(3);
+      _exit(0);
+    }
+    hook_fd = p[1];
+    encache__shm_write_hook = stall_writer;
+    put(w, "orphaned", 100 << 10, 1);
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ_INT(read(p[0], &c, 1), 1);
+  kill(writer, SIGKILL);
+  waitpid(writer, NULL, 0);
+  /* The writer is dead (its child lives on): its record is reclaimed. */
+  unsigned char buf[64] = {0};
+  ASSERT_EQ_INT(encache_store_write(st, "orphaned", NULL, 0, buf, sizeof(buf)), 0);
+  encache_store_close(st);
+}
+
+TEST(shm_overlong_key_is_refused_not_fatal) {
+  char url[128];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  static char key[70000];
+  memset(key, 'k', sizeof(key) - 1);
+  const char *keys[1] = {key};
+  int pr[1];
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, pr), 0);
+  ASSERT_EQ_INT(pr[0], ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_store_write(st, key, NULL, 0, "x", 1), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "key length 69999");
+  encache_store_close(st);
+}

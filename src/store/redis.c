@@ -189,7 +189,8 @@ static void *rf_array(const redisReadTask *task, int n) {
 
 static void *rf_integer(const redisReadTask *task, long long v) {
   rreply *r = next_reply(task);
-  r->integer = v;
+  if (r != &dummy_reply) /* shared by every thread: never written */
+    r->integer = v;
   return r;
 }
 
@@ -342,6 +343,7 @@ static void give_back(redis_store *s, rset *set) {
 
 static redisContext *conn(redis_store *s, rset *set, size_t node, char *why,
                           size_t whysize) {
+  ENCACHE_ASSERT(node < MAX_NODES);
   if (set->conns[node] == NULL)
     set->conns[node] = dial(s, node, 0, why, whysize);
   return set->conns[node];
@@ -518,6 +520,12 @@ static int batch(redis_store *s, enum op op, const char *const *keys,
       for (size_t i = first; i < n; i++)
         if (results[i] == INT64_MIN && target[i] == node)
           order[m++] = i;
+      if (node >= MAX_NODES) { /* a redirection we could not follow */
+        for (size_t k = 0; k < m; k++)
+          results[order[k]] = ENCACHE_EUNAVAIL;
+        snprintf(why, sizeof(why), "%s: unusable redirection", keys[first]);
+        continue;
+      }
       redisContext *c = conn(s, set, node, why, sizeof(why));
       if (c == NULL) {
         for (size_t k = 0; k < m; k++)

@@ -178,6 +178,15 @@ typedef struct shm_store {
   unsigned lock_timeout_ms;
   int slot;       /* this handle's writer slot, -1 = none */
   uint64_t token; /* this handle's token, in tokens[slot] */
+  /* Records this handle copied but could not publish (the lock timed
+   * out): published at its next successful lock, or at close. */
+  pthread_mutex_t pmu;
+  struct pending_pub {
+    shm_entry *e;
+    uint64_t gen;
+  } pending[8];
+  int npending;
+  struct shm_store *reg_next; /* the process's open handles (fork) */
 } shm_store;
 
 /* Test hooks: read() calls the first between the lookup and the copy,
@@ -368,62 +377,94 @@ static int cmp_pos(const void *a, const void *b) {
 
 static pthread_mutex_t repair_mutex = PTHREAD_MUTEX_INITIALIZER;
 
+static void drop_entry(shm_entry *e) {
+  __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
+  e->state = E_FREE;
+}
+
 /* Rebuilds every derived structure from the entries that validate.  Runs
  * under the segment lock; idempotent, so a process dying in here leaves
- * the next locker to run it again. */
+ * the next locker to run it again.  It allocates nothing (the bucket
+ * array, rebuilt last, is the sorting scratch: nbuckets >= nentries), and
+ * it never drops the record of a writer that is alive: that writer is
+ * still copying into it. */
 static void repair(shm_store *s) {
   shm_header *h = s->h;
   uint32_t n = s->nentries, kept = 0;
-  uint32_t *order = malloc(sizeof(uint32_t) * (size_t)n);
+  uint32_t *order = s->buckets;
 
   for (uint32_t i = 0; i < n; i++) {
     shm_entry *e = &s->entries[i];
     int keep = 0;
-    if (order != NULL && entry_sane(s, e)) {
+    if (entry_sane(s, e)) {
       if (e->state == E_READY)
         keep = hash_key((const char *)rec_at(s, e->pos), e->key_len) == e->hash;
       else if (e->state == E_WRITING)
         keep = owner_alive(s, e);
     }
-    if (keep) {
+    if (keep)
       order[kept++] = i;
-    } else if (e->state != E_FREE) {
-      __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
-      e->state = E_FREE;
-    }
+    else if (e->state != E_FREE)
+      drop_entry(e);
   }
   /* qsort has no context argument: serialise repairs within the process. */
   pthread_mutex_lock(&repair_mutex);
   repair_store = s;
-  if (order != NULL)
-    qsort(order, kept, sizeof(uint32_t), cmp_pos);
+  qsort(order, kept, sizeof(uint32_t), cmp_pos);
   pthread_mutex_unlock(&repair_mutex);
 
-  memset(s->buckets, 0, sizeof(uint32_t) * (size_t)s->nbuckets);
+  /* Overlapping records: one of each pair goes, never a live writer's. */
   h->fifo_first = h->fifo_last = h->free_first = 0;
   h->nobjects = 0;
   h->bytes_used = 0;
-  uint64_t end = 0;
+  shm_entry *last = NULL;
   for (uint32_t k = 0; k < kept; k++) {
     shm_entry *e = &s->entries[order[k]];
-    int drop = k > 0 && e->pos < end; /* overlaps its predecessor */
-    for (uint32_t c = s->buckets[e->hash & (s->nbuckets - 1)]; !drop && c;
+    e->fprev = e->fnext = 0;
+    if (last != NULL &&
+        last->pos + rec_size(last->key_len, last->obj_len) > e->pos) {
+      if (e->state == E_WRITING && last->state != E_WRITING) {
+        fifo_unlink(s, last);
+        drop_entry(last);
+      } else {
+        drop_entry(e);
+        continue;
+      }
+    }
+    fifo_append(s, e);
+    last = e;
+  }
+  /* The hash chains, from the list (the scratch is no longer needed);
+   * of two records of one key, the older goes unless it is being written. */
+  memset(s->buckets, 0, sizeof(uint32_t) * (size_t)s->nbuckets);
+  for (uint32_t i = h->fifo_first; i != 0;) {
+    shm_entry *e = &s->entries[i - 1];
+    uint32_t next = e->fnext;
+    shm_entry *twin = NULL;
+    for (uint32_t c = s->buckets[e->hash & (s->nbuckets - 1)]; c && !twin;
          c = s->entries[c - 1].hnext) {
       shm_entry *o = &s->entries[c - 1];
-      drop = o->key_len == e->key_len &&
-             memcmp(rec_at(s, o->pos), rec_at(s, e->pos), e->key_len) == 0;
+      if (o->key_len == e->key_len &&
+          memcmp(rec_at(s, o->pos), rec_at(s, e->pos), e->key_len) == 0)
+        twin = o;
     }
-    if (drop) {
-      __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
-      e->state = E_FREE;
-      continue;
+    shm_entry *gone = twin == NULL ? NULL
+                      : twin->state == E_WRITING ? e : twin;
+    if (gone == twin && twin != NULL) {
+      chain_unlink(s, twin);
+      h->nobjects--;
+      h->bytes_used -= rec_size(twin->key_len, twin->obj_len);
     }
-    end = e->pos + rec_size(e->key_len, e->obj_len);
-    e->fprev = e->fnext = 0;
-    fifo_append(s, e);
-    chain_insert(s, e);
-    h->nobjects++;
-    h->bytes_used += rec_size(e->key_len, e->obj_len);
+    if (gone != NULL) {
+      fifo_unlink(s, gone);
+      drop_entry(gone);
+    }
+    if (gone != e) {
+      chain_insert(s, e);
+      h->nobjects++;
+      h->bytes_used += rec_size(e->key_len, e->obj_len);
+    }
+    i = next;
   }
   for (uint32_t i = n; i-- > 0;) {
     shm_entry *e = &s->entries[i];
@@ -434,7 +475,6 @@ static void repair(shm_store *s) {
     }
   }
   h->repairs++;
-  free(order);
 }
 
 /* Checks every list and chain in O(entries); false when anything is out
@@ -477,7 +517,40 @@ static int structure_ok(shm_store *s) {
 
 /* ---------------------------------------------------------------- locking */
 
+/* Publishes a record this handle finished copying, if it is still ours. */
+static int publish_record(shm_store *s, shm_entry *e, uint64_t gen) {
+  if (e->state == E_WRITING && __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == gen &&
+      e->owner_slot == (uint32_t)s->slot && e->owner_token == s->token) {
+    e->state = E_READY;
+    e->owner_slot = UINT32_MAX;
+    return 0;
+  }
+  return -1;
+}
+
+/* Under the lock: publishes what an earlier timeout left pending. */
+static void publish_pending(shm_store *s) {
+  pthread_mutex_lock(&s->pmu);
+  for (int i = 0; i < s->npending; i++)
+    publish_record(s, s->pending[i].e, s->pending[i].gen);
+  __atomic_store_n(&s->npending, 0, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&s->pmu);
+}
+
+static int shm_lock_raw(shm_store *s);
+
 static int shm_lock(shm_store *s) {
+  int rc = shm_lock_raw(s);
+  if (rc == 0 && __atomic_load_n(&s->npending, __ATOMIC_RELAXED) > 0)
+    publish_pending(s);
+  return rc;
+}
+
+static int shm_lock_raw(shm_store *s) {
+  if (s->h == NULL)
+    return encache__store_fail(&s->base, ENCACHE_EINVAL,
+                               "%s: handle used in a child after fork(): "
+                               "open a new one", s->base.url);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   ts.tv_sec += s->lock_timeout_ms / 1000;
@@ -775,6 +848,8 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
                                "the %" PRIu64 "-byte segment",
                                s->base.url, obj_len, s->data_size);
   uint64_t hash = hash_key(key, klen), rec = rec_size(klen, obj_len), pos = 0;
+  if (s->h == NULL)
+    return shm_lock(s); /* used after fork(): says so */
   if (s->slot < 0)
     return encache__store_fail(st, ENCACHE_EUNAVAIL,
                                "%s: all %u writer slots are taken: close some "
@@ -823,17 +898,25 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   if (len > 0)
     memcpy(dst + hdr_len, payload, len);
 
-  if ((rc = shm_lock(s)) < 0)
-    return rc; /* the entry stays WRITING; reclaimed once we are gone */
-  if (e->state == E_WRITING && __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == gen &&
-      e->owner_slot == (uint32_t)s->slot && e->owner_token == s->token) {
-    e->state = E_READY;
-    e->owner_slot = UINT32_MAX;
-  } else {
+  if ((rc = shm_lock(s)) < 0) {
+    /* The copy is complete but cannot be published now.  Left WRITING it
+     * would block its key, and the whole ring once it reaches the tail,
+     * for as long as this handle lives: publish it at the handle's next
+     * successful lock (or at close), or, with no room to remember it,
+     * leave it to be reclaimed when the handle closes. */
+    pthread_mutex_lock(&s->pmu);
+    if (s->npending < (int)(sizeof(s->pending) / sizeof(s->pending[0]))) {
+      s->pending[s->npending].e = e;
+      s->pending[s->npending].gen = gen;
+      __atomic_store_n(&s->npending, s->npending + 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&s->pmu);
+    return rc;
+  }
+  if (publish_record(s, e, gen) < 0)
     rc = encache__store_fail(st, ENCACHE_EUNAVAIL,
                              "%s: the object was reclaimed while being "
                              "written", s->base.url);
-  }
   shm_unlock(s);
   return rc;
 }
@@ -917,12 +1000,69 @@ static int shm_stats(encache_store *st, encache_store_stats *out) {
   return 0;
 }
 
+/*
+ * The process's open handles.  A child made by fork() shares each
+ * handle's open file description (through the descriptor and through the
+ * mapping), and with it the writer-slot lock: a parent killed mid-write
+ * would look alive for as long as its children live.  So the child drops
+ * both at once (the lock stays with the parent's); in the child the
+ * handles answer EINVAL until closed.
+ */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static shm_store *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void reg_child(void) {
+  for (shm_store *s = reg_head; s != NULL; s = s->reg_next) {
+    if (s->map != NULL)
+      munmap(s->map, s->map_size);
+    if (s->fd >= 0)
+      close(s->fd);
+    s->map = NULL;
+    s->h = NULL;
+    s->fd = -1;
+    s->slot = -1;
+  }
+  pthread_mutex_unlock(&reg_mu);
+}
+static void reg_init(void) {
+  pthread_atfork(reg_prepare, reg_parent, reg_child);
+}
+
+static void reg_add(shm_store *s) {
+  pthread_once(&reg_once, reg_init);
+  pthread_mutex_lock(&reg_mu);
+  s->reg_next = reg_head;
+  reg_head = s;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+static void reg_remove(shm_store *s) {
+  pthread_mutex_lock(&reg_mu);
+  for (shm_store **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
+    if (*p == s) {
+      *p = s->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
+}
+
 static void shm_close(encache_store *st) {
   shm_store *s = (shm_store *)st;
+  reg_remove(s);
+  if (s->map != NULL && s->npending > 0 && shm_lock(s) == 0)
+    shm_unlock(s); /* publishes what a timeout left pending */
+  if (s->map != NULL && s->slot >= 0)
+    /* Our token goes first, so that no one takes our records for alive
+     * in the moment between the next holder's lock and its token. */
+    __atomic_store_n(&s->tokens[s->slot], 0, __ATOMIC_RELEASE);
   if (s->map != NULL)
     munmap(s->map, s->map_size);
   if (s->fd >= 0)
     close(s->fd);
+  pthread_mutex_destroy(&s->pmu);
   encache__free(s->base.url);
   encache__free(s);
 }
@@ -1042,10 +1182,13 @@ static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
   s->fd = -1;
   s->lock_timeout_ms = 5000;
   s->slot = -1;
+  pthread_mutex_init(&s->pmu, NULL);
   if ((s->base.url = encache__strdup(url)) == NULL) {
+    pthread_mutex_destroy(&s->pmu);
     encache__free(s);
     return ENCACHE_ENOMEM;
   }
+  reg_add(s);
   *out = &s->base;
   *sp = s;
   return 0;

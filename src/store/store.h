@@ -5,7 +5,9 @@
  *
  * Results are classified once, here in the backend, into the codes listed
  * at encache_store in encache.h; nobody above a backend interprets a
- * backend's native codes.  A backend that wraps another (the
+ * backend's native codes.  A per-item ENCACHE_EINVAL means the backend
+ * refused that item (a key it cannot hold): certainly not done, so the
+ * engine treats it as recoverable.  A backend that wraps another (the
  * fault-injecting wrapper of the tests) holds the inner handle and
  * forwards.
  *
