@@ -394,7 +394,8 @@ ENCACHE_EXTERN int encache_parse_size(const char *text, uint64_t *out);
  *   ENCACHE_EINVAL       bad arguments
  *
  * Thread safety: a Store handle may be used by several threads at once.
- * A handle must not be used in a child after fork(): open a new one.
+ * A handle must not be used in a child after fork(): open a new one (an
+ * shm handle answers ENCACHE_EINVAL there).
  */
 typedef struct encache_store encache_store;
 
