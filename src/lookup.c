@@ -442,9 +442,7 @@ int encache_lookup(encache *ec, const encache_candidate *c, size_t n,
     it->osize = ENCACHE_HEADER_SIZE + it->nbytes;
     size_t idlen = strlen(c[i].id);
     it->key = keytext;
-    memcpy(keytext, ec->ns, ns_len);
-    memcpy(keytext + ns_len, "@id:", 4);
-    memcpy(keytext + ns_len + 4, c[i].id, idlen + 1);
+    encache_key(ec->ns, c[i].id, keytext, ns_len + 5 + idlen);
     keytext += ns_len + 5 + idlen;
     keys[nu] = it->key;
     unique_of[i] = nu++;

@@ -281,39 +281,26 @@ static redisContext *dial(redis_store *s, size_t node, int plain_replies,
   }
   redisSetTimeout(c, tv_ms(s->timeout_ms));
   redisEnableKeepAlive(c);
-  if (!plain_replies)
-    c->reader->fn = &reply_fns;
-  rreply r;
+  /* AUTH and SELECT with hiredis's own replies; ours come after. */
   char db[16];
   snprintf(db, sizeof(db), "%d", s->db);
   const char *auth[3] = {"AUTH", s->user ? s->user : s->password, s->password};
   const char *sel[2] = {"SELECT", db};
   int bad = 0;
-  if (s->password != NULL) {
-    if (plain_replies) {
-      redisReply *rep = redisCommandArgv(c, s->user ? 3 : 2, auth, NULL);
-      bad = rep == NULL || rep->type == REDIS_REPLY_ERROR;
-      snprintf(why, whysize, "AUTH: %s", rep && rep->str ? rep->str : c->errstr);
-      if (rep)
-        freeReplyObject(rep);
-    } else {
-      bad = simple_command(c, s->user ? 3 : 2, auth, &r) < 0 ||
-            r.type == REDIS_REPLY_ERROR;
-      snprintf(why, whysize, "AUTH: %s", r.text[0] ? r.text : c->errstr);
-    }
-  }
-  if (!bad && s->db != 0) {
-    if (plain_replies) {
-      redisReply *rep = redisCommandArgv(c, 2, sel, NULL);
-      bad = rep == NULL || rep->type == REDIS_REPLY_ERROR;
-      if (rep)
-        freeReplyObject(rep);
-    } else {
-      bad = simple_command(c, 2, sel, &r) < 0 || r.type == REDIS_REPLY_ERROR;
-    }
+  for (int k = 0; k < 2 && !bad; k++) {
+    if (k == 0 ? s->password == NULL : s->db == 0)
+      continue;
+    redisReply *rep = k == 0 ? redisCommandArgv(c, s->user ? 3 : 2, auth, NULL)
+                             : redisCommandArgv(c, 2, sel, NULL);
+    bad = rep == NULL || rep->type == REDIS_REPLY_ERROR;
     if (bad)
-      snprintf(why, whysize, "SELECT %d failed", s->db);
+      snprintf(why, whysize, "%s: %.200s", k == 0 ? "AUTH" : "SELECT",
+               rep && rep->str ? rep->str : c->errstr);
+    if (rep)
+      freeReplyObject(rep);
   }
+  if (!plain_replies)
+    c->reader->fn = &reply_fns;
   if (bad) {
     redisFree(c);
     node_failed(s, node);

@@ -293,21 +293,6 @@ typedef struct shared {
   uint64_t done[64]; /* requests done, per encoder */
 } shared;
 
-static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
-                      uint64_t nbytes, void **data, void **handle) {
-  (void)ctx, (void)i, (void)c;
-  *handle = NULL;
-  *data = malloc(nbytes ? nbytes : 1);
-  return *data ? 0 : ENCACHE_ENOMEM;
-}
-
-static void host_release(void *ctx, size_t i, void *data, void *handle) {
-  (void)ctx, (void)i, (void)handle;
-  free(data);
-}
-
-static void free_output(void *p) { free(p); }
-
 /* Zipf popularity over n images: a cumulative table. */
 static double *zipf_table(int n, double s) {
   double *cdf = malloc(sizeof(double) * (size_t)n), sum = 0;
@@ -397,7 +382,7 @@ static int run_encoder(const demo_opts *o, const image_set *set, int index,
     }
     double t0 = now_s(), t_lookup = 0;
     if (ec != NULL) {
-      encache_allocator a = {NULL, host_alloc, host_release};
+      encache_allocator a = tool_host_allocator;
       int hits = encache_lookup(ec, c, (size_t)n, &a, res);
       if (hits < 0) {
         fprintf(stderr, "encache demo: encoder %d: lookup: %s\n", index,
@@ -443,7 +428,7 @@ static int run_encoder(const demo_opts *o, const image_set *set, int index,
       miss_lat[rep.nmiss_lat++] = t_lookup + dt;
       if (ec != NULL) {
         encache_storage *s = NULL;
-        encache_storage_new(out, nbytes, free_output, out, &s);
+        encache_storage_new(out, nbytes, tool_free, out, &s);
         int64_t shape[2] = {o->tokens, o->hidden};
         encache_tensor v = {out, o->dtype, 2, shape, NULL};
         int pq = encache_publish(ec, im->id, &v, s);

@@ -100,6 +100,7 @@ struct encache *open_engine(const char *cmd, const tool_globals *g,
   return ec;
 }
 
+/* Destinations from malloc, for the tool's own lookups. */
 static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
                       uint64_t nbytes, void **data, void **handle) {
   (void)ctx;
@@ -116,6 +117,10 @@ static void host_release(void *ctx, size_t i, void *data, void *handle) {
   (void)handle;
   free(data);
 }
+
+const encache_allocator tool_host_allocator = {NULL, host_alloc, host_release};
+
+void tool_free(void *p) { free(p); }
 
 /* Shared parsing of --rows/--cols. */
 static int parse_shape(const char *cmd, const char *rows, const char *cols,
@@ -221,7 +226,7 @@ int cmd_lookup(const tool_globals *g, int argc, char **argv) {
                             dtype, rows, cols, ENCACHE_DEVICE_HOST, 0};
     cands[i] = cc;
   }
-  encache_allocator a = {NULL, host_alloc, host_release};
+  encache_allocator a = tool_host_allocator;
   int rc = encache_lookup(ec, cands, n, &a, res);
   int exit_code = EXIT_OK;
   if (rc < 0) {
@@ -277,8 +282,6 @@ static const char publish_usage[] =
     "write and prints the key and 'written' or 'skipped: REASON'.  FILE must\n"
     "hold exactly ROWS x COLS elements of DTYPE.  An existing object is never\n"
     "replaced.\n";
-
-static void release_free(void *ctx) { free(ctx); }
 
 int cmd_publish(const tool_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {
@@ -339,7 +342,7 @@ int cmd_publish(const tool_globals *g, int argc, char **argv) {
   encache_candidate cand = {id, ENCACHE_MODALITY_IMAGE, dtype, rows, cols,
                             ENCACHE_DEVICE_HOST, 0};
   encache_result res;
-  encache_allocator a = {NULL, host_alloc, host_release};
+  encache_allocator a = tool_host_allocator;
   int rc = encache_lookup(ec, &cand, 1, &a, &res);
   free(res.data);
   char key[4096];
@@ -347,7 +350,7 @@ int cmd_publish(const tool_globals *g, int argc, char **argv) {
   int exit_code = EXIT_OK;
   encache_storage *s = NULL;
   if (rc >= 0)
-    rc = encache_storage_new(data, len, release_free, data, &s);
+    rc = encache_storage_new(data, len, tool_free, data, &s);
   else
     free(data);
   if (rc >= 0) {

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "encache.h"
+
 #define EXIT_OK 0
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
@@ -77,6 +79,11 @@ int ns_option(ns_opts *o, int c, const char *arg);
 struct encache;
 struct encache *open_engine(const char *cmd, const tool_globals *g,
                             const ns_opts *o);
+
+/* Lookup destinations from malloc (the caller frees each hit's data), and
+ * free() as a storage release callback. */
+extern const encache_allocator tool_host_allocator;
+void tool_free(void *p);
 
 int cmd_lookup(const tool_globals *g, int argc, char **argv);
 int cmd_publish(const tool_globals *g, int argc, char **argv);
