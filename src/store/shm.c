@@ -16,10 +16,17 @@
  *   data_off     data_size bytes: a ring of records, one per object:
  *                the key, padding to 64 bytes, then the object bytes
  *
- * The magic is written last when a segment is created, under an flock()
- * held by whoever initialises it; an opener checks the magic and the
- * format word (layout version and the sizes of the shared types) and the
- * geometry before using anything, and refuses a mismatch (EFORMAT).
+ * Creation.  The first opener (holding an flock() on the file for the
+ * whole of it; others wait for it, within a bound) writes an "unfinished"
+ * magic before it sizes the file, lays the segment out, and writes the
+ * real magic last.  An opener that finds a file of size 0 or with the
+ * unfinished magic under the flock knows its creator died: it remakes it,
+ * unless some handle still holds a writer slot (then it is in use, and
+ * damaged).  Any other magic is refused: a segment is never re-initialised
+ * or resized while processes may have it mapped (they would die of SIGBUS).
+ * An opener checks the magic, the format word (layout version and the
+ * sizes of the shared types), the geometry and the lock before using
+ * anything, and refuses a mismatch (EFORMAT).
  *
  * Allocation and eviction.  Records are allocated at the head of the
  * ring, at monotonically increasing 64-bit positions (position % data_size
@@ -38,8 +45,8 @@
  *   - A writer allocates its record and an entry in state WRITING under
  *     the lock, copies the object outside it, and publishes the entry
  *     (READY) under the lock again.  Readers never see a WRITING entry,
- *     so they never see a partial object.  A WRITING entry at the tail
- *     is not evicted while its writer lives (the writer's handle holds an
+ *     so they never see a partial object.  A WRITING entry's space is
+ *     not reused while its writer lives (the writer's handle holds an
  *     open-file-description lock on a slot byte, see owner_alive()); a
  *     dead writer's entry is reclaimed by whoever finds it.
  *   - A reader looks its keys up under the lock, noting each entry's
@@ -52,13 +59,35 @@
  *
  * Crashes.  A process killed while holding the lock leaves it to the next
  * locker with EOWNERDEAD; that process runs repair(), which rebuilds all
- * derived structure (chains, lists, free list, counters) from the entries
- * that pass validation, and marks the mutex consistent.  Entries caught
- * half-moved, or written by dead writers, are dropped.  The same repair
- * runs whenever a lookup finds structure that does not validate (an index
- * out of range, a cycle): the Store is repaired, never trusted blindly.
- * The lock is taken with a timeout (lock_timeout_ms, default 5000), so a
- * wedged lock makes operations fail as recoverable, never hang.
+ * derived structure (chains, lists, free list, ring head, counters) from
+ * the entries that pass validation, and marks the mutex consistent.
+ * Entries caught half-moved, or written by dead writers, are dropped.  The
+ * same repair runs whenever an operation finds structure that does not
+ * validate: the Store is repaired, never trusted blindly.
+ *
+ * Damage.  The segment is shared writable memory: a bug in any attached
+ * process can change any byte.  So nothing read from it is trusted where
+ * it is used.  The geometry is kept in the handle (private) once checked
+ * at attach; an entry is read once into a private copy, and the copy must
+ * pass its check word (a hash of the fields that only the lock changes,
+ * and of the entry's own index) and the range checks before any of it is
+ * used; the ring head is checked against the newest and oldest records
+ * before an allocation; repair reads shared memory only through such
+ * copies and sorts in private memory; and each object carries a checksum
+ * of its bytes, computed while they are copied in and verified on the
+ * bytes copied out (`checksum=off` turns both off: docs/stores.md has the
+ * cost).  Damage that is found is repaired or refused (a miss), never
+ * served.  A damaged lock or identity (magic, format) is refused with a
+ * message that says to destroy the segment.
+ *
+ * Stalls.  The lock is taken with a timeout (lock_timeout_ms, default
+ * 500); after a timeout the handle waits only briefly for the next second,
+ * so a stopped lock holder costs an encoder one timeout, not one per
+ * operation.  A writer stalled mid-copy (stopped, or slow) does not stop
+ * the ring: when its record is the oldest, it is relabelled one lap on, in
+ * place (its bytes do not move), and allocation goes around it.  Opening
+ * never waits on the segment lock: the open-time validation runs at the
+ * handle's first lock instead.
  */
 #include "store.h"
 
@@ -68,6 +97,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,8 +129,9 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 #define OPTIMISTIC_END() ((void)0)
 #endif
 
-#define SHM_MAGIC 0x314d48534e434e45ull /* "ENCNSHM1" */
-#define SHM_VERSION 2u
+#define SHM_MAGIC 0x314d48534e434e45ull      /* "ENCNSHM1" */
+#define SHM_INIT_MAGIC 0x54494e494e434e45ull /* "ENCNINIT": being created */
+#define SHM_VERSION 3u
 #define REC_ALIGN 64u
 #define SHM_MAX_KEY (64u * 1024u)
 #define SHM_DEFAULT_SIZE (1ull << 30)
@@ -108,13 +139,21 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 #define SHM_MAX_NAME 200
 #define SHM_PAGE 4096u
 #define SHM_SLOTS 4096u /* handles that can write at once */
+#define SHM_DEFAULT_LOCK_MS 500u
+#define SHM_STALL_BACKOFF_MS 1000u /* after a lock timeout: brief waits */
+#define SHM_STALL_WAIT_MS 2u
+#define SHM_OPEN_WAIT_MS 2000u /* for another opener's flock */
 
 enum entry_state { E_FREE = 0, E_WRITING = 1, E_READY = 2, E_MOVING = 3 };
+enum entry_flags { F_SUMMED = 1 }; /* `sum` holds the object's checksum */
 
 /* One object.  Invariants (under the lock): a non-FREE entry's record lies
  * within [tail, head) of the ring and inside the data region; READY and
  * WRITING entries are on their hash chain and on the FIFO list in
- * position order; FREE entries are on the free list (through hnext).
+ * position order; FREE entries are on the free list (through hnext);
+ * `check` is entry_check() of the entry as the lock last left it (the
+ * list links, `gen` and `referenced` are not covered: links are checked
+ * by range and by walking, gen and referenced only ever make a miss).
  * `gen` and `referenced` are also touched without the lock (atomically). */
 typedef struct shm_entry {
   uint64_t gen;         /* bumped whenever the record stops being valid */
@@ -122,12 +161,15 @@ typedef struct shm_entry {
   uint64_t pos;         /* ring position of the record */
   uint64_t obj_len;     /* object bytes (after the key) */
   uint64_t owner_token; /* WRITING: the writer's handle token */
+  uint64_t sum;         /* READY with F_SUMMED: checksum of the object */
   uint32_t key_len;
   uint32_t state;
   uint32_t hnext;       /* hash chain / free list: index + 1, 0 = end */
   uint32_t fprev, fnext;/* FIFO (ring order) list: index + 1 */
   uint32_t owner_slot;  /* WRITING: the writer's handle slot */
   uint32_t referenced;  /* set by readers: earns a second chance */
+  uint32_t flags;       /* entry_flags */
+  uint32_t check;       /* entry_check() */
   uint32_t pad_;
 } shm_entry;
 
@@ -156,6 +198,7 @@ typedef struct shm_header {
   uint64_t evictions;
   uint64_t reinsertions;
   uint64_t repairs;
+  uint32_t dirty; /* a repair is owed (one could not finish) */
 } shm_header;
 
 #define SHM_FORMAT                                                           \
@@ -168,6 +211,8 @@ typedef struct shm_store {
   int fd;
   unsigned char *map;
   size_t map_size;
+  uint64_t total_size; /* private copies of the checked geometry */
+  char name[SHM_MAX_NAME + 1]; /* for messages */
   shm_header *h;
   shm_entry *entries;
   uint32_t *buckets;
@@ -176,6 +221,9 @@ typedef struct shm_store {
   uint32_t nentries, nbuckets, nslots;
   uint64_t *tokens;
   unsigned lock_timeout_ms;
+  int checksum;         /* compute and verify object checksums */
+  int validate_pending; /* check the structure at the next lock */
+  uint64_t stalled_until_ms; /* after a lock timeout: wait briefly */
   int slot;       /* this handle's writer slot, -1 = none */
   uint64_t token; /* this handle's token, in tokens[slot] */
   /* Records this handle copied but could not publish (the lock timed
@@ -183,7 +231,8 @@ typedef struct shm_store {
   pthread_mutex_t pmu;
   struct pending_pub {
     shm_entry *e;
-    uint64_t gen;
+    uint64_t gen, sum;
+    uint32_t flags;
   } pending[8];
   int npending;
   struct shm_store *reg_next; /* the process's open handles (fork) */
@@ -236,14 +285,153 @@ static uint32_t ent_id(shm_store *s, const shm_entry *e) {
   return (uint32_t)(e - s->entries) + 1;
 }
 
-/* Whether e's fields describe a record that can be dereferenced safely. */
-static int entry_sane(shm_store *s, const shm_entry *e) {
-  uint64_t ds = s->data_size, head = s->h->head;
+static uint64_t mix64(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+/* The check word of entry id: covers what only the lock changes and that
+ * readers or allocation trust (not the links, gen or referenced). */
+static uint32_t entry_check(const shm_entry *e, uint32_t id) {
+  uint64_t h = mix64(0x9e3779b97f4a7c15ull ^ id);
+  h = mix64(h ^ e->hash);
+  h = mix64(h ^ e->pos);
+  h = mix64(h ^ e->obj_len);
+  h = mix64(h ^ e->owner_token);
+  h = mix64(h ^ e->sum);
+  h = mix64(h ^ ((uint64_t)e->key_len << 32 | e->state));
+  h = mix64(h ^ ((uint64_t)e->owner_slot << 32 | e->flags));
+  return (uint32_t)(h ^ h >> 32);
+}
+
+/* After the lock changed any field entry_check() covers. */
+static void seal(shm_store *s, shm_entry *e) {
+  e->check = entry_check(e, ent_id(s, e));
+}
+
+/* Whether a record of e's key and object lengths at e's position lies
+ * inside the data region. */
+static int rec_fits(shm_store *s, const shm_entry *e) {
+  uint64_t ds = s->data_size;
   if (e->key_len == 0 || e->key_len > SHM_MAX_KEY || e->obj_len > ds)
     return 0;
   uint64_t rec = rec_size(e->key_len, e->obj_len);
-  return rec <= ds && e->pos % ds + rec <= ds && e->pos <= head &&
-         rec <= head - e->pos && head - e->pos <= ds;
+  return rec <= ds && e->pos % ds + rec <= ds;
+}
+
+/* rec_fits(), and the record lies within the ring's last lap before head. */
+static int entry_sane(shm_store *s, const shm_entry *e) {
+  uint64_t head = __atomic_load_n(&s->h->head, __ATOMIC_RELAXED);
+  if (!rec_fits(s, e))
+    return 0;
+  uint64_t rec = rec_size(e->key_len, e->obj_len);
+  return e->pos <= head && rec <= head - e->pos &&
+         head - e->pos <= s->data_size;
+}
+
+/* Copies entry id (index + 1) out of shared memory into *c: every later
+ * use of its fields reads the copy, so bytes changing underneath cannot
+ * turn a checked value into an unchecked one.  Returns 1 when the copy can
+ * be trusted: its check word holds, its state is known and, unless FREE,
+ * its record lies inside the data region and (with_head) inside the ring's
+ * last lap. */
+static int load_entry(shm_store *s, uint32_t id, shm_entry *c, int with_head) {
+  shm_entry *e = ent(s, id);
+  if (e == NULL)
+    return 0;
+  memcpy(c, e, sizeof(*c));
+  if (c->check != entry_check(c, id) || c->state > E_MOVING)
+    return 0;
+  return c->state == E_FREE ||
+         (with_head ? entry_sane(s, c) : rec_fits(s, c));
+}
+
+/*
+ * Object checksums: a 4-lane Fletcher-style sum over 32-byte blocks (per
+ * lane: a += word, b += a, modulo 2^64), finished by a mix of the lanes
+ * and the length.  Every single-bit change, and almost any other, changes
+ * it; it runs at about 30 GB/s from cache, so it is computed on each chunk
+ * just after the chunk is copied, while it is still in cache.  It guards
+ * against damage (stray writes, overlapping records), not against an
+ * adversary.  Streaming: the object may arrive in pieces of any length.
+ */
+typedef struct sum_state {
+  uint64_t a[4], b[4];
+  uint64_t len;
+  unsigned char part[32];
+  size_t npart;
+} sum_state;
+
+static inline uint64_t load64(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+static void sum_blocks(sum_state *st, const unsigned char *p, size_t nblocks) {
+  uint64_t a0 = st->a[0], a1 = st->a[1], a2 = st->a[2], a3 = st->a[3];
+  uint64_t b0 = st->b[0], b1 = st->b[1], b2 = st->b[2], b3 = st->b[3];
+  for (size_t i = 0; i < nblocks; i++, p += 32) {
+    a0 += load64(p);
+    b0 += a0;
+    a1 += load64(p + 8);
+    b1 += a1;
+    a2 += load64(p + 16);
+    b2 += a2;
+    a3 += load64(p + 24);
+    b3 += a3;
+  }
+  st->a[0] = a0, st->a[1] = a1, st->a[2] = a2, st->a[3] = a3;
+  st->b[0] = b0, st->b[1] = b1, st->b[2] = b2, st->b[3] = b3;
+}
+
+static void sum_update(sum_state *st, const unsigned char *p, size_t n) {
+  st->len += n;
+  if (st->npart > 0) {
+    size_t take = 32 - st->npart < n ? 32 - st->npart : n;
+    memcpy(st->part + st->npart, p, take);
+    st->npart += take;
+    p += take;
+    n -= take;
+    if (st->npart < 32)
+      return;
+    sum_blocks(st, st->part, 1);
+    st->npart = 0;
+  }
+  sum_blocks(st, p, n / 32);
+  st->npart = n % 32;
+  memcpy(st->part, p + n - st->npart, st->npart);
+}
+
+static uint64_t sum_final(sum_state *st) {
+  if (st->npart > 0) {
+    memset(st->part + st->npart, 0, 32 - st->npart);
+    sum_blocks(st, st->part, 1);
+    st->npart = 0;
+  }
+  uint64_t h = mix64(st->len ^ 0x5bd1e9955bd1e995ull);
+  for (int i = 0; i < 4; i++)
+    h = mix64(mix64(h ^ st->a[i]) ^ st->b[i]);
+  return h;
+}
+
+/* memcpy, summing the copied bytes (at dst) chunk by chunk when st. */
+static void copy_sum(unsigned char *dst, const unsigned char *src, size_t n,
+                     sum_state *st) {
+  if (st == NULL) {
+    memcpy(dst, src, n);
+    return;
+  }
+  for (size_t off = 0; off < n;) {
+    size_t c = n - off < 65536 ? n - off : 65536;
+    memcpy(dst + off, src + off, c);
+    sum_update(st, dst + off, c);
+    off += c;
+  }
 }
 
 /*
@@ -259,7 +447,7 @@ static struct flock slot_lock(const shm_store *s, uint32_t slot, short type) {
   memset(&fl, 0, sizeof(fl));
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
-  fl.l_start = (off_t)(s->h->total_size + slot);
+  fl.l_start = (off_t)(s->total_size + slot);
   fl.l_len = 1;
   return fl;
 }
@@ -300,6 +488,18 @@ static void take_slot(shm_store *s) {
       return;
     }
   }
+}
+
+/* Whether any handle holds a writer slot of the segment file fd of `size`
+ * bytes: whether any process has it open (it cannot tell: yes). */
+static int slots_held(int fd, uint64_t size) {
+  struct flock fl;
+  memset(&fl, 0, sizeof(fl));
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = (off_t)size;
+  fl.l_len = SHM_SLOTS;
+  return fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
 }
 
 /* ----------------------------------------------------- list maintenance */
@@ -361,168 +561,217 @@ static void entry_free(shm_store *s, shm_entry *e) {
   s->h->nobjects--;
   s->h->bytes_used -= rec_size(e->key_len, e->obj_len);
   e->state = E_FREE;
+  e->flags = 0;
+  seal(s, e);
   e->hnext = s->h->free_first;
   s->h->free_first = ent_id(s, e);
 }
 
 /* ----------------------------------------------------------------- repair */
 
-static shm_store *repair_store; /* context for qsort's comparator */
+static void drop_entry(shm_store *s, shm_entry *e) {
+  __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
+  e->state = E_FREE;
+  e->flags = 0;
+  seal(s, e);
+}
+
+/* What repair keeps of a live entry, in private memory: sorting and every
+ * decision read values that cannot change underneath. */
+typedef struct kept_rec {
+  uint64_t pos, end, hash;
+  size_t prev; /* the kept record before this one (a stack), or SIZE_MAX */
+  uint32_t id, key_len;
+  uint8_t writing, dropped;
+} kept_rec;
 
 static int cmp_pos(const void *a, const void *b) {
-  const shm_entry *x = &repair_store->entries[*(const uint32_t *)a];
-  const shm_entry *y = &repair_store->entries[*(const uint32_t *)b];
+  const kept_rec *x = a, *y = b;
   return x->pos < y->pos ? -1 : x->pos > y->pos;
 }
 
-static pthread_mutex_t repair_mutex = PTHREAD_MUTEX_INITIALIZER;
-
-static void drop_entry(shm_entry *e) {
-  __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
-  e->state = E_FREE;
+static int cmp_hash_pos(const void *a, const void *b) {
+  const kept_rec *x = a, *y = b;
+  if (x->hash != y->hash)
+    return x->hash < y->hash ? -1 : 1;
+  return cmp_pos(a, b);
 }
 
-/* Rebuilds every derived structure from the entries that validate.  Runs
- * under the segment lock; idempotent, so a process dying in here leaves
- * the next locker to run it again.  It allocates nothing (the bucket
- * array, rebuilt last, is the sorting scratch: nbuckets >= nentries), and
- * it never drops the record of a writer that is alive: that writer is
- * still copying into it. */
-static void repair(shm_store *s) {
+/* Of overlapping records, or two of one key, which goes: the newer (or,
+ * for twins, the older), except that a live writer's record is kept over
+ * a READY one (its writer is still copying into it). */
+static void drop_one_of(kept_rec *older, kept_rec *newer, int twins) {
+  if (newer->writing && !older->writing)
+    older->dropped = 1;
+  else if (older->writing && !newer->writing)
+    newer->dropped = 1;
+  else if (twins)
+    older->dropped = 1;
+  else
+    newer->dropped = 1;
+}
+
+/* Rebuilds every derived structure (lists, chains, ring head, counters)
+ * from the entries that validate.  Runs under the segment lock; it reads
+ * shared memory only through checked private copies and sorts in private
+ * memory, so bytes changing while it runs (another process's bug) cannot
+ * crash it; the next check finds whatever they broke.  Idempotent: a
+ * process dying in here, or failing to allocate, leaves `dirty` set and
+ * the next locker runs it again.  It never drops the record of a live
+ * writer for a READY one: that writer is still copying into it. */
+static int repair(shm_store *s) {
   shm_header *h = s->h;
-  uint32_t n = s->nentries, kept = 0;
-  uint32_t *order = s->buckets;
-
-  for (uint32_t i = 0; i < n; i++) {
-    shm_entry *e = &s->entries[i];
-    int keep = 0;
-    if (entry_sane(s, e)) {
-      if (e->state == E_READY)
-        keep = hash_key((const char *)rec_at(s, e->pos), e->key_len) == e->hash;
-      else if (e->state == E_WRITING)
-        keep = owner_alive(s, e);
+  uint64_t ds = s->data_size;
+  size_t cap = 0, nk = 0;
+  kept_rec *kr = NULL;
+  h->dirty = 1;
+  for (uint32_t id = 1; id <= s->nentries; id++) {
+    shm_entry c, *e = &s->entries[id - 1];
+    int ok = load_entry(s, id, &c, 0), keep = 0;
+    if (ok && c.state == E_READY)
+      keep = hash_key((const char *)rec_at(s, c.pos), c.key_len) == c.hash;
+    else if (ok && c.state == E_WRITING)
+      keep = owner_alive(s, &c);
+    if (!keep) {
+      if (!ok || c.state != E_FREE)
+        drop_entry(s, e);
+      continue;
     }
-    if (keep)
-      order[kept++] = i;
-    else if (e->state != E_FREE)
-      drop_entry(e);
+    if (nk == cap) {
+      size_t ncap = cap ? 2 * cap : 1024;
+      kept_rec *n = encache__realloc(kr, ncap * sizeof(*kr));
+      if (n == NULL) {
+        encache__free(kr);
+        return encache__store_fail(&s->base, ENCACHE_ENOMEM,
+                                   "%s: out of memory for a repair",
+                                   s->base.url);
+      }
+      kr = n;
+      cap = ncap;
+    }
+    kr[nk++] = (kept_rec){c.pos, c.pos + rec_size(c.key_len, c.obj_len),
+                          c.hash, SIZE_MAX, id, c.key_len,
+                          c.state == E_WRITING, 0};
   }
-  /* qsort has no context argument: serialise repairs within the process. */
-  pthread_mutex_lock(&repair_mutex);
-  repair_store = s;
-  qsort(order, kept, sizeof(uint32_t), cmp_pos);
-  pthread_mutex_unlock(&repair_mutex);
 
-  /* Overlapping records: one of each pair goes, never a live writer's. */
+  /* The ring's last lap ends at the newest record; what lies outside it,
+   * or overlaps a record it keeps, goes. */
+  qsort(kr, nk, sizeof(*kr), cmp_pos);
+  uint64_t newest = 0;
+  for (size_t k = 0; k < nk; k++)
+    newest = kr[k].end > newest ? kr[k].end : newest;
+  size_t last = SIZE_MAX; /* the newest record kept so far */
+  for (size_t k = 0; k < nk; k++) {
+    if (newest - kr[k].pos > ds) {
+      kr[k].dropped = 1;
+      continue;
+    }
+    while (last != SIZE_MAX && !kr[k].dropped && kr[last].end > kr[k].pos) {
+      drop_one_of(&kr[last], &kr[k], 0);
+      if (kr[last].dropped)
+        last = kr[last].prev;
+    }
+    if (!kr[k].dropped) {
+      kr[k].prev = last;
+      last = k;
+    }
+  }
+  /* Two records of one key. */
+  qsort(kr, nk, sizeof(*kr), cmp_hash_pos);
+  for (size_t k = 0; k < nk; k++)
+    for (size_t j = k + 1; j < nk && kr[j].hash == kr[k].hash; j++)
+      if (!kr[k].dropped && !kr[j].dropped &&
+          kr[j].key_len == kr[k].key_len &&
+          memcmp(rec_at(s, kr[j].pos), rec_at(s, kr[k].pos),
+                 kr[k].key_len) == 0)
+        drop_one_of(&kr[k], &kr[j], 1);
+  qsort(kr, nk, sizeof(*kr), cmp_pos);
+
   h->fifo_first = h->fifo_last = h->free_first = 0;
   h->nobjects = 0;
   h->bytes_used = 0;
-  shm_entry *last = NULL;
-  for (uint32_t k = 0; k < kept; k++) {
-    shm_entry *e = &s->entries[order[k]];
-    e->fprev = e->fnext = 0;
-    if (last != NULL &&
-        last->pos + rec_size(last->key_len, last->obj_len) > e->pos) {
-      if (e->state == E_WRITING && last->state != E_WRITING) {
-        fifo_unlink(s, last);
-        drop_entry(last);
-      } else {
-        drop_entry(e);
-        continue;
-      }
-    }
-    fifo_append(s, e);
-    last = e;
-  }
-  /* The hash chains, from the list (the scratch is no longer needed);
-   * of two records of one key, the older goes unless it is being written. */
   memset(s->buckets, 0, sizeof(uint32_t) * (size_t)s->nbuckets);
-  for (uint32_t i = h->fifo_first; i != 0;) {
-    shm_entry *e = &s->entries[i - 1];
-    uint32_t next = e->fnext;
-    shm_entry *twin = NULL;
-    for (uint32_t c = s->buckets[e->hash & (s->nbuckets - 1)]; c && !twin;
-         c = s->entries[c - 1].hnext) {
-      shm_entry *o = &s->entries[c - 1];
-      if (o->key_len == e->key_len &&
-          memcmp(rec_at(s, o->pos), rec_at(s, e->pos), e->key_len) == 0)
-        twin = o;
+  uint64_t first = 0, last_end = 0;
+  for (size_t k = 0; k < nk; k++) {
+    shm_entry *e = &s->entries[kr[k].id - 1];
+    if (kr[k].dropped) {
+      drop_entry(s, e);
+      continue;
     }
-    shm_entry *gone = twin == NULL ? NULL
-                      : twin->state == E_WRITING ? e : twin;
-    if (gone == twin && twin != NULL) {
-      chain_unlink(s, twin);
-      h->nobjects--;
-      h->bytes_used -= rec_size(twin->key_len, twin->obj_len);
-    }
-    if (gone != NULL) {
-      fifo_unlink(s, gone);
-      drop_entry(gone);
-    }
-    if (gone != e) {
-      chain_insert(s, e);
-      h->nobjects++;
-      h->bytes_used += rec_size(e->key_len, e->obj_len);
-    }
-    i = next;
+    if (h->nobjects++ == 0)
+      first = kr[k].pos;
+    last_end = kr[k].end;
+    h->bytes_used += kr[k].end - kr[k].pos;
+    fifo_append(s, e);
+    uint32_t *b = &s->buckets[kr[k].hash & (s->nbuckets - 1)];
+    e->hnext = *b;
+    *b = kr[k].id;
   }
-  for (uint32_t i = n; i-- > 0;) {
-    shm_entry *e = &s->entries[i];
+  encache__free(kr);
+  uint64_t head = h->head;
+  if (h->nobjects == 0 ? head > (1ull << 62)
+                       : head < last_end || head - first > ds)
+    h->head = h->nobjects == 0 ? 0 : last_end;
+  for (uint32_t i = s->nentries; i > 0; i--) {
+    shm_entry *e = &s->entries[i - 1];
     if (e->state == E_FREE) {
       e->fprev = e->fnext = 0;
       e->hnext = h->free_first;
-      h->free_first = i + 1;
+      h->free_first = i;
     }
   }
   h->repairs++;
+  h->dirty = 0;
+  return 0;
 }
 
 /* Checks every list and chain in O(entries); false when anything is out
- * of range, cyclic or inconsistent with the entries' states. */
+ * of range, cyclic, fails its check or is inconsistent with the entries'
+ * states and the ring head. */
 static int structure_ok(shm_store *s) {
   shm_header *h = s->h;
-  uint32_t n = s->nentries, live = 0, nfree = 0;
+  uint32_t n = s->nentries, live = 0, nfree = 0, chained = 0, prev = 0;
   uint64_t prev_end = 0, bytes = 0;
-  uint32_t prev = 0;
-  for (uint32_t i = h->fifo_first; i != 0; i = s->entries[i - 1].fnext) {
-    shm_entry *e = ent(s, i);
-    if (e == NULL || ++live > n || e->fprev != prev ||
-        (e->state != E_READY && e->state != E_WRITING) || !entry_sane(s, e) ||
-        (live > 1 && e->pos < prev_end))
+  shm_entry c;
+  if (h->dirty)
+    return 0;
+  for (uint32_t i = h->fifo_first; i != 0; i = c.fnext) {
+    if (++live > n || !load_entry(s, i, &c, 1) || c.fprev != prev ||
+        (c.state != E_READY && c.state != E_WRITING) ||
+        (live > 1 && c.pos < prev_end))
       return 0;
-    prev_end = e->pos + rec_size(e->key_len, e->obj_len);
-    bytes += rec_size(e->key_len, e->obj_len);
+    prev_end = c.pos + rec_size(c.key_len, c.obj_len);
+    bytes += rec_size(c.key_len, c.obj_len);
     prev = i;
   }
   if (h->fifo_last != prev || live != h->nobjects || bytes != h->bytes_used)
     return 0;
-  for (uint32_t i = h->free_first; i != 0; i = s->entries[i - 1].hnext) {
-    shm_entry *e = ent(s, i);
-    if (e == NULL || ++nfree > n || e->state != E_FREE)
+  for (uint32_t i = h->free_first; i != 0; i = c.hnext)
+    if (++nfree > n || !load_entry(s, i, &c, 1) || c.state != E_FREE)
       return 0;
-  }
   if (live + nfree != n)
     return 0;
-  uint32_t chained = 0;
-  for (uint32_t b = 0; b < s->nbuckets; b++) {
-    for (uint32_t i = s->buckets[b]; i != 0; i = s->entries[i - 1].hnext) {
-      shm_entry *e = ent(s, i);
-      if (e == NULL || ++chained > live || e->state == E_FREE ||
-          (e->hash & (s->nbuckets - 1)) != b)
+  for (uint32_t b = 0; b < s->nbuckets; b++)
+    for (uint32_t i = s->buckets[b]; i != 0; i = c.hnext)
+      if (++chained > live || !load_entry(s, i, &c, 1) ||
+          c.state == E_FREE || (c.hash & (s->nbuckets - 1)) != b)
         return 0;
-    }
-  }
   return chained == live;
 }
 
 /* ---------------------------------------------------------------- locking */
 
 /* Publishes a record this handle finished copying, if it is still ours. */
-static int publish_record(shm_store *s, shm_entry *e, uint64_t gen) {
+static int publish_record(shm_store *s, shm_entry *e, uint64_t gen,
+                          uint64_t sum, uint32_t flags) {
   if (e->state == E_WRITING && __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == gen &&
-      e->owner_slot == (uint32_t)s->slot && e->owner_token == s->token) {
+      e->owner_slot == (uint32_t)s->slot && e->owner_token == s->token &&
+      e->check == entry_check(e, ent_id(s, e))) {
     e->state = E_READY;
     e->owner_slot = UINT32_MAX;
+    e->sum = sum;
+    e->flags = flags;
+    seal(s, e);
     return 0;
   }
   return -1;
@@ -532,18 +781,73 @@ static int publish_record(shm_store *s, shm_entry *e, uint64_t gen) {
 static void publish_pending(shm_store *s) {
   pthread_mutex_lock(&s->pmu);
   for (int i = 0; i < s->npending; i++)
-    publish_record(s, s->pending[i].e, s->pending[i].gen);
+    publish_record(s, s->pending[i].e, s->pending[i].gen, s->pending[i].sum,
+                   s->pending[i].flags);
   __atomic_store_n(&s->npending, 0, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&s->pmu);
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The end of the operator's way out, for messages about damage. */
+#define DESTROY_HINT "destroy it (encache shm destroy %s) once no process uses it"
+
+/* Whether the lock looks like the robust process-shared mutex that
+ * segment_init() made.  glibc aborts inside pthread_mutex_timedlock() on
+ * some damaged kind words, so the kind is compared with a fresh mutex's
+ * before every lock (a damaged lock cannot be repaired while other
+ * processes may be waiting on it). */
+#ifdef __GLIBC__
+static int good_kind;
+static pthread_once_t good_kind_once = PTHREAD_ONCE_INIT;
+static void good_kind_init(void) {
+  pthread_mutex_t m;
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&m, &a);
+  good_kind = m.__data.__kind;
+  pthread_mutex_destroy(&m);
+  pthread_mutexattr_destroy(&a);
+}
+static int lock_damaged(pthread_mutex_t *m) {
+  pthread_once(&good_kind_once, good_kind_init);
+  return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) != good_kind;
+}
+#else
+static int lock_damaged(pthread_mutex_t *m) {
+  (void)m;
+  return 0;
+}
+#endif
+
+/* Whether the header's immutable part still says what attach checked. */
+static int identity_ok(shm_store *s) {
+  const shm_header *h = s->h;
+  return h->magic == SHM_MAGIC && h->format == SHM_FORMAT &&
+         h->total_size == s->total_size && h->data_size == s->data_size &&
+         h->nentries == s->nentries && h->nbuckets == s->nbuckets;
 }
 
 static int shm_lock_raw(shm_store *s);
 
 static int shm_lock(shm_store *s) {
   int rc = shm_lock_raw(s);
-  if (rc == 0 && __atomic_load_n(&s->npending, __ATOMIC_RELAXED) > 0)
+  if (rc < 0)
+    return rc;
+  if (s->h->dirty || __atomic_exchange_n(&s->validate_pending, 0,
+                                         __ATOMIC_RELAXED)) {
+    if (!structure_ok(s))
+      repair(s); /* on failure `dirty` stays: the next lock tries again */
+  }
+  if (__atomic_load_n(&s->npending, __ATOMIC_RELAXED) > 0)
     publish_pending(s);
-  return rc;
+  return 0;
 }
 
 static int shm_lock_raw(shm_store *s) {
@@ -551,33 +855,58 @@ static int shm_lock_raw(shm_store *s) {
     return encache__store_fail(&s->base, ENCACHE_EINVAL,
                                "%s: handle used in a child after fork(): "
                                "open a new one", s->base.url);
+  if (!identity_ok(s))
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "%s: the segment header is damaged (magic, "
+                               "format or geometry changed): " DESTROY_HINT,
+                               s->base.url, s->name);
+  if (lock_damaged(&s->h->lock))
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "%s: the segment lock is damaged: " DESTROY_HINT,
+                               s->base.url, s->name);
+  /* After a timeout, wait only briefly for a while: a stopped holder must
+   * cost an encoder one timeout, not one per operation. */
+  unsigned wait = s->lock_timeout_ms;
+  uint64_t now = mono_ms();
+  if (now < __atomic_load_n(&s->stalled_until_ms, __ATOMIC_RELAXED) &&
+      wait > SHM_STALL_WAIT_MS)
+    wait = SHM_STALL_WAIT_MS;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_sec += s->lock_timeout_ms / 1000;
-  ts.tv_nsec += (long)(s->lock_timeout_ms % 1000) * 1000000L;
+  ts.tv_sec += wait / 1000;
+  ts.tv_nsec += (long)(wait % 1000) * 1000000L;
   if (ts.tv_nsec >= 1000000000L) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
   int rc = pthread_mutex_timedlock(&s->h->lock, &ts);
-  if (rc == 0)
-    return 0;
-  if (rc == EOWNERDEAD) {
-    /* The previous holder died mid-update: rebuild, then vouch for it. */
-    repair(s);
-    pthread_mutex_consistent(&s->h->lock);
+  if (rc == 0 || rc == EOWNERDEAD) {
+    __atomic_store_n(&s->stalled_until_ms, 0, __ATOMIC_RELAXED);
+    if (rc == EOWNERDEAD) {
+      /* The previous holder died mid-update: rebuild, then vouch for it
+       * (a repair that cannot finish leaves `dirty` for the next one). */
+      repair(s);
+      pthread_mutex_consistent(&s->h->lock);
+    }
     return 0;
   }
-  if (rc == ETIMEDOUT)
+  if (rc == ETIMEDOUT) {
+    __atomic_store_n(&s->stalled_until_ms, now + SHM_STALL_BACKOFF_MS,
+                     __ATOMIC_RELAXED);
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: lock not acquired within %u ms",
-                               s->base.url, s->lock_timeout_ms);
+                               "%s: lock not acquired within %u ms (its "
+                               "holder may be stopped; the next %u ms wait "
+                               "at most %u ms)", s->base.url, wait,
+                               SHM_STALL_BACKOFF_MS, SHM_STALL_WAIT_MS);
+  }
+  if (rc == EINVAL || rc == ENOTRECOVERABLE)
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "%s: the segment lock is %s (%s): " DESTROY_HINT,
+                               s->base.url,
+                               rc == EINVAL ? "damaged" : "unrecoverable",
+                               strerror(rc), s->name);
   return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: lock failed: %s%s", s->base.url,
-                             strerror(rc),
-                             rc == ENOTRECOVERABLE
-                                 ? " (destroy the segment: encache shm destroy)"
-                                 : "");
+                             "%s: lock failed: %s", s->base.url, strerror(rc));
 }
 
 static void shm_unlock(shm_store *s) { pthread_mutex_unlock(&s->h->lock); }
@@ -586,37 +915,71 @@ int encache__shm_test_lock(encache_store *st) {
   return shm_lock((shm_store *)st);
 }
 
+int encache__shm_test_layout(encache_store *st, encache__shm_layout *out) {
+  shm_store *s = (shm_store *)st;
+  if (st == NULL || st->ops != &shm_ops || s->h == NULL)
+    return ENCACHE_EINVAL;
+  memset(out, 0, sizeof(*out));
+  out->total_size = s->total_size;
+  out->lock_off = offsetof(shm_header, lock);
+#ifdef __GLIBC__
+  out->lock_kind_off = out->lock_off + offsetof(pthread_mutex_t, __data.__kind);
+#endif
+  out->head_off = offsetof(shm_header, head);
+  out->fifo_first_off = offsetof(shm_header, fifo_first);
+  out->fifo_last_off = offsetof(shm_header, fifo_last);
+  out->free_first_off = offsetof(shm_header, free_first);
+  out->entries_off = (uint64_t)((unsigned char *)s->entries - s->map);
+  out->entry_size = sizeof(shm_entry);
+  out->entry_pos_off = offsetof(shm_entry, pos);
+  out->nentries = s->nentries;
+  out->nbuckets = s->nbuckets;
+  out->buckets_off = (uint64_t)((unsigned char *)s->buckets - s->map);
+  out->data_off = (uint64_t)(s->data - s->map);
+  out->data_size = s->data_size;
+  return 0;
+}
+
+int encache__shm_test_repair(encache_store *st, int always) {
+  shm_store *s = (shm_store *)st;
+  int rc = shm_lock(s);
+  if (rc < 0)
+    return rc;
+  if (always || !structure_ok(s))
+    rc = repair(s);
+  shm_unlock(s);
+  return rc;
+}
+
 /* --------------------------------------------------------------- lookups */
 
-/* Finds the live (non-FREE) entry for key; sets *corrupt when the chain
- * does not validate. */
+/* Finds the live (non-FREE) entry for key, with its checked copy in *c;
+ * sets *corrupt when the chain does not validate. */
 static shm_entry *find(shm_store *s, const char *key, uint32_t klen,
-                       uint64_t hash, int *corrupt) {
+                       uint64_t hash, shm_entry *c, int *corrupt) {
   uint32_t i = s->buckets[hash & (s->nbuckets - 1)];
   for (uint32_t steps = 0; i != 0; steps++) {
-    shm_entry *e = ent(s, i);
-    if (e == NULL || steps > s->nentries || e->state == E_FREE ||
-        !entry_sane(s, e)) {
+    if (steps > s->nentries || !load_entry(s, i, c, 1) ||
+        c->state == E_FREE) {
       *corrupt = 1;
       return NULL;
     }
-    if (e->hash == hash && e->key_len == klen &&
-        memcmp(rec_at(s, e->pos), key, klen) == 0)
-      return e;
-    i = e->hnext;
+    if (c->hash == hash && c->key_len == klen &&
+        memcmp(rec_at(s, c->pos), key, klen) == 0)
+      return ent(s, i);
+    i = c->hnext;
   }
   return NULL;
 }
 
 /* find() that repairs the structure and retries once when it is corrupt. */
 static shm_entry *find_repairing(shm_store *s, const char *key,
-                                 uint32_t klen, uint64_t hash) {
+                                 uint32_t klen, uint64_t hash, shm_entry *c) {
   int corrupt = 0;
-  shm_entry *e = find(s, key, klen, hash, &corrupt);
-  if (corrupt) {
-    repair(s);
+  shm_entry *e = find(s, key, klen, hash, c, &corrupt);
+  if (corrupt && repair(s) == 0) {
     corrupt = 0;
-    e = find(s, key, klen, hash, &corrupt);
+    e = find(s, key, klen, hash, c, &corrupt);
   }
   return corrupt ? NULL : e;
 }
@@ -634,6 +997,7 @@ static int shm_exists(encache_store *st, const char *const *keys, size_t n,
                       int *results) {
   shm_store *s = (shm_store *)st;
   size_t klen;
+  shm_entry c;
   int rc = shm_lock(s);
   if (rc < 0)
     return rc;
@@ -643,8 +1007,8 @@ static int shm_exists(encache_store *st, const char *const *keys, size_t n,
       continue;
     }
     shm_entry *e = find_repairing(s, keys[i], (uint32_t)klen,
-                                  hash_key(keys[i], klen));
-    results[i] = e != NULL && e->state == E_READY;
+                                  hash_key(keys[i], klen), &c);
+    results[i] = e != NULL && c.state == E_READY;
   }
   shm_unlock(s);
   return 0;
@@ -652,19 +1016,39 @@ static int shm_exists(encache_store *st, const char *const *keys, size_t n,
 
 typedef struct read_snap {
   shm_entry *e;
-  uint64_t gen;
+  uint64_t gen, sum;
   const unsigned char *src;
   uint64_t len;
+  int summed;
 } read_snap;
 
+/* Drops the objects whose bytes failed their checksum, if they are still
+ * what was read (a later copy may have replaced them). */
+static void drop_damaged(shm_store *s, const read_snap *snap, size_t n,
+                         const int64_t *results) {
+  if (shm_lock(s) < 0)
+    return; /* the next reader finds them again */
+  for (size_t i = 0; i < n; i++) {
+    shm_entry *e = snap[i].e;
+    if (e != NULL && results[i] == ENCACHE_ENOENT && e->state == E_READY &&
+        __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == snap[i].gen) {
+      entry_free(s, e);
+      s->h->repairs++;
+    }
+  }
+  shm_unlock(s);
+}
+
 /* Reads whole objects (split 0) or splits each: its first `split` bytes to
- * heads[i], the rest to bufs[i]. */
+ * heads[i], the rest to bufs[i].  Each object's checksum is verified on
+ * the bytes as they landed in the caller's buffers. */
 static int read_common(encache_store *st, const char *const *keys, size_t n,
                        size_t split, void *const *heads, void *const *bufs,
                        const size_t *caps, int64_t *results) {
   shm_store *s = (shm_store *)st;
   read_snap local[16];
   read_snap *snap = n <= 16 ? local : encache__calloc(n, sizeof(*snap));
+  size_t damaged = 0;
   if (snap == NULL)
     return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
   int rc = shm_lock(s);
@@ -672,22 +1056,25 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
     goto out;
   for (size_t i = 0; i < n; i++) {
     size_t klen;
+    shm_entry c;
     snap[i].e = NULL;
     if (key_ok(s, keys[i], &klen) < 0) {
       results[i] = ENCACHE_EINVAL;
       continue;
     }
     shm_entry *e = find_repairing(s, keys[i], (uint32_t)klen,
-                                  hash_key(keys[i], klen));
-    if (e == NULL || e->state != E_READY) {
+                                  hash_key(keys[i], klen), &c);
+    if (e == NULL || c.state != E_READY) {
       results[i] = ENCACHE_ENOENT;
-    } else if (e->obj_len > caps[i] && e->obj_len - caps[i] > split) {
+    } else if (c.obj_len > caps[i] && c.obj_len - caps[i] > split) {
       results[i] = ENCACHE_ETOOLARGE;
     } else {
       snap[i].e = e;
-      snap[i].gen = __atomic_load_n(&e->gen, __ATOMIC_RELAXED);
-      snap[i].src = obj_at(s, e);
-      snap[i].len = e->obj_len;
+      snap[i].gen = c.gen;
+      snap[i].src = obj_at(s, &c);
+      snap[i].len = c.obj_len;
+      snap[i].sum = c.sum;
+      snap[i].summed = s->checksum && (c.flags & F_SUMMED);
       __atomic_store_n(&e->referenced, 1, __ATOMIC_RELAXED);
     }
   }
@@ -698,10 +1085,12 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
     if (snap[i].e == NULL)
       continue;
     size_t h = snap[i].len < split ? (size_t)snap[i].len : split;
+    sum_state sum = {0};
     OPTIMISTIC_BEGIN();
     if (h > 0)
-      memcpy(heads[i], snap[i].src, h);
-    memcpy(bufs[i], snap[i].src + h, (size_t)snap[i].len - h);
+      copy_sum(heads[i], snap[i].src, h, snap[i].summed ? &sum : NULL);
+    copy_sum(bufs[i], snap[i].src + h, (size_t)snap[i].len - h,
+             snap[i].summed ? &sum : NULL);
     OPTIMISTIC_END();
     /* Seqlock check: the copy above must complete before the generation
      * is read again. */
@@ -711,8 +1100,18 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     uint64_t gen = __atomic_load_n(&snap[i].e->gen, __ATOMIC_RELAXED);
 #endif
-    results[i] = gen == snap[i].gen ? (int64_t)snap[i].len : ENCACHE_ENOENT;
+    if (gen != snap[i].gen) {
+      results[i] = ENCACHE_ENOENT;
+      snap[i].e = NULL; /* replaced while read: not damage */
+    } else if (snap[i].summed && sum_final(&sum) != snap[i].sum) {
+      results[i] = ENCACHE_ENOENT; /* damaged: a miss, never served */
+      damaged++;
+    } else {
+      results[i] = (int64_t)snap[i].len;
+    }
   }
+  if (damaged > 0)
+    drop_damaged(s, snap, n, results);
 out:
   if (snap != local)
     encache__free(snap);
@@ -735,12 +1134,14 @@ static int shm_object_size(encache_store *st, const char *key,
                            uint64_t *len) {
   shm_store *s = (shm_store *)st;
   size_t klen;
+  shm_entry c;
   int rc = key_ok(s, key, &klen);
   if (rc < 0 || (rc = shm_lock(s)) < 0)
     return rc;
-  shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash_key(key, klen));
-  if (e != NULL && e->state == E_READY)
-    *len = e->obj_len;
+  shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash_key(key, klen),
+                                &c);
+  if (e != NULL && c.state == E_READY)
+    *len = c.obj_len;
   else
     rc = ENCACHE_ENOENT;
   shm_unlock(s);
@@ -756,80 +1157,108 @@ static uint64_t head_start(shm_store *s, uint64_t rec) {
   return off + rec <= s->data_size ? head : head + (s->data_size - off);
 }
 
-/* Moves the oldest record e to the head if it fits there once it is gone
- * from the tail.  Returns 1 when moved, 0 when the caller should evict. */
-static int reinsert_oldest(shm_store *s, shm_entry *e) {
-  uint64_t rec = rec_size(e->key_len, e->obj_len);
+/* Moves the oldest record e (checked copy c) to the head if it fits there
+ * once it is gone from the tail.  Returns 1 when moved, 0 when the caller
+ * should evict. */
+static int reinsert_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
+                           const shm_entry *second) {
+  uint64_t rec = rec_size(c->key_len, c->obj_len);
   uint64_t dst = head_start(s, rec);
-  shm_entry *next = ent(s, e->fnext);
-  if (next != NULL && dst + rec > next->pos + s->data_size)
+  if (second != NULL && dst + rec > second->pos + s->data_size)
     return 0;
   /* MOVING first: if we die mid-copy, repair drops the entry rather than
    * trusting a half-moved record. */
   e->state = E_MOVING;
+  seal(s, e);
   __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
   __atomic_store_n(&e->referenced, 0, __ATOMIC_RELAXED);
-  memmove(rec_at(s, dst), rec_at(s, e->pos), rec);
+  memmove(rec_at(s, dst), rec_at(s, c->pos), rec);
   fifo_unlink(s, e);
   e->pos = dst;
   s->h->head = dst + rec;
   fifo_append(s, e);
   e->state = E_READY;
+  seal(s, e);
   s->h->reinsertions++;
   return 1;
 }
 
-/* Frees the oldest record, or gives it a second chance.  Returns 0, or
- * ENCACHE_EUNAVAIL when the oldest is still being written. */
-static int drop_oldest(shm_store *s, uint64_t *budget) {
-  shm_entry *o = ent(s, s->h->fifo_first);
-  if (o->state == E_WRITING && owner_alive(s, o))
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: full, and its oldest object is still "
-                               "being written", s->base.url);
-  uint64_t rec = rec_size(o->key_len, o->obj_len);
-  if (o->state == E_READY && __atomic_load_n(&o->referenced, __ATOMIC_RELAXED) &&
-      rec <= s->data_size / 16 && rec <= *budget && reinsert_oldest(s, o)) {
-    *budget -= rec;
-    return 0;
+/* A live writer's record at the tail (checked copy c) goes one lap on, in
+ * place: its bytes stay where its writer is copying them, its position is
+ * relabelled by one ring length, and the head skips past it.  So a stalled
+ * writer holds its own space, never the whole ring. */
+static void relabel_writing(shm_store *s, shm_entry *e, const shm_entry *c) {
+  fifo_unlink(s, e);
+  e->pos = c->pos + s->data_size;
+  s->h->head = e->pos + rec_size(c->key_len, c->obj_len);
+  fifo_append(s, e);
+  seal(s, e);
+}
+
+/* Frees the oldest record (e, checked copy c), gives it a second chance,
+ * or, if it is being written, moves it a lap on. */
+static void drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
+                        uint64_t *budget) {
+  if (c->state == E_WRITING && owner_alive(s, c)) {
+    relabel_writing(s, e, c);
+    return;
   }
-  if (o->state == E_READY)
+  uint64_t rec = rec_size(c->key_len, c->obj_len);
+  shm_entry second;
+  int has_second = c->fnext != 0 && load_entry(s, c->fnext, &second, 1);
+  if (c->state == E_READY && __atomic_load_n(&e->referenced, __ATOMIC_RELAXED) &&
+      rec <= s->data_size / 16 && rec <= *budget &&
+      reinsert_oldest(s, e, c, has_second ? &second : NULL)) {
+    *budget -= rec;
+    return;
+  }
+  if (c->state == E_READY)
     s->h->evictions++;
-  entry_free(s, o);
-  return 0;
+  entry_free(s, e);
 }
 
 /* Makes room for a record of rec bytes and a free entry; returns the
- * record's position in *pos. */
+ * record's position in *pos.  The ends of the FIFO list and the free list
+ * are checked first, and the head against them (entry_sane: the newest
+ * record ends at or before it, the oldest starts at most a ring length
+ * before it): a head moved back would put the record over live ones. */
 static int make_room(shm_store *s, uint64_t rec, uint64_t *pos) {
   uint64_t budget = 2 * rec + 65536;
   for (uint64_t steps = 0;; steps++) {
     if (steps > 4 * (uint64_t)s->nentries + 16)
       return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                  "%s: could not make room", s->base.url);
-    shm_entry *oldest = ent(s, s->h->fifo_first);
-    if ((s->h->fifo_first != 0 &&
-         (oldest == NULL || oldest->state == E_FREE || !entry_sane(s, oldest))) ||
-        (s->h->free_first != 0 && ent(s, s->h->free_first) == NULL) ||
-        (s->h->free_first != 0 && ent(s, s->h->free_first)->state != E_FREE)) {
-      repair(s); /* the lists do not validate: rebuild them */
+    shm_header *h = s->h;
+    uint32_t first = h->fifo_first, last = h->fifo_last, fr = h->free_first;
+    shm_entry oc, nc, fc;
+    if ((first == 0) != (last == 0) ||
+        (first != 0 && (!load_entry(s, first, &oc, 1) ||
+                        oc.state == E_FREE || oc.fprev != 0)) ||
+        (last != 0 && (!load_entry(s, last, &nc, 1) || nc.state == E_FREE ||
+                       nc.fnext != 0)) ||
+        (fr != 0 && (!load_entry(s, fr, &fc, 1) || fc.state != E_FREE))) {
+      int rc = repair(s); /* the lists or the head do not validate */
+      if (rc < 0)
+        return rc;
       continue;
     }
     uint64_t start = head_start(s, rec);
-    if (oldest == NULL) {
-      if (s->h->free_first == 0)
+    if (first == 0) {
+      if (fr == 0)
         return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                    "%s: no free entry", s->base.url);
       *pos = start;
       return 0;
     }
-    if (s->h->free_first != 0 && start + rec <= oldest->pos + s->data_size) {
+    if (fr != 0 && start + rec <= oc.pos + s->data_size) {
       *pos = start;
       return 0;
     }
-    int rc = drop_oldest(s, &budget);
-    if (rc < 0)
-      return rc;
+    if (first == last && oc.state == E_WRITING && owner_alive(s, &oc))
+      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                 "%s: full: the only other object is still "
+                                 "being written", s->base.url);
+    drop_oldest(s, ent(s, first), &oc, &budget);
   }
 }
 
@@ -837,6 +1266,7 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
                      size_t hdr_len, const void *payload, size_t len) {
   shm_store *s = (shm_store *)st;
   size_t klen;
+  shm_entry c;
   int rc = key_ok(s, key, &klen);
   if (rc < 0)
     return rc;
@@ -856,9 +1286,9 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
                                "handles", s->base.url, s->nslots);
   if ((rc = shm_lock(s)) < 0)
     return rc;
-  shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash);
+  shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash, &c);
   if (e != NULL) {
-    if (e->state != E_WRITING || owner_alive(s, e)) {
+    if (c.state != E_WRITING || owner_alive(s, &c)) {
       shm_unlock(s);
       return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
                                  s->base.url);
@@ -878,6 +1308,9 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   e->pos = pos;
   e->owner_slot = (uint32_t)s->slot;
   e->owner_token = s->token;
+  e->sum = 0;
+  e->flags = 0;
+  seal(s, e);
   __atomic_store_n(&e->referenced, 0, __ATOMIC_RELAXED);
   s->h->head = pos + rec;
   memcpy(rec_at(s, pos), key, klen);
@@ -886,34 +1319,36 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   s->h->nobjects++;
   s->h->bytes_used += rec;
   uint64_t gen = __atomic_load_n(&e->gen, __ATOMIC_RELAXED);
-  unsigned char *dst = obj_at(s, e);
+  unsigned char *dst = rec_at(s, pos) + align_up(klen, REC_ALIGN);
   shm_unlock(s);
 
   if (encache__shm_write_hook != NULL)
     encache__shm_write_hook();
   /* The copy, outside the lock: nobody reads or reuses a WRITING record
-   * while its writer lives. */
-  if (hdr_len > 0)
-    memcpy(dst, hdr, hdr_len);
-  if (len > 0)
-    memcpy(dst + hdr_len, payload, len);
+   * while its writer lives.  The checksum is of the bytes as they landed. */
+  sum_state sum = {0};
+  copy_sum(dst, hdr, hdr_len, s->checksum ? &sum : NULL);
+  copy_sum(dst + hdr_len, payload, len, s->checksum ? &sum : NULL);
+  uint64_t digest = s->checksum ? sum_final(&sum) : 0;
+  uint32_t flags = s->checksum ? F_SUMMED : 0;
 
   if ((rc = shm_lock(s)) < 0) {
     /* The copy is complete but cannot be published now.  Left WRITING it
-     * would block its key, and the whole ring once it reaches the tail,
-     * for as long as this handle lives: publish it at the handle's next
-     * successful lock (or at close), or, with no room to remember it,
-     * leave it to be reclaimed when the handle closes. */
+     * would block its key for as long as this handle lives: publish it at
+     * the handle's next successful lock (or at close), or, with no room to
+     * remember it, leave it to be reclaimed when the handle closes. */
     pthread_mutex_lock(&s->pmu);
     if (s->npending < (int)(sizeof(s->pending) / sizeof(s->pending[0]))) {
       s->pending[s->npending].e = e;
       s->pending[s->npending].gen = gen;
+      s->pending[s->npending].sum = digest;
+      s->pending[s->npending].flags = flags;
       __atomic_store_n(&s->npending, s->npending + 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s->pmu);
     return rc;
   }
-  if (publish_record(s, e, gen) < 0)
+  if (publish_record(s, e, gen, digest, flags) < 0)
     rc = encache__store_fail(st, ENCACHE_EUNAVAIL,
                              "%s: the object was reclaimed while being "
                              "written", s->base.url);
@@ -924,11 +1359,13 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
 static int shm_remove(encache_store *st, const char *key) {
   shm_store *s = (shm_store *)st;
   size_t klen;
+  shm_entry c;
   int rc = key_ok(s, key, &klen);
   if (rc < 0 || (rc = shm_lock(s)) < 0)
     return rc;
-  shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash_key(key, klen));
-  if (e != NULL && e->state == E_READY)
+  shm_entry *e = find_repairing(s, key, (uint32_t)klen, hash_key(key, klen),
+                                &c);
+  if (e != NULL && c.state == E_READY)
     entry_free(s, e);
   else
     rc = encache__store_fail(st, ENCACHE_ENOENT, "%s: no such key",
@@ -952,26 +1389,30 @@ static int shm_list(encache_store *st, const char *pattern,
   if (!structure_ok(s))
     repair(s);
   /* Copy the matching keys out first: callbacks run without the lock. */
-  list_item *items = encache__calloc(s->h->nobjects + 1u, sizeof(*items));
+  uint32_t cap = s->h->nobjects < s->nentries ? s->h->nobjects : s->nentries;
+  list_item *items = encache__calloc(cap + 1u, sizeof(*items));
   size_t n = 0;
-  for (uint32_t i = s->h->fifo_first; items != NULL && i != 0;
-       i = s->entries[i - 1].fnext) {
-    shm_entry *e = &s->entries[i - 1];
-    if (e->state != E_READY)
+  shm_entry c;
+  for (uint32_t i = s->h->fifo_first, steps = 0;
+       items != NULL && i != 0 && n < cap && steps++ < s->nentries;
+       i = c.fnext) {
+    if (!load_entry(s, i, &c, 1))
+      break; /* changed underneath since the check: list what we have */
+    if (c.state != E_READY)
       continue;
-    char *k = encache__malloc(e->key_len + 1u);
+    char *k = encache__malloc(c.key_len + 1u);
     if (k == NULL) {
       rc = ENCACHE_ENOMEM;
       break;
     }
-    memcpy(k, rec_at(s, e->pos), e->key_len);
-    k[e->key_len] = '\0';
+    memcpy(k, rec_at(s, c.pos), c.key_len);
+    k[c.key_len] = '\0';
     if (pattern != NULL && fnmatch(pattern, k, 0) != 0) {
       encache__free(k);
       continue;
     }
     items[n].key = k;
-    items[n++].len = e->obj_len;
+    items[n++].len = c.obj_len;
   }
   shm_unlock(s);
   if (items == NULL)
@@ -1086,6 +1527,7 @@ static const encache__store_ops shm_ops = {
 static int segment_init(shm_store *s, uint64_t total) {
   shm_header *h = (shm_header *)s->map;
   memset(h, 0, sizeof(*h));
+  h->magic = SHM_INIT_MAGIC; /* until the end: unfinished */
   uint64_t nent = total / 2048;
   if (nent < 256)
     nent = 256;
@@ -1119,8 +1561,10 @@ static int segment_init(shm_store *s, uint64_t total) {
                                s->base.url, strerror(rc));
   shm_entry *entries = (shm_entry *)(s->map + h->entries_off);
   memset(entries, 0, nent * sizeof(shm_entry));
-  for (uint32_t i = 0; i < nent; i++)
+  for (uint32_t i = 0; i < nent; i++) {
     entries[i].hnext = i + 2 <= nent ? i + 2 : 0;
+    entries[i].check = entry_check(&entries[i], i + 1);
+  }
   h->free_first = 1;
   memset(s->map + h->buckets_off, 0, nb * sizeof(uint32_t));
   memset(s->map + h->slots_off, 0, SHM_SLOTS * sizeof(uint64_t));
@@ -1157,13 +1601,18 @@ static int segment_check(shm_store *s, uint64_t file_size) {
       h->data_off >= file_size || h->data_size != file_size - h->data_off)
     return encache__store_fail(&s->base, ENCACHE_EFORMAT,
                                "%s: corrupted segment header (geometry does "
-                               "not match a %" PRIu64 "-byte segment)",
-                               u, file_size);
+                               "not match a %" PRIu64 "-byte segment): "
+                               DESTROY_HINT, u, file_size, s->name);
+  if (lock_damaged((pthread_mutex_t *)&h->lock))
+    return encache__store_fail(&s->base, ENCACHE_EFORMAT,
+                               "%s: the segment lock is damaged: " DESTROY_HINT,
+                               u, s->name);
   return 0;
 }
 
 static void bind_geometry(shm_store *s) {
   s->h = (shm_header *)s->map;
+  s->total_size = s->h->total_size;
   s->entries = (shm_entry *)(s->map + s->h->entries_off);
   s->buckets = (uint32_t *)(s->map + s->h->buckets_off);
   s->data = s->map + s->h->data_off;
@@ -1180,7 +1629,8 @@ static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
     return ENCACHE_ENOMEM;
   s->base.ops = &shm_ops;
   s->fd = -1;
-  s->lock_timeout_ms = 5000;
+  s->lock_timeout_ms = SHM_DEFAULT_LOCK_MS;
+  s->checksum = 1;
   s->slot = -1;
   pthread_mutex_init(&s->pmu, NULL);
   if ((s->base.url = encache__strdup(url)) == NULL) {
@@ -1195,32 +1645,65 @@ static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
 }
 
 /* Maps fd (already open on the segment), creating the segment when it is
- * empty or was never finished, else validating it. */
+ * empty or its creator died before finishing it, else validating it. */
 static int shm_attach(shm_store *s, uint64_t create_size) {
   struct stat sb;
   int rc = 0, fresh = 0;
-  if (flock(s->fd, LOCK_EX) != 0)
-    return encache__store_fail(&s->base, -errno, "%s: flock: %s",
-                               s->base.url, strerror(errno));
+  const char *u = s->base.url;
+  /* The flock is held only by an opener; one that is stopped must not
+   * stop every other open, so wait for it within a bound. */
+  for (uint64_t end = mono_ms() + SHM_OPEN_WAIT_MS;;) {
+    if (flock(s->fd, LOCK_EX | LOCK_NB) == 0)
+      break;
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      return encache__store_fail(&s->base, -errno, "%s: flock: %s", u,
+                                 strerror(errno));
+    if (mono_ms() >= end)
+      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                 "%s: another process has been creating or "
+                                 "opening the segment for over %u ms (is it "
+                                 "stopped?)", u, SHM_OPEN_WAIT_MS);
+    usleep(1000);
+  }
   if (fstat(s->fd, &sb) != 0) {
-    rc = encache__store_fail(&s->base, -errno, "%s: fstat: %s", s->base.url,
+    rc = encache__store_fail(&s->base, -errno, "%s: fstat: %s", u,
                              strerror(errno));
     goto out;
   }
-  uint64_t size = (uint64_t)sb.st_size;
-  fresh = size == 0;
-  if (!fresh && size >= sizeof(shm_header)) {
-    /* A segment whose creator died before writing the magic is remade. */
-    uint64_t magic = 0;
-    if (pread(s->fd, &magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
-        magic == 0)
-      fresh = 1;
+  uint64_t size = (uint64_t)sb.st_size, magic = 0;
+  if (size >= sizeof(magic) &&
+      pread(s->fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic)) {
+    rc = encache__store_fail(&s->base, -errno, "%s: read: %s", u,
+                             strerror(errno));
+    goto out;
+  }
+  if (size == 0) {
+    fresh = 1;
+  } else if (magic == SHM_INIT_MAGIC) {
+    /* Its creator held the flock we now hold: it died mid-creation.  It
+     * is remade unless a handle has it open (then it is damaged). */
+    if (slots_held(s->fd, size)) {
+      rc = encache__store_fail(&s->base, ENCACHE_EFORMAT,
+                               "%s: the segment is marked unfinished but is "
+                               "in use: " DESTROY_HINT, u, s->name);
+      goto out;
+    }
+    fresh = 1;
+  } else if (magic != SHM_MAGIC || size < sizeof(shm_header)) {
+    rc = encache__store_fail(&s->base, ENCACHE_EFORMAT,
+                             "%s: not an encache segment, or its header is "
+                             "damaged (%" PRIu64 " bytes, magic 0x%016" PRIx64
+                             "): " DESTROY_HINT, u, size, magic, s->name);
+    goto out;
   }
   if (fresh) {
+    uint64_t init = SHM_INIT_MAGIC;
     size = align_up(create_size, SHM_PAGE);
-    if (ftruncate(s->fd, (off_t)size) != 0) {
-      rc = encache__store_fail(&s->base, -errno, "%s: ftruncate: %s",
-                               s->base.url, strerror(errno));
+    if (ftruncate(s->fd, 0) != 0 ||
+        pwrite(s->fd, &init, sizeof(init), 0) != (ssize_t)sizeof(init) ||
+        ftruncate(s->fd, (off_t)size) != 0) {
+      rc = encache__store_fail(&s->base, -errno, "%s: cannot create: %s", u,
+                               strerror(errno));
       goto out;
     }
     /* Reserve the memory now: a full /dev/shm must fail here, cleanly,
@@ -1228,21 +1711,15 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
     int fr = posix_fallocate(s->fd, 0, (off_t)size);
     if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) {
       rc = encache__store_fail(&s->base, -fr,
-                               "%s: cannot reserve %" PRIu64 " bytes: %s",
-                               s->base.url, size, strerror(fr));
+                               "%s: cannot reserve %" PRIu64 " bytes: %s", u,
+                               size, strerror(fr));
       if (ftruncate(s->fd, 0) != 0) { /* leave it empty, to be remade */
       }
       goto out;
     }
-  } else if (size < sizeof(shm_header)) {
-    rc = encache__store_fail(&s->base, ENCACHE_EFORMAT,
-                             "%s: %" PRIu64 " bytes: too short to be an "
-                             "encache segment", s->base.url, size);
-    goto out;
   }
   if (size > SIZE_MAX) {
-    rc = encache__store_fail(&s->base, ENCACHE_EFORMAT, "%s: too large",
-                             s->base.url);
+    rc = encache__store_fail(&s->base, ENCACHE_EFORMAT, "%s: too large", u);
     goto out;
   }
   /* Populate the page tables now: first-touch faults would otherwise
@@ -1252,7 +1729,7 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
   void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
                    MAP_SHARED | populate, s->fd, 0);
   if (map == MAP_FAILED) {
-    rc = encache__store_fail(&s->base, -errno, "%s: mmap: %s", s->base.url,
+    rc = encache__store_fail(&s->base, -errno, "%s: mmap: %s", u,
                              strerror(errno));
     goto out;
   }
@@ -1262,18 +1739,12 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
   if (rc == 0) {
     bind_geometry(s);
     take_slot(s);
+    /* Validate the mutable structure at the first lock, not here: an open
+     * must not wait on a lock whose holder may be stopped. */
+    s->validate_pending = !fresh;
   }
 out:
   flock(s->fd, LOCK_UN);
-  if (rc == 0 && !fresh) {
-    /* Validate the mutable structure once per open; repair what does not
-     * hold (a corrupted index is repaired, never trusted). */
-    if ((rc = shm_lock(s)) == 0) {
-      if (!structure_ok(s))
-        repair(s);
-      shm_unlock(s);
-    }
-  }
   return rc;
 }
 
@@ -1287,6 +1758,7 @@ int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
   if (rc < 0)
     return rc;
   s->lock_timeout_ms = 1000;
+  snprintf(s->name, sizeof(s->name), "%s", label);
   if ((s->fd = dup(fd)) < 0)
     return encache__store_fail(&s->base, -errno, "dup: %s", strerror(errno));
   return shm_attach(s, create_size < SHM_MIN_SIZE ? SHM_MIN_SIZE : create_size);
@@ -1335,10 +1807,16 @@ int encache__shm_open(const char *url, encache_store **out) {
                                    "%s: lock_timeout_ms=%s: must be 1 to "
                                    "3600000", url, v);
       s->lock_timeout_ms = (unsigned)ms;
+    } else if (strcmp(k, "checksum") == 0) {
+      if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+        return encache__store_fail(&s->base, ENCACHE_EURL,
+                                   "%s: checksum=%s: must be on or off", url,
+                                   v);
+      s->checksum = strcmp(v, "on") == 0;
     } else {
       return encache__store_fail(&s->base, ENCACHE_EURL,
                                  "%s: unknown option '%s' (known: size, "
-                                 "lock_timeout_ms)", url, k);
+                                 "lock_timeout_ms, checksum)", url, k);
     }
   }
   if (rc < 0)
@@ -1346,6 +1824,7 @@ int encache__shm_open(const char *url, encache_store **out) {
                                "%s: malformed query (use ?key=value&...)", url);
   char path[SHM_MAX_NAME + 16];
   snprintf(path, sizeof(path), "/encache-%.*s", (int)nlen, name);
+  snprintf(s->name, sizeof(s->name), "%.*s", (int)nlen, name);
   s->fd = shm_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (s->fd < 0)
     return encache__store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,

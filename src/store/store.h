@@ -90,5 +90,18 @@ extern void (*encache__shm_read_hook)(void);
 extern void (*encache__shm_write_hook)(void);
 /* Takes the segment lock and returns holding it (to test a holder's death). */
 int encache__shm_test_lock(encache_store *st);
+/* Where the shared structures of an shm handle's segment lie, as offsets
+ * into the segment file, for the tests and the campaign that damage them. */
+typedef struct encache__shm_layout {
+  uint64_t total_size;
+  uint64_t lock_off, lock_kind_off; /* the mutex; its kind word */
+  uint64_t head_off, fifo_first_off, fifo_last_off, free_first_off;
+  uint64_t entries_off, entry_size, entry_pos_off;
+  uint32_t nentries, nbuckets;
+  uint64_t buckets_off, data_off, data_size;
+} encache__shm_layout;
+int encache__shm_test_layout(encache_store *st, encache__shm_layout *out);
+/* Runs the structure check and, when it fails (or always), a repair. */
+int encache__shm_test_repair(encache_store *st, int always);
 
 #endif
