@@ -54,6 +54,13 @@
   XX(shm_publication_survives_a_lock_timeout)                                \
   XX(shm_forked_child_does_not_keep_a_dead_writer_alive)                     \
   XX(shm_overlong_key_is_refused_not_fatal)                                  \
+  XX(shm_head_moved_back_never_makes_a_wrong_hit)                              \
+  XX(shm_payload_bit_flips_are_misses)                                         \
+  XX(shm_damaged_lock_is_refused_not_fatal)                                    \
+  XX(shm_zeroed_magic_is_refused_never_remade)                                 \
+  XX(shm_repair_survives_concurrent_damage)                                    \
+  XX(shm_stopped_writer_does_not_stall_the_ring)                               \
+  XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \

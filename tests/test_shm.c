@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -657,10 +658,19 @@ TEST(shm_forked_child_does_not_keep_a_dead_writer_alive) {
   ASSERT(writer >= 0);
   if (writer == 0) {
     encache_store *w = reopen(url);
+    int q[2];
+    char r;
+    if (pipe(q) != 0)
+      _exit(1);
     if (fork() == 0) { /* a worker that outlives its parent */
+      /* fork() has returned here: the handles are dropped already. */
+      if (write(q[1], "r", 1) != 1)
+        _exit(1);
       sleep(3);
       _exit(0);
     }
+    if (read(q[0], &r, 1) != 1) /* not before the worker dropped them */
+      _exit(1);
     hook_fd = p[1];
     encache__shm_write_hook = stall_writer;
     put(w, "orphaned", 100 << 10, 1);
@@ -687,5 +697,360 @@ TEST(shm_overlong_key_is_refused_not_fatal) {
   ASSERT_EQ_INT(pr[0], ENCACHE_EINVAL);
   ASSERT_EQ_INT(encache_store_write(st, key, NULL, 0, "x", 1), ENCACHE_EINVAL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "key length 69999");
+  encache_store_close(st);
+}
+
+/* ------------------------------------------- damage, stalls (issue 19) */
+
+/* A second mapping of the segment file, as another process would have. */
+static unsigned char *map_file(const char *name, size_t *size) {
+  char path[128];
+  snprintf(path, sizeof(path), "/dev/shm/encache-%s", name);
+  int fd = open(path, O_RDWR);
+  ASSERT(fd >= 0);
+  struct stat sb;
+  ASSERT_EQ_INT(fstat(fd, &sb), 0);
+  *size = (size_t)sb.st_size;
+  void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT(p != MAP_FAILED);
+  return p;
+}
+
+/* Every key in keys[0..n) reads back either as a miss or byte for byte as
+ * written; returns the number of hits. */
+static int hits_all_right(encache_store *st, char keys[][32], int n,
+                          size_t len) {
+  unsigned char *buf = malloc(len);
+  int hits = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t r = read_one(st, keys[i], buf, len);
+    if (r == ENCACHE_ENOENT)
+      continue;
+    if (r != (int64_t)len || !ts_verify(keys[i], buf, len))
+      test__fail(__FILE__, __LINE__, "%s: a wrong hit (%lld bytes)", keys[i],
+                 (long long)r);
+    hits++;
+  }
+  free(buf);
+  return hits;
+}
+
+static void head_moved_back(const char *opts) {
+  char url[160], base[128];
+  encache_store *st = seg_open("2MiB", base, sizeof(base));
+  encache_store_close(st);
+  snprintf(url, sizeof(url), "%s&%s", base, opts);
+  st = reopen(url);
+  encache__shm_layout lay;
+  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  char keys[12][32];
+  for (int i = 0; i < 6; i++) {
+    snprintf(keys[i], sizeof(keys[i]), "before-%d", i);
+    put(st, keys[i], 128 << 10, 1);
+  }
+  /* Another process moves the ring's head back by 96 KiB. */
+  size_t size;
+  unsigned char *m = map_file(seg_name, &size);
+  uint64_t head;
+  memcpy(&head, m + lay.head_off, 8);
+  head -= 96 << 10;
+  memcpy(m + lay.head_off, &head, 8);
+  for (int i = 6; i < 12; i++) {
+    snprintf(keys[i], sizeof(keys[i]), "after-%d", i);
+    put(st, keys[i], 128 << 10, 1);
+  }
+  /* The newest record before the damage was not written over. */
+  ASSERT(hits_all_right(st, keys, 12, 128 << 10) >= 7);
+  unsigned char *buf = malloc(128 << 10);
+  ASSERT_EQ_INT(read_one(st, keys[5], buf, 128 << 10), 128 << 10);
+  free(buf);
+  munmap(m, size);
+  encache_store_close(st);
+}
+
+TEST(shm_head_moved_back_never_makes_a_wrong_hit) {
+  head_moved_back("checksum=off"); /* the structural checks alone */
+  head_moved_back("checksum=on");
+}
+
+/* Finds the payload of key's record in the data region of a mapping. */
+static unsigned char *payload_of(unsigned char *m, const encache__shm_layout *l,
+                                 const char *key) {
+  size_t klen = strlen(key);
+  for (uint64_t off = 0; off + klen <= l->data_size; off += 64)
+    if (memcmp(m + l->data_off + off, key, klen) == 0 &&
+        m[l->data_off + off + klen] == 0)
+      return m + l->data_off + off + (klen + 63) / 64 * 64;
+  return NULL;
+}
+
+static int flipped_payloads_served(const char *opts) {
+  char url[160], base[128];
+  encache_store *st = seg_open("4MiB", base, sizeof(base));
+  encache_store_close(st);
+  snprintf(url, sizeof(url), "%s&%s", base, opts);
+  st = reopen(url);
+  encache__shm_layout lay;
+  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  size_t size, len = 16 << 10;
+  unsigned char *m = map_file(seg_name, &size), *buf = malloc(len);
+  int served = 0;
+  for (int i = 0; i < 20; i++) {
+    char key[32];
+    snprintf(key, sizeof(key), "flip-%d", i);
+    put(st, key, len, 1);
+    unsigned char *p = payload_of(m, &lay, key);
+    ASSERT(p != NULL);
+    p[(size_t)(i * 797) % len] ^= (unsigned char)(1u << (i % 8));
+    int64_t r = read_one(st, key, buf, len);
+    if (r == (int64_t)len)
+      served++;
+    else
+      ASSERT_EQ_INT(r, ENCACHE_ENOENT);
+  }
+  free(buf);
+  munmap(m, size);
+  encache_store_close(st);
+  return served;
+}
+
+TEST(shm_payload_bit_flips_are_misses) {
+  ASSERT_EQ_INT(flipped_payloads_served("checksum=on"), 0);
+  /* Without checksums nothing can tell (documented in docs/stores.md). */
+  ASSERT_EQ_INT(flipped_payloads_served("checksum=off"), 20);
+}
+
+TEST(shm_damaged_lock_is_refused_not_fatal) {
+  char url[128], msg[512];
+  encache_store *st = seg_open("2MiB", url, sizeof(url));
+  put(st, "k", 100, 1);
+  encache__shm_layout lay;
+  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  if (lay.lock_kind_off == 0) {
+    encache_store_close(st);
+    return; /* not glibc: the kind word is unknown */
+  }
+  size_t size;
+  unsigned char *m = map_file(seg_name, &size);
+  int saved, bad[] = {0x7fffffff, 3, 0x10, -1};
+  memcpy(&saved, m + lay.lock_kind_off, sizeof(saved));
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    memcpy(m + lay.lock_kind_off, &bad[i], sizeof(bad[i]));
+    ASSERT_EQ_INT(open_err(url, msg, sizeof(msg)), ENCACHE_EFORMAT);
+    ASSERT_CONTAINS(msg, "lock is damaged");
+    ASSERT_CONTAINS(msg, "encache shm destroy");
+    unsigned char out[100];
+    ASSERT_EQ_INT(read_one(st, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
+    ASSERT_CONTAINS(encache_store_errmsg(st), "lock is damaged");
+  }
+  memcpy(m + lay.lock_kind_off, &saved, sizeof(saved));
+  unsigned char out[100];
+  ASSERT_EQ_INT(read_one(st, "k", out, sizeof(out)), 100);
+  munmap(m, size);
+  encache_store_close(st);
+}
+
+TEST(shm_zeroed_magic_is_refused_never_remade) {
+  char url[128], small[160], msg[512];
+  encache_store *st = seg_open("4MiB", url, sizeof(url));
+  char keys[8][32];
+  for (int i = 0; i < 8; i++) {
+    snprintf(keys[i], sizeof(keys[i]), "z-%d", i);
+    put(st, keys[i], 256 << 10, 1);
+  }
+  size_t size;
+  unsigned char *m = map_file(seg_name, &size);
+  uint64_t saved, zero = 0;
+  memcpy(&saved, m, 8);
+  memcpy(m, &zero, 8);
+  /* A new opener asking for a smaller segment is refused... */
+  snprintf(small, sizeof(small), "shm://%s?size=1MiB", seg_name);
+  ASSERT_EQ_INT(open_err(small, msg, sizeof(msg)), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, "header is damaged");
+  /* ...and did not shrink it: the attached handle (which would die of
+   * SIGBUS past 1 MiB) answers "unavailable" and reads nothing. */
+  struct stat sb;
+  char path[128];
+  snprintf(path, sizeof(path), "/dev/shm/encache-%s", seg_name);
+  ASSERT_EQ_INT(stat(path, &sb), 0);
+  ASSERT_EQ_U64((uint64_t)sb.st_size, (uint64_t)size);
+  unsigned char *buf = malloc(256 << 10);
+  ASSERT_EQ_INT(read_one(st, keys[7], buf, 256 << 10), ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "header is damaged");
+  memcpy(m, &saved, 8);
+  ASSERT_EQ_INT(hits_all_right(st, keys, 8, 256 << 10), 8);
+  free(buf);
+  munmap(m, size);
+  encache_store_close(st);
+
+  /* An unfinished segment (its creator died) is remade; an empty file
+   * too. */
+  int fd = open(path, O_RDWR | O_TRUNC);
+  ASSERT(fd >= 0);
+  uint64_t init = 0x54494e494e434e45ull; /* "ENCNINIT" */
+  ASSERT_EQ_INT(pwrite(fd, &init, 8, 0), 8);
+  ASSERT_EQ_INT(ftruncate(fd, 1 << 20), 0);
+  close(fd);
+  st = reopen(small);
+  put(st, "remade", 100, 1);
+  encache_store_close(st);
+  fd = open(path, O_RDWR | O_TRUNC);
+  close(fd);
+  st = reopen(small);
+  put(st, "remade", 100, 1);
+  encache_store_close(st);
+}
+
+/* A child that damages index bytes at random for `ms` milliseconds. */
+static pid_t start_scribbler(const encache__shm_layout *l, unsigned ms,
+                             unsigned seed) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid != 0)
+    return pid;
+  size_t size;
+  unsigned char *m = map_file(seg_name, &size);
+  srand(seed);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    uint64_t off;
+    switch (rand() % 4) {
+    case 0: /* an entry field */
+      off = l->entries_off + (uint64_t)(rand() % (int)l->nentries) * l->entry_size +
+            (uint64_t)(rand() % (int)l->entry_size);
+      break;
+    case 1: /* a bucket */
+      off = l->buckets_off + (uint64_t)(rand() % (int)l->nbuckets) * 4;
+      break;
+    case 2: /* the head and the lists */
+      off = l->head_off + (uint64_t)(rand() % 24);
+      break;
+    default: /* a position: far out of range */
+      off = l->entries_off + (uint64_t)(rand() % (int)l->nentries) * l->entry_size +
+            l->entry_pos_off + 4;
+      break;
+    }
+    m[off] = (unsigned char)rand();
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 <
+           (long)ms);
+  _exit(0);
+}
+
+TEST(shm_repair_survives_concurrent_damage) {
+  char url[128];
+  encache_store *st = seg_open("2MiB", url, sizeof(url));
+  char keys[40][32];
+  for (int i = 0; i < 40; i++) {
+    snprintf(keys[i], sizeof(keys[i]), "r-%d", i);
+    put(st, keys[i], 8 << 10, 1);
+  }
+  encache__shm_layout lay;
+  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  pid_t pid = start_scribbler(&lay, 1500, 7);
+  int repairs = 0, writes = 0;
+  unsigned char buf[8 << 10];
+  ts_fill("x", 1, buf, sizeof(buf));
+  for (int round = 0; waitpid(pid, NULL, WNOHANG) == 0; round++) {
+    if (encache__shm_test_repair(st, 1) == 0)
+      repairs++;
+    char key[32];
+    snprintf(key, sizeof(key), "w-%d", round);
+    if (encache_store_write(st, key, NULL, 0, buf, sizeof(buf)) == 0)
+      writes++;
+    (void)hits_all_right(st, keys, 40, 8 << 10);
+  }
+  printf("# %d repairs, %d writes under damage\n", repairs, writes);
+  ASSERT(repairs > 0);
+  /* Damage stopped: one repair makes it whole and usable again. */
+  ASSERT_EQ_INT(encache__shm_test_repair(st, 0), 0);
+  put(st, "after-the-damage", 8 << 10, 1);
+  ASSERT_EQ_INT(read_one(st, "after-the-damage", buf, sizeof(buf)), 8 << 10);
+  encache_store_close(st);
+}
+
+static void stop_self(void) { raise(SIGSTOP); }
+
+static double since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+TEST(shm_stopped_writer_does_not_stall_the_ring) {
+  char url[128];
+  encache_store *st = seg_open("2MiB", url, sizeof(url));
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    encache_store *w = reopen(url);
+    encache__shm_write_hook = stop_self; /* stopped mid-copy */
+    put(w, "stalled", 64 << 10, 1);
+    encache_store_close(w);
+    _exit(0);
+  }
+  int status;
+  ASSERT_EQ_INT(waitpid(pid, &status, WUNTRACED), pid);
+  ASSERT(WIFSTOPPED(status));
+  /* Ten laps of the ring while it is stopped: every write goes around. */
+  char key[32];
+  for (int i = 0; i < 200; i++) {
+    snprintf(key, sizeof(key), "lap-%d", i);
+    put(st, key, 100 << 10, 1);
+  }
+  unsigned char *buf = malloc(100 << 10);
+  ASSERT_EQ_INT(read_one(st, key, buf, 100 << 10), 100 << 10);
+  ASSERT(ts_verify(key, buf, 100 << 10));
+  /* Resumed, it publishes its object intact. */
+  kill(pid, SIGCONT);
+  ASSERT_EQ_INT(waitpid(pid, &status, 0), pid);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ_INT(read_one(st, "stalled", buf, 64 << 10), 64 << 10);
+  ASSERT(ts_verify("stalled", buf, 64 << 10));
+  free(buf);
+  encache_store_close(st);
+}
+
+TEST(shm_stopped_lock_holder_costs_one_timeout) {
+  char url[128];
+  encache_store *st = seg_open("2MiB", url, sizeof(url));
+  put(st, "k", 100, 1);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    encache_store *c = reopen(url);
+    if (encache__shm_test_lock(c) != 0)
+      _exit(1);
+    raise(SIGSTOP); /* stopped holding the lock */
+    _exit(0);
+  }
+  int status;
+  ASSERT_EQ_INT(waitpid(pid, &status, WUNTRACED), pid);
+  ASSERT(WIFSTOPPED(status));
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  encache_store *o = reopen(url); /* opens do not wait on the lock */
+  double open_s = since(&t0);
+  unsigned char out[100];
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ASSERT_EQ_INT(read_one(o, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(o), "lock not acquired within 500 ms");
+  double first_s = since(&t0);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < 20; i++)
+    ASSERT_EQ_INT(read_one(o, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
+  double next_s = since(&t0);
+  printf("# open %.3f s, first operation %.3f s, next 20 %.3f s\n", open_s,
+         first_s, next_s);
+  ASSERT(open_s < 0.4);             /* no lock wait (2 s bound on a flock) */
+  ASSERT(first_s >= 0.45 && first_s < 3.0);
+  ASSERT(next_s < 0.4 * 20 / 2);    /* far less than 20 timeouts */
+  /* The holder dies: the next locker repairs and goes on. */
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  ASSERT_EQ_INT(read_one(o, "k", out, sizeof(out)), 100);
+  encache_store_close(o);
   encache_store_close(st);
 }

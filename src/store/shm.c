@@ -419,9 +419,13 @@ static uint64_t sum_final(sum_state *st) {
   return h;
 }
 
-/* memcpy, summing the copied bytes (at dst) chunk by chunk when st. */
+/* memcpy, summing chunk by chunk (when st) the bytes on the private side:
+ * the caller's source when writing (of_src), the caller's destination when
+ * reading.  So the sum is end to end: whatever changes the bytes in the
+ * segment during or after either copy (a stray write, a writer whose
+ * record was reclaimed under it) makes the reader's sum differ. */
 static void copy_sum(unsigned char *dst, const unsigned char *src, size_t n,
-                     sum_state *st) {
+                     sum_state *st, int of_src) {
   if (st == NULL) {
     memcpy(dst, src, n);
     return;
@@ -429,7 +433,7 @@ static void copy_sum(unsigned char *dst, const unsigned char *src, size_t n,
   for (size_t off = 0; off < n;) {
     size_t c = n - off < 65536 ? n - off : 65536;
     memcpy(dst + off, src + off, c);
-    sum_update(st, dst + off, c);
+    sum_update(st, of_src ? src + off : dst + off, c);
     off += c;
   }
 }
@@ -1088,9 +1092,9 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
     sum_state sum = {0};
     OPTIMISTIC_BEGIN();
     if (h > 0)
-      copy_sum(heads[i], snap[i].src, h, snap[i].summed ? &sum : NULL);
+      copy_sum(heads[i], snap[i].src, h, snap[i].summed ? &sum : NULL, 0);
     copy_sum(bufs[i], snap[i].src + h, (size_t)snap[i].len - h,
-             snap[i].summed ? &sum : NULL);
+             snap[i].summed ? &sum : NULL, 0);
     OPTIMISTIC_END();
     /* Seqlock check: the copy above must complete before the generation
      * is read again. */
@@ -1325,10 +1329,10 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   if (encache__shm_write_hook != NULL)
     encache__shm_write_hook();
   /* The copy, outside the lock: nobody reads or reuses a WRITING record
-   * while its writer lives.  The checksum is of the bytes as they landed. */
+   * while its writer lives.  The checksum is of the caller's bytes. */
   sum_state sum = {0};
-  copy_sum(dst, hdr, hdr_len, s->checksum ? &sum : NULL);
-  copy_sum(dst + hdr_len, payload, len, s->checksum ? &sum : NULL);
+  copy_sum(dst, hdr, hdr_len, s->checksum ? &sum : NULL, 1);
+  copy_sum(dst + hdr_len, payload, len, s->checksum ? &sum : NULL, 1);
   uint64_t digest = s->checksum ? sum_final(&sum) : 0;
   uint32_t flags = s->checksum ? F_SUMMED : 0;
 
