@@ -426,6 +426,8 @@ static uint64_t sum_final(sum_state *st) {
  * record was reclaimed under it) makes the reader's sum differ. */
 static void copy_sum(unsigned char *dst, const unsigned char *src, size_t n,
                      sum_state *st, int of_src) {
+  if (n == 0)
+    return; /* src may be NULL */
   if (st == NULL) {
     memcpy(dst, src, n);
     return;
@@ -660,7 +662,8 @@ static int repair(shm_store *s) {
 
   /* The ring's last lap ends at the newest record; what lies outside it,
    * or overlaps a record it keeps, goes. */
-  qsort(kr, nk, sizeof(*kr), cmp_pos);
+  if (nk > 1)
+    qsort(kr, nk, sizeof(*kr), cmp_pos);
   uint64_t newest = 0;
   for (size_t k = 0; k < nk; k++)
     newest = kr[k].end > newest ? kr[k].end : newest;
@@ -681,7 +684,8 @@ static int repair(shm_store *s) {
     }
   }
   /* Two records of one key. */
-  qsort(kr, nk, sizeof(*kr), cmp_hash_pos);
+  if (nk > 1)
+    qsort(kr, nk, sizeof(*kr), cmp_hash_pos);
   for (size_t k = 0; k < nk; k++)
     for (size_t j = k + 1; j < nk && kr[j].hash == kr[k].hash; j++)
       if (!kr[k].dropped && !kr[j].dropped &&
@@ -689,7 +693,8 @@ static int repair(shm_store *s) {
           memcmp(rec_at(s, kr[j].pos), rec_at(s, kr[k].pos),
                  kr[k].key_len) == 0)
         drop_one_of(&kr[k], &kr[j], 1);
-  qsort(kr, nk, sizeof(*kr), cmp_pos);
+  if (nk > 1)
+    qsort(kr, nk, sizeof(*kr), cmp_pos);
 
   h->fifo_first = h->fifo_last = h->free_first = 0;
   h->nobjects = 0;
