@@ -1,9 +1,10 @@
 /*
  * Fuzzes the shm Store's checks of a segment it did not write: a valid
  * segment with a few objects is built in a memory file, then the input
- * patches bytes of its header (all but the lock's cache line, whose
- * corruption no process-shared mutex can detect; the lock timeout covers
- * it) and of its index; the Store must refuse the segment or repair it,
+ * patches bytes of its header (all but the lock's cache line: a damaged
+ * kind word is refused, tested in tests/test_shm.c, and a damaged owner
+ * word is a lock held forever, which the lock timeout bounds but would
+ * make each input take seconds) and of its index; the Store must refuse the segment or repair it,
  * and every operation after that must stay in bounds.
  *
  * Input: repeated (u8 region, u16 offset, u8 value) patches; region 0 is
@@ -71,6 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(obj, 'a' + i, sizeof(obj));
     encache_store_write(st, key, obj, 24, obj + 24, sizeof(obj) - 24);
   }
+  encache__shm_layout lay;
+  encache__shm_test_layout(st, &lay);
   encache_store_close(st);
 
   unsigned char *map =
@@ -88,9 +91,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint16_t off = (uint16_t)(data[i + 1] | data[i + 2] << 8);
     uint64_t at;
     switch (data[i] % 3) {
-    case 0: /* header, skipping the lock's cache line (64..127) */
+    case 0: /* header, skipping the lock's cache line */
       at = off % (entries_off - 64);
-      at = at < 64 ? at : at + 64;
+      at = at < lay.lock_off ? at : at + 64;
       break;
     case 1:
       at = entries_off + off % (buckets_off - entries_off);

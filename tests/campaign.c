@@ -3,7 +3,8 @@
  *
  * Worker processes publish and look up objects in one segment; the parent
  * kills them (SIGKILL, then a new one takes the place) and stops them
- * (SIGSTOP for up to 300 ms) at random, while a corrupter process changes
+ * (SIGSTOP for 10-300 ms, one stop in ten for 0.6-1.5 s: longer than the
+ * lock timeout) at random, while a corrupter process changes
  * bytes of the index (entries, hash buckets, the ring head and the lists)
  * and of the objects' bytes.  Every object is derived from its key
  * (store_util's ts_fill), so every hit is checked byte for byte against
@@ -308,7 +309,9 @@ int main(int argc, char **argv) {
       c.stopped[w] = 1;
       c.stops++;
       c.stopped_since[w] = t;
-      c.resume_ms[w] = t + 10 + (uint64_t)(rand() % 290);
+      /* Mostly short; one stop in ten outlasts the lock timeout. */
+      c.resume_ms[w] = t + (rand() % 10 == 0 ? 600 + (uint64_t)(rand() % 900)
+                                             : 10 + (uint64_t)(rand() % 290));
     }
     for (int i = 0; i < c.workers; i++) {
       if (c.stopped[i] && t >= c.resume_ms[i]) {

@@ -81,9 +81,9 @@
  * message that says to destroy the segment.
  *
  * Stalls.  The lock is taken with a timeout (lock_timeout_ms, default
- * 500); after a timeout the handle waits only briefly for the next second,
- * so a stopped lock holder costs an encoder one timeout, not one per
- * operation.  A writer stalled mid-copy (stopped, or slow) does not stop
+ * 500); after a timeout the handle waits only briefly for the next second
+ * (doubling to 32 s while timeouts go on), so a stopped lock holder costs
+ * an encoder one timeout, not one per operation.  A writer stalled mid-copy (stopped, or slow) does not stop
  * the ring: when its record is the oldest, it is relabelled one lap on, in
  * place (its bytes do not move), and allocation goes around it.  Opening
  * never waits on the segment lock: the open-time validation runs at the
@@ -224,6 +224,7 @@ typedef struct shm_store {
   int checksum;         /* compute and verify object checksums */
   int validate_pending; /* check the structure at the next lock */
   uint64_t stalled_until_ms; /* after a lock timeout: wait briefly */
+  unsigned stalls;           /* lock timeouts in a row */
   int slot;       /* this handle's writer slot, -1 = none */
   uint64_t token; /* this handle's token, in tokens[slot] */
   /* Records this handle copied but could not publish (the lock timed
@@ -891,6 +892,7 @@ static int shm_lock_raw(shm_store *s) {
   int rc = pthread_mutex_timedlock(&s->h->lock, &ts);
   if (rc == 0 || rc == EOWNERDEAD) {
     __atomic_store_n(&s->stalled_until_ms, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->stalls, 0, __ATOMIC_RELAXED);
     if (rc == EOWNERDEAD) {
       /* The previous holder died mid-update: rebuild, then vouch for it
        * (a repair that cannot finish leaves `dirty` for the next one). */
@@ -900,13 +902,17 @@ static int shm_lock_raw(shm_store *s) {
     return 0;
   }
   if (rc == ETIMEDOUT) {
-    __atomic_store_n(&s->stalled_until_ms, now + SHM_STALL_BACKOFF_MS,
+    /* The brief waits last 1 s after the first timeout, doubling up to
+     * 32 s while the lock stays held (a holder that never resumes). */
+    unsigned n = __atomic_add_fetch(&s->stalls, 1, __ATOMIC_RELAXED);
+    uint64_t backoff = (uint64_t)SHM_STALL_BACKOFF_MS << (n < 6 ? n - 1 : 5);
+    __atomic_store_n(&s->stalled_until_ms, mono_ms() + backoff,
                      __ATOMIC_RELAXED);
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                "%s: lock not acquired within %u ms (its "
-                               "holder may be stopped; the next %u ms wait "
-                               "at most %u ms)", s->base.url, wait,
-                               SHM_STALL_BACKOFF_MS, SHM_STALL_WAIT_MS);
+                               "holder may be stopped; for the next %" PRIu64
+                               " ms operations wait at most %u ms)",
+                               s->base.url, wait, backoff, SHM_STALL_WAIT_MS);
   }
   if (rc == EINVAL || rc == ENOTRECOVERABLE)
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
@@ -1214,9 +1220,11 @@ static void drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
   }
   uint64_t rec = rec_size(c->key_len, c->obj_len);
   shm_entry second;
+  /* A next record that does not validate: no move (it could overlap it). */
   int has_second = c->fnext != 0 && load_entry(s, c->fnext, &second, 1);
   if (c->state == E_READY && __atomic_load_n(&e->referenced, __ATOMIC_RELAXED) &&
       rec <= s->data_size / 16 && rec <= *budget &&
+      (c->fnext == 0 || has_second) &&
       reinsert_oldest(s, e, c, has_second ? &second : NULL)) {
     *budget -= rec;
     return;
