@@ -1211,12 +1211,12 @@ static void relabel_writing(shm_store *s, shm_entry *e, const shm_entry *c) {
 }
 
 /* Frees the oldest record (e, checked copy c), gives it a second chance,
- * or, if it is being written, moves it a lap on. */
-static void drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
-                        uint64_t *budget) {
+ * or, if it is being written, moves it a lap on (then returns 1). */
+static int drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
+                       uint64_t *budget) {
   if (c->state == E_WRITING && owner_alive(s, c)) {
     relabel_writing(s, e, c);
-    return;
+    return 1;
   }
   uint64_t rec = rec_size(c->key_len, c->obj_len);
   shm_entry second;
@@ -1227,11 +1227,12 @@ static void drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
       (c->fnext == 0 || has_second) &&
       reinsert_oldest(s, e, c, has_second ? &second : NULL)) {
     *budget -= rec;
-    return;
+    return 0;
   }
   if (c->state == E_READY)
     s->h->evictions++;
   entry_free(s, e);
+  return 0;
 }
 
 /* Makes room for a record of rec bytes and a free entry; returns the
@@ -1241,6 +1242,7 @@ static void drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
  * before it): a head moved back would put the record over live ones. */
 static int make_room(shm_store *s, uint64_t rec, uint64_t *pos) {
   uint64_t budget = 2 * rec + 65536;
+  unsigned relabelled = 0; /* in a row: more than writers can hold = full */
   for (uint64_t steps = 0;; steps++) {
     if (steps > 4 * (uint64_t)s->nentries + 16)
       return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
@@ -1271,11 +1273,13 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos) {
       *pos = start;
       return 0;
     }
-    if (first == last && oc.state == E_WRITING && owner_alive(s, &oc))
+    if (relabelled > s->nslots ||
+        (first == last && oc.state == E_WRITING && owner_alive(s, &oc)))
       return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                 "%s: full: the only other object is still "
-                                 "being written", s->base.url);
-    drop_oldest(s, ent(s, first), &oc, &budget);
+                                 "%s: full of objects still being written",
+                                 s->base.url);
+    relabelled = drop_oldest(s, ent(s, first), &oc, &budget) ? relabelled + 1
+                                                              : 0;
   }
 }
 
