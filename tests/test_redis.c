@@ -726,58 +726,58 @@ TEST(redis_fake_connection_closed_unanswered_is_retried_once) {
 
 /* ----------------------------------------------------- misbehaving servers */
 
-TEST(redis_fake_trickling_reply_is_bounded_by_timeout) {
+/* Reads one key (into cap bytes) from a fake server in mode with
+ * timeout_ms; asserts the result and bounds on time and peak memory.
+ * Returns the open Store for more checks; *srv is the server. */
+static encache_store *bounded_read(resp_mode mode, unsigned timeout_ms,
+                                   size_t cap, int64_t expect, double max_s,
+                                   long max_kib, pid_t *srv) {
   int port;
-  pid_t srv = resp_fake_start(RESP_TRICKLE, &port);
-  encache_store *st = open_fake(port, 500);
-  char buf[256 * 1024];
+  *srv = resp_fake_start(mode, &port);
+  encache_store *st = open_fake(port, timeout_ms);
+  char *buf = malloc(cap);
+  long rss0 = maxrss_kib();
   double t0 = now_s();
-  int64_t r = read_one(st, "k", buf, sizeof(buf));
+  int64_t r = read_one(st, "k", buf, cap);
   double took = now_s() - t0;
-  ASSERT_EQ_INT(r, ENCACHE_EUNAVAIL);
+  long grew = maxrss_kib() - rss0;
+  free(buf);
+  ASSERT_EQ_INT(r, expect);
+  if (took > max_s || grew > max_kib)
+    test__fail(__FILE__, __LINE__, "fake server mode %d, timeout_ms=%u: "
+               "%.1f s (at most %.1f), +%ld KiB (at most %ld)", (int)mode,
+               timeout_ms, took, max_s, grew, max_kib);
+  return st;
+}
+
+TEST(redis_fake_trickling_reply_is_bounded_by_timeout) {
+  pid_t srv;
+  /* A byte every 0.1 s: a per-system-call timeout would never fire.  The
+   * bound is 0.5 s, generous for a loaded machine. */
+  encache_store *st = bounded_read(RESP_TRICKLE, 500, 256 * 1024,
+                                   ENCACHE_EUNAVAIL, 4.0, 64 * 1024, &srv);
   ASSERT_CONTAINS(encache_store_errmsg(st), "timed out");
-  /* 0.5 s, generous for a loaded machine (a byte comes every 0.1 s, so a
-   * per-system-call timeout would never fire). */
-  if (took > 4.0)
-    test__fail(__FILE__, __LINE__, "a read took %.1f s with timeout_ms=500",
-               took);
   encache_store_close(st);
   resp_fake_stop(srv);
 }
 
 TEST(redis_fake_endless_reply_is_refused) {
-  int port;
-  pid_t srv = resp_fake_start(RESP_ENDLESS_LINE, &port);
-  encache_store *st = open_fake(port, 2000);
-  char buf[4096];
-  long rss0 = maxrss_kib();
-  double t0 = now_s();
-  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
-  double took = now_s() - t0;
-  long grew = maxrss_kib() - rss0;
-  if (took > 5.0 || grew > 64 * 1024)
-    test__fail(__FILE__, __LINE__, "an endless reply: %.1f s, +%ld KiB",
-               took, grew);
+  pid_t srv;
+  encache_store *st = bounded_read(RESP_ENDLESS_LINE, 2000, 4096,
+                                   ENCACHE_EUNAVAIL, 5.0, 64 * 1024, &srv);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "line longer than");
   encache_store_close(st);
   resp_fake_stop(srv);
 }
 
 TEST(redis_fake_oversized_bulk_is_refused_unread) {
-  int port;
-  pid_t srv = resp_fake_start(RESP_OVERSIZED, &port);
-  encache_store *st = open_fake(port, 2000);
-  char buf[4096];
-  long rss0 = maxrss_kib();
-  double t0 = now_s();
+  pid_t srv;
   /* $2000000000 into 4 KiB: too large, known from the header alone. */
-  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_ETOOLARGE);
-  double took = now_s() - t0;
-  long grew = maxrss_kib() - rss0;
-  if (took > 5.0 || grew > 32 * 1024)
-    test__fail(__FILE__, __LINE__, "a 2 GB bulk: %.1f s, +%ld KiB", took,
-               grew);
+  encache_store *st = bounded_read(RESP_OVERSIZED, 2000, 4096,
+                                   ENCACHE_ETOOLARGE, 5.0, 32 * 1024, &srv);
   /* The connection was dropped, not reused mid-reply: the next read asks
    * again on a new one. */
+  char buf[4096];
   ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_ETOOLARGE);
   encache_store_close(st);
   ASSERT_EQ_INT(resp_fake_stop(srv), 2);

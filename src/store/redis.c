@@ -281,9 +281,14 @@ enum {
   XR_TOOBIG  /* a value over what its item's buffer takes: refused unread */
 };
 
+/* a + b, or UINT64_MAX (sizes come from the caller). */
+static uint64_t sat_add(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
 /* The deadline of an exchange that may move `bytes` bytes. */
 static uint64_t deadline_after(const redis_store *s, uint64_t bytes) {
-  return now_ms() + s->timeout_ms + (bytes >> 20) * MS_PER_MIB;
+  return now_ms() + s->timeout_ms + (bytes >> 20) * MS_PER_MIB; /* < 2^48 */
 }
 
 /* Waits until fd is ready for events or the deadline passes.  Returns 0,
@@ -359,7 +364,7 @@ static int check_bounds(redisReader *rd, const rpipe *p, int plain, char *why,
       if (!plain && rd->rstack[rd->ridx].parent == NULL && p->bufs != NULL &&
           p->item != NULL && p->next < p->cap &&
           (item = p->item[p->next]) != SIZE_MAX)
-        limit = (uint64_t)p->split + p->caps[item] + SLACK_BYTES;
+        limit = sat_add(sat_add(p->split, p->caps[item]), SLACK_BYTES);
       if (digits > 0 && len > limit) {
         snprintf(why, whysize, "a %" PRIu64 "-byte value where at most %"
                  PRIu64 " fit: refused unread", len, limit);
@@ -919,7 +924,7 @@ static int batch(redis_store *s, enum op op, const char *const *keys,
         ob_cmd(&b, 2, argv, NULL);
         item_of[nrep++] = i;
         if (op == OP_GET)
-          want += split + caps[i];
+          want = sat_add(want, sat_add(split, caps[i]));
       }
       rpipe p = {replies, 0, nrep, item_of, split, op == OP_GET ? heads : NULL,
                  bufs, caps, NULL};
@@ -1279,9 +1284,14 @@ static int list_node(redis_store *s, redisContext *c, const char *pattern,
       size_t argl[2] = {6, keys->element[i]->len};
       ob_cmd(&b, 2, argv, argl);
     }
-    x = keys->elements == 0
-            ? XR_OK
-            : plain_command(s, c, &b, keys->elements, lens, xwhy, sizeof(xwhy));
+    if (keys->elements > 0 && lens == NULL) {
+      x = XR_FAIL;
+      snprintf(xwhy, sizeof(xwhy), "out of memory");
+    } else {
+      x = keys->elements == 0 ? XR_OK
+                              : plain_command(s, c, &b, keys->elements, lens,
+                                              xwhy, sizeof(xwhy));
+    }
     encache__free(b.p);
     if (x != XR_OK)
       snprintf(why, sizeof(why), "STRLEN: %s", xwhy);
