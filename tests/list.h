@@ -88,6 +88,18 @@
   XX(redis_stopped_server_lookups_bounded_by_timeout)                        \
   XX(redis_cluster_node_killed_others_still_hit)                             \
   XX(redis_cluster_follows_moved_and_ask)                                    \
+  XX(redis_killed_connections_never_raise_sigpipe)                           \
+  XX(redis_fake_send_to_a_closing_server_never_raises_sigpipe)               \
+  XX(redis_idle_connections_closed_by_the_server_are_redialled)              \
+  XX(redis_fake_connection_closed_unanswered_is_retried_once)                \
+  XX(redis_fake_trickling_reply_is_bounded_by_timeout)                       \
+  XX(redis_fake_endless_reply_is_refused)                                    \
+  XX(redis_fake_oversized_bulk_is_refused_unread)                            \
+  XX(redis_fake_malformed_and_cut_replies_are_unavailable)                   \
+  XX(redis_fake_scan_that_never_ends_is_bounded)                             \
+  XX(redis_fake_scan_with_non_string_keys_is_refused)                        \
+  XX(redis_large_value_into_small_buffer_is_refused_unread)                  \
+  XX(redis_stats_of_an_unreachable_cluster_fail)                             \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \

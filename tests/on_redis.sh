@@ -42,6 +42,21 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
   "$tool" --store "$url" lookup --model "$m" --dtype float32 --rows 1 --cols 1 img | grep -q "img HIT float32 1 1" || fail lookup
   [ $rc -eq 0 ] && echo "ok - tool commands on $url"
 done
+# Errors the tool must report, not hide (issue 19): an empty --store is
+# not the default Store; stats on a cluster no node answers names the
+# cause; ls of nothing prints nothing (no qsort of NULL under UBSan).
+bad=0
+fail() { echo "not ok - tool: $*"; bad=1; rc=1; }
+"$tool" --store '' stats >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "URL is empty" "$tmp/err" || fail "--store '' accepted"
+"$tool" --store "redis-cluster://127.0.0.1:1?connect_timeout_ms=300" stats \
+  >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "refused" "$tmp/err" || fail "stats on a dead cluster"
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+  "$tool" --store "$url" ls "no-such-key-$$-*" >"$tmp/out" || fail "ls of nothing on $url"
+  [ -s "$tmp/out" ] && fail "ls of nothing on $url printed keys"
+done
+[ $bad -eq 0 ] && echo "ok - tool errors: empty URL, dead cluster, empty ls"
 rm -rf "$tmp"
 
 # The demo, small, every hit verified, on both.

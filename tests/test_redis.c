@@ -3,11 +3,15 @@
  * it can kill, stop and restart them): a killed and restarted server, a
  * stopped one, a cluster node killed, MOVED and ASK redirections.  Tests
  * say "skipped" and pass when redis-server is not installed; CI installs
- * it.
+ * it.  The misbehaving servers of tests/resp_fake.c (trickling, endless,
+ * oversized, malformed, closing) need no redis-server: each of those tests
+ * asserts a bounded outcome (time derived from timeout_ms, memory, a
+ * clean code, no crash, no SIGPIPE).
  */
 #include "runner.h"
 
 #include "encache.h"
+#include "resp_fake.h"
 
 #include <hiredis/hiredis.h>
 
@@ -15,6 +19,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -536,4 +541,359 @@ TEST(redis_ttl_and_auth) {
   freeReplyObject(r);
   redisFree(c);
   kill_wait(pid, SIGKILL);
+}
+
+/* ------------------------------------------- connections the server closed */
+
+/* The peak resident set of this process, in KiB. */
+static long maxrss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+/* Waits until the server has no client but the one asking. */
+static void wait_alone(int port) {
+  for (int i = 0; i < 100; i++) {
+    redisContext *c = connect_to(port);
+    redisReply *r = redisCommand(c, "INFO clients");
+    int alone = r && r->str && strstr(r->str, "connected_clients:1\r") != NULL;
+    if (r)
+      freeReplyObject(r);
+    redisFree(c);
+    if (alone)
+      return;
+    usleep(100000);
+  }
+  test__fail(__FILE__, __LINE__, "the server kept its idle clients for 10 s");
+}
+
+static void run_child_expect_exit0(pid_t child, const char *what) {
+  int status;
+  ASSERT(waitpid(child, &status, 0) == child);
+  if (WIFSIGNALED(status))
+    test__fail(__FILE__, __LINE__, "%s: the process was killed by signal %d",
+               what, WTERMSIG(status));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    test__fail(__FILE__, __LINE__, "%s: exit %d", what, WEXITSTATUS(status));
+}
+
+/* The application's SIGPIPE is at its default (terminate); the library
+ * must never die of it. */
+static void sigpipe_default(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  sigprocmask(SIG_UNBLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_DFL);
+}
+
+TEST(redis_killed_connections_never_raise_sigpipe) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  int ready[2], go[2];
+  ASSERT(pipe(ready) == 0 && pipe(go) == 0);
+  pid_t child = fork();
+  ASSERT(child >= 0);
+  if (child == 0) {
+    sigpipe_default();
+    char url[128], b = 0;
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    encache_store *st = NULL;
+    size_t big = 1u << 20;
+    char *value = calloc(1, big);
+    int ok = encache_store_open(url, &st) == 0 &&
+             encache_store_write(st, "before-kill", NULL, 0, "v", 1) == 0;
+    ok = ok && write(ready[1], "r", 1) == 1 && read(go[0], &b, 1) == 1;
+    /* Every connection of the pool was killed: the 1 MiB write fails
+     * recoverably or succeeds on a new connection; then all works. */
+    int w = encache_store_write(st, "big-after-kill", NULL, 0, value, big);
+    ok = ok && (w == 0 || w == ENCACHE_EUNAVAIL);
+    char buf[8];
+    ok = ok && read_one(st, "before-kill", buf, sizeof(buf)) == 1;
+    ok = ok && encache_store_write(st, "big-2", NULL, 0, value, big) == 0;
+    encache_store_close(st);
+    free(value);
+    _exit(ok ? 0 : 3);
+  }
+  char b;
+  ASSERT_EQ_INT(read(ready[0], &b, 1), 1);
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, "CLIENT KILL TYPE normal SKIPME yes");
+  ASSERT(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= 1);
+  freeReplyObject(r);
+  redisFree(c);
+  ASSERT_EQ_INT(write(go[1], "g", 1), 1);
+  run_child_expect_exit0(child, "writes after CLIENT KILL");
+  kill_wait(pid, SIGKILL);
+}
+
+TEST(redis_fake_send_to_a_closing_server_never_raises_sigpipe) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_EPIPE, &port);
+  pid_t child = fork();
+  ASSERT(child >= 0);
+  if (child == 0) {
+    sigpipe_default();
+    char url[128];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=3000", port);
+    encache_store *st = NULL;
+    size_t big = 8u << 20; /* more than the socket buffers hold */
+    char *value = calloc(1, big);
+    int ok = encache_store_open(url, &st) == 0 &&
+             encache_store_write(st, "k", NULL, 0, value, big) ==
+                 ENCACHE_EUNAVAIL;
+    encache_store_close(st);
+    free(value);
+    _exit(ok ? 0 : 3);
+  }
+  run_child_expect_exit0(child, "a write to a server that resets");
+  resp_fake_stop(srv);
+}
+
+TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, "CONFIG SET timeout 1");
+  ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS);
+  freeReplyObject(r);
+  redisFree(c);
+  char url[128];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  encache *ec = open_engine(url);
+  int out[3];
+  for (int round = 0; round < 3; round++) {
+    char id[3][16];
+    const char *ids[3];
+    for (int i = 0; i < 3; i++) {
+      snprintf(id[i], sizeof(id[i]), "idle-%d-%d", round, i);
+      ids[i] = id[i];
+    }
+    /* The server closed every pooled connection while they were idle. */
+    wait_alone(port);
+    ASSERT_EQ_INT(look(ec, ids, 3, out), 0);
+    ASSERT_EQ_INT(out[0], ENCACHE_MISS);
+    wait_alone(port);
+    for (int i = 0; i < 3; i++)
+      ASSERT_EQ_INT(publish(ec, ids[i]), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_flush(ec), 0);
+    wait_alone(port);
+    ASSERT_EQ_INT(look(ec, ids, 3, out), 3);
+  }
+  encache_stats st;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_failed, 0);
+  ASSERT_EQ_U64(st.published_written, 9);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  kill_wait(pid, SIGKILL);
+}
+
+/* Opens a Store on a fake server with both timeouts at timeout_ms. */
+static encache_store *open_fake(int port, unsigned timeout_ms) {
+  char url[128];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?timeout_ms=%u&connect_timeout_ms=%u", port,
+           timeout_ms, timeout_ms);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  return st;
+}
+
+TEST(redis_fake_connection_closed_unanswered_is_retried_once) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_STALE, &port);
+  encache_store *st = open_fake(port, 1000);
+  char buf[16];
+  /* Each connection answers one command and closes at the next: every
+   * operation after the first finds its pooled connection closed before
+   * any byte of reply, redials at once and succeeds. */
+  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), 5);
+  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), 5);
+  ASSERT_EQ_MEM(buf, "hello", 5);
+  const char *keys[1] = {"k"};
+  int present[1];
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
+  ASSERT_EQ_INT(present[0], 1);
+  ASSERT_EQ_INT(encache_store_write(st, "w", NULL, 0, "v", 1), 0);
+  encache_store_close(st);
+  ASSERT_EQ_INT(resp_fake_stop(srv), 4);
+}
+
+/* ----------------------------------------------------- misbehaving servers */
+
+/* Reads one key (into cap bytes) from a fake server in mode with
+ * timeout_ms; asserts the result and bounds on time and peak memory.
+ * Returns the open Store for more checks; *srv is the server. */
+static encache_store *bounded_read(resp_mode mode, unsigned timeout_ms,
+                                   size_t cap, int64_t expect, double max_s,
+                                   long max_kib, pid_t *srv) {
+  int port;
+  *srv = resp_fake_start(mode, &port);
+  encache_store *st = open_fake(port, timeout_ms);
+  char *buf = malloc(cap);
+  long rss0 = maxrss_kib();
+  double t0 = now_s();
+  int64_t r = read_one(st, "k", buf, cap);
+  double took = now_s() - t0;
+  long grew = maxrss_kib() - rss0;
+  free(buf);
+  ASSERT_EQ_INT(r, expect);
+  if (took > max_s || grew > max_kib)
+    test__fail(__FILE__, __LINE__, "fake server mode %d, timeout_ms=%u: "
+               "%.1f s (at most %.1f), +%ld KiB (at most %ld)", (int)mode,
+               timeout_ms, took, max_s, grew, max_kib);
+  return st;
+}
+
+TEST(redis_fake_trickling_reply_is_bounded_by_timeout) {
+  pid_t srv;
+  /* A byte every 0.1 s: a per-system-call timeout would never fire.  The
+   * bound is 0.5 s, generous for a loaded machine. */
+  encache_store *st = bounded_read(RESP_TRICKLE, 500, 256 * 1024,
+                                   ENCACHE_EUNAVAIL, 4.0, 64 * 1024, &srv);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "timed out");
+  encache_store_close(st);
+  resp_fake_stop(srv);
+}
+
+TEST(redis_fake_endless_reply_is_refused) {
+  pid_t srv;
+  encache_store *st = bounded_read(RESP_ENDLESS_LINE, 2000, 4096,
+                                   ENCACHE_EUNAVAIL, 5.0, 64 * 1024, &srv);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "line longer than");
+  encache_store_close(st);
+  resp_fake_stop(srv);
+}
+
+TEST(redis_fake_oversized_bulk_is_refused_unread) {
+  pid_t srv;
+  /* $2000000000 into 4 KiB: too large, known from the header alone. */
+  encache_store *st = bounded_read(RESP_OVERSIZED, 2000, 4096,
+                                   ENCACHE_ETOOLARGE, 5.0, 32 * 1024, &srv);
+  /* The connection was dropped, not reused mid-reply: the next read asks
+   * again on a new one. */
+  char buf[4096];
+  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_ETOOLARGE);
+  encache_store_close(st);
+  ASSERT_EQ_INT(resp_fake_stop(srv), 2);
+}
+
+TEST(redis_fake_malformed_and_cut_replies_are_unavailable) {
+  static const resp_mode modes[] = {RESP_MALFORMED, RESP_CLOSE_MID};
+  for (size_t m = 0; m < 2; m++) {
+    int port;
+    pid_t srv = resp_fake_start(modes[m], &port);
+    encache_store *st = open_fake(port, 1000);
+    char buf[4096];
+    double t0 = now_s();
+    ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
+    const char *keys[1] = {"k"};
+    int present[1];
+    ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
+    ASSERT_EQ_INT(present[0], ENCACHE_EUNAVAIL);
+    ASSERT_EQ_INT(encache_store_write(st, "k", NULL, 0, "v", 1),
+                  ENCACHE_EUNAVAIL);
+    ASSERT(now_s() - t0 < 5.0);
+    encache_store_close(st);
+    resp_fake_stop(srv);
+  }
+}
+
+static int count_keys(const char *key, uint64_t len, void *arg) {
+  ASSERT(key != NULL);
+  (void)len;
+  ++*(long *)arg;
+  return 0;
+}
+
+TEST(redis_fake_scan_that_never_ends_is_bounded) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_SCAN_ENDLESS, &port);
+  encache_store *st = open_fake(port, 1000);
+  long n = 0;
+  double t0 = now_s();
+  ASSERT_EQ_INT(encache_store_list(st, NULL, count_keys, &n),
+                ENCACHE_EUNAVAIL);
+  double took = now_s() - t0;
+  ASSERT_CONTAINS(encache_store_errmsg(st), "SCAN");
+  if (took > 20.0 || n > 200000)
+    test__fail(__FILE__, __LINE__, "a SCAN without end: %.1f s, %ld keys",
+               took, n);
+  encache_store_close(st);
+  resp_fake_stop(srv);
+}
+
+TEST(redis_fake_scan_with_non_string_keys_is_refused) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_SCAN_BADKEYS, &port);
+  encache_store *st = open_fake(port, 1000);
+  long n = 0;
+  ASSERT_EQ_INT(encache_store_list(st, NULL, count_keys, &n),
+                ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "SCAN");
+  encache_store_close(st);
+  resp_fake_stop(srv);
+}
+
+TEST(redis_large_value_into_small_buffer_is_refused_unread) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  redisContext *c = connect_to(port);
+  /* 64 MiB made on the server: this process never holds it. */
+  redisReply *r = redisCommand(c, "SETRANGE big 67108863 x");
+  ASSERT(r != NULL && r->type == REDIS_REPLY_INTEGER);
+  freeReplyObject(r);
+  r = redisCommand(c, "SET small1 0123456789");
+  freeReplyObject(r);
+  r = redisCommand(c, "SET small2 abcdefghij");
+  freeReplyObject(r);
+  char near[4200];
+  memset(near, 'n', sizeof(near));
+  r = redisCommand(c, "SET near %b", near, sizeof(near));
+  freeReplyObject(r);
+  redisFree(c);
+  char url[128];
+  /* The server copies the 64 MiB into its output buffer before it sends
+   * the header: a generous deadline, for a loaded machine. */
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=10000", port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  static char mem[4][4096];
+  const char *keys[4] = {"small1", "big", "near", "small2"};
+  void *bufs[4] = {mem[0], mem[1], mem[2], mem[3]};
+  size_t caps[4] = {4096, 4096, 4096, 4096};
+  int64_t res[4];
+  long rss0 = maxrss_kib();
+  ASSERT_EQ_INT(encache_store_read(st, keys, 4, bufs, caps, res), 0);
+  long grew = maxrss_kib() - rss0;
+  ASSERT_EQ_INT(res[0], 10);
+  ASSERT_EQ_INT(res[1], ENCACHE_ETOOLARGE);
+  ASSERT_EQ_INT(res[2], ENCACHE_ETOOLARGE);
+  ASSERT_EQ_INT(res[3], 10);
+  ASSERT_EQ_MEM(mem[0], "0123456789", 10);
+  ASSERT_EQ_MEM(mem[3], "abcdefghij", 10);
+  if (grew > 32 * 1024)
+    test__fail(__FILE__, __LINE__, "reading 64 MiB into 4 KiB: +%ld KiB",
+               grew);
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
+TEST(redis_stats_of_an_unreachable_cluster_fail) {
+  char url[128];
+  snprintf(url, sizeof(url),
+           "redis-cluster://127.0.0.1:%d?connect_timeout_ms=300", free_port());
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  encache_store_stats s;
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "Connection refused");
+  encache_store_close(st);
 }

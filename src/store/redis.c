@@ -6,25 +6,43 @@
  *   redis://[user:password@]host:port[/db][?options]
  *   unix:///path/to/socket[?db=N&options]
  *   redis-cluster://[user:password@]host:port[,host:port...][?options]
- * options: connect_timeout_ms, timeout_ms (each command's socket timeout),
- * ttl_s (expiry of written objects; 0 = none).
+ * options: connect_timeout_ms, timeout_ms (the deadline of each exchange
+ * with a node), ttl_s (expiry of written objects; 0 = none).
  *
  * Connections.  hiredis contexts are not thread-safe and the engine uses
  * its Store from two threads, so a handle keeps a pool of connection sets
  * (one context per node in each set); an operation borrows a set, uses it
- * and gives it back.  Contexts are made lazily.  A node that fails (refused,
- * reset, timeout, protocol error) has its contexts dropped and is left
- * alone for a backoff (100 ms doubling to 2 s), during which its keys
- * answer "unavailable" at once rather than wait on a connect timeout.
+ * and gives it back.  Contexts are made lazily.  A pooled context is
+ * reused only if it is idle and clean (nothing readable: a server that
+ * closed it while idle is noticed before we send); one that the server
+ * closed unanswered anyway (EOF or reset before any byte of reply) is
+ * redialled once, at once, and the exchange sent again.  A node that fails
+ * otherwise (refused, reset mid-reply, deadline, protocol error) has its
+ * contexts dropped and is left alone for a backoff (100 ms doubling to
+ * 2 s), during which its keys answer "unavailable" at once rather than
+ * wait on a connect timeout.
+ *
+ * I/O.  hiredis only connects and parses: we send (sendmsg() with
+ * MSG_NOSIGNAL, so a closed connection is an error and never a SIGPIPE,
+ * whatever the application's signal settings) and we receive and feed its
+ * reader.  Every exchange (one pipeline, or one write) has one deadline,
+ * computed before its first byte is sent: timeout_ms, plus 10 ms per MiB
+ * that the exchange may move; every wait polls with the time left, so a
+ * server that trickles cannot stretch a command.  Before each read the
+ * reply being parsed is checked against its bound (check_bounds()): a
+ * value larger than the caller's buffer (beyond a small slack) is refused
+ * from its "$<length>" header, before its body is read; any other line is
+ * at most 64 KiB; ordinary replies (CLUSTER SLOTS, SCAN, INFO) are bounded
+ * in strings, elements and total bytes.  A refusal drops the connection:
+ * a context is never reused mid-reply.
  *
  * Replies.  Every pooled context reads with our own hiredis reply
  * functions: a bulk string is copied from hiredis's read buffer straight
  * into the caller's buffer (header and payload split when asked), or
  * refused as too large, with no reply object and no other copy.  Writes
- * send SET key value NX [EX ttl] with writev() from the caller's header
- * and payload, so the value is not copied either.  Commands that answer
- * arrays (CLUSTER SLOTS, SCAN) use a short-lived context with hiredis's
- * ordinary replies.
+ * send SET key value NX [EX ttl] from the caller's header and payload, so
+ * the value is not copied either.  Commands that answer arrays (CLUSTER
+ * SLOTS, SCAN) use a short-lived context with hiredis's ordinary replies.
  *
  * Cluster.  The slot map comes from CLUSTER SLOTS (seeds first); keys are
  * grouped per node and pipelined; MOVED updates the map (and a full
@@ -46,6 +64,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,6 +73,21 @@
 #define NO_NODE 0xffffu
 #define MAX_NODES 1024
 #define ROUNDS 3
+
+/* What a server may send (docs/stores.md, "Misbehaving servers"). */
+#define LINE_MAX_BYTES (64u << 10)  /* a status, error or integer line */
+#define SLACK_BYTES (64u << 10)     /* a value at most this much larger than
+                                       its buffer is read and discarded; a
+                                       larger one is refused unread */
+#define PLAIN_BULK_MAX (4u << 20)   /* one string of an ordinary reply */
+#define PLAIN_ELEMENTS_MAX (1 << 20) /* one array of an ordinary reply */
+#define PLAIN_TOTAL_MAX (64u << 20) /* the ordinary replies of an exchange */
+#define MS_PER_MIB 10               /* deadline allowance per MiB moved */
+/* A listing stops with an error after 64 + DBSIZE/100 SCAN calls or
+ * 2 x DBSIZE + 100000 keys on a node (DBSIZE taken as at most 16 Mi). */
+#define LIST_CALLS_MIN 64
+#define LIST_KEYS_SLACK 100000
+#define LIST_DBSIZE_MAX (16u << 20)
 
 typedef struct rnode {
   char host[256]; /* or the socket path */
@@ -139,6 +173,7 @@ typedef struct rpipe {
   void *const *heads;   /* NULL: no copy */
   void *const *bufs;
   const size_t *caps;
+  const char *bad;      /* why a reply function stopped the reader */
 } rpipe;
 
 static rreply dummy_reply; /* for nested elements and stray replies */
@@ -182,9 +217,15 @@ static void *rf_string(const redisReadTask *task, char *str, size_t len) {
   return r;
 }
 
+/* None of the commands we pipeline answers an array: refuse it (hiredis
+ * stops with an error and the connection is dropped) rather than read an
+ * array of any size into the dummy. */
 static void *rf_array(const redisReadTask *task, int n) {
   (void)n;
-  return next_reply(task);
+  rpipe *p = task->privdata;
+  if (p != NULL)
+    p->bad = "an array where a value was expected";
+  return NULL;
 }
 
 static void *rf_integer(const redisReadTask *task, long long v) {
@@ -205,6 +246,264 @@ static void rf_free(void *obj) { (void)obj; }
 
 static redisReplyObjectFunctions reply_fns = {rf_string, rf_array, rf_integer,
                                               rf_nil, rf_free};
+
+/* Ordinary replies: hiredis's own functions (taken from a reader it made),
+ * with arrays bounded in elements. */
+static redisReplyObjectFunctions hiredis_fns, plain_fns;
+static pthread_once_t plain_once = PTHREAD_ONCE_INIT;
+
+static void *pl_array(const redisReadTask *task, int n) {
+  if (n > PLAIN_ELEMENTS_MAX) {
+    rpipe *p = task->privdata;
+    if (p != NULL)
+      p->bad = "an array of more than 1048576 elements";
+    return NULL;
+  }
+  return hiredis_fns.createArray(task, n);
+}
+
+static void plain_init(void) {
+  redisReader *r = redisReaderCreate();
+  if (r == NULL)
+    return; /* plain_fns stays empty: dial() says out of memory */
+  hiredis_fns = *r->fn;
+  redisReaderFree(r);
+  plain_fns = hiredis_fns;
+  plain_fns.createArray = pl_array;
+}
+
+/* ------------------------------------------------------------------- I/O */
+
+enum {
+  XR_OK,
+  XR_STALE,  /* closed or reset before any byte of reply: nothing answered */
+  XR_FAIL,   /* deadline, reset mid-reply, protocol error, a bound */
+  XR_TOOBIG  /* a value over what its item's buffer takes: refused unread */
+};
+
+/* a + b, or UINT64_MAX (sizes come from the caller). */
+static uint64_t sat_add(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* The deadline of an exchange that may move `bytes` bytes. */
+static uint64_t deadline_after(const redis_store *s, uint64_t bytes) {
+  return now_ms() + s->timeout_ms + (bytes >> 20) * MS_PER_MIB; /* < 2^48 */
+}
+
+/* Waits until fd is ready for events or the deadline passes.  Returns 0,
+ * or -1 with errno (ETIMEDOUT at the deadline). */
+static int wait_fd(int fd, short events, uint64_t deadline) {
+  for (;;) {
+    uint64_t now = now_ms();
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    uint64_t left = deadline - now;
+    struct pollfd pfd = {fd, events, 0};
+    int r = poll(&pfd, 1, left > INT_MAX ? INT_MAX : (int)left);
+    if (r > 0)
+      return 0; /* ready, or an error the next call reports */
+    if (r < 0 && errno != EINTR)
+      return -1;
+  }
+}
+
+/* Sends all of iov (modified) before the deadline. */
+static int send_all(int fd, struct iovec *iov, int cnt, uint64_t deadline) {
+  while (cnt > 0) {
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)(cnt > IOV_MAX ? IOV_MAX : cnt);
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      if ((errno != EAGAIN && errno != EWOULDBLOCK) ||
+          wait_fd(fd, POLLOUT, deadline) < 0)
+        return -1;
+      continue;
+    }
+    while (cnt > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      cnt--;
+    }
+    if (cnt > 0) {
+      iov->iov_base = (char *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+/*
+ * Called when the reader needs more bytes: refuses the reply being parsed
+ * if it already exceeds its bound, before its body is read.  hiredis has
+ * consumed the type byte of the item it is parsing, so a bulk string's
+ * length is at the read position; a value for an item with a buffer may
+ * be split + cap + SLACK_BYTES long (XR_TOOBIG beyond), anything else has
+ * the bounds of its kind.
+ */
+static int check_bounds(redisReader *rd, const rpipe *p, int plain, char *why,
+                        size_t whysize) {
+  size_t buffered = rd->len - rd->pos;
+  if (rd->ridx >= 0 && rd->rstack[rd->ridx].type == REDIS_REPLY_STRING) {
+    const char *h = rd->buf + rd->pos;
+    const char *cr = memchr(h, '\r', buffered);
+    if (cr != NULL) {
+      uint64_t len = 0;
+      int digits = 0;
+      for (const char *d = h; d < cr && *d >= '0' && *d <= '9' && digits < 19;
+           d++, digits++)
+        len = len * 10 + (uint64_t)(*d - '0');
+      size_t item = SIZE_MAX;
+      uint64_t limit = plain ? PLAIN_BULK_MAX : LINE_MAX_BYTES;
+      if (!plain && rd->rstack[rd->ridx].parent == NULL && p->bufs != NULL &&
+          p->item != NULL && p->next < p->cap &&
+          (item = p->item[p->next]) != SIZE_MAX)
+        limit = sat_add(sat_add(p->split, p->caps[item]), SLACK_BYTES);
+      if (digits > 0 && len > limit) {
+        snprintf(why, whysize, "a %" PRIu64 "-byte value where at most %"
+                 PRIu64 " fit: refused unread", len, limit);
+        return item != SIZE_MAX ? XR_TOOBIG : XR_FAIL;
+      }
+      return XR_OK; /* its body is coming, within bounds */
+    }
+  }
+  if (buffered > LINE_MAX_BYTES) {
+    snprintf(why, whysize, "a reply line longer than %u bytes",
+             LINE_MAX_BYTES);
+    return XR_FAIL;
+  }
+  return XR_OK;
+}
+
+/* Reads nrep replies (ordinary ones into out when out is not NULL) before
+ * the deadline. */
+static int recv_replies(redisContext *c, const rpipe *p, void **out,
+                        size_t nrep, uint64_t deadline, char *why,
+                        size_t whysize) {
+  redisReader *rd = c->reader;
+  char chunk[16384];
+  uint64_t received = 0;
+  for (size_t got = 0; got < nrep;) {
+    void *reply = NULL;
+    if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
+      snprintf(why, whysize, "protocol error: %s",
+               p->bad ? p->bad : rd->errstr);
+      return XR_FAIL;
+    }
+    if (reply != NULL) {
+      if (out != NULL)
+        out[got] = reply;
+      got++;
+      continue;
+    }
+    int b = check_bounds(rd, p, out != NULL, why, whysize);
+    if (b != XR_OK)
+      return b;
+    ssize_t r = recv(c->fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (r > 0) {
+      received += (uint64_t)r;
+      if (out != NULL && received > PLAIN_TOTAL_MAX) {
+        snprintf(why, whysize, "replies longer than %u bytes",
+                 PLAIN_TOTAL_MAX);
+        return XR_FAIL;
+      }
+      if (redisReaderFeed(rd, chunk, (size_t)r) != REDIS_OK) {
+        snprintf(why, whysize, "out of memory");
+        return XR_FAIL;
+      }
+      continue;
+    }
+    if (r == 0) {
+      snprintf(why, whysize, "connection closed by the server%s",
+               received ? " mid-reply" : "");
+      return received ? XR_FAIL : XR_STALE;
+    }
+    if (errno == EINTR)
+      continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
+        wait_fd(c->fd, POLLIN, deadline) == 0)
+      continue;
+    int e = errno;
+    if (e == ETIMEDOUT)
+      snprintf(why, whysize, "timed out (%" PRIu64 " bytes of reply in time)",
+               received);
+    else
+      snprintf(why, whysize, "%s", strerror(e));
+    return received == 0 && (e == ECONNRESET || e == EPIPE) ? XR_STALE
+                                                             : XR_FAIL;
+  }
+  return XR_OK;
+}
+
+/* Sends iov (modified) on c and reads nrep replies: ours into p, or
+ * ordinary ones into out (NULLs on failure).  Returns an XR_ code; why
+ * says what failed. */
+static int exchange(redisContext *c, struct iovec *iov, int cnt, size_t nrep,
+                    rpipe *p, void **out, uint64_t deadline, char *why,
+                    size_t whysize) {
+  int x;
+  if (send_all(c->fd, iov, cnt, deadline) < 0) {
+    int e = errno;
+    snprintf(why, whysize, "%s",
+             e == ETIMEDOUT ? "timed out sending" : strerror(e));
+    x = e == EPIPE || e == ECONNRESET ? XR_STALE : XR_FAIL;
+  } else {
+    c->reader->privdata = p;
+    x = recv_replies(c, p, out, nrep, deadline, why, whysize);
+    c->reader->privdata = NULL;
+  }
+  for (size_t k = 0; x != XR_OK && out != NULL && k < nrep; k++)
+    if (out[k] != NULL) {
+      freeReplyObject(out[k]);
+      out[k] = NULL;
+    }
+  return x;
+}
+
+/* A growing buffer of RESP commands. */
+typedef struct obuf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} obuf;
+
+static void ob_put(obuf *b, const void *d, size_t n) {
+  if (b->oom)
+    return;
+  if (n > b->cap - b->len) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < n && cap < SIZE_MAX / 2)
+      cap *= 2;
+    char *np = cap - b->len < n ? NULL : encache__realloc(b->p, cap);
+    if (np == NULL) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, d, n);
+  b->len += n;
+}
+
+/* Appends a command; lens NULL = C strings. */
+static void ob_cmd(obuf *b, int argc, const char *const *argv,
+                   const size_t *lens) {
+  char num[32];
+  ob_put(b, num, (size_t)snprintf(num, sizeof(num), "*%d\r\n", argc));
+  for (int i = 0; i < argc; i++) {
+    size_t n = lens ? lens[i] : strlen(argv[i]);
+    ob_put(b, num, (size_t)snprintf(num, sizeof(num), "$%zu\r\n", n));
+    ob_put(b, argv[i], n);
+    ob_put(b, "\r\n", 2);
+  }
+}
 
 /* ----------------------------------------------------------- connections */
 
@@ -234,25 +533,9 @@ static void drop(rset *set, size_t node) {
   }
 }
 
-/* Sends a command with our reply functions and reads one reply into *r.
- * Returns 0, or -1 on an I/O or protocol error. */
-static int simple_command(redisContext *c, int argc, const char **argv,
-                          rreply *r) {
-  size_t lens[8];
-  for (int i = 0; i < argc; i++)
-    lens[i] = strlen(argv[i]);
-  rpipe p = {r, 0, 1, NULL, 0, NULL, NULL, NULL};
-  c->reader->privdata = &p;
-  void *reply;
-  int rc = redisAppendCommandArgv(c, argc, argv, lens) == REDIS_OK &&
-                   redisGetReply(c, &reply) == REDIS_OK && p.next == 1
-               ? 0
-               : -1;
-  c->reader->privdata = NULL;
-  return rc;
-}
-
-/* Opens a context to node, with AUTH and SELECT; sets *why on failure. */
+/* Opens a context to node, with AUTH and SELECT; it reads with our reply
+ * functions, or with ordinary (bounded) ones when plain_replies.  Sets
+ * *why on failure. */
 static redisContext *dial(redis_store *s, size_t node, int plain_replies,
                           char *why, size_t whysize) {
   rnode n;
@@ -262,6 +545,11 @@ static redisContext *dial(redis_store *s, size_t node, int plain_replies,
   if (n.down_until_ms > now_ms()) {
     snprintf(why, whysize, "%.200s:%d is down (retrying in %" PRIu64 " ms)",
              n.host, n.port, n.down_until_ms - now_ms());
+    return NULL;
+  }
+  pthread_once(&plain_once, plain_init);
+  if (plain_fns.createString == NULL) {
+    snprintf(why, whysize, "out of memory");
     return NULL;
   }
   struct timeval ctv = tv_ms(s->connect_timeout_ms);
@@ -279,28 +567,47 @@ static redisContext *dial(redis_store *s, size_t node, int plain_replies,
     node_failed(s, node);
     return NULL;
   }
-  redisSetTimeout(c, tv_ms(s->timeout_ms));
   redisEnableKeepAlive(c);
-  /* AUTH and SELECT with hiredis's own replies; ours come after. */
+  c->reader->fn = &reply_fns;
+  /* AUTH and SELECT, pipelined, before anything else. */
   char db[16];
   snprintf(db, sizeof(db), "%d", s->db);
   const char *auth[3] = {"AUTH", s->user ? s->user : s->password, s->password};
   const char *sel[2] = {"SELECT", db};
-  int bad = 0;
-  for (int k = 0; k < 2 && !bad; k++) {
-    if (k == 0 ? s->password == NULL : s->db == 0)
-      continue;
-    redisReply *rep = k == 0 ? redisCommandArgv(c, s->user ? 3 : 2, auth, NULL)
-                             : redisCommandArgv(c, 2, sel, NULL);
-    bad = rep == NULL || rep->type == REDIS_REPLY_ERROR;
-    if (bad)
-      snprintf(why, whysize, "%s: %.200s", k == 0 ? "AUTH" : "SELECT",
-               rep && rep->str ? rep->str : c->errstr);
-    if (rep)
-      freeReplyObject(rep);
+  const char *what[2];
+  size_t nrep = 0;
+  obuf b = {NULL, 0, 0, 0};
+  if (s->password != NULL) {
+    ob_cmd(&b, s->user ? 3 : 2, auth, NULL);
+    what[nrep++] = "AUTH";
   }
-  if (!plain_replies)
-    c->reader->fn = &reply_fns;
+  if (s->db != 0) {
+    ob_cmd(&b, 2, sel, NULL);
+    what[nrep++] = "SELECT";
+  }
+  int bad = b.oom;
+  if (bad)
+    snprintf(why, whysize, "out of memory");
+  if (nrep > 0 && !bad) {
+    rreply r[2];
+    rpipe p = {r, 0, nrep, NULL, 0, NULL, NULL, NULL, NULL};
+    struct iovec iov = {b.p, b.len};
+    char xwhy[256];
+    if (exchange(c, &iov, 1, nrep, &p, NULL, deadline_after(s, 0), xwhy,
+                 sizeof(xwhy)) != XR_OK) {
+      bad = 1;
+      snprintf(why, whysize, "%s: %s", what[p.next < nrep ? p.next : 0],
+               xwhy);
+    }
+    for (size_t k = 0; k < nrep && !bad; k++)
+      if (r[k].type == REDIS_REPLY_ERROR) {
+        bad = 1;
+        snprintf(why, whysize, "%s: %.200s", what[k], r[k].text);
+      }
+  }
+  encache__free(b.p);
+  if (plain_replies)
+    c->reader->fn = &plain_fns;
   if (bad) {
     redisFree(c);
     node_failed(s, node);
@@ -328,12 +635,82 @@ static void give_back(redis_store *s, rset *set) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static redisContext *conn(redis_store *s, rset *set, size_t node, char *why,
-                          size_t whysize) {
+/* A pooled context is reused only when idle and clean: nothing readable
+ * (a server that closed it shows as readable: EOF; stray bytes of an
+ * earlier reply too) and nothing left in its reader. */
+static int still_idle(redisContext *c) {
+  if (c->err || c->reader->err || c->reader->len > c->reader->pos)
+    return 0;
+  struct pollfd pfd = {c->fd, POLLIN, 0};
+  return poll(&pfd, 1, 0) == 0;
+}
+
+/* The set's context to node, dialled when needed; *reused says whether it
+ * is a pooled one (which the server may have closed since). */
+static redisContext *conn(redis_store *s, rset *set, size_t node, int *reused,
+                          char *why, size_t whysize) {
   ENCACHE_ASSERT(node < MAX_NODES);
+  if (set->conns[node] != NULL && !still_idle(set->conns[node]))
+    drop(set, node);
+  *reused = set->conns[node] != NULL;
   if (set->conns[node] == NULL)
     set->conns[node] = dial(s, node, 0, why, whysize);
   return set->conns[node];
+}
+
+/*
+ * Runs one exchange (iov, answered by nrep replies into p) on the set's
+ * context to node.  A pooled context that the server closed without
+ * answering anything (an idle timeout, CLIENT KILL, a restart, a proxy)
+ * is redialled once, at once, and the exchange sent again: safe, because
+ * nothing was answered and what we pipeline is idempotent (reads) or
+ * SET NX (see set_once()).  On failure the context is dropped, and the
+ * node backs off unless the failure was a value refused as too large.
+ * Returns XR_OK, XR_TOOBIG or XR_FAIL; why says what failed.
+ */
+static int run_on(redis_store *s, rset *set, size_t node,
+                  const struct iovec *iov, int cnt, size_t nrep, rpipe *p,
+                  uint64_t deadline, char *why, size_t whysize) {
+  int x = XR_FAIL;
+  p->next = 0;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    int reused;
+    redisContext *c = conn(s, set, node, &reused, why, whysize);
+    if (c == NULL)
+      return XR_FAIL; /* dial() started the backoff */
+    struct iovec v[8];
+    ENCACHE_ASSERT(cnt <= 8);
+    memcpy(v, iov, (size_t)cnt * sizeof(*v));
+    p->next = 0;
+    p->bad = NULL;
+    x = exchange(c, v, cnt, nrep, p, NULL, deadline, why, whysize);
+    if (x == XR_OK)
+      return XR_OK;
+    drop(set, node);
+    if (x != XR_STALE || !reused)
+      break;
+  }
+  if (x == XR_TOOBIG)
+    return XR_TOOBIG;
+  node_failed(s, node);
+  return XR_FAIL;
+}
+
+/* Sends argv to a context of ordinary replies and reads nrep of them into
+ * out.  Returns an XR_ code. */
+static int plain_command(redis_store *s, redisContext *c, const obuf *b,
+                         size_t nrep, void **out, char *why, size_t whysize) {
+  for (size_t k = 0; k < nrep; k++)
+    out[k] = NULL;
+  if (b->oom) {
+    snprintf(why, whysize, "out of memory");
+    return XR_FAIL;
+  }
+  struct iovec iov = {b->p, b->len};
+  rpipe p;
+  memset(&p, 0, sizeof(p));
+  return exchange(c, &iov, 1, nrep, &p, out, deadline_after(s, 0), why,
+                  whysize);
 }
 
 /* ------------------------------------------------------------ slot map */
@@ -358,17 +735,28 @@ static int refresh_slots(redis_store *s) {
   pthread_mutex_lock(&s->mu);
   size_t n = s->nnodes;
   pthread_mutex_unlock(&s->mu);
+  static const char *const cmd[2] = {"CLUSTER", "SLOTS"};
   for (size_t i = 0; i < n; i++) {
     redisContext *c = dial(s, i, 1, why, sizeof(why));
     if (c == NULL)
       continue;
-    redisReply *r = redisCommand(c, "CLUSTER SLOTS");
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+    obuf b = {NULL, 0, 0, 0};
+    ob_cmd(&b, 2, cmd, NULL);
+    void *out[1];
+    char xwhy[256];
+    int x = plain_command(s, c, &b, 1, out, xwhy, sizeof(xwhy));
+    encache__free(b.p);
+    redisReply *r = out[0];
+    if (x != XR_OK || r->type != REDIS_REPLY_ARRAY) {
       snprintf(why, sizeof(why), "CLUSTER SLOTS: %s",
-               r && r->str ? r->str : c->errstr);
-      if (r)
+               x != XR_OK ? xwhy
+               : r->type == REDIS_REPLY_ERROR ? r->str
+                                              : "not an array");
+      if (r != NULL)
         freeReplyObject(r);
       redisFree(c);
+      if (x != XR_OK)
+        node_failed(s, i);
       continue;
     }
     pthread_mutex_lock(&s->mu);
@@ -376,19 +764,25 @@ static int refresh_slots(redis_store *s) {
       s->slots[k] = NO_NODE;
     for (size_t e = 0; e < r->elements; e++) {
       redisReply *range = r->element[e];
+      /* [first slot, last slot, [host, port, ...], replicas...] */
       if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
+          range->element[0]->type != REDIS_REPLY_INTEGER ||
+          range->element[1]->type != REDIS_REPLY_INTEGER ||
           range->element[2]->type != REDIS_REPLY_ARRAY ||
           range->element[2]->elements < 2)
         continue;
       redisReply *m = range->element[2];
-      const char *host = m->element[0]->str && m->element[0]->str[0]
-                             ? m->element[0]->str
-                             : s->nodes[i].host;
+      if (m->element[0]->type != REDIS_REPLY_STRING ||
+          m->element[1]->type != REDIS_REPLY_INTEGER ||
+          m->element[1]->integer <= 0 || m->element[1]->integer > 65535)
+        continue;
+      const char *host = m->element[0]->len > 0 ? m->element[0]->str
+                                                : s->nodes[i].host;
       size_t idx = node_index(s, host, (int)m->element[1]->integer);
       long long lo = range->element[0]->integer, hi = range->element[1]->integer;
-      for (long long k = lo; idx != NO_NODE && k <= hi && k < NSLOTS; k++)
-        if (k >= 0)
-          s->slots[k] = (uint16_t)idx;
+      for (long long k = lo < 0 ? 0 : lo; idx != NO_NODE && k <= hi && k < NSLOTS;
+           k++)
+        s->slots[k] = (uint16_t)idx;
     }
     s->need_refresh = 0;
     pthread_mutex_unlock(&s->mu);
@@ -485,7 +879,10 @@ static int batch(redis_store *s, enum op op, const char *const *keys,
     if (target[i] == NO_NODE && refresh_slots(s) == 0)
       target[i] = route(s, keys[i]);
   }
-  for (int round = 0; round < ROUNDS; round++) {
+  /* A value refused unread drops its connection: the keys behind it in the
+   * pipeline go again, in an extra round (each refusal settles one key). */
+  int extra = 0;
+  for (int round = 0; round < ROUNDS + extra; round++) {
     int pending = 0;
     for (size_t i = 0; i < n; i++) {
       if (results[i] != INT64_MIN)
@@ -513,46 +910,44 @@ static int batch(redis_store *s, enum op op, const char *const *keys,
         snprintf(why, sizeof(why), "%s: unusable redirection", keys[first]);
         continue;
       }
-      redisContext *c = conn(s, set, node, why, sizeof(why));
-      if (c == NULL) {
-        for (size_t k = 0; k < m; k++)
-          results[order[k]] = ENCACHE_EUNAVAIL;
-        continue;
-      }
+      obuf b = {NULL, 0, 0, 0};
       size_t nrep = 0;
-      int io = 0;
-      for (size_t k = 0; k < m && !io; k++) {
+      uint64_t want = 0;
+      for (size_t k = 0; k < m; k++) {
         size_t i = order[k];
         if (ask[i]) {
           const char *a[1] = {"ASKING"};
-          size_t al[1] = {6};
-          io |= redisAppendCommandArgv(c, 1, a, al) != REDIS_OK;
+          ob_cmd(&b, 1, a, NULL);
           item_of[nrep++] = SIZE_MAX;
         }
         const char *argv[2] = {verbs[op], keys[i]};
-        size_t lens[2] = {strlen(verbs[op]), strlen(keys[i])};
-        io |= redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK;
+        ob_cmd(&b, 2, argv, NULL);
         item_of[nrep++] = i;
+        if (op == OP_GET)
+          want = sat_add(want, sat_add(split, caps[i]));
       }
       rpipe p = {replies, 0, nrep, item_of, split, op == OP_GET ? heads : NULL,
-                 bufs, caps};
-      c->reader->privdata = &p;
-      for (size_t k = 0; k < nrep && !io; k++) {
-        void *reply;
-        io = redisGetReply(c, &reply) != REDIS_OK;
-      }
-      c->reader->privdata = NULL;
-      if (io || p.next != nrep) {
+                 bufs, caps, NULL};
+      char xwhy[256];
+      struct iovec iov = {b.p, b.len};
+      int x = b.oom ? XR_FAIL
+                    : run_on(s, set, node, &iov, 1, nrep, &p,
+                             deadline_after(s, want), xwhy, sizeof(xwhy));
+      encache__free(b.p);
+      if (x != XR_OK) {
         snprintf(why, sizeof(why), "%s: %s", verbs[op],
-                 c->err ? c->errstr : "protocol error");
-        drop(set, node);
-        node_failed(s, node);
-        for (size_t k = 0; k < m; k++)
-          if (results[order[k]] == INT64_MIN)
-            results[order[k]] = ENCACHE_EUNAVAIL;
-        continue;
+                 b.oom ? "out of memory" : xwhy);
+        if (x == XR_TOOBIG && item_of[p.next] != SIZE_MAX) {
+          results[item_of[p.next]] = ENCACHE_ETOOLARGE;
+          extra++;
+        } else {
+          for (size_t k = p.next; k < nrep; k++)
+            if (item_of[k] != SIZE_MAX)
+              results[item_of[k]] = ENCACHE_EUNAVAIL;
+        }
       }
-      for (size_t k = 0; k < nrep; k++) {
+      /* The replies that came, whatever happened after them. */
+      for (size_t k = 0; k < p.next; k++) {
         size_t i = item_of[k];
         rreply *r = &replies[k];
         if (i == SIZE_MAX)
@@ -646,40 +1041,23 @@ static int redis_object_size(encache_store *st, const char *key,
 
 /* ----------------------------------------------------------------- writes */
 
-/* Writes all of iov to fd within the socket's send timeout. */
-static int write_all(int fd, struct iovec *iov, int cnt) {
-  while (cnt > 0) {
-    ssize_t w = writev(fd, iov, cnt > IOV_MAX ? IOV_MAX : cnt);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return -1;
-    }
-    while (cnt > 0 && (size_t)w >= iov->iov_len) {
-      w -= (ssize_t)iov->iov_len;
-      iov++;
-      cnt--;
-    }
-    if (cnt > 0) {
-      iov->iov_base = (char *)iov->iov_base + w;
-      iov->iov_len -= (size_t)w;
-    }
-  }
-  return 0;
-}
-
-/* SET key hdr+payload NX [EX ttl], straight from the caller's buffers.
+/*
+ * SET key hdr+payload NX [EX ttl], straight from the caller's buffers.
  * Returns 0, ENCACHE_EEXIST, ENCACHE_EUNAVAIL, or 1 with *moved_to set
- * (and *ask) when redirected. */
+ * (and *ask) when redirected.
+ *
+ * A SET sent again on a redialled connection (run_on()) follows one that
+ * got no byte of answer.  A server that closes an idle connection never
+ * read that SET, but one killed or reset just after executing it may have
+ * written the key: then the second SET NX finds it and we answer EEXIST
+ * ("already there"), which is true: the object under the key is complete
+ * and is the one we sent, or another writer's for the same key.
+ */
 static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
                     const char *key, const void *hdr, size_t hl,
                     const void *payload, size_t len, size_t *moved_to,
                     int *ask) {
   char why[512] = "";
-  redisContext *c = conn(s, set, node, why, sizeof(why));
-  if (c == NULL)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s",
-                               s->base.url, why);
   char pre[512], ttl[32], post[96];
   size_t klen = strlen(key);
   int nargs = s->ttl_s ? 6 : 4;
@@ -699,21 +1077,12 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
                          {(void *)payload, len},
                          {post, (size_t)tl}};
   rreply r[2];
-  rpipe p = {r, 0, 2, NULL, 0, NULL, NULL, NULL};
-  int nrep = ask_first ? 2 : 1, io = write_all(c->fd, iov, 6) < 0;
-  c->reader->privdata = &p;
-  for (int k = 0; k < nrep && !io; k++) {
-    void *reply;
-    io = redisGetReply(c, &reply) != REDIS_OK;
-  }
-  c->reader->privdata = NULL;
-  if (io) {
-    snprintf(why, sizeof(why), "%s", c->err ? c->errstr : strerror(errno));
-    drop(set, node);
-    node_failed(s, node);
+  size_t nrep = ask_first ? 2 : 1;
+  rpipe p = {r, 0, nrep, NULL, 0, NULL, NULL, NULL, NULL};
+  if (run_on(s, set, node, iov, 6, nrep, &p, deadline_after(s, hl + len), why,
+             sizeof(why)) != XR_OK)
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
                                s->base.url, key, why);
-  }
   rreply *res = &r[nrep - 1];
   if (is_redirect(res)) {
     *moved_to = redirect(s, res->text, ask);
@@ -770,15 +1139,19 @@ static int redis_remove(encache_store *st, const char *key) {
   int rc = ENCACHE_EUNAVAIL;
   char why[512] = "no node serves the key";
   for (int round = 0; round < ROUNDS && node != NO_NODE; round++) {
-    redisContext *c = conn(s, set, node, why, sizeof(why));
-    if (c == NULL)
-      break;
     rreply r;
     const char *argv[2] = {"DEL", key};
-    if (simple_command(c, 2, argv, &r) < 0) {
-      snprintf(why, sizeof(why), "%s", c->errstr);
-      drop(set, node);
-      node_failed(s, node);
+    obuf b = {NULL, 0, 0, 0};
+    ob_cmd(&b, 2, argv, NULL);
+    rpipe p = {&r, 0, 1, NULL, 0, NULL, NULL, NULL, NULL};
+    struct iovec iov = {b.p, b.len};
+    int x = b.oom ? XR_FAIL
+                  : run_on(s, set, node, &iov, 1, 1, &p, deadline_after(s, 0),
+                           why, sizeof(why));
+    encache__free(b.p);
+    if (x != XR_OK) {
+      if (b.oom)
+        snprintf(why, sizeof(why), "out of memory");
       break;
     }
     if (is_redirect(&r)) {
@@ -799,79 +1172,163 @@ static int redis_remove(encache_store *st, const char *key) {
 
 /* ------------------------------------------------------- list and stats */
 
-/* The distinct nodes that own slots (single node: node 0). */
-static size_t masters(redis_store *s, size_t *out) {
+/* The distinct nodes that own slots (single node: node 0) into out; *m
+ * gets their count.  Returns 0 or ENCACHE_EUNAVAIL (no node known). */
+static int masters(redis_store *s, size_t *out, size_t *m) {
+  *m = 0;
   if (!s->cluster) {
     out[0] = 0;
-    return 1;
+    *m = 1;
+    return 0;
   }
-  ensure_slots(s);
-  size_t m = 0;
+  int rc = ensure_slots(s);
+  if (rc < 0)
+    return rc;
   pthread_mutex_lock(&s->mu);
   for (size_t k = 0; k < NSLOTS; k++) {
     size_t node = s->slots[k], j;
     if (node == NO_NODE)
       continue;
-    for (j = 0; j < m && out[j] != node; j++)
+    for (j = 0; j < *m && out[j] != node; j++)
       ;
-    if (j == m)
-      out[m++] = node;
+    if (j == *m)
+      out[(*m)++] = node;
   }
   pthread_mutex_unlock(&s->mu);
-  return m;
+  return *m > 0 ? 0
+                : encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                      "%s: no node serves any slot",
+                                      s->base.url);
+}
+
+/*
+ * Lists one node's keys with SCAN and their sizes with pipelined STRLEN.
+ * A server whose cursor never comes back to 0 is stopped by a bound on
+ * calls and keys derived from its DBSIZE (see LIST_* above); an answer
+ * that is not [cursor, [key strings...]] is refused.  Returns 0, the
+ * callback's non-zero value, or ENCACHE_EUNAVAIL.
+ */
+static int list_node(redis_store *s, redisContext *c, const char *pattern,
+                     int (*cb)(const char *key, uint64_t len, void *arg),
+                     void *arg) {
+  char why[512] = "", xwhy[256];
+  void *one[2];
+  obuf b = {NULL, 0, 0, 0};
+  static const char *const dbsize_cmd[1] = {"DBSIZE"};
+  ob_cmd(&b, 1, dbsize_cmd, NULL);
+  int x = plain_command(s, c, &b, 1, one, xwhy, sizeof(xwhy));
+  encache__free(b.p);
+  if (x != XR_OK)
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: DBSIZE: %s",
+                               s->base.url, xwhy);
+  redisReply *r = one[0];
+  uint64_t dbsize = r->type == REDIS_REPLY_INTEGER && r->integer >= 0 &&
+                            (uint64_t)r->integer < LIST_DBSIZE_MAX
+                        ? (uint64_t)r->integer
+                        : LIST_DBSIZE_MAX;
+  freeReplyObject(r);
+  uint64_t max_calls = LIST_CALLS_MIN + dbsize / 100;
+  uint64_t max_keys = 2 * dbsize + LIST_KEYS_SLACK, calls = 0, seen = 0;
+  char cursor[32] = "0";
+  int stop = 0;
+  do {
+    if (++calls > max_calls || seen > max_keys) {
+      snprintf(why, sizeof(why), "SCAN did not finish after %" PRIu64
+               " calls and %" PRIu64 " keys (DBSIZE %" PRIu64 "): the "
+               "server's cursor never comes back to 0", calls - 1, seen,
+               dbsize);
+      break;
+    }
+    const char *scan[6] = {"SCAN", cursor, "MATCH", pattern ? pattern : "*",
+                           "COUNT", "1000"};
+    b.len = 0;
+    b.p = NULL;
+    b.cap = 0;
+    ob_cmd(&b, 6, scan, NULL);
+    x = plain_command(s, c, &b, 1, one, xwhy, sizeof(xwhy));
+    encache__free(b.p);
+    r = one[0];
+    if (x != XR_OK) {
+      snprintf(why, sizeof(why), "SCAN: %s", xwhy);
+      break;
+    }
+    redisReply *keys = r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                               r->element[0]->type == REDIS_REPLY_STRING &&
+                               r->element[0]->len < sizeof(cursor) &&
+                               r->element[1]->type == REDIS_REPLY_ARRAY
+                           ? r->element[1]
+                           : NULL;
+    for (size_t i = 0; keys != NULL && i < keys->elements; i++)
+      if (keys->element[i]->type != REDIS_REPLY_STRING)
+        keys = NULL;
+    if (keys == NULL) {
+      snprintf(why, sizeof(why), "SCAN: %s",
+               r->type == REDIS_REPLY_ERROR
+                   ? r->str
+                   : "the answer is not a cursor and a list of key strings");
+      freeReplyObject(r);
+      break;
+    }
+    memcpy(cursor, r->element[0]->str, r->element[0]->len);
+    cursor[r->element[0]->len] = '\0';
+    seen += keys->elements;
+    void **lens = keys->elements > 0
+                      ? encache__calloc(keys->elements, sizeof(void *))
+                      : NULL;
+    b.len = 0;
+    b.p = NULL;
+    b.cap = 0;
+    b.oom = keys->elements > 0 && lens == NULL;
+    for (size_t i = 0; i < keys->elements; i++) {
+      const char *argv[2] = {"STRLEN", keys->element[i]->str};
+      size_t argl[2] = {6, keys->element[i]->len};
+      ob_cmd(&b, 2, argv, argl);
+    }
+    if (keys->elements > 0 && lens == NULL) {
+      x = XR_FAIL;
+      snprintf(xwhy, sizeof(xwhy), "out of memory");
+    } else {
+      x = keys->elements == 0 ? XR_OK
+                              : plain_command(s, c, &b, keys->elements, lens,
+                                              xwhy, sizeof(xwhy));
+    }
+    encache__free(b.p);
+    if (x != XR_OK)
+      snprintf(why, sizeof(why), "STRLEN: %s", xwhy);
+    for (size_t i = 0; x == XR_OK && i < keys->elements; i++) {
+      redisReply *len = lens[i];
+      if (!stop && len->type == REDIS_REPLY_INTEGER && len->integer >= 0)
+        stop = cb(keys->element[i]->str, (uint64_t)len->integer, arg);
+    }
+    for (size_t i = 0; x == XR_OK && i < keys->elements; i++)
+      freeReplyObject(lens[i]);
+    encache__free(lens);
+    freeReplyObject(r);
+    if (x != XR_OK)
+      break;
+  } while (!stop && strcmp(cursor, "0") != 0);
+  if (why[0])
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s",
+                               s->base.url, why);
+  return stop;
 }
 
 static int redis_list(encache_store *st, const char *pattern,
                       int (*cb)(const char *key, uint64_t len, void *arg),
                       void *arg) {
   redis_store *s = (redis_store *)st;
-  size_t nodes[MAX_NODES];
-  size_t m = masters(s, nodes);
-  if (m == 0)
-    return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: no node known",
-                               s->base.url);
-  for (size_t k = 0; k < m; k++) {
+  size_t nodes[MAX_NODES], m;
+  int rc = masters(s, nodes, &m);
+  for (size_t k = 0; rc == 0 && k < m; k++) {
     char why[512];
     redisContext *c = dial(s, nodes[k], 1, why, sizeof(why));
     if (c == NULL)
       return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: %s", s->base.url,
                                  why);
-    char cursor[32] = "0";
-    int stop = 0;
-    do {
-      redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
-                                   pattern ? pattern : "*");
-      if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-        if (r)
-          freeReplyObject(r);
-        redisFree(c);
-        return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: SCAN failed",
-                                   s->base.url);
-      }
-      snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
-      redisReply *keys = r->element[1];
-      for (size_t i = 0; i < keys->elements; i++)
-        redisAppendCommand(c, "STRLEN %b", keys->element[i]->str,
-                           (size_t)keys->element[i]->len);
-      for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *len = NULL;
-        if (redisGetReply(c, (void **)&len) != REDIS_OK) {
-          freeReplyObject(r);
-          redisFree(c);
-          return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: STRLEN failed",
-                                     s->base.url);
-        }
-        if (!stop && len->type == REDIS_REPLY_INTEGER)
-          stop = cb(keys->element[i]->str, (uint64_t)len->integer, arg);
-        freeReplyObject(len);
-      }
-      freeReplyObject(r);
-    } while (!stop && strcmp(cursor, "0") != 0);
+    rc = list_node(s, c, pattern, cb, arg);
     redisFree(c);
-    if (stop)
-      return stop;
   }
-  return 0;
+  return rc;
 }
 
 static uint64_t info_field(const char *info, const char *name) {
@@ -881,37 +1338,51 @@ static uint64_t info_field(const char *info, const char *name) {
 
 static int redis_stats(encache_store *st, encache_store_stats *out) {
   redis_store *s = (redis_store *)st;
-  size_t nodes[MAX_NODES];
-  size_t m = masters(s, nodes);
+  size_t nodes[MAX_NODES], m;
   out->objects = out->bytes_used = out->evictions = 0;
   out->capacity = 0;
+  int rc = masters(s, nodes, &m);
+  if (rc < 0)
+    return rc;
+  static const char *const info_cmd[1] = {"INFO"}, *const size_cmd[1] = {
+                                                       "DBSIZE"};
   for (size_t k = 0; k < m; k++) {
     char why[512];
     redisContext *c = dial(s, nodes[k], 1, why, sizeof(why));
     if (c == NULL)
       return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: %s", s->base.url,
                                  why);
-    redisReply *info = redisCommand(c, "INFO");
-    redisReply *size = redisCommand(c, "DBSIZE");
-    if (info && info->type == REDIS_REPLY_STRING) {
+    obuf b = {NULL, 0, 0, 0};
+    ob_cmd(&b, 1, info_cmd, NULL);
+    ob_cmd(&b, 1, size_cmd, NULL);
+    void *rep[2];
+    int x = plain_command(s, c, &b, 2, rep, why, sizeof(why));
+    encache__free(b.p);
+    redisFree(c);
+    redisReply *info = rep[0], *size = rep[1];
+    int ok = x == XR_OK && info->type == REDIS_REPLY_STRING &&
+             size->type == REDIS_REPLY_INTEGER;
+    if (ok) {
       out->bytes_used += info_field(info->str, "\nused_memory:");
       out->evictions += info_field(info->str, "\nevicted_keys:");
       uint64_t max = info_field(info->str, "\nmaxmemory:");
       out->capacity = max == 0 || out->capacity == UINT64_MAX
                           ? UINT64_MAX
                           : out->capacity + max;
-    }
-    if (size && size->type == REDIS_REPLY_INTEGER)
       out->objects += (uint64_t)size->integer;
-    int ok = info && size && info->type == REDIS_REPLY_STRING;
-    if (info)
+    } else if (x == XR_OK) {
+      snprintf(why, sizeof(why), "%s",
+               info->type == REDIS_REPLY_ERROR ? info->str
+               : size->type == REDIS_REPLY_ERROR ? size->str
+                                                 : "unexpected answer");
+    }
+    if (x == XR_OK) {
       freeReplyObject(info);
-    if (size)
       freeReplyObject(size);
-    redisFree(c);
+    }
     if (!ok)
-      return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: INFO failed",
-                                 s->base.url);
+      return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: INFO: %s",
+                                 s->base.url, why);
   }
   out->reinsertions = out->repairs = UINT64_MAX;
   return 0;

@@ -220,7 +220,8 @@ int cmd_ls(const tool_globals *g, int argc, char **argv) {
     fprintf(stderr, "encache ls: %s\n", encache_store_errmsg(st));
     rc = EXIT_FAIL;
   } else {
-    qsort(acc.items, acc.n, sizeof(ls_item), ls_cmp);
+    if (acc.n > 1) /* qsort(NULL, 0, ...) is undefined */
+      qsort(acc.items, acc.n, sizeof(ls_item), ls_cmp);
     for (size_t i = 0; i < acc.n; i++)
       printf("%" PRIu64 "\t%s\n", acc.items[i].len, acc.items[i].key);
   }

@@ -152,6 +152,10 @@ int main(int argc, char **argv) {
       const char *url = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
       if (url == NULL)
         return usage_error(NULL, "--store needs a URL");
+      /* The library reads "" as "no URL": the default Store, which would
+       * create a segment nobody asked for. */
+      if (url[0] == '\0')
+        return usage_error(NULL, "--store: the URL is empty");
       if (g.nstores == 8)
         return usage_error(NULL, "--store: at most 8");
       if (g.nstores == 0)
