@@ -402,7 +402,8 @@ typedef struct encache_store encache_store;
 #define ENCACHE_DEFAULT_STORE "shm://encache?size=1GiB"
 
 /* Opens the Store at url (NULL = $ENCACHE_STORE, else
- * ENCACHE_DEFAULT_STORE).  On failure *out may still hold a handle whose
+ * ENCACHE_DEFAULT_STORE; an empty string is refused, ENCACHE_EURL, never
+ * taken for the default).  On failure *out may still hold a handle whose
  * errmsg says why; close it.  Errors: ENCACHE_EURL, ENCACHE_EFORMAT (an
  * incompatible or corrupted shared segment), ENCACHE_ENOLIB (Mooncake's
  * library is missing), ENCACHE_ECONFIG, ENCACHE_EUNAVAIL (Mooncake setup

@@ -90,6 +90,9 @@ TEST(shm_url_errors) {
   ASSERT_EQ_INT(open_err("shm://x?lock_timeout_ms=0", msg, sizeof(msg)),
                 ENCACHE_EURL);
   ASSERT_EQ_INT(open_err("nosuch://x", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_CONTAINS(msg, "nosuch://x: unknown Store URL scheme");
+  ASSERT_EQ_INT(open_err("", msg, sizeof(msg)), ENCACHE_EURL);
+  ASSERT_CONTAINS(msg, "empty Store URL");
   ASSERT_EQ_INT(encache_shm_destroy("../etc"), ENCACHE_EURL);
   ASSERT_EQ_INT(encache_shm_destroy("encache-never-made"), ENCACHE_ENOENT);
 }

@@ -45,10 +45,17 @@ int encache_store_open(const char *url, encache_store **out) {
   if (out == NULL)
     return ENCACHE_EINVAL;
   *out = NULL;
-  if (url == NULL || url[0] == '\0') {
+  if (url == NULL) {
     url = getenv("ENCACHE_STORE");
     if (url == NULL || url[0] == '\0')
       url = ENCACHE_DEFAULT_STORE;
+  } else if (url[0] == '\0') {
+    /* Never the default in disguise: it would create a 1 GiB segment. */
+    return encache__store_fail(NULL, ENCACHE_EURL,
+                               "empty Store URL: give one (shm://NAME?size=..., "
+                               "redis://host:port, redis-cluster://..., "
+                               "unix:///path, mooncake:) or none for the "
+                               "default (%s)", ENCACHE_DEFAULT_STORE);
   }
   if (strncmp(url, "shm://", 6) == 0)
     return encache__shm_open(url, out);
@@ -58,7 +65,10 @@ int encache_store_open(const char *url, encache_store **out) {
     return encache__redis_open(url, out);
   if (strncmp(url, "mooncake:", 9) == 0)
     return encache__mooncake_open(url, out);
-  return ENCACHE_EURL;
+  return encache__store_fail(NULL, ENCACHE_EURL,
+                             "%.200s: unknown Store URL scheme (known: shm://, "
+                             "redis://, redis-cluster://, unix://, mooncake:)",
+                             url);
 }
 
 void encache_store_close(encache_store *st) {

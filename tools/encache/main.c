@@ -138,7 +138,8 @@ int parse_int_option(const char *cmd, const char *opt, const char *text,
 }
 
 int main(int argc, char **argv) {
-  tool_globals g = {getenv("ENCACHE_STORE"), {NULL}, 0};
+  const char *env = getenv("ENCACHE_STORE");
+  tool_globals g = {env != NULL && env[0] != '\0' ? env : NULL, {NULL}, 0};
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     const char *a = argv[i];
@@ -152,8 +153,7 @@ int main(int argc, char **argv) {
       const char *url = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
       if (url == NULL)
         return usage_error(NULL, "--store needs a URL");
-      /* The library reads "" as "no URL": the default Store, which would
-       * create a segment nobody asked for. */
+      /* Refused here too, with the tool's usage exit code. */
       if (url[0] == '\0')
         return usage_error(NULL, "--store: the URL is empty");
       if (g.nstores == 8)
