@@ -739,14 +739,20 @@ static int hits_all_right(encache_store *st, char keys[][32], int n,
   return hits;
 }
 
-static void head_moved_back(const char *opts) {
+/* A fresh segment opened with extra URL options, and its layout. */
+static encache_store *seg_open_with(const char *size, const char *opts,
+                                    encache__shm_layout *lay) {
   char url[160], base[128];
-  encache_store *st = seg_open("2MiB", base, sizeof(base));
-  encache_store_close(st);
+  encache_store_close(seg_open(size, base, sizeof(base)));
   snprintf(url, sizeof(url), "%s&%s", base, opts);
-  st = reopen(url);
+  encache_store *st = reopen(url);
+  ASSERT_EQ_INT(encache__shm_test_layout(st, lay), 0);
+  return st;
+}
+
+static void head_moved_back(const char *opts) {
   encache__shm_layout lay;
-  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  encache_store *st = seg_open_with("2MiB", opts, &lay);
   char keys[12][32];
   for (int i = 0; i < 6; i++) {
     snprintf(keys[i], sizeof(keys[i]), "before-%d", i);
@@ -789,13 +795,8 @@ static unsigned char *payload_of(unsigned char *m, const encache__shm_layout *l,
 }
 
 static int flipped_payloads_served(const char *opts) {
-  char url[160], base[128];
-  encache_store *st = seg_open("4MiB", base, sizeof(base));
-  encache_store_close(st);
-  snprintf(url, sizeof(url), "%s&%s", base, opts);
-  st = reopen(url);
   encache__shm_layout lay;
-  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  encache_store *st = seg_open_with("4MiB", opts, &lay);
   size_t size, len = 16 << 10;
   unsigned char *m = map_file(seg_name, &size), *buf = malloc(len);
   int served = 0;
