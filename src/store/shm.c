@@ -1237,11 +1237,14 @@ static int drop_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
 }
 
 /* Makes room for a record of rec bytes and a free entry; returns the
- * record's position in *pos.  The ends of the FIFO list and the free list
+ * record's position in *pos and the checked free entry in *fe (its id)
+ * and *fnext (the free list after it), so that the caller uses what was
+ * checked, not what the shared list holds by then.  The ends of the FIFO list and the free list
  * are checked first, and the head against them (entry_sane: the newest
  * record ends at or before it, the oldest starts at most a ring length
  * before it): a head moved back would put the record over live ones. */
-static int make_room(shm_store *s, uint64_t rec, uint64_t *pos) {
+static int make_room(shm_store *s, uint64_t rec, uint64_t *pos, uint32_t *fe,
+                     uint32_t *fnext) {
   uint64_t budget = 2 * rec + 65536;
   unsigned relabelled = 0; /* in a row: more than writers can hold = full */
   for (uint64_t steps = 0;; steps++) {
@@ -1263,15 +1266,13 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos) {
       continue;
     }
     uint64_t start = head_start(s, rec);
-    if (first == 0) {
-      if (fr == 0)
-        return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                   "%s: no free entry", s->base.url);
+    if (first == 0 && fr == 0)
+      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                 "%s: no free entry", s->base.url);
+    if (fr != 0 && (first == 0 || start + rec <= oc.pos + s->data_size)) {
       *pos = start;
-      return 0;
-    }
-    if (fr != 0 && start + rec <= oc.pos + s->data_size) {
-      *pos = start;
+      *fe = fr;
+      *fnext = fc.hnext;
       return 0;
     }
     if (relabelled > s->nslots ||
@@ -1317,12 +1318,13 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
     }
     entry_free(s, e); /* its writer died */
   }
-  if ((rc = make_room(s, rec, &pos)) < 0) {
+  uint32_t fe = 0, fnext = 0;
+  if ((rc = make_room(s, rec, &pos, &fe, &fnext)) < 0) {
     shm_unlock(s);
     return rc;
   }
-  e = ent(s, s->h->free_first);
-  s->h->free_first = e->hnext;
+  e = ent(s, fe); /* checked by make_room: in range */
+  s->h->free_first = fnext;
   e->state = E_WRITING;
   e->hash = hash;
   e->key_len = (uint32_t)klen;
