@@ -840,6 +840,14 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
   }
   if ((rc = load_section(cfg, &s, SEC_EC, root, extra_name)) < 0)
     goto out;
+  /* vLLM's ECTransferConfig.__post_init__: a connector needs a role. */
+  if (s.vals[find_opt(SEC_EC, "ec_connector")].set &&
+      !s.vals[find_opt(SEC_EC, "ec_role")].set) {
+    rc = fail(cfg, ENCACHE_ECONFIG,
+              "ec_transfer_config.ec_role: required when ec_connector is set "
+              "(one of ec_producer|ec_consumer|ec_both; vLLM refuses it too)");
+    goto out;
+  }
   json_t *empty = extra != NULL ? NULL : json_object();
   rc = load_section(cfg, &s, SEC_EXTRA, extra != NULL ? extra : empty, NULL);
   json_decref(empty);
