@@ -586,7 +586,7 @@ static int value_from_json(encache_config *cfg, const opt_def *o,
       if (py[0] == '\0' && strcmp(o->name, "embedding_model_identity") == 0)
         odd = "an empty string";
       break;
-    case JSON_NULL: py = "None"; odd = "null"; break;
+    case JSON_NULL: py = "None"; odd = "None in Python"; break;
     case JSON_TRUE: py = "True"; odd = "a boolean"; break;
     case JSON_FALSE: py = "False"; odd = "a boolean"; break;
     case JSON_INTEGER:
