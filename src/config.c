@@ -969,7 +969,8 @@ int encache_config_load_mooncake(encache_config *cfg, const char *json,
   if (standalone && seg->u != 0) {
     rc = fail(cfg, ENCACHE_ECONFIG,
               "mooncake.global_segment_size: mode \"standalone-store\" needs "
-              "a global_segment_size of 0, got %s (vLLM refuses it too)",
+              "an explicit global_segment_size of 0, got %s (vLLM refuses it "
+              "too)",
               seg->given ? seg->text : "none (default 4294967296)");
     goto out;
   }

@@ -309,8 +309,8 @@ TEST(config_mooncake_refusals_name_the_field) {
                   "\"h:1\", \"mode\": \"standalone-store\"}",
                   ENCACHE_ECONFIG,
                   "mooncake.global_segment_size: mode \"standalone-store\" "
-                  "needs a global_segment_size of 0, got none (default "
-                  "4294967296)");
+                  "needs an explicit global_segment_size of 0, got none "
+                  "(default 4294967296)");
   expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
                   "\"h:1\", \"mode\": \"standalone-store\", "
                   "\"global_segment_size\": \"1GB\"}",
