@@ -134,7 +134,8 @@ ENCACHE_EXTERN int encache_dtype_parse(const char *name);
 typedef struct encache_namespace_params {
   const char *prefix;       /* embedding_cache_prefix; NULL or "" = none */
   const char *model;        /* model identity, or the model path as given;
-                               required, non-empty */
+                               required (NULL is refused; "" is written
+                               as vLLM writes an empty identity: "model:") */
   const char *revision;     /* NULL or "" = "default" */
   const char *encoder_hash; /* multimodal-config hash; NULL or "" = the
                                model has none ("encoder:encoder:default") */
@@ -159,6 +160,22 @@ ENCACHE_EXTERN int encache_namespace(const encache_namespace_params *p,
  */
 ENCACHE_EXTERN int encache_key(const char *ns, const char *id, char *buf,
                                size_t size);
+
+/*
+ * The encoder field vLLM writes for a multimodal model: the hex digest of
+ * its MultiModalConfig.compute_hash(), MD5 of Python's str() of
+ * [attention backend name or None, mm_encoder_tp_mode] (vLLM versions whose
+ * factors are exactly those two; docs/compatibility.md).  tp_mode is
+ * "weights" (vLLM's default) or "data"; attn_backend is NULL or "" for
+ * none (vLLM's default), else a backend name, upper-cased as vLLM does
+ * ("flash_attn" -> "FLASH_ATTN").  Writes 32 hex digits and a NUL into
+ * buf[0..size) for encache_namespace_params.encoder_hash.  Returns 32, or
+ * ENCACHE_EINVAL (unknown tp_mode, a backend name that is not letters,
+ * digits and '_') or ENCACHE_ENOBUFS (size < 33).  Never allocates.
+ */
+ENCACHE_EXTERN int encache_vllm_encoder_hash(const char *tp_mode,
+                                             const char *attn_backend,
+                                             char *buf, size_t size);
 
 /* ---------------------------------------------------------------- objects */
 
@@ -310,6 +327,30 @@ ENCACHE_EXTERN void encache_deployment_defaults(encache_deployment *d);
  * Errors: ENCACHE_ECONFIG naming the setting that forbids it. */
 ENCACHE_EXTERN int encache_config_check_deployment(
     encache_config *cfg, const encache_deployment *d);
+
+/*
+ * The namespace of an encoder with this configuration, exactly as vLLM's
+ * build_embedding_namespace() writes it: the prefix and model identity
+ * are the options as Python's str() writes their JSON values (null is
+ * "None", true "True"; an empty identity gives "model:"); `model` (the
+ * model path as given) is used only when embedding_model_identity is
+ * absent.  revision, encoder_hash and dtype as in encache_namespace_params.
+ * Same return convention as encache_namespace(); ENCACHE_EINVAL when the
+ * identity is absent and model is NULL or empty.
+ */
+ENCACHE_EXTERN int encache_config_namespace(const encache_config *cfg,
+                                            const char *model,
+                                            const char *revision,
+                                            const char *encoder_hash,
+                                            int dtype, char *buf, size_t size);
+
+/* Warnings about what was loaded (a key field vLLM writes in a surprising
+ * way, a member vLLM ignores), one sentence each, naming the field and
+ * what resulted.  Strings owned by cfg, valid until the next load or
+ * free; warning_at returns NULL for an index out of range. */
+ENCACHE_EXTERN int encache_config_warning_count(const encache_config *cfg);
+ENCACHE_EXTERN const char *encache_config_warning_at(const encache_config *cfg,
+                                                     int i);
 
 /* The message of the last failed call on cfg, or "" after a success.
  * Valid until the next call on cfg. */

@@ -47,6 +47,25 @@ char *encache__asprintf(const char *fmt, ...)
  */
 long encache__alloc_fail_after(long n);
 
+/*
+ * Mooncake's result codes (src/store/mooncake.c holds the one table): the
+ * encache code a Mooncake answer means for an existence check, a read or a
+ * write (0 for counts; ENCACHE_ENOENT, ENCACHE_EEXIST, ENCACHE_EUNAVAIL
+ * for recoverable, ENCACHE_EUNCONFIRMED for poison).  The table's rows,
+ * for the tests: code_at(i) for 0 <= i < code_count().
+ */
+enum { ENCACHE__MC_EXISTS, ENCACHE__MC_READ, ENCACHE__MC_WRITE, ENCACHE__MC_OPS };
+int encache__mooncake_classify_op(int op, int64_t code);
+int encache__mooncake_code_count(void);
+int64_t encache__mooncake_code_at(int i);
+
+/* The hostname a vLLM encoder gives Mooncake (src/config.c); an
+ * allocation, NULL when out of memory. */
+char *encache__mooncake_local_hostname(void);
+/* Python's str() of a float into buf (size >= 32); ENCACHE_EINVAL for a
+ * value JSON cannot hold. */
+int encache__py_float_str(double d, char *buf, size_t size);
+
 /* Little-endian loads and stores, correct on any host. */
 static inline void encache__put_le32(unsigned char *p, uint32_t v) {
   p[0] = (unsigned char)v;

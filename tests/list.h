@@ -103,4 +103,11 @@
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \
-  XX(mooncake_codes_through_the_engine)
+  XX(mooncake_codes_through_the_engine)                                      \
+  XX(vllm_vectors_keys)                                                      \
+  XX(vllm_vectors_encoder_hash)                                              \
+  XX(vllm_vectors_python_float_str)                                          \
+  XX(vllm_vectors_mooncake_sizes)                                            \
+  XX(vllm_vectors_option_errors)                                             \
+  XX(vllm_vectors_headers)                                                   \
+  XX(vllm_vectors_result_codes)

@@ -169,12 +169,17 @@ TEST(config_bad_types_name_the_option) {
                   "boolean (true or false), got a string \"true\"");
   expect_ec_error("{\"ec_connector_extra_config\": {\"cross_encoder_cache\": 1}}",
                   ENCACHE_ECONFIG, "cross_encoder_cache: must be a boolean");
-  expect_ec_error("{\"ec_connector_extra_config\": {\"embedding_cache_prefix\": 7}}",
+  /* Key fields: what Python would print in ways no one intends. */
+  expect_ec_error("{\"ec_connector_extra_config\": {\"embedding_cache_prefix\": "
+                  "{\"a\": 1}}}",
                   ENCACHE_ECONFIG,
-                  "embedding_cache_prefix: must be a string, got an integer 7");
+                  "ec_connector_extra_config.embedding_cache_prefix: must be a "
+                  "string, got an object {\"a\":1} (vLLM would write "
+                  "Python's str() of it into every key");
   expect_ec_error("{\"ec_connector_extra_config\": "
-                  "{\"embedding_model_identity\": false}}",
-                  ENCACHE_ECONFIG, "embedding_model_identity: must be a string");
+                  "{\"embedding_model_identity\": [1]}}",
+                  ENCACHE_ECONFIG, "embedding_model_identity: must be a string, "
+                                   "got an array [1]");
   expect_ec_error("{\"ec_connector_extra_config\": [1]}", ENCACHE_ECONFIG,
                   "ec_transfer_config.ec_connector_extra_config: must be an "
                   "object, got an array");
@@ -292,7 +297,7 @@ TEST(config_mooncake_accepted) {
   ASSERT_EQ_INT(load_mc(cfg, "{\"metadata_server\": \"P2PHANDSHAKE\", "
                              "\"master_server_address\": \"h:1\", \"mode\": "
                              "\"standalone-store\", \"global_segment_size\": "
-                             "\"0\", \"local_buffer_size\": \"1GiB\"}"),
+                             "\"0\", \"local_buffer_size\": \"1GB\"}"),
                 0);
   encache_config_get_u64(cfg, "local_buffer_size", &u);
   ASSERT_EQ_U64(u, 1ull << 30);
@@ -304,7 +309,8 @@ TEST(config_mooncake_refusals_name_the_field) {
                   "\"h:1\", \"mode\": \"standalone-store\"}",
                   ENCACHE_ECONFIG,
                   "mooncake.global_segment_size: mode \"standalone-store\" "
-                  "needs an explicit global_segment_size of 0");
+                  "needs an explicit global_segment_size of 0, got none "
+                  "(default 4294967296)");
   expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
                   "\"h:1\", \"mode\": \"standalone-store\", "
                   "\"global_segment_size\": \"1GB\"}",
@@ -312,18 +318,44 @@ TEST(config_mooncake_refusals_name_the_field) {
   expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
                   "\"h:1\", \"enable_offload\": true}",
                   ENCACHE_ECONFIG,
-                  "mooncake.enable_offload: must not be true: encache "
-                  "requires a RAM Store");
+                  "mooncake.enable_offload: must not be true (got true): "
+                  "encache requires a RAM Store");
+  /* vLLM takes enable_offload as Python's bool() does. */
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"h:1\", \"enable_offload\": \"no\"}",
+                  ENCACHE_ECONFIG, "must not be true (got \"no\")");
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"h:1\", \"mode\": \"local\"}",
+                  ENCACHE_ECONFIG, "mooncake.mode: must be one of "
+                                   "embedded|standalone-store, got \"local\" "
+                                   "(vLLM refuses it too)");
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"h:1\", \"local_buffer_size\": 0}",
+                  ENCACHE_ECONFIG, "mooncake.local_buffer_size: must be > 0");
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"h:1\", \"global_segment_size\": \"0GB\"}",
+                  ENCACHE_ECONFIG, "mooncake.global_segment_size: mode "
+                                   "\"embedded\" (the default mode) needs a "
+                                   "global_segment_size > 0");
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"h:1\", \"tenant_id\": \" team \"}",
+                  ENCACHE_ECONFIG, "mooncake.tenant_id: \"team\" cannot be "
+                                   "honoured: the Mooncake C ABI");
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"h:1\", \"tenant_id\": 5}",
+                  ENCACHE_ECONFIG, "mooncake.tenant_id: must be a string or "
+                                   "null");
   expect_mc_error("{\"metadata_server\": \"x\"}", ENCACHE_ECONFIG,
                   "mooncake.master_server_address: required, but missing");
   expect_mc_error("{\"master_server_address\": \"h:1\"}", ENCACHE_ECONFIG,
                   "mooncake.metadata_server: required");
   expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
-                  "\"h:1\", \"protocol\": \"udp\"}",
-                  ENCACHE_ECONFIG, "mooncake.protocol: must be one of tcp|rdma");
-  static const char *const bad_sizes[] = {"\"4XB\"", "\"GB\"", "\"-1GB\"",
-                                          "-5", "1.5", "true", "\"1.5GB\"",
-                                          "\"99999999999GB\""};
+                  "\"h:1\", \"protocol\": 5}",
+                  ENCACHE_ECONFIG, "mooncake.protocol: must be a string");
+  static const char *const bad_sizes[] = {
+      "\"4XB\"", "\"GB\"",   "\"-1GB\"", "-5",   "true", "\"1GiB\"",
+      "\"1e3\"", "\"1.2.3\"", "\".\"",    "\"\"",   "null", "[1]",
+      "\"4 T\"", "\"99999999999999GB\""};
   for (size_t i = 0; i < sizeof(bad_sizes) / sizeof(bad_sizes[0]); i++) {
     char json[256];
     snprintf(json, sizeof(json),

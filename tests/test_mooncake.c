@@ -70,39 +70,78 @@ TEST(mooncake_configuration_errors_name_the_field) {
   unlink(cfg_path);
 }
 
+/* vLLM's sets, written out again from its store_client.py (commit
+ * 007aedc9630406af59037e7d3b1480f6d13f3228): the table must agree. */
+static const int64_t vllm_safe_io[] = {-200, -703, -704, -705, -900, -901};
+static const int64_t vllm_safe_get_extra[] = {-600, -702, -707};
+static const int64_t vllm_safe_put_extra[] = {-1700};
+
+static int in_set(int64_t code, const int64_t *set, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (set[i] == code)
+      return 1;
+  return 0;
+}
+#define IN(code, set) in_set(code, set, sizeof(set) / sizeof(set[0]))
+
+/* What vLLM does with `code` for operation op: 0 safe, 1 poison. */
+static int vllm_poisons(int op, int64_t code) {
+  if (op == ENCACHE__MC_EXISTS)
+    return 0; /* batch_exists: only 1 is present; no memory lent */
+  if (IN(code, vllm_safe_io))
+    return 0;
+  if (op == ENCACHE__MC_READ)
+    return !IN(code, vllm_safe_get_extra);
+  return !IN(code, vllm_safe_put_extra);
+}
+
 TEST(mooncake_result_code_table) {
-  static const struct {
-    int64_t code;
-    int want;
-    const char *name;
-  } cases[] = {
-      {0, 0, "OK"},
-      {4096, 0, "OK"}, /* a byte count */
-      {-704, ENCACHE_ENOENT, "OBJECT_NOT_FOUND"},
-      {-705, ENCACHE_EEXIST, "OBJECT_ALREADY_EXISTS"},
-      {-200, ENCACHE_EUNAVAIL, "NO_AVAILABLE_HANDLE"},
-      {-400, ENCACHE_EUNAVAIL, "INVALID_KEY"},
-      {-600, ENCACHE_EUNAVAIL, "INVALID_PARAMS"},
-      {-703, ENCACHE_EUNAVAIL, "REPLICA_IS_NOT_READY"},
-      {-706, ENCACHE_EUNAVAIL, "OBJECT_HAS_LEASE"},
-      {-707, ENCACHE_EUNAVAIL, "LEASE_EXPIRED"},
-      {-900, ENCACHE_EUNAVAIL, "RPC_FAIL"},
-      {-1700, ENCACHE_EUNAVAIL, "TENANT_QUOTA_EXCEEDED"},
-      /* Anything else leaves completion unconfirmed. */
-      {-1, ENCACHE_EUNCONFIRMED, "unknown"},   /* INTERNAL_ERROR, short answers */
-      {-800, ENCACHE_EUNCONFIRMED, "unknown"}, /* TRANSFER_FAIL */
-      {-901, ENCACHE_EUNCONFIRMED, "unknown"}, /* RPC_TIMEOUT */
-      {-12345, ENCACHE_EUNCONFIRMED, "unknown"},
-      {INT64_MIN, ENCACHE_EUNCONFIRMED, "unknown"},
-  };
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    if (cases[i].code > 0)
-      ASSERT_EQ_INT(encache__mooncake_classify(cases[i].code), 0);
-    else {
-      ASSERT_EQ_INT(encache__mooncake_classify(cases[i].code), cases[i].want);
-      ASSERT_EQ_STR(encache__mooncake_code_name(cases[i].code), cases[i].name);
+  /* Every row, and codes the table does not name. */
+  int64_t codes[64];
+  size_t n = 0;
+  for (int i = 0; i < encache__mooncake_code_count(); i++)
+    codes[n++] = encache__mooncake_code_at(i);
+  ASSERT(n >= 13);
+  codes[n++] = -1;
+  codes[n++] = -12345;
+  codes[n++] = INT64_MIN;
+  for (size_t i = 0; i < n; i++) {
+    for (int op = 0; op < ENCACHE__MC_OPS; op++) {
+      int got = encache__mooncake_classify_op(op, codes[i]);
+      if (vllm_poisons(op, codes[i])) {
+        if (got != ENCACHE_EUNCONFIRMED)
+          test__fail(__FILE__, __LINE__, "code %lld op %d: vLLM poisons, "
+                     "encache answers %s", (long long)codes[i], op,
+                     encache_err_name(got));
+      } else if (got == ENCACHE_EUNCONFIRMED) {
+        test__fail(__FILE__, __LINE__, "code %lld op %d: vLLM carries on, "
+                   "encache poisons", (long long)codes[i], op);
+      }
     }
   }
+  /* The particular answers. */
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_EXISTS, -704), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_READ, -704), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -704), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -705), ENCACHE_EEXIST);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_READ, -901), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_READ, -702), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_READ, -1700), ENCACHE_EUNCONFIRMED);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -400), ENCACHE_EUNCONFIRMED);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -600), ENCACHE_EUNCONFIRMED);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -706), ENCACHE_EUNCONFIRMED);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -707), ENCACHE_EUNCONFIRMED);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_WRITE, -1700), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(ENCACHE__MC_READ, 4096), 0);
+  ASSERT_EQ_INT(encache__mooncake_classify_op(99, -704), ENCACHE_EINVAL);
+  ASSERT_EQ_STR(encache__mooncake_code_name(-901), "RPC_TIMEOUT");
+  ASSERT_EQ_STR(encache__mooncake_code_name(-702), "INVALID_REPLICA");
+  ASSERT_EQ_STR(encache__mooncake_code_name(-12345), "unknown");
+  ASSERT_EQ_STR(encache__mooncake_code_name(0), "OK");
+  /* The names are unique, and no row repeats a code. */
+  for (int i = 0; i < encache__mooncake_code_count(); i++)
+    for (int j = i + 1; j < encache__mooncake_code_count(); j++)
+      ASSERT(encache__mooncake_code_at(i) != encache__mooncake_code_at(j));
 }
 
 /* The engine's reaction to each class, on the shm Store wrapped with
@@ -153,50 +192,35 @@ static void release_fn(void *ctx, size_t i, void *data, void *handle) {
   free(data);
 }
 
-TEST(mooncake_codes_through_the_engine) {
-  static const struct {
-    int64_t code;
-    int outcome; /* -1: poisoned */
-  } reads[] = {{-704, ENCACHE_MISS},        {-707, ENCACHE_UNAVAILABLE},
-               {-703, ENCACHE_UNAVAILABLE}, {-600, ENCACHE_UNAVAILABLE},
-               {-900, ENCACHE_UNAVAILABLE}, {-800, -1},
-               {-1, -1},                    {-31337, -1}};
-  for (size_t k = 0; k < sizeof(reads) / sizeof(reads[0]); k++) {
-    fault_ctl ctl;
-    char seg[64];
-    encache *ec = open_wrapped(&ctl, seg, sizeof(seg));
-    ctl.read_mode = READ_ITEM_CODE;
-    ctl.read_item_code = encache__mooncake_classify(reads[k].code);
+/* One candidate looked up (op EXISTS or READ) or published (op WRITE) with
+ * the Mooncake answer `code` injected through the fault wrapper, as the
+ * backend classifies it.  Returns the lookup outcome (MISS, UNAVAILABLE,
+ * ...), ENCACHE_EPOISONED, or for writes 0 / the counter that moved
+ * (100 + published_failed, 200 + published_present). */
+static int run_code(int op, int64_t code) {
+  fault_ctl ctl;
+  char seg[64];
+  encache *ec = open_wrapped(&ctl, seg, sizeof(seg));
+  int cls = encache__mooncake_classify_op(op, code);
+  int ret;
+  encache_allocator a = {NULL, alloc_fn, release_fn};
+  static encache_result r; /* a poisoned lookup keeps its destination */
+  if (op != ENCACHE__MC_WRITE) {
+    if (op == ENCACHE__MC_EXISTS) {
+      ctl.exists_item = cls;
+    } else {
+      ctl.read_mode = READ_ITEM_CODE;
+      ctl.read_item_code = cls;
+    }
     encache_candidate c = {"obj", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2, 2,
                            ENCACHE_DEVICE_HOST, 0};
-    static encache_result r; /* a poisoned lookup keeps its destination */
-    encache_allocator a = {NULL, alloc_fn, release_fn};
     int hits = encache_lookup(ec, &c, 1, &a, &r);
-    if (reads[k].outcome < 0) {
-      ASSERT_EQ_INT(hits, ENCACHE_EPOISONED);
-      ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
-    } else {
-      ASSERT_EQ_INT(hits, 0);
-      ASSERT_EQ_INT(r.outcome, reads[k].outcome);
-      ASSERT_EQ_INT(encache_close(ec), 0);
-    }
-    encache_shm_destroy(seg);
-  }
-  /* Writes: a quota answer is recoverable, an unknown one poisons. */
-  static const struct {
-    int64_t code;
-    int poisoned;
-  } writes[] = {{-1700, 0}, {-200, 0}, {-705, 0}, {-1, 1}, {-800, 1}};
-  for (size_t k = 0; k < sizeof(writes) / sizeof(writes[0]); k++) {
-    fault_ctl ctl;
-    char seg[64];
-    encache *ec = open_wrapped(&ctl, seg, sizeof(seg));
+    ret = hits < 0 ? hits : r.outcome;
+  } else {
     encache_candidate c = {"new", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2, 2,
                            ENCACHE_DEVICE_HOST, 0};
-    encache_result r;
-    encache_allocator a = {NULL, alloc_fn, release_fn};
     ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
-    ctl.write_rc = encache__mooncake_classify(writes[k].code);
+    ctl.write_rc = cls;
     static float out[4] = {5, 6, 7, 8}; /* a kept storage stays reachable */
     encache_storage *s = NULL;
     encache_storage_new(out, sizeof(out), NULL, NULL, &s);
@@ -204,9 +228,42 @@ TEST(mooncake_codes_through_the_engine) {
     encache_tensor v = {out, ENCACHE_FLOAT32, 2, shape, NULL};
     ASSERT_EQ_INT(encache_publish(ec, "new", &v, s), ENCACHE_QUEUED);
     encache_storage_unref(s);
-    int rc = encache_flush(ec);
-    ASSERT_EQ_INT(rc, writes[k].poisoned ? ENCACHE_EPOISONED : 0);
-    ASSERT_EQ_INT(encache_close(ec), writes[k].poisoned ? ENCACHE_EPOISONED : 0);
-    encache_shm_destroy(seg);
+    ret = encache_flush(ec);
+    encache_stats stt;
+    encache_stats_get(ec, &stt);
+    if (ret == 0)
+      ret = stt.published_failed ? 100 : stt.published_present ? 200 : 0;
+  }
+  int closed = encache_close(ec);
+  ASSERT_EQ_INT(closed, ret == ENCACHE_EPOISONED ? ENCACHE_EPOISONED : 0);
+  encache_shm_destroy(seg);
+  return ret;
+}
+
+TEST(mooncake_codes_through_the_engine) {
+  int64_t codes[64];
+  size_t n = 0;
+  for (int i = 0; i < encache__mooncake_code_count(); i++)
+    codes[n++] = encache__mooncake_code_at(i);
+  codes[n++] = -1; /* not in the table */
+  codes[n++] = -31337;
+  for (size_t i = 0; i < n; i++) {
+    int64_t code = codes[i];
+    /* Existence checks: -704 is a miss, anything else "encode instead";
+     * never poisoned. */
+    int got = run_code(ENCACHE__MC_EXISTS, code);
+    ASSERT_EQ_INT(got, code == -704 ? ENCACHE_MISS : ENCACHE_UNAVAILABLE);
+    /* Reads: vLLM's safe set means encode instead; the rest poisons. */
+    got = run_code(ENCACHE__MC_READ, code);
+    if (vllm_poisons(ENCACHE__MC_READ, code))
+      ASSERT_EQ_INT(got, ENCACHE_EPOISONED);
+    else
+      ASSERT_EQ_INT(got, code == -704 ? ENCACHE_MISS : ENCACHE_UNAVAILABLE);
+    /* Writes: vLLM's safe set skips the write; the rest poisons. */
+    got = run_code(ENCACHE__MC_WRITE, code);
+    if (vllm_poisons(ENCACHE__MC_WRITE, code))
+      ASSERT_EQ_INT(got, ENCACHE_EPOISONED);
+    else
+      ASSERT_EQ_INT(got, code == -705 ? 200 : 100);
   }
 }

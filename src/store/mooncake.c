@@ -15,11 +15,11 @@
  * payload from one registered buffer of this backend's (the C ABI has no
  * multi-buffer put), grown when needed and registered once per size.
  *
- * Every Mooncake result code is classified by one table (codes below):
- * object not found; already exists; a fixed set of codes that say the
- * operation did not happen (recoverable); anything else, including any
- * unknown negative code, is "completion unconfirmed" (fatal).  The
- * engine judges byte counts against its slots.
+ * Every Mooncake result code is classified by one table (below), per
+ * operation (existence check, read, write), with vLLM's sets: not found,
+ * already exists, recoverable (encode instead, or skip the write), or
+ * "completion unconfirmed" (poison).  The engine judges byte counts
+ * against its slots.
  *
  * Mooncake's first client creation in a process blocks SIGINT, SIGTERM,
  * SIGHUP and SIGUSR1 and handles them on a thread of its own
@@ -59,43 +59,88 @@ typedef int (*mc_unregister_fn)(mc_handle, void *buffer);
 
 /* ------------------------------------------------------- result codes */
 
-enum mc_class { MC_NOT_FOUND, MC_EXISTS, MC_RECOVERABLE };
-
-/* The codes of Mooncake's ErrorCode enum that encache understands; every
- * other negative code leaves an operation's completion unconfirmed. */
-static const struct {
-  int code;
-  const char *name;
-  enum mc_class cls;
-} mc_codes[] = {
-    {-704, "OBJECT_NOT_FOUND", MC_NOT_FOUND},
-    {-705, "OBJECT_ALREADY_EXISTS", MC_EXISTS},
-    {-200, "NO_AVAILABLE_HANDLE", MC_RECOVERABLE},     /* out of space */
-    {-400, "INVALID_KEY", MC_RECOVERABLE},
-    {-600, "INVALID_PARAMS", MC_RECOVERABLE},          /* also: buffer too small */
-    {-703, "REPLICA_IS_NOT_READY", MC_RECOVERABLE},
-    {-706, "OBJECT_HAS_LEASE", MC_RECOVERABLE},
-    {-707, "LEASE_EXPIRED", MC_RECOVERABLE},
-    {-900, "RPC_FAIL", MC_RECOVERABLE},
-    {-1700, "TENANT_QUOTA_EXCEEDED", MC_RECOVERABLE},
+/*
+ * The one table of Mooncake answers (docs/compatibility.md), taken from
+ * vLLM's embedding Store client (mooncake_store_embedding/store_client.py
+ * and backend.py): per operation, what each code means to an encoder.
+ *
+ *   exists: vLLM counts an object present only on the answer 1; every
+ *           other answer is "not present, encode instead".  No memory is
+ *           lent to the Store, so nothing is ever unconfirmed here.
+ *   read:   vLLM's _SAFE_GET_REJECTIONS are safe (encode instead); any
+ *           other negative answer leaves the read unconfirmed (poison).
+ *   write:  vLLM's _SAFE_PUT_REJECTIONS are safe (skip the write); any
+ *           other negative answer leaves the write unconfirmed (poison).
+ *
+ * Codes not in the table take the last row (unknown).  The names are those
+ * of Mooncake's ErrorCode enum (types.h, v0.3.12 / v0.3.12.post1).
+ */
+enum {
+  K_ABSENT = 1, /* not found: MISS */
+  K_EXISTS,     /* already there: nothing written */
+  K_SAFE,       /* certainly not done / done: recoverable */
+  K_UNSAFE      /* completion unconfirmed: poison */
 };
 
-const char *encache__mooncake_code_name(int64_t code) {
-  for (size_t i = 0; i < sizeof(mc_codes) / sizeof(mc_codes[0]); i++)
+static const struct mc_code {
+  int code;
+  const char *name;
+  unsigned char op[ENCACHE__MC_OPS]; /* exists, read, write */
+} mc_codes[] = {
+    {-200, "NO_AVAILABLE_HANDLE", {K_SAFE, K_SAFE, K_SAFE}},
+    {-400, "INVALID_KEY", {K_SAFE, K_UNSAFE, K_UNSAFE}},
+    {-600, "INVALID_PARAMS", {K_SAFE, K_SAFE, K_UNSAFE}},
+    {-702, "INVALID_REPLICA", {K_SAFE, K_SAFE, K_UNSAFE}},
+    {-703, "REPLICA_IS_NOT_READY", {K_SAFE, K_SAFE, K_SAFE}},
+    {-704, "OBJECT_NOT_FOUND", {K_ABSENT, K_ABSENT, K_SAFE}},
+    {-705, "OBJECT_ALREADY_EXISTS", {K_SAFE, K_SAFE, K_EXISTS}},
+    {-706, "OBJECT_HAS_LEASE", {K_SAFE, K_UNSAFE, K_UNSAFE}},
+    {-707, "LEASE_EXPIRED", {K_SAFE, K_SAFE, K_UNSAFE}},
+    {-800, "TRANSFER_FAIL", {K_SAFE, K_UNSAFE, K_UNSAFE}},
+    {-900, "RPC_FAIL", {K_SAFE, K_SAFE, K_SAFE}},
+    {-901, "RPC_TIMEOUT", {K_SAFE, K_SAFE, K_SAFE}},
+    {-1700, "TENANT_QUOTA_EXCEEDED", {K_SAFE, K_UNSAFE, K_SAFE}},
+    {0, "unknown", {K_SAFE, K_UNSAFE, K_UNSAFE}}, /* every other code */
+};
+
+#define MC_NCODES (sizeof(mc_codes) / sizeof(mc_codes[0]))
+
+static const struct mc_code *mc_row(int64_t code) {
+  for (size_t i = 0; i + 1 < MC_NCODES; i++)
     if (mc_codes[i].code == code)
-      return mc_codes[i].name;
-  return code == 0 ? "OK" : "unknown";
+      return &mc_codes[i];
+  return &mc_codes[MC_NCODES - 1];
+}
+
+const char *encache__mooncake_code_name(int64_t code) {
+  return code >= 0 ? "OK" : mc_row(code)->name;
+}
+
+int encache__mooncake_classify_op(int op, int64_t code) {
+  if (op < 0 || op >= ENCACHE__MC_OPS)
+    return ENCACHE_EINVAL;
+  if (code >= 0)
+    return 0;
+  switch (mc_row(code)->op[op]) {
+  case K_ABSENT:
+    return ENCACHE_ENOENT;
+  case K_EXISTS:
+    return ENCACHE_EEXIST;
+  case K_SAFE:
+    return ENCACHE_EUNAVAIL;
+  default:
+    return ENCACHE_EUNCONFIRMED;
+  }
 }
 
 int encache__mooncake_classify(int64_t code) {
-  if (code >= 0)
-    return 0;
-  for (size_t i = 0; i < sizeof(mc_codes) / sizeof(mc_codes[0]); i++)
-    if (mc_codes[i].code == code)
-      return mc_codes[i].cls == MC_NOT_FOUND ? ENCACHE_ENOENT
-             : mc_codes[i].cls == MC_EXISTS  ? ENCACHE_EEXIST
-                                             : ENCACHE_EUNAVAIL;
-  return ENCACHE_EUNCONFIRMED;
+  return encache__mooncake_classify_op(ENCACHE__MC_READ, code);
+}
+
+int encache__mooncake_code_count(void) { return (int)MC_NCODES - 1; }
+
+int64_t encache__mooncake_code_at(int i) {
+  return i >= 0 && i < (int)MC_NCODES - 1 ? mc_codes[i].code : 0;
 }
 
 /* ---------------------------------------------------------------- handle */
@@ -125,15 +170,21 @@ static int mc_exists(encache_store *st, const char *const *keys, size_t n,
                      int *results) {
   mooncake_store *s = ms(st);
   int rc = s->batch_is_exist(s->h, (const char **)keys, n, results);
-  if (rc != 0)
-    return encache__store_fail(st, ENCACHE_EUNCONFIRMED,
-                               "%s: batch_is_exist answered %d", s->base.url,
-                               rc);
+  if (rc != 0) {
+    /* No memory is lent to an existence check: a failed batch is "not
+     * present" for vLLM, hence recoverable here (encode instead). */
+    int c = encache__mooncake_classify_op(ENCACHE__MC_EXISTS, rc);
+    return encache__store_fail(st, c == 0 ? ENCACHE_EUNAVAIL : c,
+                               "%s: batch_is_exist answered %d (%s)",
+                               s->base.url, rc,
+                               encache__mooncake_code_name(rc));
+  }
   for (size_t i = 0; i < n; i++)
     if (results[i] < 0)
-      results[i] = encache__mooncake_classify(results[i]);
-    else if (results[i] > 1)
-      results[i] = ENCACHE_EUNCONFIRMED;
+      results[i] = encache__mooncake_classify_op(ENCACHE__MC_EXISTS,
+                                                 results[i]);
+    else if (results[i] > 1) /* vLLM: present only on 1 */
+      results[i] = ENCACHE_EUNAVAIL;
   return 0;
 }
 
@@ -149,7 +200,7 @@ static int mc_read(encache_store *st, const char *const *keys, size_t n,
   for (size_t i = 0; i < n; i++)
     if (results[i] < 0) {
       int64_t code = results[i];
-      results[i] = encache__mooncake_classify(code);
+      results[i] = encache__mooncake_classify_op(ENCACHE__MC_READ, code);
       /* INVALID_PARAMS is also Mooncake's "the buffer is too small": ask
        * the object's size to tell the two apart. */
       if (code == -600) {
@@ -172,8 +223,8 @@ static int mc_object_size(encache_store *st, const char *key, uint64_t *len) {
   mooncake_store *s = ms(st);
   int64_t r = s->get_size(s->h, key);
   if (r < 0) {
-    int c = encache__mooncake_classify(r);
-    return encache__store_fail(st, c == ENCACHE_EUNCONFIRMED ? ENCACHE_EUNAVAIL : c,
+    int c = encache__mooncake_classify_op(ENCACHE__MC_EXISTS, r);
+    return encache__store_fail(st, c,
                                "%s: get_size %s: code %" PRId64 " (%s)",
                                s->base.url, key, r,
                                encache__mooncake_code_name(r));
@@ -223,16 +274,15 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
     return encache__store_fail(st, ENCACHE_EINVAL,
                                "%s: Mooncake cannot store an empty object",
                                s->base.url);
+  /* As vLLM's publisher: an object counts as present only on the answer
+   * 1; any other answer (absent, or a failed check) goes on to the put,
+   * which never replaces an existing key in Mooncake. */
   const char *keys[1] = {key};
   int present = 0;
-  int rc = mc_exists(st, keys, 1, &present);
-  if (rc < 0)
-    return rc;
-  if (present == 1)
+  int rc = s->batch_is_exist(s->h, keys, 1, &present);
+  if (rc == 0 && present == 1)
     return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
                                s->base.url);
-  if (present < 0 && present != ENCACHE_ENOENT)
-    return present; /* the check failed: the write is not issued */
   pthread_mutex_lock(&s->wmu);
   if (s->poisoned) {
     pthread_mutex_unlock(&s->wmu);
@@ -244,7 +294,7 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
     memcpy(s->wbuf + hl, payload, len);
     int r = s->put_from(s->h, key, s->wbuf, hl + len, NULL);
     if (r < 0) {
-      rc = encache__mooncake_classify(r);
+      rc = encache__mooncake_classify_op(ENCACHE__MC_WRITE, r);
       if (rc == ENCACHE_EUNCONFIRMED)
         s->poisoned = 1; /* the transfer may still read the buffer */
       encache__store_fail(st, rc, "%s: put_from %s: code %d (%s)", s->base.url,
@@ -260,8 +310,8 @@ static int mc_remove(encache_store *st, const char *key) {
   int r = s->remove(s->h, key, 0);
   if (r >= 0)
     return 0;
-  int c = encache__mooncake_classify(r);
-  return encache__store_fail(st, c == ENCACHE_EUNCONFIRMED ? ENCACHE_EUNAVAIL : c,
+  int c = encache__mooncake_classify_op(ENCACHE__MC_EXISTS, r);
+  return encache__store_fail(st, c,
                              "%s: remove %s: code %d (%s)", s->base.url, key,
                              r, encache__mooncake_code_name(r));
 }

@@ -130,6 +130,8 @@ static int config_check(int argc, char **argv) {
     printf("%-*s = %s%s\n", width, name, it.value,
            it.is_default ? "  (default)" : "");
   }
+  for (int i = 0; i < encache_config_warning_count(cfg); i++)
+    printf("warning: %s\n", encache_config_warning_at(cfg, i));
   int nu = encache_config_unknown_count(cfg);
   if (nu > 0) {
     printf("unknown options (ignored by encache):\n");

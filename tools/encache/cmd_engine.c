@@ -24,6 +24,43 @@ int ns_option(ns_opts *o, int c, const char *arg) {
   }
 }
 
+/* --vllm-mm-encoder-tp-mode and --vllm-mm-encoder-attn-backend of lookup
+ * and publish: the encoder field computed as vLLM computes it. */
+typedef struct vllm_opts {
+  const char *tp_mode, *backend;
+  char hash[40];
+} vllm_opts;
+
+static int vllm_option(vllm_opts *v, int c, const char *arg) {
+  if (c == 'T')
+    v->tp_mode = arg;
+  else if (c == 'A')
+    v->backend = arg;
+  else
+    return 0;
+  return 1;
+}
+
+/* Sets o->encoder_hash from v; prints why and returns -1 on bad input. */
+static int vllm_encoder(const char *cmd, vllm_opts *v, ns_opts *o) {
+  if (v->tp_mode == NULL && v->backend == NULL)
+    return 0;
+  if (o->encoder_hash != NULL)
+    return usage_error(cmd, "--encoder-hash and --vllm-mm-encoder-* both set "
+                            "the encoder field: give one"), -1;
+  if (v->tp_mode == NULL)
+    return usage_error(cmd, "--vllm-mm-encoder-attn-backend needs "
+                            "--vllm-mm-encoder-tp-mode (vLLM's default is "
+                            "\"weights\")"), -1;
+  if (encache_vllm_encoder_hash(v->tp_mode, v->backend, v->hash,
+                                sizeof(v->hash)) < 0)
+    return usage_error(cmd, "--vllm-mm-encoder-tp-mode must be \"weights\" or "
+                            "\"data\" and --vllm-mm-encoder-attn-backend a "
+                            "backend name (letters, digits, '_')"), -1;
+  o->encoder_hash = v->hash;
+  return 0;
+}
+
 /* Escapes s as a JSON string body into buf. */
 static void json_escape(char *buf, size_t size, const char *s) {
   size_t w = 0;
@@ -62,6 +99,14 @@ struct encache *open_engine(const char *cmd, const tool_globals *g,
     }
     if ((json = arg_or_file(o->config, &len)) == NULL)
       return NULL;
+    /* The engine refuses what is wrong; say what is surprising. */
+    encache_config *cfg = NULL;
+    if (encache_config_new(&cfg) == 0 &&
+        encache_config_load_ec(cfg, json, len) == 0)
+      for (int i = 0; i < encache_config_warning_count(cfg); i++)
+        fprintf(stderr, "encache %s: warning: %s\n", cmd,
+                encache_config_warning_at(cfg, i));
+    encache_config_free(cfg);
   } else {
     char prefix[1024];
     json_escape(prefix, sizeof(prefix), o->prefix ? o->prefix : "");
@@ -139,7 +184,9 @@ static int parse_shape(const char *cmd, const char *rows, const char *cols,
 
 static const char lookup_usage[] =
     "usage: encache [--store URL] lookup --model M [--prefix P] [--revision R]\n"
-    "           [--encoder-hash H] [--config JSON|@FILE] --dtype DTYPE\n"
+    "           [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
+    "            [--vllm-mm-encoder-attn-backend NAME]]\n"
+    "           [--config JSON|@FILE] --dtype DTYPE\n"
     "           --rows N --cols N [--json] ID...\n"
     "\n"
     "Looks the identifiers up as an encoder would (one batched existence\n"
@@ -178,18 +225,21 @@ int cmd_lookup(const tool_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {
       NS_LONGOPTS,
       {"config", required_argument, NULL, 'C'},
+      {"vllm-mm-encoder-tp-mode", required_argument, NULL, 'T'},
+      {"vllm-mm-encoder-attn-backend", required_argument, NULL, 'A'},
       {"rows", required_argument, NULL, 'R'},
       {"cols", required_argument, NULL, 'K'},
       {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   ns_opts o = {0};
+  vllm_opts vo = {NULL, NULL, ""};
   const char *rows_s = NULL, *cols_s = NULL;
   int json = 0, c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-    if (ns_option(&o, c, optarg))
+    if (ns_option(&o, c, optarg) || vllm_option(&vo, c, optarg))
       continue;
     switch (c) {
     case 'R': rows_s = optarg; break;
@@ -208,6 +258,8 @@ int cmd_lookup(const tool_globals *g, int argc, char **argv) {
   size_t n = (size_t)(argc - optind);
   if (n == 0)
     return usage_error("lookup", "expects at least one ID (see --help)");
+  if (vllm_encoder("lookup", &vo, &o) < 0)
+    return EXIT_USAGE;
   encache *ec = open_engine("lookup", g, &o);
   if (ec == NULL)
     return EXIT_USAGE;
@@ -274,7 +326,9 @@ int cmd_lookup(const tool_globals *g, int argc, char **argv) {
 
 static const char publish_usage[] =
     "usage: encache [--store URL] publish --model M [--prefix P] [--revision R]\n"
-    "           [--encoder-hash H] [--config JSON|@FILE] --dtype DTYPE\n"
+    "           [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
+    "            [--vllm-mm-encoder-attn-backend NAME]]\n"
+    "           [--config JSON|@FILE] --dtype DTYPE\n"
     "           --rows N --cols N --id ID FILE\n"
     "\n"
     "Publishes the raw row-major payload in FILE (- = standard input) as the\n"
@@ -287,18 +341,21 @@ int cmd_publish(const tool_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {
       NS_LONGOPTS,
       {"config", required_argument, NULL, 'C'},
+      {"vllm-mm-encoder-tp-mode", required_argument, NULL, 'T'},
+      {"vllm-mm-encoder-attn-backend", required_argument, NULL, 'A'},
       {"rows", required_argument, NULL, 'R'},
       {"cols", required_argument, NULL, 'K'},
       {"id", required_argument, NULL, 'i'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   ns_opts o = {0};
+  vllm_opts vo = {NULL, NULL, ""};
   const char *rows_s = NULL, *cols_s = NULL, *id = NULL;
   int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-    if (ns_option(&o, c, optarg))
+    if (ns_option(&o, c, optarg) || vllm_option(&vo, c, optarg))
       continue;
     switch (c) {
     case 'R': rows_s = optarg; break;
@@ -333,6 +390,8 @@ int cmd_publish(const tool_globals *g, int argc, char **argv) {
                        "needs %" PRIu64, argv[optind], len, rows, cols,
                        encache_dtype_name(dtype), nbytes);
   }
+  if (vllm_encoder("publish", &vo, &o) < 0)
+    return EXIT_USAGE;
   encache *ec = open_engine("publish", g, &o);
   if (ec == NULL) {
     free(data);
