@@ -107,17 +107,17 @@ static int configure(encache *ec, const encache_options *o) {
     encache_config_free(cfg);
     return rc;
   }
-  const char *prefix, *identity;
   encache_config_get_bool(cfg, "cross_encoder_cache", &ec->enabled);
-  encache_config_get_string(cfg, "embedding_cache_prefix", &prefix);
-  encache_config_get_string(cfg, "embedding_model_identity", &identity);
   encache_config_get_u64(cfg, "store_max_pending_items", &ec->max_items);
   encache_config_get_u64(cfg, "store_max_pending_bytes", &ec->max_bytes);
   encache_config_get_u64(cfg, "store_read_buffer_bytes", &ec->read_buf_bytes);
 
-  encache_namespace_params p = {prefix, identity ? identity : o->model,
-                                o->revision, o->encoder_hash, o->model_dtype};
-  if (p.model == NULL || p.model[0] == '\0')
+  /* The namespace as vLLM writes it (encache_config_namespace): an
+   * identity of "" or null gives "model:" or "model:None", with a warning
+   * for the log. */
+  int n = encache_config_namespace(cfg, o->model, o->revision,
+                                   o->encoder_hash, o->model_dtype, NULL, 0);
+  if (n == ENCACHE_EINVAL)
     rc = encache__fail(ec, ENCACHE_EINVAL,
                        "model: required (the model path as given to the "
                        "encoder) unless embedding_model_identity is set");
@@ -128,12 +128,17 @@ static int configure(encache *ec, const encache_options *o) {
   else if (ec->read_buf_bytes > SIZE_MAX / 2)
     rc = encache__fail(ec, ENCACHE_ECONFIG,
                        "store_read_buffer_bytes: too large for this machine");
+  else if (n < 0)
+    rc = encache__fail(ec, n, "namespace: %s", encache_strerror(n));
   if (rc == 0) {
-    int n = encache_namespace(&p, NULL, 0);
-    if (n < 0 || (ec->ns = encache__malloc((size_t)n + 1)) == NULL ||
-        encache_namespace(&p, ec->ns, (size_t)n + 1) < 0)
+    if ((ec->ns = encache__malloc((size_t)n + 1)) == NULL ||
+        encache_config_namespace(cfg, o->model, o->revision, o->encoder_hash,
+                                 o->model_dtype, ec->ns, (size_t)n + 1) < 0)
       rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
   }
+  for (int i = 0; rc == 0 && ec->log != NULL &&
+                  i < encache_config_warning_count(cfg); i++)
+    ec->log(ec->log_ctx, encache_config_warning_at(cfg, i));
   encache_config_free(cfg);
   return rc;
 }

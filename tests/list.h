@@ -110,4 +110,5 @@
   XX(vllm_vectors_mooncake_sizes)                                            \
   XX(vllm_vectors_option_errors)                                             \
   XX(vllm_vectors_headers)                                                   \
-  XX(vllm_vectors_result_codes)
+  XX(vllm_vectors_result_codes)                                              \
+  XX(vllm_engine_namespace_as_vllm_writes_it)

@@ -14,6 +14,9 @@ if [ "${ENCACHE_TEST_MOONCAKE:-0}" != 1 ]; then
   exit 77
 fi
 : "${MOONCAKE_CONFIG_PATH:?MOONCAKE_CONFIG_PATH must name the client JSON}"
+# The client's address is derived as vLLM derives it, not read from the
+# JSON; on loopback (inside unshare -n) say it.
+export MOONCAKE_REQUESTER_LOCAL_HOSTNAME=${MOONCAKE_REQUESTER_LOCAL_HOSTNAME:-127.0.0.1}
 rc=0
 ENCACHE_TEST_STORE=mooncake: "$tests" store_ engine_ || rc=1
 out=$("$tool" --store mooncake: demo --encoders 2 --requests 30 --images 12 \

@@ -11,6 +11,9 @@
 #include "internal.h"
 
 #include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 static json_t *vectors(const char *section) {
   static json_t *root;
@@ -257,4 +260,44 @@ TEST(vllm_vectors_result_codes) {
     ASSERT(encache__mooncake_classify_op(ENCACHE__MC_EXISTS, code) !=
            ENCACHE_EUNCONFIRMED);
   }
+}
+
+/* The engine's namespace is the configuration's, warnings go to the log. */
+static void count_log(void *ctx, const char *msg) {
+  (void)msg;
+  ++*(int *)ctx;
+}
+
+static void engine_namespace_is(const char *identity_json, const char *want) {
+  char json[256], url[96];
+  snprintf(json, sizeof(json),
+           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
+           "\"embedding_model_identity\": %s}}", identity_json);
+  snprintf(url, sizeof(url), "shm://encache-vllmtest-%d?size=1MiB",
+           (int)getpid());
+  int logged = 0;
+  encache_options o;
+  memset(&o, 0, sizeof(o));
+  o.ec_transfer_config = json;
+  o.model = "/models/some/path";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  o.log = count_log;
+  o.log_ctx = &logged;
+  encache *ec = NULL;
+  int rc = encache_open(&o, &ec);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(ec));
+  ASSERT_EQ_STR(encache_namespace_of(ec), want);
+  ASSERT_EQ_INT(logged, 1);
+  encache_close(ec);
+  snprintf(url, sizeof(url), "encache-vllmtest-%d", (int)getpid());
+  encache_shm_destroy(url);
+}
+
+TEST(vllm_engine_namespace_as_vllm_writes_it) {
+  engine_namespace_is("\"\"", "embedding@model:@revision:default"
+                      "@encoder:encoder:default@dtype:torch.float32@protocol:v3");
+  engine_namespace_is("null", "embedding@model:None@revision:default"
+                      "@encoder:encoder:default@dtype:torch.float32@protocol:v3");
 }
