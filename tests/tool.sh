@@ -53,6 +53,18 @@ exact "key vector with prefix" \
 exact "key vector without prefix" \
   "embedding@model:shared/model@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:image@1" \
   -- key --model shared/model --dtype float32 --id image@1
+# --- key fields as vLLM writes them (issue 10): str() of the JSON value
+exact "key --config identity null" \
+  "embedding@model:None@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --config '{"ec_connector_extra_config": {"embedding_model_identity": null}}'
+check "key --config identity null warns" 0 "gives the key field model:None" -- \
+  key --model m --dtype float32 --id x --config '{"ec_connector_extra_config": {"embedding_model_identity": null}}'
+exact "key --config identity empty, prefix null" \
+  "None@embedding@model:@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --config '{"ec_connector_extra_config": {"embedding_model_identity": "", "embedding_cache_prefix": null}}'
+exact "key --vllm-mm-encoder-tp-mode weights (vLLM's default multimodal config)" \
+  "embedding@model:m@revision:default@encoder:37a439e484856856b929daf9ace244bc@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-encoder-tp-mode weights
 exact "key with encoder hash" \
   "embedding@model:m@revision:default@encoder:abc@dtype:torch.bfloat16@protocol:v3@id:x" \
   -- key --model m --encoder-hash abc --dtype bfloat16 --id x
