@@ -94,8 +94,10 @@ static int f_write(encache_store *st, const char *key, const void *hdr,
   if (c->hold_writes) {
     c->writes_waiting++;
     pthread_cond_broadcast(&c->cv);
-    while (c->hold_writes)
+    while (c->hold_writes && c->write_permits == 0)
       pthread_cond_wait(&c->cv, &c->mu);
+    if (c->hold_writes)
+      c->write_permits--;
     c->writes_waiting--;
   }
   int forced = c->write_rc;
@@ -180,6 +182,13 @@ encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl) {
 void fault_release_writes(fault_ctl *ctl) {
   pthread_mutex_lock(&ctl->mu);
   ctl->hold_writes = 0;
+  pthread_cond_broadcast(&ctl->cv);
+  pthread_mutex_unlock(&ctl->mu);
+}
+
+void fault_pass_writes(fault_ctl *ctl, int n) {
+  pthread_mutex_lock(&ctl->mu);
+  ctl->write_permits += n;
   pthread_cond_broadcast(&ctl->cv);
   pthread_mutex_unlock(&ctl->mu);
 }

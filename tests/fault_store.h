@@ -33,10 +33,12 @@ typedef struct fault_ctl {
   int read_mode;
   int64_t read_item_code;
   int write_rc;             /* non-zero: writes answer it (nothing written) */
-  /* held writes: while hold_writes, a write waits until released */
+  /* held writes: while hold_writes, a write waits until released, or
+   * until fault_pass_writes() lets it through (one permit per write) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int hold_writes;
+  int write_permits;
   int writes_waiting;
   int writes_finished;
 } fault_ctl;
@@ -46,6 +48,9 @@ void fault_ctl_init(fault_ctl *ctl);
 encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl);
 /* Releases held writes; the next ones pass (or answer write_rc). */
 void fault_release_writes(fault_ctl *ctl);
+/* While writes are held, lets `n` more writes through (held or to come),
+ * in the order the writer reaches the gate; the others stay held. */
+void fault_pass_writes(fault_ctl *ctl, int n);
 /* Waits until `n` writes are waiting (held). */
 void fault_wait_held(fault_ctl *ctl, int n);
 /* Waits until `n` writes have finished. */
