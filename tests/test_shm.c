@@ -1066,3 +1066,37 @@ TEST(shm_stopped_lock_holder_costs_one_timeout) {
   encache_store_close(o);
   encache_store_close(st);
 }
+
+TEST(shm_concurrent_opens_of_a_large_new_segment) {
+  char url[128];
+  encache_store_close(seg_open("1MiB", url, sizeof(url)));
+  encache_shm_destroy(seg_name); /* a new name, created by the openers */
+  snprintf(url, sizeof(url), "shm://%s?size=256MiB", seg_name);
+  int go[2];
+  ASSERT_EQ_INT(pipe(go), 0);
+  pid_t pids[3];
+  for (int i = 0; i < 3; i++) {
+    pids[i] = fork();
+    ASSERT(pids[i] >= 0);
+    if (pids[i] == 0) {
+      char c;
+      if (read(go[0], &c, 1) != 1)
+        _exit(3);
+      encache_store *st = NULL;
+      int rc = encache_store_open(url, &st);
+      if (rc != 0)
+        fprintf(stderr, "open: %s\n", encache_store_errmsg(st));
+      encache_store_close(st);
+      _exit(rc == 0 ? 0 : 1);
+    }
+  }
+  ASSERT_EQ_INT(write(go[1], "xxx", 3), 3);
+  for (int i = 0; i < 3; i++) {
+    int status;
+    ASSERT_EQ_INT(waitpid(pids[i], &status, 0), pids[i]);
+    ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  encache_store *st = reopen(url);
+  put(st, "k", 100, 1);
+  encache_store_close(st);
+}

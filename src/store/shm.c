@@ -17,7 +17,8 @@
  *                the key, padding to 64 bytes, then the object bytes
  *
  * Creation.  The first opener (holding an flock() on the file for the
- * whole of it; others wait for it, within a bound) writes an "unfinished"
+ * whole of it; others wait for it while it makes progress, within a
+ * bound; a finished segment is attached without the flock) writes an "unfinished"
  * magic before it sizes the file, lays the segment out, and writes the
  * real magic last.  An opener that finds a file of size 0 or with the
  * unfinished magic under the flock knows its creator died: it remakes it,
@@ -142,7 +143,8 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 #define SHM_DEFAULT_LOCK_MS 500u
 #define SHM_STALL_BACKOFF_MS 1000u /* after a lock timeout: brief waits */
 #define SHM_STALL_WAIT_MS 2u
-#define SHM_OPEN_WAIT_MS 2000u /* for another opener's flock */
+#define SHM_OPEN_WAIT_MS 5000u /* for a creator, + 8 ms per MiB, from the
+                                  last growth of its file */
 
 enum entry_state { E_FREE = 0, E_WRITING = 1, E_READY = 2, E_MOVING = 3 };
 enum entry_flags { F_SUMMED = 1 }; /* `sum` holds the object's checksum */
@@ -1698,8 +1700,18 @@ static int segment_init(shm_store *s, uint64_t total) {
 }
 
 /* Validates an existing segment's header before anything else is used. */
-static int segment_check(shm_store *s, uint64_t file_size) {
-  const shm_header *h = (const shm_header *)s->map;
+/* The header's immutable part, copied once: what is checked is what the
+ * handle binds (a peer changing it in between cannot slip past). */
+static void header_copy(shm_store *s, shm_header *g) {
+  memcpy(g, s->map, offsetof(shm_header, lock));
+  __asm__ volatile("" ::: "memory");
+}
+
+/* Validates an existing segment's header (its copy g) before anything
+ * else is used. */
+static int segment_check(shm_store *s, uint64_t file_size, shm_header *g) {
+  header_copy(s, g);
+  const shm_header *h = g;
   const char *u = s->base.url;
   if (h->magic != SHM_MAGIC)
     return encache__store_fail(&s->base, ENCACHE_EFORMAT,
@@ -1727,24 +1739,25 @@ static int segment_check(shm_store *s, uint64_t file_size) {
                                "%s: corrupted segment header (geometry does "
                                "not match a %" PRIu64 "-byte segment): "
                                DESTROY_HINT, u, file_size, s->name);
-  if (lock_damaged((pthread_mutex_t *)&h->lock))
+  if (lock_damaged(&((shm_header *)s->map)->lock))
     return encache__store_fail(&s->base, ENCACHE_EFORMAT,
                                "%s: the segment lock is damaged: " DESTROY_HINT,
                                u, s->name);
   return 0;
 }
 
-static void bind_geometry(shm_store *s) {
+/* Binds the handle to the checked copy g of the header. */
+static void bind_geometry(shm_store *s, const shm_header *g) {
   s->h = (shm_header *)s->map;
-  s->total_size = s->h->total_size;
-  s->entries = (shm_entry *)(s->map + s->h->entries_off);
-  s->buckets = (uint32_t *)(s->map + s->h->buckets_off);
-  s->data = s->map + s->h->data_off;
-  s->data_size = s->h->data_size;
-  s->nentries = s->h->nentries;
-  s->nbuckets = s->h->nbuckets;
-  s->tokens = (uint64_t *)(s->map + s->h->slots_off);
-  s->nslots = s->h->nslots;
+  s->total_size = g->total_size;
+  s->entries = (shm_entry *)(s->map + g->entries_off);
+  s->buckets = (uint32_t *)(s->map + g->buckets_off);
+  s->data = s->map + g->data_off;
+  s->data_size = g->data_size;
+  s->nentries = g->nentries;
+  s->nbuckets = g->nbuckets;
+  s->tokens = (uint64_t *)(s->map + g->slots_off);
+  s->nslots = SHM_SLOTS;
 }
 
 static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
@@ -1769,39 +1782,52 @@ static int shm_alloc(const char *url, encache_store **out, shm_store **sp) {
 }
 
 /* Maps fd (already open on the segment), creating the segment when it is
- * empty or its creator died before finishing it, else validating it. */
+ * empty or its creator died before finishing it, else validating it.  A
+ * finished segment (real magic) is never remade, so attaching to one needs
+ * no flock; only creation does, and an opener waits for a creator within a
+ * bound that grows with the segment's size (reserving memory takes time). */
 static int shm_attach(shm_store *s, uint64_t create_size) {
   struct stat sb;
-  int rc = 0, fresh = 0;
+  int rc = 0, fresh = 0, locked = 0;
   const char *u = s->base.url;
-  /* The flock is held only by an opener; one that is stopped must not
-   * stop every other open, so wait for it within a bound. */
-  for (uint64_t end = mono_ms() + SHM_OPEN_WAIT_MS;;) {
-    if (flock(s->fd, LOCK_EX | LOCK_NB) == 0)
+  uint64_t size = 0, magic = 0, start = mono_ms();
+  blkcnt_t blocks = -1;
+  for (;;) {
+    magic = 0;
+    if (fstat(s->fd, &sb) != 0 ||
+        ((size = (uint64_t)sb.st_size) >= sizeof(magic) &&
+         pread(s->fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))) {
+      rc = encache__store_fail(&s->base, -errno, "%s: %s", u, strerror(errno));
+      goto out;
+    }
+    if ((magic == SHM_MAGIC && size >= sizeof(shm_header)) || locked)
       break;
-    if (errno != EWOULDBLOCK && errno != EINTR)
-      return encache__store_fail(&s->base, -errno, "%s: flock: %s", u,
-                                 strerror(errno));
-    if (mono_ms() >= end)
-      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                 "%s: another process has been creating or "
-                                 "opening the segment for over %u ms (is it "
-                                 "stopped?)", u, SHM_OPEN_WAIT_MS);
+    if (flock(s->fd, LOCK_EX | LOCK_NB) == 0) {
+      locked = 1; /* look again, under the flock */
+      continue;
+    }
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      rc = encache__store_fail(&s->base, -errno, "%s: flock: %s", u,
+                               strerror(errno));
+      goto out;
+    }
+    if (sb.st_blocks != blocks) { /* the creator is still reserving memory */
+      blocks = sb.st_blocks;
+      start = mono_ms();
+    }
+    uint64_t bound = SHM_OPEN_WAIT_MS + 8 * (size >> 20);
+    if (mono_ms() - start >= bound) {
+      rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "%s: another process has been creating the "
+                               "segment for over %" PRIu64 " ms without "
+                               "progress (is it stopped?)", u, bound);
+      goto out;
+    }
     usleep(1000);
   }
-  if (fstat(s->fd, &sb) != 0) {
-    rc = encache__store_fail(&s->base, -errno, "%s: fstat: %s", u,
-                             strerror(errno));
-    goto out;
-  }
-  uint64_t size = (uint64_t)sb.st_size, magic = 0;
-  if (size >= sizeof(magic) &&
-      pread(s->fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic)) {
-    rc = encache__store_fail(&s->base, -errno, "%s: read: %s", u,
-                             strerror(errno));
-    goto out;
-  }
-  if (size == 0) {
+  if (magic == SHM_MAGIC && size >= sizeof(shm_header)) {
+    fresh = 0;
+  } else if (size == 0) {
     fresh = 1;
   } else if (magic == SHM_INIT_MAGIC) {
     /* Its creator held the flock we now hold: it died mid-creation.  It
@@ -1813,7 +1839,7 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
       goto out;
     }
     fresh = 1;
-  } else if (magic != SHM_MAGIC || size < sizeof(shm_header)) {
+  } else {
     rc = encache__store_fail(&s->base, ENCACHE_EFORMAT,
                              "%s: not an encache segment, or its header is "
                              "damaged (%" PRIu64 " bytes, magic 0x%016" PRIx64
@@ -1859,16 +1885,20 @@ static int shm_attach(shm_store *s, uint64_t create_size) {
   }
   s->map = map;
   s->map_size = (size_t)size;
-  rc = fresh ? segment_init(s, size) : segment_check(s, size);
+  shm_header g;
+  rc = fresh ? segment_init(s, size) : segment_check(s, size, &g);
   if (rc == 0) {
-    bind_geometry(s);
+    if (fresh)
+      header_copy(s, &g);
+    bind_geometry(s, &g);
     take_slot(s);
     /* Validate the mutable structure at the first lock, not here: an open
      * must not wait on a lock whose holder may be stopped. */
     s->validate_pending = !fresh;
   }
 out:
-  flock(s->fd, LOCK_UN);
+  if (locked)
+    flock(s->fd, LOCK_UN);
   return rc;
 }
 
