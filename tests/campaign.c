@@ -81,6 +81,46 @@ static size_t key_len(int k) {
   return (size_t)1024 << (k * 7 % 9);
 }
 
+/* Counts one read answer: a hit checked byte for byte, a miss, or a wrong
+ * hit (any other bytes or length). */
+static void count_read(worker_stats *ws, const char *key, size_t len,
+                       const unsigned char *buf, int rc, int64_t res) {
+  if (rc < 0 || res == ENCACHE_EUNAVAIL) {
+    ws->unavailable++;
+  } else if (res == ENCACHE_ENOENT) {
+    ws->misses++;
+  } else if (res == (int64_t)len && ts_verify(key, buf, len)) {
+    ws->hits++;
+  } else {
+    ws->wrong++;
+    snprintf(ws->wrong_key, sizeof(ws->wrong_key), "%s (%lld bytes)", key,
+             (long long)res);
+  }
+}
+
+/* A batch of 20 lookups (more than the Store's on-stack batch). */
+static void batch_read(campaign *c, worker_stats *ws, encache_store *st,
+                       unsigned char *bufs_mem) {
+  enum { B = 20, CAP = 16 << 10 };
+  char names[B][64];
+  const char *keys[B];
+  void *bufs[B];
+  size_t caps[B], lens[B];
+  int64_t res[B];
+  for (int i = 0; i < B; i++) {
+    int k = rand() % c->keys;
+    snprintf(names[i], sizeof(names[i]), "campaign/%d", k);
+    keys[i] = names[i];
+    bufs[i] = bufs_mem + (size_t)i * CAP;
+    caps[i] = CAP;
+    lens[i] = key_len(k);
+  }
+  int rc = encache_store_read(st, keys, B, bufs, caps, res);
+  for (int i = 0; i < B; i++)
+    if (rc < 0 || res[i] != ENCACHE_ETOOLARGE)
+      count_read(ws, keys[i], lens[i], bufs[i], rc, res[i]);
+}
+
 static void worker(campaign *c, int w, unsigned seed) {
   worker_stats *ws = &c->stats[w];
   encache_store *st = NULL;
@@ -88,7 +128,7 @@ static void worker(campaign *c, int w, unsigned seed) {
     fprintf(stderr, "worker %d: open: %s\n", w, encache_store_errmsg(st));
     _exit(2);
   }
-  unsigned char *buf = malloc(256 << 10), *obj = malloc(256 << 10);
+  unsigned char *buf = malloc(320 << 10), *obj = malloc(256 << 10);
   if (buf == NULL || obj == NULL)
     _exit(2);
   srand(seed);
@@ -97,7 +137,12 @@ static void worker(campaign *c, int w, unsigned seed) {
     char key[64];
     snprintf(key, sizeof(key), "campaign/%d", k);
     size_t len = key_len(k);
-    if (rand() % 3 == 0) {
+    int op = rand() % 60;
+    if (op == 0) {
+      batch_read(c, ws, st, buf);
+    } else if (op == 1) {
+      encache_store_remove(st, key); /* absent or not, never an error */
+    } else if (op % 3 == 0) {
       ts_fill(key, 1, obj, len);
       int rc = encache_store_write(st, key, NULL, 0, obj, len);
       if (rc == 0 || rc == ENCACHE_EEXIST)
@@ -110,17 +155,7 @@ static void worker(campaign *c, int w, unsigned seed) {
       size_t caps[1] = {256 << 10};
       int64_t res[1];
       int rc = encache_store_read(st, keys, 1, bufs, caps, res);
-      if (rc < 0 || res[0] == ENCACHE_EUNAVAIL) {
-        ws->unavailable++;
-      } else if (res[0] == ENCACHE_ENOENT) {
-        ws->misses++;
-      } else if (res[0] == (int64_t)len && ts_verify(key, buf, len)) {
-        ws->hits++;
-      } else {
-        ws->wrong++;
-        snprintf(ws->wrong_key, sizeof(ws->wrong_key), "%s (%lld bytes)", key,
-                 (long long)res[0]);
-      }
+      count_read(ws, key, len, buf, rc, res[0]);
     }
     ws->ops++;
     __atomic_store_n(&ws->heartbeat_ms, now_ms(), __ATOMIC_RELEASE);

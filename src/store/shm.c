@@ -312,8 +312,28 @@ static uint32_t entry_check(const shm_entry *e, uint32_t id) {
 }
 
 /* After the lock changed any field entry_check() covers. */
-static void seal(shm_store *s, shm_entry *e) {
-  e->check = entry_check(e, ent_id(s, e));
+/* Writes the fields entry_check() covers from the private entry n, and
+ * the check word computed from n: never from what the shared entry holds
+ * by then (a peer's damage must not be sealed in). */
+static void store_entry(shm_store *s, shm_entry *e, const shm_entry *n) {
+  e->hash = n->hash;
+  e->pos = n->pos;
+  e->obj_len = n->obj_len;
+  e->owner_token = n->owner_token;
+  e->sum = n->sum;
+  e->key_len = n->key_len;
+  e->state = n->state;
+  e->owner_slot = n->owner_slot;
+  e->flags = n->flags;
+  e->check = entry_check(n, ent_id(s, e));
+}
+
+/* Marks e FREE (its other covered fields zero). */
+static void store_free(shm_store *s, shm_entry *e) {
+  shm_entry n;
+  memset(&n, 0, sizeof(n));
+  n.state = E_FREE;
+  store_entry(s, e, &n);
 }
 
 /* Whether a record of e's key and object lengths at e's position lies
@@ -326,14 +346,18 @@ static int rec_fits(shm_store *s, const shm_entry *e) {
   return rec <= ds && e->pos % ds + rec <= ds;
 }
 
-/* rec_fits(), and the record lies within the ring's last lap before head. */
-static int entry_sane(shm_store *s, const shm_entry *e) {
-  uint64_t head = __atomic_load_n(&s->h->head, __ATOMIC_RELAXED);
-  if (!rec_fits(s, e))
-    return 0;
+/* Whether e's record (which rec_fits()) lies within the ring's last lap
+ * before head. */
+static int in_window(shm_store *s, const shm_entry *e, uint64_t head) {
   uint64_t rec = rec_size(e->key_len, e->obj_len);
   return e->pos <= head && rec <= head - e->pos &&
          head - e->pos <= s->data_size;
+}
+
+/* rec_fits(), and the record lies within the ring's last lap before head. */
+static int entry_sane(shm_store *s, const shm_entry *e) {
+  return rec_fits(s, e) &&
+         in_window(s, e, __atomic_load_n(&s->h->head, __ATOMIC_RELAXED));
 }
 
 /* Copies entry id (index + 1) out of shared memory into *c: every later
@@ -347,6 +371,9 @@ static int load_entry(shm_store *s, uint32_t id, shm_entry *c, int with_head) {
   if (e == NULL)
     return 0;
   memcpy(c, e, sizeof(*c));
+  /* The copy is what is used: no later read of a field may go back to the
+   * shared entry instead. */
+  __asm__ volatile("" ::: "memory");
   if (c->check != entry_check(c, id) || c->state > E_MOVING)
     return 0;
   return c->state == E_FREE ||
@@ -670,9 +697,7 @@ static void entry_free(shm_store *s, shm_entry *e) {
   fifo_unlink(s, e);
   s->h->nobjects--;
   s->h->bytes_used -= rec_size(e->key_len, e->obj_len);
-  e->state = E_FREE;
-  e->flags = 0;
-  seal(s, e);
+  store_free(s, e);
   e->hnext = s->h->free_first;
   s->h->free_first = ent_id(s, e);
 }
@@ -681,9 +706,7 @@ static void entry_free(shm_store *s, shm_entry *e) {
 
 static void drop_entry(shm_store *s, shm_entry *e) {
   __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
-  e->state = E_FREE;
-  e->flags = 0;
-  seal(s, e);
+  store_free(s, e);
 }
 
 /* What repair keeps of a live entry, in private memory: sorting and every
@@ -877,14 +900,15 @@ static int structure_ok(shm_store *s) {
 /* Publishes a record this handle finished copying, if it is still ours. */
 static int publish_record(shm_store *s, shm_entry *e, uint64_t gen,
                           uint64_t sum, uint32_t flags) {
-  if (e->state == E_WRITING && __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == gen &&
-      e->owner_slot == (uint32_t)s->slot && e->owner_token == s->token &&
-      e->check == entry_check(e, ent_id(s, e))) {
-    e->state = E_READY;
-    e->owner_slot = UINT32_MAX;
-    e->sum = sum;
-    e->flags = flags;
-    seal(s, e);
+  shm_entry c;
+  if (load_entry(s, ent_id(s, e), &c, 0) && c.state == E_WRITING &&
+      c.gen == gen && c.owner_slot == (uint32_t)s->slot &&
+      c.owner_token == s->token) {
+    c.state = E_READY;
+    c.owner_slot = UINT32_MAX;
+    c.sum = sum;
+    c.flags = flags;
+    store_entry(s, e, &c);
     return 0;
   }
   return -1;
@@ -984,15 +1008,26 @@ static int shm_lock_raw(shm_store *s) {
   if (now < __atomic_load_n(&s->stalled_until_ms, __ATOMIC_RELAXED) &&
       wait > SHM_STALL_WAIT_MS)
     wait = SHM_STALL_WAIT_MS;
+  /* A monotonic deadline where glibc has one: a step of the wall clock
+   * must not stretch the wait. */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
+  const clockid_t clock = CLOCK_MONOTONIC;
+#else
+  const clockid_t clock = CLOCK_REALTIME;
+#endif
   struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(clock, &ts);
   ts.tv_sec += wait / 1000;
   ts.tv_nsec += (long)(wait % 1000) * 1000000L;
   if (ts.tv_nsec >= 1000000000L) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
+  int rc = pthread_mutex_clocklock(&s->h->lock, clock, &ts);
+#else
   int rc = pthread_mutex_timedlock(&s->h->lock, &ts);
+#endif
   if (rc == 0 || rc == EOWNERDEAD) {
     __atomic_store_n(&s->stalled_until_ms, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->stalls, 0, __ATOMIC_RELAXED);
@@ -1004,11 +1039,18 @@ static int shm_lock_raw(shm_store *s) {
     }
     return 0;
   }
+  if (rc == ETIMEDOUT && wait < s->lock_timeout_ms)
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "%s: lock busy (its holder was stalled for %u "
+                               "ms earlier: waits are brief for a while)",
+                               s->base.url, s->lock_timeout_ms);
   if (rc == ETIMEDOUT) {
-    /* The brief waits last 1 s after the first timeout, doubling up to
-     * 32 s while the lock stays held (a holder that never resumes). */
-    unsigned n = __atomic_add_fetch(&s->stalls, 1, __ATOMIC_RELAXED);
-    uint64_t backoff = (uint64_t)SHM_STALL_BACKOFF_MS << (n < 6 ? n - 1 : 5);
+    /* The brief waits last 1 s after a full timeout, doubling with each
+     * further full timeout up to 32 s (a holder that never resumes). */
+    unsigned n = __atomic_load_n(&s->stalls, __ATOMIC_RELAXED);
+    if (n < 6)
+      __atomic_store_n(&s->stalls, ++n, __ATOMIC_RELAXED);
+    uint64_t backoff = (uint64_t)SHM_STALL_BACKOFF_MS << (n - 1);
     __atomic_store_n(&s->stalled_until_ms, mono_ms() + backoff,
                      __ATOMIC_RELAXED);
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
@@ -1182,7 +1224,9 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
     }
     shm_entry *e = find_repairing(s, keys[i], (uint32_t)klen,
                                   hash_key(keys[i], klen), &c);
-    if (e == NULL || c.state != E_READY) {
+    if (e == NULL || c.state != E_READY ||
+        (s->checksum && !(c.flags & F_SUMMED))) {
+      /* A handle that checks serves only objects it can check. */
       results[i] = ENCACHE_ENOENT;
     } else if (c.obj_len > caps[i] && c.obj_len - caps[i] > split) {
       results[i] = ENCACHE_ETOOLARGE;
@@ -1192,7 +1236,7 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
       snap[i].src = obj_at(s, &c);
       snap[i].len = c.obj_len;
       snap[i].sum = c.sum;
-      snap[i].summed = s->checksum && (c.flags & F_SUMMED);
+      snap[i].summed = s->checksum;
       __atomic_store_n(&e->referenced, 1, __ATOMIC_RELAXED);
     }
   }
@@ -1270,8 +1314,8 @@ static int shm_object_size(encache_store *st, const char *key,
 
 /* The position where a record of rec bytes would start at the head: the
  * head itself, or the start of the ring when the record would wrap. */
-static uint64_t head_start(shm_store *s, uint64_t rec) {
-  uint64_t head = s->h->head, off = head % s->data_size;
+static uint64_t head_start(shm_store *s, uint64_t head, uint64_t rec) {
+  uint64_t off = head % s->data_size;
   return off + rec <= s->data_size ? head : head + (s->data_size - off);
 }
 
@@ -1281,22 +1325,25 @@ static uint64_t head_start(shm_store *s, uint64_t rec) {
 static int reinsert_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
                            const shm_entry *second) {
   uint64_t rec = rec_size(c->key_len, c->obj_len);
-  uint64_t dst = head_start(s, rec);
+  uint64_t dst = head_start(s, s->h->head, rec);
   if (second != NULL && dst + rec > second->pos + s->data_size)
     return 0;
   /* MOVING first: if we die mid-copy, repair drops the entry rather than
    * trusting a half-moved record. */
-  e->state = E_MOVING;
-  seal(s, e);
+  shm_entry n = *c;
+  n.state = E_MOVING;
+  store_entry(s, e, &n);
   __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
   __atomic_store_n(&e->referenced, 0, __ATOMIC_RELAXED);
+  /* The new generation before any byte moves (weakly ordered CPUs). */
+  __atomic_thread_fence(__ATOMIC_RELEASE);
   memmove(rec_at(s, dst), rec_at(s, c->pos), rec);
   fifo_unlink(s, e);
-  e->pos = dst;
+  n.pos = dst;
+  n.state = E_READY;
   s->h->head = dst + rec;
   fifo_append(s, e);
-  e->state = E_READY;
-  seal(s, e);
+  store_entry(s, e, &n);
   s->h->reinsertions++;
   return 1;
 }
@@ -1306,11 +1353,12 @@ static int reinsert_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
  * relabelled by one ring length, and the head skips past it.  So a stalled
  * writer holds its own space, never the whole ring. */
 static void relabel_writing(shm_store *s, shm_entry *e, const shm_entry *c) {
+  shm_entry n = *c;
+  n.pos = c->pos + s->data_size;
   fifo_unlink(s, e);
-  e->pos = c->pos + s->data_size;
-  s->h->head = e->pos + rec_size(c->key_len, c->obj_len);
+  s->h->head = n.pos + rec_size(c->key_len, c->obj_len);
   fifo_append(s, e);
-  seal(s, e);
+  store_entry(s, e, &n);
 }
 
 /* Frees the oldest record (e, checked copy c), gives it a second chance,
@@ -1355,11 +1403,14 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos, uint32_t *fe,
                                  "%s: could not make room", s->base.url);
     shm_header *h = s->h;
     uint32_t first = h->fifo_first, last = h->fifo_last, fr = h->free_first;
+    uint64_t head = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
     shm_entry oc, nc, fc;
     if ((first == 0) != (last == 0) ||
-        (first != 0 && (!load_entry(s, first, &oc, 1) ||
-                        oc.state == E_FREE || oc.fprev != 0)) ||
-        (last != 0 && (!load_entry(s, last, &nc, 1) || nc.state == E_FREE ||
+        (first != 0 && (!load_entry(s, first, &oc, 0) ||
+                        !in_window(s, &oc, head) || oc.state == E_FREE ||
+                        oc.fprev != 0)) ||
+        (last != 0 && (!load_entry(s, last, &nc, 0) ||
+                       !in_window(s, &nc, head) || nc.state == E_FREE ||
                        nc.fnext != 0)) ||
         (fr != 0 && (!load_entry(s, fr, &fc, 1) || fc.state != E_FREE))) {
       int rc = repair(s); /* the lists or the head do not validate */
@@ -1367,7 +1418,7 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos, uint32_t *fe,
         return rc;
       continue;
     }
-    uint64_t start = head_start(s, rec);
+    uint64_t start = head_start(s, head, rec);
     if (first == 0 && fr == 0)
       return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                  "%s: no free entry", s->base.url);
@@ -1427,16 +1478,16 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   }
   e = ent(s, fe); /* checked by make_room: in range */
   s->h->free_first = fnext;
-  e->state = E_WRITING;
-  e->hash = hash;
-  e->key_len = (uint32_t)klen;
-  e->obj_len = obj_len;
-  e->pos = pos;
-  e->owner_slot = (uint32_t)s->slot;
-  e->owner_token = s->token;
-  e->sum = 0;
-  e->flags = 0;
-  seal(s, e);
+  shm_entry n;
+  memset(&n, 0, sizeof(n));
+  n.state = E_WRITING;
+  n.hash = hash;
+  n.key_len = (uint32_t)klen;
+  n.obj_len = obj_len;
+  n.pos = pos;
+  n.owner_slot = (uint32_t)s->slot;
+  n.owner_token = s->token;
+  store_entry(s, e, &n);
   __atomic_store_n(&e->referenced, 0, __ATOMIC_RELAXED);
   s->h->head = pos + rec;
   memcpy(rec_at(s, pos), key, klen);
@@ -1453,6 +1504,7 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   /* The copy, outside the lock: nobody reads or reuses a WRITING record
    * while its writer lives.  The checksum is of the caller's bytes. */
   sum_state sum = {0};
+  __atomic_thread_fence(__ATOMIC_RELEASE); /* weakly ordered CPUs */
   copy_sum(dst, hdr, hdr_len, s->checksum ? &sum : NULL);
   copy_sum(dst + hdr_len, payload, len, s->checksum ? &sum : NULL);
   uint64_t digest = s->checksum ? sum_final(&sum) : 0;
