@@ -508,7 +508,9 @@ typedef struct encache_store_stats {
   uint64_t capacity;    /* bytes available for objects */
   uint64_t evictions;   /* objects evicted to make room */
   uint64_t reinsertions;/* objects given a second chance at eviction */
-  uint64_t repairs;     /* recoveries after a process died holding a lock */
+  uint64_t repairs;     /* shm: repairs of the index (a process died
+                           holding the lock, or damage was found) and
+                           objects dropped because their checksum failed */
 } encache_store_stats;
 
 ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,

@@ -236,7 +236,9 @@ static const char stats_usage[] =
     "usage: encache [--store URL] stats\n"
     "\n"
     "Prints the Store's counters: objects, bytes used, capacity, evictions,\n"
-    "second chances given at eviction, repairs after crashed processes.\n";
+    "second chances given at eviction, repairs (after a crashed process or\n"
+    "damage found in a shared segment, and objects dropped because their\n"
+    "checksum failed).\n";
 
 static void stat_line(const char *name, uint64_t v) {
   if (v == UINT64_MAX)
