@@ -57,6 +57,17 @@ static int64_t read_one(encache_store *st, const char *key, void *buf,
   return rc < 0 ? rc : res[0];
 }
 
+/* key reads back whole and byte for byte as written. */
+static void assert_hit(encache_store *st, const char *key, size_t len) {
+  unsigned char *buf = malloc(len ? len : 1);
+  int64_t r = read_one(st, key, buf, len);
+  int ok = r == (int64_t)len && ts_verify(key, buf, len);
+  free(buf);
+  if (!ok)
+    test__fail(__FILE__, __LINE__, "%s: %lld bytes, not a hit of %zu", key,
+               (long long)r, len);
+}
+
 static void put(encache_store *st, const char *key, size_t len,
                 uint64_t version) {
   unsigned char *buf = malloc(len ? len : 1);
@@ -182,8 +193,7 @@ TEST(shm_evicts_when_full_and_refuses_too_large) {
   ASSERT(s.bytes_used <= s.capacity);
   ASSERT(s.objects * (64u << 10) <= s.capacity);
   unsigned char *out = malloc(64 << 10);
-  ASSERT_EQ_INT(read_one(st, "obj-199", out, 64 << 10), 64 << 10);
-  ASSERT(ts_verify("obj-199", out, 64 << 10));
+  assert_hit(st, "obj-199", 64 << 10);
   ASSERT_EQ_INT(read_one(st, "obj-000", out, 64 << 10), ENCACHE_ENOENT);
   free(out);
   /* An object that cannot fit the segment is refused, not half-stored. */
@@ -216,8 +226,7 @@ TEST(shm_second_chance_keeps_read_objects) {
     snprintf(key, sizeof(key), "filler-%d", i);
     put(st, key, 64 << 10, (uint64_t)i);
   }
-  ASSERT_EQ_INT(read_one(st, "hot", out, 64 << 10), 64 << 10);
-  ASSERT(ts_verify("hot", out, 64 << 10));
+  assert_hit(st, "hot", 64 << 10);
   ASSERT_EQ_INT(read_one(st, "cold", out, 64 << 10), ENCACHE_ENOENT);
   encache_store_stats s;
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
@@ -326,10 +335,7 @@ TEST(shm_killed_writer_loses_only_its_object) {
     snprintf(key, sizeof(key), "more-%d", i);
     put(st, key, 100 << 10, (uint64_t)i);
   }
-  unsigned char *out = malloc(100 << 10);
-  ASSERT_EQ_INT(read_one(st, "more-99", out, 100 << 10), 100 << 10);
-  ASSERT(ts_verify("more-99", out, 100 << 10));
-  free(out);
+  assert_hit(st, "more-99", 100 << 10);
   encache_store_close(st);
 }
 
@@ -1012,16 +1018,12 @@ TEST(shm_stopped_writer_does_not_stall_the_ring) {
     snprintf(key, sizeof(key), "lap-%d", i);
     put(st, key, 100 << 10, 1);
   }
-  unsigned char *buf = malloc(100 << 10);
-  ASSERT_EQ_INT(read_one(st, key, buf, 100 << 10), 100 << 10);
-  ASSERT(ts_verify(key, buf, 100 << 10));
+  assert_hit(st, key, 100 << 10);
   /* Resumed, it publishes its object intact. */
   kill(pid, SIGCONT);
   ASSERT_EQ_INT(waitpid(pid, &status, 0), pid);
   ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  ASSERT_EQ_INT(read_one(st, "stalled", buf, 64 << 10), 64 << 10);
-  ASSERT(ts_verify("stalled", buf, 64 << 10));
-  free(buf);
+  assert_hit(st, "stalled", 64 << 10);
   encache_store_close(st);
 }
 
