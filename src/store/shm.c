@@ -130,6 +130,15 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 #define OPTIMISTIC_END() ((void)0)
 #endif
 
+/* A release fence before data stores that must not be seen ahead of an
+ * earlier generation change (weakly ordered CPUs).  ThreadSanitizer does
+ * not support fences (and has no such CPU to model). */
+#ifdef ENCACHE_TSAN
+#define RELEASE_FENCE() ((void)0)
+#else
+#define RELEASE_FENCE() __atomic_thread_fence(__ATOMIC_RELEASE)
+#endif
+
 #define SHM_MAGIC 0x314d48534e434e45ull      /* "ENCNSHM1" */
 #define SHM_INIT_MAGIC 0x54494e494e434e45ull /* "ENCNINIT": being created */
 #define SHM_VERSION 3u
@@ -1009,8 +1018,13 @@ static int shm_lock_raw(shm_store *s) {
       wait > SHM_STALL_WAIT_MS)
     wait = SHM_STALL_WAIT_MS;
   /* A monotonic deadline where glibc has one: a step of the wall clock
-   * must not stretch the wait. */
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
+   * must not stretch the wait.  (Not under ThreadSanitizer, which does not
+   * intercept pthread_mutex_clocklock.) */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30) && \
+    !defined(ENCACHE_TSAN)
+#define SHM_CLOCKLOCK 1
+#endif
+#ifdef SHM_CLOCKLOCK
   const clockid_t clock = CLOCK_MONOTONIC;
 #else
   const clockid_t clock = CLOCK_REALTIME;
@@ -1023,7 +1037,7 @@ static int shm_lock_raw(shm_store *s) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 30)
+#ifdef SHM_CLOCKLOCK
   int rc = pthread_mutex_clocklock(&s->h->lock, clock, &ts);
 #else
   int rc = pthread_mutex_timedlock(&s->h->lock, &ts);
@@ -1335,8 +1349,7 @@ static int reinsert_oldest(shm_store *s, shm_entry *e, const shm_entry *c,
   store_entry(s, e, &n);
   __atomic_add_fetch(&e->gen, 1, __ATOMIC_RELEASE);
   __atomic_store_n(&e->referenced, 0, __ATOMIC_RELAXED);
-  /* The new generation before any byte moves (weakly ordered CPUs). */
-  __atomic_thread_fence(__ATOMIC_RELEASE);
+  RELEASE_FENCE(); /* the new generation before any byte moves */
   memmove(rec_at(s, dst), rec_at(s, c->pos), rec);
   fifo_unlink(s, e);
   n.pos = dst;
@@ -1504,7 +1517,7 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   /* The copy, outside the lock: nobody reads or reuses a WRITING record
    * while its writer lives.  The checksum is of the caller's bytes. */
   sum_state sum = {0};
-  __atomic_thread_fence(__ATOMIC_RELEASE); /* weakly ordered CPUs */
+  RELEASE_FENCE();
   copy_sum(dst, hdr, hdr_len, s->checksum ? &sum : NULL);
   copy_sum(dst + hdr_len, payload, len, s->checksum ? &sum : NULL);
   uint64_t digest = s->checksum ? sum_final(&sum) : 0;
