@@ -4,6 +4,7 @@
 # Starts, on free loopback ports, one Redis server and a Redis Cluster of
 # three masters, for the tests; writes DIR/env with
 #   ENCACHE_REDIS_URL=redis://127.0.0.1:PORT
+#   ENCACHE_REDIS_UNIX_URL=unix://DIR/redis.sock (the same server)
 #   ENCACHE_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...
 # "stop DIR" shuts them down.  Needs redis-server and redis-cli (Debian's
 # redis-server package).
@@ -71,7 +72,8 @@ start)
   mkdir -p "$dir"
   trap 'stop_all' ERR
   base=$((12000 + $$ % 18000))
-  single=$(start_any "$base")
+  # The single server also listens on a Unix socket (unix:// URLs).
+  single=$(start_any "$base" --unixsocket "$dir/redis.sock" --unixsocketperm 700)
   seeds=""
   p=$((single + 1))
   ports=""
@@ -96,6 +98,7 @@ start)
   done
   {
     echo "ENCACHE_REDIS_URL=redis://127.0.0.1:$single"
+    echo "ENCACHE_REDIS_UNIX_URL=unix://$dir/redis.sock"
     echo "ENCACHE_REDIS_CLUSTER_URL=redis-cluster://$seeds"
   } >"$dir/env"
   cat "$dir/env"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # on_redis.sh ENCACHE_TESTS ENCACHE_TOOL: runs the Store conformance suite
-# and the engine's acceptance cases on a real Redis server and on a real
-# three-master Redis Cluster, started on free loopback ports for the run
+# and the engine's acceptance cases on a real Redis server (over TCP and
+# over its Unix socket) and on a real three-master Redis Cluster, started on free loopback ports for the run
 # and stopped after it, then the tool's Store commands on both.  Exits 77
 # (skipped) without redis-server.
 set -u
@@ -18,7 +18,8 @@ bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
 # shellcheck disable=SC1091
 . "$dir/env"
 rc=0
-for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
+  "$ENCACHE_REDIS_CLUSTER_URL"; do
   echo "# on $url"
   ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
 done
@@ -26,7 +27,8 @@ done
 tmp=$(mktemp -d)
 printf 'NOOM\000\000\000\000\001\000\000\000\000\000\000\000\001\000\000\000\000\000\000\000\000\000\200\077' > "$tmp/v3"
 printf '\000\000\200\077' > "$tmp/payload"
-for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
+  "$ENCACHE_REDIS_CLUSTER_URL"; do
   k="tool-$$-$RANDOM"
   fail() { echo "not ok - tool on $url: $*"; rc=1; }
   "$tool" --store "$url" put "$k" "$tmp/v3" >/dev/null || fail put

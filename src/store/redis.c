@@ -567,7 +567,10 @@ static redisContext *dial(redis_store *s, size_t node, int plain_replies,
     node_failed(s, node);
     return NULL;
   }
-  redisEnableKeepAlive(c);
+  /* TCP only: on a Unix socket hiredis fails to set it (TCP_KEEPIDLE) and
+   * marks the context as failed. */
+  if (n.port != 0)
+    redisEnableKeepAlive(c);
   c->reader->fn = &reply_fns;
   /* AUTH and SELECT, pipelined, before anything else. */
   char db[16];
