@@ -24,9 +24,22 @@ free_port() {
 }
 
 stop_all() {
+  pids=""
   for f in "$dir"/redis-*.pid; do
-    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null && pids="$pids $pid"
   done
+  # Wait (at most 5 s) until they are gone: a server removes its socket
+  # and pid file as it exits, which must not race the caller's cleanup.
+  for pid in $pids; do
+    i=0
+    while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do
+      sleep 0.05
+      i=$((i + 1))
+    done
+  done
+  true
 }
 
 # start_server PORT [extra redis-server args...]: 0 when it answers PING.

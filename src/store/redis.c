@@ -26,7 +26,7 @@
  * MSG_NOSIGNAL, so a closed connection is an error and never a SIGPIPE,
  * whatever the application's signal settings) and we receive and feed its
  * reader.  Every exchange (one pipeline, or one write) has one deadline,
- * computed before its first byte is sent: timeout_ms, plus 10 ms per MiB
+ * computed before its first byte is sent: timeout_ms, plus 50 ms per MiB
  * that the exchange may move; every wait polls with the time left, so a
  * server that trickles cannot stretch a command.  Before each read the
  * reply being parsed is checked against its bound (check_bounds()): a
@@ -82,7 +82,8 @@
 #define PLAIN_BULK_MAX (4u << 20)   /* one string of an ordinary reply */
 #define PLAIN_ELEMENTS_MAX (1 << 20) /* one array of an ordinary reply */
 #define PLAIN_TOTAL_MAX (64u << 20) /* the ordinary replies of an exchange */
-#define MS_PER_MIB 10               /* deadline allowance per MiB moved */
+#define MS_PER_MIB 50 /* deadline allowance per MiB moved: 20 MB/s at least,
+                         for a busy link or a loaded host */
 /* A listing stops with an error after 64 + DBSIZE/100 SCAN calls or
  * 2 x DBSIZE + 100000 keys on a node (DBSIZE taken as at most 16 Mi). */
 #define LIST_CALLS_MIN 64
