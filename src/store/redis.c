@@ -26,9 +26,10 @@
  * MSG_NOSIGNAL, so a closed connection is an error and never a SIGPIPE,
  * whatever the application's signal settings) and we receive and feed its
  * reader.  Every exchange (one pipeline, or one write) has one deadline,
- * computed before its first byte is sent: timeout_ms, plus 50 ms per MiB
- * that the exchange may move; every wait polls with the time left, so a
- * server that trickles cannot stretch a command.  Before each read the
+ * computed before its first byte is sent: timeout_ms, plus 250 ms per MiB
+ * that the exchange may move; every wait polls with the time left, and
+ * for at most timeout_ms with no byte moving, so a server that trickles
+ * cannot stretch a command and one that stops fails in timeout_ms.  Before each read the
  * reply being parsed is checked against its bound (check_bounds()): a
  * value larger than the caller's buffer (beyond a small slack) is refused
  * from its "$<length>" header, before its body is read; any other line is
@@ -82,8 +83,8 @@
 #define PLAIN_BULK_MAX (4u << 20)   /* one string of an ordinary reply */
 #define PLAIN_ELEMENTS_MAX (1 << 20) /* one array of an ordinary reply */
 #define PLAIN_TOTAL_MAX (64u << 20) /* the ordinary replies of an exchange */
-#define MS_PER_MIB 50 /* deadline allowance per MiB moved: 20 MB/s at least,
-                         for a busy link or a loaded host */
+#define MS_PER_MIB 250 /* deadline allowance per MiB moved: 4 MB/s at least
+                          (a stall fails sooner: timeout_ms with no byte) */
 /* A listing stops with an error after 64 + DBSIZE/100 SCAN calls or
  * 2 x DBSIZE + 100000 keys on a node (DBSIZE taken as at most 16 Mi). */
 #define LIST_CALLS_MIN 64
@@ -287,21 +288,34 @@ static uint64_t sat_add(uint64_t a, uint64_t b) {
   return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
-/* The deadline of an exchange that may move `bytes` bytes. */
-static uint64_t deadline_after(const redis_store *s, uint64_t bytes) {
-  return now_ms() + s->timeout_ms + (bytes >> 20) * MS_PER_MIB; /* < 2^48 */
+/* The time bounds of an exchange: its deadline, and how long it may wait
+ * with no byte moving either way (a stopped server fails in idle_ms even
+ * when a large transfer has a later deadline). */
+typedef struct xtime {
+  uint64_t deadline;
+  unsigned idle_ms;
+} xtime;
+
+/* The bounds of an exchange that may move `bytes` bytes. */
+static xtime deadline_after(const redis_store *s, uint64_t bytes) {
+  xtime t = {now_ms() + s->timeout_ms + (bytes >> 20) * MS_PER_MIB, /* < 2^48 */
+             s->timeout_ms};
+  return t;
 }
 
-/* Waits until fd is ready for events or the deadline passes.  Returns 0,
- * or -1 with errno (ETIMEDOUT at the deadline). */
-static int wait_fd(int fd, short events, uint64_t deadline) {
+/* Waits until fd is ready for events, at most until the deadline and for
+ * idle_ms.  Returns 0, or -1 with errno (ETIMEDOUT). */
+static int wait_fd(int fd, short events, xtime t) {
+  uint64_t end = now_ms() + t.idle_ms;
+  if (end > t.deadline)
+    end = t.deadline;
   for (;;) {
     uint64_t now = now_ms();
-    if (now >= deadline) {
+    if (now >= end) {
       errno = ETIMEDOUT;
       return -1;
     }
-    uint64_t left = deadline - now;
+    uint64_t left = end - now;
     struct pollfd pfd = {fd, events, 0};
     int r = poll(&pfd, 1, left > INT_MAX ? INT_MAX : (int)left);
     if (r > 0)
@@ -312,7 +326,7 @@ static int wait_fd(int fd, short events, uint64_t deadline) {
 }
 
 /* Sends all of iov (modified) before the deadline. */
-static int send_all(int fd, struct iovec *iov, int cnt, uint64_t deadline) {
+static int send_all(int fd, struct iovec *iov, int cnt, xtime deadline) {
   while (cnt > 0) {
     struct msghdr m;
     memset(&m, 0, sizeof(m));
@@ -385,7 +399,7 @@ static int check_bounds(redisReader *rd, const rpipe *p, int plain, char *why,
 /* Reads nrep replies (ordinary ones into out when out is not NULL) before
  * the deadline. */
 static int recv_replies(redisContext *c, const rpipe *p, void **out,
-                        size_t nrep, uint64_t deadline, char *why,
+                        size_t nrep, xtime deadline, char *why,
                         size_t whysize) {
   redisReader *rd = c->reader;
   char chunk[16384];
@@ -446,7 +460,7 @@ static int recv_replies(redisContext *c, const rpipe *p, void **out,
  * ordinary ones into out (NULLs on failure).  Returns an XR_ code; why
  * says what failed. */
 static int exchange(redisContext *c, struct iovec *iov, int cnt, size_t nrep,
-                    rpipe *p, void **out, uint64_t deadline, char *why,
+                    rpipe *p, void **out, xtime deadline, char *why,
                     size_t whysize) {
   int x;
   if (send_all(c->fd, iov, cnt, deadline) < 0) {
@@ -674,7 +688,7 @@ static redisContext *conn(redis_store *s, rset *set, size_t node, int *reused,
  */
 static int run_on(redis_store *s, rset *set, size_t node,
                   const struct iovec *iov, int cnt, size_t nrep, rpipe *p,
-                  uint64_t deadline, char *why, size_t whysize) {
+                  xtime deadline, char *why, size_t whysize) {
   int x = XR_FAIL;
   p->next = 0;
   for (int attempt = 0; attempt < 2; attempt++) {
