@@ -726,6 +726,15 @@ static unsigned char *map_file(const char *name, size_t *size) {
   return p;
 }
 
+/* Names keys[from..to) "PREFIX-i" and writes each, len bytes. */
+static void put_keys(encache_store *st, char (*keys)[32], int from, int to,
+                     const char *prefix, size_t len) {
+  for (int i = from; i < to; i++) {
+    snprintf(keys[i], sizeof(keys[i]), "%s-%d", prefix, i);
+    put(st, keys[i], len, 1);
+  }
+}
+
 /* Every key in keys[0..n) reads back either as a miss or byte for byte as
  * written; returns the number of hits. */
 static int hits_all_right(encache_store *st, char keys[][32], int n,
@@ -760,10 +769,7 @@ static void head_moved_back(const char *opts) {
   encache__shm_layout lay;
   encache_store *st = seg_open_with("2MiB", opts, &lay);
   char keys[12][32];
-  for (int i = 0; i < 6; i++) {
-    snprintf(keys[i], sizeof(keys[i]), "before-%d", i);
-    put(st, keys[i], 128 << 10, 1);
-  }
+  put_keys(st, keys, 0, 6, "before", 128 << 10);
   /* Another process moves the ring's head back by 96 KiB. */
   size_t size;
   unsigned char *m = map_file(seg_name, &size);
@@ -771,10 +777,7 @@ static void head_moved_back(const char *opts) {
   memcpy(&head, m + lay.head_off, 8);
   head -= 96 << 10;
   memcpy(m + lay.head_off, &head, 8);
-  for (int i = 6; i < 12; i++) {
-    snprintf(keys[i], sizeof(keys[i]), "after-%d", i);
-    put(st, keys[i], 128 << 10, 1);
-  }
+  put_keys(st, keys, 6, 12, "after", 128 << 10);
   /* The newest record before the damage was not written over. */
   ASSERT(hits_all_right(st, keys, 12, 128 << 10) >= 7);
   unsigned char *buf = malloc(128 << 10);
@@ -873,10 +876,7 @@ TEST(shm_zeroed_magic_is_refused_never_remade) {
   char url[128], small[160], msg[512];
   encache_store *st = seg_open("4MiB", url, sizeof(url));
   char keys[8][32];
-  for (int i = 0; i < 8; i++) {
-    snprintf(keys[i], sizeof(keys[i]), "z-%d", i);
-    put(st, keys[i], 256 << 10, 1);
-  }
+  put_keys(st, keys, 0, 8, "z", 256 << 10);
   size_t size;
   unsigned char *m = map_file(seg_name, &size);
   uint64_t saved, zero = 0;
@@ -961,10 +961,7 @@ TEST(shm_repair_survives_concurrent_damage) {
   char url[128];
   encache_store *st = seg_open("2MiB", url, sizeof(url));
   char keys[40][32];
-  for (int i = 0; i < 40; i++) {
-    snprintf(keys[i], sizeof(keys[i]), "r-%d", i);
-    put(st, keys[i], 8 << 10, 1);
-  }
+  put_keys(st, keys, 0, 40, "r", 8 << 10);
   encache__shm_layout lay;
   ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
   pid_t pid = start_scribbler(&lay, 1500, 7);
