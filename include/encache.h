@@ -102,6 +102,34 @@ ENCACHE_EXTERN const char *encache_strerror(int err);
  * for codes not in the table.  Static storage; never NULL. */
 ENCACHE_EXTERN const char *encache_err_name(int err);
 
+/* ------------------------------------------------------------- allocator */
+
+/*
+ * The allocator of every block libencache allocates, as hiredis's
+ * hiredisSetAllocators() allows.  Members left NULL are the C library's;
+ * malloc_fn, calloc_fn, realloc_fn and free_fn are given all four or none
+ * (ENCACHE_EINVAL otherwise).  Blocks from aligned_alloc_fn are released
+ * with free_fn; with aligned_alloc_fn NULL and malloc_fn set, aligned
+ * blocks are carved from larger malloc_fn blocks.  The libraries encache
+ * uses keep their own hooks (hiredisSetAllocators, json_set_alloc_funcs).
+ *
+ * Not thread safe: set it at start-up, before any handle exists, and never
+ * change it while one is open.  fns NULL restores the C library's.  *old,
+ * when not NULL, receives the previous allocator (old->size set by the
+ * caller).
+ */
+typedef struct encache_allocfuncs {
+  size_t size; /* sizeof(encache_allocfuncs): set it first */
+  void *(*malloc_fn)(size_t size);
+  void *(*calloc_fn)(size_t n, size_t size);
+  void *(*realloc_fn)(void *p, size_t size);
+  void (*free_fn)(void *p);
+  void *(*aligned_alloc_fn)(size_t alignment, size_t size);
+} encache_allocfuncs;
+
+ENCACHE_EXTERN int encache_set_allocators(const encache_allocfuncs *fns,
+                                          encache_allocfuncs *old);
+
 /* ----------------------------------------------------------------- dtypes */
 
 /* Element types of an embedding matrix.  The values are the v3 wire codes
@@ -439,6 +467,23 @@ ENCACHE_EXTERN int encache_parse_size(const char *text, uint64_t *out);
  * shm handle answers ENCACHE_EINVAL there).
  */
 typedef struct encache_store encache_store;
+
+/* What a Store's answer (a result code above, per item or for a batch)
+ * means for the caller.  encache_store_classify() is the one place that
+ * maps codes to these: the engine asks it and nothing else. */
+typedef enum encache_answer {
+  ENCACHE_ANSWER_OK = 0,       /* >= 0: done (a count, a size, 1 = present) */
+  ENCACHE_ANSWER_ABSENT = 1,   /* ENCACHE_ENOENT: not there */
+  ENCACHE_ANSWER_EXISTS = 2,   /* ENCACHE_EEXIST: writes: already there */
+  ENCACHE_ANSWER_TOO_LARGE = 3,/* ENCACHE_ETOOLARGE: nothing was written */
+  ENCACHE_ANSWER_RECOVERABLE = 4, /* certainly not done: ENCACHE_EUNAVAIL,
+                                     ENCACHE_EINVAL, ENCACHE_ENOMEM */
+  ENCACHE_ANSWER_UNCONFIRMED = 5  /* ENCACHE_EUNCONFIRMED and any other
+                                     code: completion unknown, poison */
+} encache_answer;
+
+/* The encache_answer of a Store result code. */
+ENCACHE_EXTERN int encache_store_classify(int64_t rc);
 
 #define ENCACHE_DEFAULT_STORE "shm://encache?size=1GiB"
 

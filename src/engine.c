@@ -233,7 +233,7 @@ int encache_close(encache *ec) {
        * jobs' memory: leave them, and the Store, alone. */
       return bury(ec);
     }
-    encache__free(ec->staging);
+    encache__aligned_free(ec->staging);
     encache_store_close(ec->store);
   } else if (encache__is_poisoned(ec)) {
     return bury(ec);

@@ -2,8 +2,9 @@
  * internal.h: what the parts of libencache share and nobody else sees.
  *
  * Allocation goes through encache__malloc() and friends, which check size
- * overflow and can be told to fail the N-th call (tests use this to walk
- * every allocation failure path, as libuv's loop_init_oom does).
+ * overflow and call the process's allocator (encache_set_allocators();
+ * the tests install one that fails the N-th call, to walk every allocation
+ * failure path, as libuv's loop_init_oom does).
  *
  * Two assert levels, as in Redis: ENCACHE_ASSERT is always on and guards
  * invariants whose breach would corrupt data; ENCACHE_DEBUG_ASSERT is for
@@ -40,12 +41,27 @@ char *encache__strdup(const char *s);
 char *encache__asprintf(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
+/* Aligned blocks (the staging buffer, Mooncake's registered buffers);
+ * freed only with encache__aligned_free(). */
+void *encache__aligned_alloc(size_t alignment, size_t size);
+void encache__aligned_free(void *p);
+
 /*
- * Test hook: the n-th allocation from now (1-based) and every one after it
- * fails; 0 disarms.  Returns the number of allocations made since the
- * last call.  Tests reach it by linking the static library.
+ * Caller-allocated structs start with `size_t size`, the sizeof() the
+ * caller was compiled with.  struct_in copies a caller's struct into the
+ * library's full one (fields the caller does not know are zero);
+ * struct_out copies the library's answer out, as much as the caller's
+ * struct holds.  Both refuse (ENCACHE_EINVAL) a size below min_size (the
+ * size at API 1.0), and struct_in refuses a newer caller's struct whose
+ * fields unknown here are not all zero.  ENCACHE__AT(base, i) is element
+ * i of a caller's array: its stride is the first element's size.
  */
-long encache__alloc_fail_after(long n);
+int encache__struct_in(void *full, size_t full_size, const void *in,
+                       size_t min_size);
+int encache__struct_out(void *out, const void *full, size_t full_size,
+                        size_t min_size);
+#define ENCACHE__AT(type, base, i)                                           \
+  ((type *)(void *)((char *)(base) + (i) * (base)->size))
 
 /*
  * Mooncake's result codes (src/store/mooncake.c holds the one table): the

@@ -125,15 +125,15 @@ static int staging_ensure(encache *ec) {
   if (ec->staging != NULL)
     return 0;
   size_t size = (size_t)ec->read_buf_bytes;
-  void *p = NULL;
-  if (posix_memalign(&p, 4096, size ? size : 1) != 0)
+  void *p = encache__aligned_alloc(4096, size);
+  if (p == NULL)
     return encache__fail(ec, ENCACHE_ENOMEM,
                          "cannot allocate the %zu-byte staging buffer", size);
   if (ec->store->ops->register_buffer != NULL) {
     int rc = ec->store->ops->register_buffer(ec->store, p, size);
     if (rc < 0) {
       /* Nothing is kept: the next step tries again. */
-      free(p);
+      encache__aligned_free(p);
       return encache__fail(ec, ENCACHE_EUNAVAIL,
                            "registering the staging buffer failed: %s",
                            encache_store_errmsg(ec->store));

@@ -109,47 +109,127 @@ int encache_dtype_parse(const char *name) {
 
 /* -------------------------------------------------------------- allocation */
 
-static atomic_long alloc_countdown; /* 0 = disarmed */
-static atomic_long alloc_count;
+/* The process's allocator (encache_set_allocators); NULL members are the
+ * C library's.  Read without a lock: set it before any handle exists. */
+static encache_allocfuncs allocfuncs;
 
-static int alloc_should_fail(void) {
-  atomic_fetch_add(&alloc_count, 1);
-  long c = atomic_load(&alloc_countdown);
-  while (c > 0) {
-    if (c == 1)
-      return 1; /* stays at 1: every later allocation fails too */
-    if (atomic_compare_exchange_weak(&alloc_countdown, &c, c - 1))
-      return 0;
+int encache_set_allocators(const encache_allocfuncs *fns,
+                           encache_allocfuncs *old) {
+  encache_allocfuncs f = {0};
+  if (fns != NULL) {
+    int rc = encache__struct_in(&f, sizeof(f), fns, sizeof(f));
+    if (rc < 0)
+      return rc;
+    /* All four of malloc, calloc, realloc, free, or none: memory from one
+     * allocator must never reach another's free. */
+    int given = (f.malloc_fn != NULL) + (f.calloc_fn != NULL) +
+                (f.realloc_fn != NULL) + (f.free_fn != NULL);
+    if (given != 0 && given != 4)
+      return ENCACHE_EINVAL;
   }
+  if (old != NULL) {
+    int rc = encache__struct_out(old, &allocfuncs, sizeof(allocfuncs),
+                                 sizeof(allocfuncs));
+    if (rc < 0)
+      return rc;
+  }
+  f.size = sizeof(f);
+  allocfuncs = f;
   return 0;
 }
 
-long encache__alloc_fail_after(long n) {
-  atomic_store(&alloc_countdown, n > 0 ? n : 0);
-  return atomic_exchange(&alloc_count, 0);
-}
-
 void *encache__malloc(size_t size) {
-  if (alloc_should_fail())
-    return NULL;
-  return malloc(size ? size : 1);
+  size = size ? size : 1;
+  return allocfuncs.malloc_fn ? allocfuncs.malloc_fn(size) : malloc(size);
 }
 
 void *encache__calloc(size_t n, size_t size) {
   if (size != 0 && n > SIZE_MAX / size)
     return NULL;
-  if (alloc_should_fail())
-    return NULL;
-  return calloc(n ? n : 1, size ? size : 1);
+  n = n ? n : 1;
+  size = size ? size : 1;
+  return allocfuncs.calloc_fn ? allocfuncs.calloc_fn(n, size)
+                              : calloc(n, size);
 }
 
 void *encache__realloc(void *p, size_t size) {
-  if (alloc_should_fail())
-    return NULL;
-  return realloc(p, size ? size : 1);
+  size = size ? size : 1;
+  return allocfuncs.realloc_fn ? allocfuncs.realloc_fn(p, size)
+                               : realloc(p, size);
 }
 
-void encache__free(void *p) { free(p); }
+void encache__free(void *p) {
+  if (p == NULL)
+    return;
+  if (allocfuncs.free_fn)
+    allocfuncs.free_fn(p);
+  else
+    free(p);
+}
+
+void *encache__aligned_alloc(size_t alignment, size_t size) {
+  size = size ? size : 1;
+  if (allocfuncs.aligned_alloc_fn != NULL)
+    return allocfuncs.aligned_alloc_fn(alignment, size);
+  if (allocfuncs.malloc_fn != NULL) {
+    /* The caller's malloc, over-allocated: the block's start is kept just
+     * below the aligned pointer, for encache__aligned_free(). */
+    if (size > SIZE_MAX - alignment - sizeof(void *))
+      return NULL;
+    unsigned char *raw = allocfuncs.malloc_fn(size + alignment + sizeof(void *));
+    if (raw == NULL)
+      return NULL;
+    uintptr_t a = ((uintptr_t)raw + sizeof(void *) + alignment - 1) &
+                  ~(uintptr_t)(alignment - 1);
+    ((void **)a)[-1] = raw;
+    return (void *)a;
+  }
+  void *p = NULL;
+  return posix_memalign(&p, alignment, size) == 0 ? p : NULL;
+}
+
+void encache__aligned_free(void *p) {
+  if (p == NULL)
+    return;
+  if (allocfuncs.aligned_alloc_fn != NULL)
+    allocfuncs.free_fn(p);
+  else if (allocfuncs.malloc_fn != NULL)
+    allocfuncs.free_fn(((void **)p)[-1]);
+  else
+    free(p);
+}
+
+/* ------------------------------------------------------ caller's structs */
+
+int encache__struct_in(void *full, size_t full_size, const void *in,
+                       size_t min_size) {
+  size_t size;
+  memcpy(&size, in, sizeof(size));
+  if (size < min_size)
+    return ENCACHE_EINVAL;
+  /* A newer caller's struct: the fields this library does not know must
+   * be zero (unset), else the caller asks for something it cannot do. */
+  for (size_t i = full_size; i < size; i++)
+    if (((const unsigned char *)in)[i] != 0)
+      return ENCACHE_EINVAL;
+  memset(full, 0, full_size);
+  memcpy(full, in, size < full_size ? size : full_size);
+  return 0;
+}
+
+int encache__struct_out(void *out, const void *full, size_t full_size,
+                        size_t min_size) {
+  size_t size;
+  memcpy(&size, out, sizeof(size));
+  if (size < min_size)
+    return ENCACHE_EINVAL;
+  size_t n = size < full_size ? size : full_size;
+  memcpy((unsigned char *)out + sizeof(size_t),
+         (const unsigned char *)full + sizeof(size_t), n - sizeof(size_t));
+  if (size > full_size)
+    memset((unsigned char *)out + full_size, 0, size - full_size);
+  return 0;
+}
 
 char *encache__strdup(const char *s) {
   size_t n = strlen(s) + 1;

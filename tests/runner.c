@@ -16,6 +16,50 @@
 
 #include "list.h"
 
+#include "encache.h"
+
+#include <stdatomic.h>
+
+static atomic_long alloc_countdown; /* 0 = disarmed */
+static atomic_long alloc_count;
+
+static int alloc_should_fail(void) {
+  atomic_fetch_add(&alloc_count, 1);
+  long c = atomic_load(&alloc_countdown);
+  while (c > 0) {
+    if (c == 1)
+      return 1; /* stays at 1: every later allocation fails too */
+    if (atomic_compare_exchange_weak(&alloc_countdown, &c, c - 1))
+      return 0;
+  }
+  return 0;
+}
+
+static void *failing_malloc(size_t n) {
+  return alloc_should_fail() ? NULL : malloc(n);
+}
+static void *failing_calloc(size_t n, size_t size) {
+  return alloc_should_fail() ? NULL : calloc(n, size);
+}
+static void *failing_realloc(void *p, size_t n) {
+  return alloc_should_fail() ? NULL : realloc(p, n);
+}
+static void *failing_aligned(size_t alignment, size_t n) {
+  void *p = NULL;
+  return alloc_should_fail() || posix_memalign(&p, alignment, n) != 0 ? NULL
+                                                                       : p;
+}
+
+long test_alloc_fail_after(long n) {
+  static const encache_allocfuncs failing = {
+      sizeof(encache_allocfuncs), failing_malloc, failing_calloc,
+      failing_realloc, free, failing_aligned};
+  atomic_store(&alloc_countdown, n > 0 ? n : 0);
+  if (encache_set_allocators(n > 0 ? &failing : NULL, NULL) != 0)
+    test__fail(__FILE__, __LINE__, "encache_set_allocators refused");
+  return atomic_exchange(&alloc_count, 0);
+}
+
 #define DECLARE_(name) void test_##name(void);
 TEST_LIST(DECLARE_)
 #undef DECLARE_

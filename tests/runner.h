@@ -64,4 +64,10 @@ void test__fail(const char *file, int line, const char *fmt, ...)
 
 size_t test__first_diff(const void *a, const void *b, size_t n);
 
+/* Installs, through the public encache_set_allocators(), an allocator
+ * under which the n-th allocation from now (1-based) and every one after
+ * it fails; 0 restores the C library's.  Returns the number of
+ * allocations made since the last call. */
+long test_alloc_fail_after(long n);
+
 #endif

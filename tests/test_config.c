@@ -430,7 +430,7 @@ TEST(config_out_of_memory_every_allocation) {
                    "\"embedding_cache_prefix\": \"p\"}}";
   int saw_success = 0;
   for (long n = 1; n < 400 && !saw_success; n++) {
-    encache__alloc_fail_after(n);
+    test_alloc_fail_after(n);
     encache_config *cfg = NULL;
     int rc = encache_config_new(&cfg);
     if (rc == 0) {
@@ -438,7 +438,7 @@ TEST(config_out_of_memory_every_allocation) {
       if (rc == 0)
         rc = load_mc(cfg, mooncake_ok);
     }
-    encache__alloc_fail_after(0);
+    test_alloc_fail_after(0);
     ASSERT(rc == 0 || rc == ENCACHE_ENOMEM);
     saw_success = rc == 0;
     encache_config_free(cfg);

@@ -245,19 +245,19 @@ static int wbuf_reserve(mooncake_store *s, size_t n) {
                                  "%s: unregister_buffer answered %d",
                                  s->base.url, rc);
     }
-    free(s->wbuf);
+    encache__aligned_free(s->wbuf);
     s->wbuf = NULL;
     s->wcap = 0;
   }
   size_t cap = 1u << 20;
   while (cap < n)
     cap *= 2;
-  void *p = NULL;
-  if (posix_memalign(&p, 4096, cap) != 0)
+  void *p = encache__aligned_alloc(4096, cap);
+  if (p == NULL)
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "out of memory");
   int rc = s->register_buffer(s->h, p, cap);
   if (rc != 0) {
-    free(p);
+    encache__aligned_free(p);
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                "%s: register_buffer of %zu bytes answered %d",
                                s->base.url, cap, rc);
@@ -348,7 +348,7 @@ static void mc_close(encache_store *st) {
   mooncake_store *s = ms(st);
   if (s->h != NULL && !s->poisoned) {
     if (s->wbuf != NULL && s->unregister_buffer(s->h, s->wbuf) == 0)
-      free(s->wbuf);
+      encache__aligned_free(s->wbuf);
     s->destroy(s->h);
   }
   /* The library stays loaded: Mooncake's threads may outlive destroy. */

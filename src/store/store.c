@@ -151,3 +151,22 @@ int encache_store_stats_get(encache_store *st, encache_store_stats *stats) {
   stats->kind = st->ops->kind;
   return st->ops->stats(st, stats);
 }
+
+int encache_store_classify(int64_t rc) {
+  if (rc >= 0)
+    return ENCACHE_ANSWER_OK;
+  switch (rc) {
+  case ENCACHE_ENOENT:
+    return ENCACHE_ANSWER_ABSENT;
+  case ENCACHE_EEXIST:
+    return ENCACHE_ANSWER_EXISTS;
+  case ENCACHE_ETOOLARGE:
+    return ENCACHE_ANSWER_TOO_LARGE;
+  case ENCACHE_EUNAVAIL:
+  case ENCACHE_EINVAL:
+  case ENCACHE_ENOMEM:
+    return ENCACHE_ANSWER_RECOVERABLE;
+  default:
+    return ENCACHE_ANSWER_UNCONFIRMED;
+  }
+}
