@@ -489,18 +489,21 @@ ENCACHE_EXTERN int encache_store_classify(int64_t rc);
 
 /* Opens the Store at url (NULL = $ENCACHE_STORE, else
  * ENCACHE_DEFAULT_STORE; an empty string is refused, ENCACHE_EURL, never
- * taken for the default).  On failure *out may still hold a handle whose
- * errmsg says why; close it.  Errors: ENCACHE_EURL, ENCACHE_EFORMAT (an
- * incompatible or corrupted shared segment), ENCACHE_ENOLIB (Mooncake's
- * library is missing), ENCACHE_ECONFIG, ENCACHE_EUNAVAIL (Mooncake setup
- * failed), -errno, ENCACHE_ENOMEM. */
+ * taken for the default).  The scheme picks the backend: the built-in
+ * ones above, or one registered with encache_store_register().  On
+ * failure *out is NULL and encache_store_errmsg(NULL) says why.  Errors:
+ * ENCACHE_EURL, ENCACHE_EFORMAT (an incompatible or corrupted shared
+ * segment), ENCACHE_ENOLIB (Mooncake's library is missing),
+ * ENCACHE_ECONFIG, ENCACHE_EUNAVAIL (Mooncake setup failed), -errno,
+ * ENCACHE_ENOMEM. */
 ENCACHE_EXTERN int encache_store_open(const char *url, encache_store **out);
 /* Closes the handle; NULL is a no-op.  Objects stay in the Store. */
 ENCACHE_EXTERN void encache_store_close(encache_store *st);
-/* Detail of the last failed Store call made by the calling thread (on any
- * handle, including a failed open), so that threads sharing a handle never
- * see each other's messages.  Valid until that thread's next Store call.
- * Never NULL; st may be NULL. */
+/* Why the calling thread's last failed call on st failed ("" when that
+ * thread's last failure was on another handle, or none); with st NULL,
+ * why its last encache_store_open() failed.  Messages are kept per
+ * thread, so threads sharing a handle never see each other's.  Valid
+ * until that thread's next failing Store call.  Never NULL. */
 ENCACHE_EXTERN const char *encache_store_errmsg(const encache_store *st);
 /* The URL the handle was opened with (canonical form).  Owned by st. */
 ENCACHE_EXTERN const char *encache_store_url(const encache_store *st);
@@ -547,6 +550,7 @@ ENCACHE_EXTERN int encache_store_list(encache_store *st, const char *pattern,
 
 /* Counters of a Store; fields a backend does not know are UINT64_MAX. */
 typedef struct encache_store_stats {
+  size_t size;          /* sizeof(encache_store_stats): set it first */
   const char *kind;     /* "shm", ...; static storage */
   uint64_t objects;     /* objects stored */
   uint64_t bytes_used;  /* bytes held, including per-object overhead */
@@ -560,6 +564,118 @@ typedef struct encache_store_stats {
 
 ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,
                                            encache_store_stats *stats);
+
+/* ------------------------------------------------------- your own Store */
+
+/*
+ * A Store of your own, in the spirit of SQLite's VFS: fill an
+ * encache_store_backend, make handles with encache_store_new() from your
+ * open function, and register that function for a URL scheme; then
+ * encache_store_open("yours://...") and the engine's store_url reach it
+ * as they reach the built-in Stores (docs/library.md shows a whole one).
+ *
+ * Every operation gets the handle; encache_store_data() gives back the
+ * pointer you passed to encache_store_new().  An operation answers with
+ * the codes listed at encache_store (per item in results[], or for the
+ * whole call), and records why it failed with encache_store_fail(): that
+ * is the detail encache_store_errmsg() shows.  Operations may be called
+ * from several threads at once on one handle.
+ */
+#define ENCACHE_STORE_BACKEND_VERSION 1
+
+/* What a backend offers beyond the required operations (exists, read,
+ * object_size, write, remove, stats, close). */
+typedef enum encache_store_caps {
+  /* Memory must be registered before reads land in it or writes leave
+   * from it: register_buffer and unregister_buffer are given. */
+  ENCACHE_STORE_CAP_REGISTER = 1u << 0,
+  /* read_split is given: reads land straight in their destinations. */
+  ENCACHE_STORE_CAP_READ_SPLIT = 1u << 1,
+  /* list is given. */
+  ENCACHE_STORE_CAP_LIST = 1u << 2,
+  /* write is an atomic put-if-absent: of two writers of one key, one
+   * gets ENCACHE_EEXIST.  Without it the engine still checks existence
+   * before writing, but two writers may both write. */
+  ENCACHE_STORE_CAP_PUT_IF_ABSENT = 1u << 3,
+  /* Objects are shared with other processes of the host or the fleet
+   * (not only this process). */
+  ENCACHE_STORE_CAP_SHARED = 1u << 4
+} encache_store_caps;
+
+typedef struct encache_store_backend {
+  size_t size;      /* sizeof(encache_store_backend): set it first */
+  unsigned version; /* ENCACHE_STORE_BACKEND_VERSION */
+  const char *kind; /* a short name, e.g. "shm"; static storage */
+  unsigned caps;    /* encache_store_caps */
+  /* As encache_store_exists(), encache_store_read(), ... */
+  int (*exists)(encache_store *st, const char *const *keys, size_t n,
+                int *results);
+  int (*read)(encache_store *st, const char *const *keys, size_t n,
+              void *const *bufs, const size_t *caps, int64_t *results);
+  /* ENCACHE_STORE_CAP_READ_SPLIT: read() that splits each object, its
+   * first `split` bytes to heads[i] and the rest to bufs[i] (capacity
+   * caps[i]); results[i] counts the whole object, and one longer than
+   * split + caps[i] is ENCACHE_ETOOLARGE. */
+  int (*read_split)(encache_store *st, const char *const *keys, size_t n,
+                    size_t split, void *const *heads, void *const *bufs,
+                    const size_t *caps, int64_t *results);
+  int (*object_size)(encache_store *st, const char *key, uint64_t *len);
+  int (*write)(encache_store *st, const char *key, const void *hdr,
+               size_t hdr_len, const void *payload, size_t len);
+  int (*remove)(encache_store *st, const char *key);
+  /* ENCACHE_STORE_CAP_REGISTER: make [buf, buf+len) usable; undo it. */
+  int (*register_buffer)(encache_store *st, void *buf, size_t len);
+  int (*unregister_buffer)(encache_store *st, void *buf);
+  /* ENCACHE_STORE_CAP_LIST. */
+  int (*list)(encache_store *st, const char *pattern,
+              int (*cb)(const char *key, uint64_t len, void *arg), void *arg);
+  /* Fill what you know; the rest stays UINT64_MAX (kind is set). */
+  int (*stats)(encache_store *st, encache_store_stats *stats);
+  /* Release everything, the handle included (encache_store_free()). */
+  void (*close)(encache_store *st);
+} encache_store_backend;
+
+/*
+ * Makes a handle for backend b (which must outlive it) with your data and
+ * the URL to show (its password, if any, is never shown; NULL = kind
+ * ":").  Checks b: its size and version, the required operations, and
+ * that caps and the optional operations agree (ENCACHE_EINVAL, with
+ * encache_store_errmsg(NULL) naming what is wrong).  Errors also
+ * ENCACHE_ENOMEM.
+ */
+ENCACHE_EXTERN int encache_store_new(const encache_store_backend *b,
+                                     void *data, const char *url,
+                                     encache_store **out);
+/* Frees a handle made by encache_store_new() (from your close). */
+ENCACHE_EXTERN void encache_store_free(encache_store *st);
+/* The data given to encache_store_new(). */
+ENCACHE_EXTERN void *encache_store_data(const encache_store *st);
+/* The capabilities of a handle's backend (encache_store_caps). */
+ENCACHE_EXTERN unsigned encache_store_caps_of(const encache_store *st);
+/* Records why the calling thread's call on st failed (printf format) and
+ * returns rc, for `return encache_store_fail(st, ENCACHE_EUNAVAIL, ...)`. */
+ENCACHE_EXTERN int encache_store_fail(encache_store *st, int rc,
+                                      const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Opens a handle for `url` (which starts with the registered scheme and
+ * "://" or ":"); arg is what was registered.  On failure returns a
+ * negative code with *out NULL, after encache_store_fail(NULL, ...). */
+typedef int (*encache_store_open_fn)(const char *url, void *arg,
+                                     encache_store **out);
+
+/*
+ * Registers `open` for URLs "SCHEME://..." and "SCHEME:...".  A scheme is
+ * letters, digits, '+', '-', '.' (RFC 3986), at most 31 bytes; the
+ * built-in schemes and one already registered are refused
+ * (ENCACHE_EEXIST); at most 16 schemes (ENCACHE_ENOBUFS).  Thread safe.
+ */
+ENCACHE_EXTERN int encache_store_register(const char *scheme,
+                                          encache_store_open_fn open,
+                                          void *arg);
 
 /* Removes the shared-memory segment NAME (as in shm://NAME).  Processes
  * that have it open keep their mapping until they close it.  Errors:

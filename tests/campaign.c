@@ -387,7 +387,7 @@ int main(int argc, char **argv) {
     reap(&c, w, 1);
     retire(&c, w);
   }
-  encache_store_stats ss;
+  encache_store_stats ss = {.size = sizeof(ss)};
   memset(&ss, 0, sizeof(ss));
   int src = encache_store_stats_get(st, &ss);
   encache_store_close(st);

@@ -1,11 +1,14 @@
 #include "fault_store.h"
 
+#include "runner.h"
+
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* A user's Store, made through the public backend interface; its data. */
 typedef struct fault_store {
-  encache_store base;
-  encache__store_ops ops;
+  encache_store_backend ops;
   encache_store *inner;
   fault_ctl *ctl;
 } fault_store;
@@ -16,9 +19,21 @@ void fault_ctl_init(fault_ctl *ctl) {
   pthread_cond_init(&ctl->cv, NULL);
 }
 
-static fault_ctl *ctl_of(encache_store *st) { return ((fault_store *)st)->ctl; }
+static fault_ctl *ctl_of(encache_store *st) {
+  return ((fault_store *)encache_store_data(st))->ctl;
+}
 static encache_store *inner_of(encache_store *st) {
-  return ((fault_store *)st)->inner;
+  return ((fault_store *)encache_store_data(st))->inner;
+}
+
+/* The inner Store's message becomes the wrapper's (messages are scoped to
+ * the handle they are about). */
+static int fwd(encache_store *st, int rc) {
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", encache_store_errmsg(inner_of(st)));
+  if (msg[0] != '\0')
+    encache_store_fail(st, rc, "%s", msg);
+  return rc;
 }
 
 static void count(fault_ctl *c, int *field) {
@@ -33,7 +48,7 @@ static int f_exists(encache_store *st, const char *const *keys, size_t n,
   count(c, &c->exists_calls);
   if (c->exists_rc)
     return c->exists_rc;
-  int rc = inner_of(st)->ops->exists(inner_of(st), keys, n, results);
+  int rc = fwd(st, inner_of(st)->ops->exists(inner_of(st), keys, n, results));
   if (rc == 0 && c->exists_item)
     for (size_t i = 0; i < n; i++)
       results[i] = c->exists_item;
@@ -46,7 +61,8 @@ static int f_read(encache_store *st, const char *const *keys, size_t n,
   count(c, &c->read_calls);
   if (c->read_rc)
     return c->read_rc;
-  int rc = inner_of(st)->ops->read(inner_of(st), keys, n, bufs, caps, results);
+  int rc = fwd(st, inner_of(st)->ops->read(inner_of(st), keys, n, bufs, caps,
+                                           results));
   if (rc != 0)
     return rc;
   for (size_t i = 0; i < n; i++) {
@@ -67,8 +83,8 @@ static int f_read_split(encache_store *st, const char *const *keys, size_t n,
   count(c, &c->read_calls);
   if (c->read_rc)
     return c->read_rc;
-  int rc = inner_of(st)->ops->read_split(inner_of(st), keys, n, split, heads,
-                                         bufs, caps, results);
+  int rc = fwd(st, inner_of(st)->ops->read_split(inner_of(st), keys, n, split,
+                                                 heads, bufs, caps, results));
   if (rc != 0)
     return rc;
   for (size_t i = 0; i < n; i++) {
@@ -83,7 +99,7 @@ static int f_read_split(encache_store *st, const char *const *keys, size_t n,
 }
 
 static int f_size(encache_store *st, const char *key, uint64_t *len) {
-  return inner_of(st)->ops->object_size(inner_of(st), key, len);
+  return fwd(st, inner_of(st)->ops->object_size(inner_of(st), key, len));
 }
 
 static int f_write(encache_store *st, const char *key, const void *hdr,
@@ -102,8 +118,9 @@ static int f_write(encache_store *st, const char *key, const void *hdr,
   }
   int forced = c->write_rc;
   pthread_mutex_unlock(&c->mu);
-  int rc = forced ? forced
-                  : inner_of(st)->ops->write(inner_of(st), key, hdr, hl, p, n);
+  int rc = forced ? encache_store_fail(st, forced, "injected write failure")
+                  : fwd(st, inner_of(st)->ops->write(inner_of(st), key, hdr,
+                                                     hl, p, n));
   pthread_mutex_lock(&c->mu);
   c->writes_finished++;
   pthread_cond_broadcast(&c->cv);
@@ -112,7 +129,7 @@ static int f_write(encache_store *st, const char *key, const void *hdr,
 }
 
 static int f_remove(encache_store *st, const char *key) {
-  return inner_of(st)->ops->remove(inner_of(st), key);
+  return fwd(st, inner_of(st)->ops->remove(inner_of(st), key));
 }
 
 static int f_register(encache_store *st, void *buf, size_t len) {
@@ -145,38 +162,47 @@ static int f_unregister(encache_store *st, void *buf) {
 }
 
 static int f_stats(encache_store *st, encache_store_stats *s) {
-  return inner_of(st)->ops->stats(inner_of(st), s);
+  return fwd(st, inner_of(st)->ops->stats(inner_of(st), s));
 }
 
 static void f_close(encache_store *st) {
   fault_ctl *c = ctl_of(st);
   count(c, &c->close_calls);
   encache_store_close(inner_of(st));
-  free(st);
+  free(encache_store_data(st));
+  encache_store_free(st);
 }
 
 /* With registration on, the wrapper offers no split reads, as a Store that
  * reads into registered memory would not; without it, it offers them when
  * the Store it wraps does. */
-static const encache__store_ops base_ops = {
+static const encache_store_backend base_ops = {
+    .size = sizeof(encache_store_backend),
+    .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "fault", .exists = f_exists, .read = f_read,
     .object_size = f_size, .write = f_write, .remove = f_remove,
     .stats = f_stats, .close = f_close};
 
 encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl) {
   fault_store *s = calloc(1, sizeof(*s));
+  ASSERT(s != NULL);
   s->ops = base_ops;
   if (ctl->registration) {
+    s->ops.caps |= ENCACHE_STORE_CAP_REGISTER;
     s->ops.register_buffer = f_register;
     s->ops.unregister_buffer = f_unregister;
-  } else if (inner->ops->read_split != NULL) {
+  } else if (encache_store_caps_of(inner) & ENCACHE_STORE_CAP_READ_SPLIT) {
+    s->ops.caps |= ENCACHE_STORE_CAP_READ_SPLIT;
     s->ops.read_split = f_read_split;
   }
-  s->base.ops = &s->ops;
-  s->base.url = NULL;
   s->inner = inner;
   s->ctl = ctl;
-  return &s->base;
+  encache_store *st = NULL;
+  int rc = encache_store_new(&s->ops, s, "fault:", &st);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "encache_store_new: %s: %s",
+               encache_err_name(rc), encache_store_errmsg(NULL));
+  return st;
 }
 
 void fault_release_writes(fault_ctl *ctl) {

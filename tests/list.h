@@ -30,6 +30,11 @@
   XX(config_mooncake_file_and_env)                                           \
   XX(config_parse_size)                                                      \
   XX(config_out_of_memory_every_allocation)                                  \
+  XX(backend_checks_name_what_is_wrong)                                      \
+  XX(backend_registration_rules)                                             \
+  XX(backend_user_store_round_trip_and_messages)                             \
+  XX(backend_answers_classified_once)                                        \
+  XX(backend_allocator_hook_sees_every_block)                                \
   XX(store_roundtrip_sizes)                                                  \
   XX(store_never_replaces)                                                   \
   XX(store_batches_mix_present_and_absent)                                   \

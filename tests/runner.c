@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "list.h"
+#include "dir_store.h"
 
 #include "encache.h"
 
@@ -108,6 +109,12 @@ int main(int argc, char **argv) {
   unsigned timeout = t ? (unsigned)atoi(t) : 120;
   int failed = 0, ran = 0;
 
+  /* The Store of a user's own (tests/dir_store.c), as a program would
+   * register it at start-up. */
+  if (dir_store_register() != 0) {
+    fprintf(stderr, "registering testdir://: %s\n", encache_store_errmsg(NULL));
+    return 1;
+  }
   size_t planned = 0;
   for (size_t i = 0; i < n; i++)
     planned += (size_t)selected(tests[i].name, argc, argv);

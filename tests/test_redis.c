@@ -892,7 +892,7 @@ TEST(redis_stats_of_an_unreachable_cluster_fail) {
            "redis-cluster://127.0.0.1:%d?connect_timeout_ms=300", free_port());
   encache_store *st = NULL;
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), ENCACHE_EUNAVAIL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "Connection refused");
   encache_store_close(st);

@@ -178,7 +178,7 @@ TEST(shm_refuses_foreign_or_corrupt_header) {
 TEST(shm_evicts_when_full_and_refuses_too_large) {
   char url[128];
   encache_store *st = seg_open("4MiB", url, sizeof(url));
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT_EQ_STR(s.kind, "shm");
   uint64_t cap = s.capacity;
@@ -228,7 +228,7 @@ TEST(shm_second_chance_keeps_read_objects) {
   }
   assert_hit(st, "hot", 64 << 10);
   ASSERT_EQ_INT(read_one(st, "cold", out, 64 << 10), ENCACHE_ENOENT);
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT(s.reinsertions >= 5);
   free(out);
@@ -284,7 +284,7 @@ TEST(shm_repairs_after_lock_holder_dies) {
     ASSERT_EQ_INT(read_one(st, key, out, sizeof(out)), 10000);
     ASSERT(ts_verify(key, out, 10000));
   }
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT_EQ_U64(s.repairs, 1);
   ASSERT_EQ_U64(s.objects, 20);
@@ -357,7 +357,7 @@ TEST(shm_repairs_corrupted_index) {
   }
   poke(seg_name, 4096 + 5 * 72, junk, sizeof(junk));
   st = reopen(url);
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT(s.repairs >= 1);
   ASSERT(s.objects < 40);
@@ -547,7 +547,7 @@ TEST(shm_sigkill_writers_at_random_moments) {
   /* Consistent afterwards: every object verifies, and the Store works. */
   ASSERT_EQ_INT(encache_store_list(st, NULL, verify_all_cb, st), 0);
   ASSERT_EQ_INT(run_workers(url, 2, 0.5, 7), 0);
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT(s.bytes_used <= s.capacity);
   fprintf(stderr, "# %d kills, %llu repairs, %llu objects\n", kills,

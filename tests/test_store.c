@@ -263,7 +263,7 @@ TEST(store_list_and_stats) {
   }
   ASSERT_EQ_INT(rc, 0);
   ASSERT_EQ_INT(n, 5);
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT(s.kind != NULL);
   encache_store_close(st);

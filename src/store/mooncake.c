@@ -358,7 +358,11 @@ static void mc_close(encache_store *st) {
 }
 
 static const encache__store_ops mooncake_ops = {
+    .size = sizeof(encache__store_ops),
+    .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "mooncake",
+    .caps = ENCACHE_STORE_CAP_REGISTER | ENCACHE_STORE_CAP_PUT_IF_ABSENT |
+            ENCACHE_STORE_CAP_SHARED,
     .exists = mc_exists,
     .read = mc_read,
     .object_size = mc_object_size,

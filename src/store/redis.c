@@ -1424,7 +1424,11 @@ static void redis_close(encache_store *st) {
 }
 
 static const encache__store_ops redis_ops = {
+    .size = sizeof(encache__store_ops),
+    .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "redis",
+    .caps = ENCACHE_STORE_CAP_READ_SPLIT | ENCACHE_STORE_CAP_LIST |
+            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED,
     .exists = redis_exists,
     .read = redis_read,
     .read_split = redis_read_split,

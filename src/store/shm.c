@@ -1700,7 +1700,11 @@ static void shm_close(encache_store *st) {
 }
 
 static const encache__store_ops shm_ops = {
+    .size = sizeof(encache__store_ops),
+    .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "shm",
+    .caps = ENCACHE_STORE_CAP_READ_SPLIT | ENCACHE_STORE_CAP_LIST |
+            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED,
     .exists = shm_exists,
     .read = shm_read,
     .read_split = shm_read_split,

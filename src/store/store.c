@@ -1,24 +1,36 @@
 /*
- * store.c: opening a Store from its URL, and the public encache_store_*
- * functions, which check arguments once and forward to the backend.
+ * store.c: the one door to every Store: the scheme table (built-in and
+ * registered backends), handles of users' backends, the calling thread's
+ * messages, the one classification of answers, and the public
+ * encache_store_* functions, which check arguments once and forward to
+ * the backend.
  */
 #include "store.h"
 
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Messages are per thread, so that threads sharing a handle never see or
- * clobber each other's. */
-static _Thread_local char last_msg[512];
+ * clobber each other's, and scoped to the handle they are about. */
+static _Thread_local struct {
+  const encache_store *st; /* NULL: an open */
+  char msg[512];
+} last;
 
-int encache__store_fail(encache_store *st, int rc, const char *fmt, ...) {
-  (void)st;
+int encache_store_fail(encache_store *st, int rc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_msg, sizeof(last_msg), fmt, ap);
+  vsnprintf(last.msg, sizeof(last.msg), fmt, ap);
   va_end(ap);
+  last.st = st;
   return rc;
+}
+
+const char *encache_store_errmsg(const encache_store *st) {
+  return last.st == st ? last.msg : "";
 }
 
 int encache__query_next(encache__query *q, char *key, size_t ksize, char *val,
@@ -41,9 +53,95 @@ int encache__query_next(encache__query *q, char *key, size_t ksize, char *val,
   return 1;
 }
 
+/* A copy of url as shown: user kept, password never. */
+static char *redact_url(const char *url) {
+  return encache__strdup(url);
+}
+
+/* ---------------------------------------------------------------- schemes */
+
+/* The built-in schemes, then the registered ones: one table that every
+ * open goes through. */
+typedef struct scheme {
+  char name[32];
+  encache_store_open_fn open;
+  void *arg;
+} scheme;
+
+static int open_shm(const char *url, void *arg, encache_store **out) {
+  (void)arg;
+  return encache__shm_open(url, out);
+}
+static int open_redis(const char *url, void *arg, encache_store **out) {
+  (void)arg;
+  return encache__redis_open(url, out);
+}
+static int open_mooncake(const char *url, void *arg, encache_store **out) {
+  (void)arg;
+  return encache__mooncake_open(url, out);
+}
+
+enum { BUILTIN_SCHEMES = 5, MAX_SCHEMES = BUILTIN_SCHEMES + 16 };
+static scheme schemes[MAX_SCHEMES] = {
+    {"shm", open_shm, NULL},
+    {"redis", open_redis, NULL},
+    {"redis-cluster", open_redis, NULL},
+    {"unix", open_redis, NULL},
+    {"mooncake", open_mooncake, NULL}};
+static size_t nschemes = BUILTIN_SCHEMES; /* atomic: read without mu */
+static pthread_mutex_t schemes_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The entry whose name is the URL's scheme (before "://" or ":"). */
+static const scheme *find_scheme(const char *url) {
+  size_t n = __atomic_load_n(&nschemes, __ATOMIC_ACQUIRE);
+  size_t len = strcspn(url, ":");
+  if (url[len] != ':')
+    return NULL;
+  for (size_t i = 0; i < n; i++)
+    if (strlen(schemes[i].name) == len &&
+        strncmp(schemes[i].name, url, len) == 0)
+      return &schemes[i];
+  return NULL;
+}
+
+int encache_store_register(const char *name, encache_store_open_fn open,
+                           void *arg) {
+  if (name == NULL || open == NULL)
+    return encache_store_fail(NULL, ENCACHE_EINVAL,
+                              "encache_store_register: NULL scheme or open");
+  size_t len = strlen(name);
+  if (len == 0 || len >= sizeof(schemes[0].name) ||
+      strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                   "0123456789+-.") != len)
+    return encache_store_fail(NULL, ENCACHE_EINVAL,
+                              "\"%.40s\": not a URL scheme (1 to 31 letters, "
+                              "digits, '+', '-', '.')", name);
+  pthread_mutex_lock(&schemes_mu);
+  char probe[40];
+  snprintf(probe, sizeof(probe), "%s:", name);
+  int rc = 0;
+  if (find_scheme(probe) != NULL) {
+    rc = encache_store_fail(NULL, ENCACHE_EEXIST,
+                            "the Store scheme %s: is already taken", name);
+  } else if (nschemes == MAX_SCHEMES) {
+    rc = encache_store_fail(NULL, ENCACHE_ENOBUFS,
+                            "cannot register %s: %d schemes at most", name,
+                            MAX_SCHEMES - BUILTIN_SCHEMES);
+  } else {
+    scheme *e = &schemes[nschemes];
+    memcpy(e->name, name, len + 1);
+    e->open = open;
+    e->arg = arg;
+    __atomic_store_n(&nschemes, nschemes + 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&schemes_mu);
+  return rc;
+}
+
 int encache_store_open(const char *url, encache_store **out) {
   if (out == NULL)
-    return ENCACHE_EINVAL;
+    return encache_store_fail(NULL, ENCACHE_EINVAL,
+                              "encache_store_open: out is NULL");
   *out = NULL;
   if (url == NULL) {
     url = getenv("ENCACHE_STORE");
@@ -51,24 +149,34 @@ int encache_store_open(const char *url, encache_store **out) {
       url = ENCACHE_DEFAULT_STORE;
   } else if (url[0] == '\0') {
     /* Never the default in disguise: it would create a 1 GiB segment. */
-    return encache__store_fail(NULL, ENCACHE_EURL,
-                               "empty Store URL: give one (shm://NAME?size=..., "
-                               "redis://host:port, redis-cluster://..., "
-                               "unix:///path, mooncake:) or none for the "
-                               "default (%s)", ENCACHE_DEFAULT_STORE);
+    return encache_store_fail(NULL, ENCACHE_EURL,
+                              "empty Store URL: give one (shm://NAME?size=..., "
+                              "redis://host:port, redis-cluster://..., "
+                              "unix:///path, mooncake:) or none for the "
+                              "default (%s)", ENCACHE_DEFAULT_STORE);
   }
-  if (strncmp(url, "shm://", 6) == 0)
-    return encache__shm_open(url, out);
-  if (strncmp(url, "redis://", 8) == 0 ||
-      strncmp(url, "redis-cluster://", 16) == 0 ||
-      strncmp(url, "unix://", 7) == 0)
-    return encache__redis_open(url, out);
-  if (strncmp(url, "mooncake:", 9) == 0)
-    return encache__mooncake_open(url, out);
-  return encache__store_fail(NULL, ENCACHE_EURL,
-                             "%.200s: unknown Store URL scheme (known: shm://, "
-                             "redis://, redis-cluster://, unix://, mooncake:)",
-                             url);
+  const scheme *e = find_scheme(url);
+  if (e == NULL)
+    return encache_store_fail(NULL, ENCACHE_EURL,
+                              "%.200s: unknown Store URL scheme (known: shm://, "
+                              "redis://, redis-cluster://, unix://, mooncake:, "
+                              "and those registered)", url);
+  encache_store *st = NULL;
+  int rc = e->open(url, e->arg, &st);
+  if (rc < 0 && st != NULL) {
+    /* No handle on failure: its message becomes the open's. */
+    char msg[sizeof(last.msg)];
+    snprintf(msg, sizeof(msg), "%s", encache_store_errmsg(st));
+    encache_store_close(st);
+    encache_store_fail(NULL, rc, "%s", msg);
+    st = NULL;
+  } else if (rc < 0 && last.st != NULL) {
+    last.st = NULL;
+  } else if (rc >= 0) {
+    ENCACHE_ASSERT(st != NULL && encache__backend_check(st->ops) == 0);
+  }
+  *out = st;
+  return rc < 0 ? rc : 0;
 }
 
 void encache_store_close(encache_store *st) {
@@ -76,10 +184,82 @@ void encache_store_close(encache_store *st) {
     st->ops->close(st);
 }
 
-const char *encache_store_errmsg(const encache_store *st) {
-  (void)st;
-  return last_msg;
+/* --------------------------------------------------------- your own Store */
+
+int encache__backend_check(const encache_store_backend *b) {
+  static const struct {
+    unsigned cap;
+    size_t off;
+    const char *name;
+  } optional[] = {
+      {ENCACHE_STORE_CAP_READ_SPLIT, offsetof(encache_store_backend, read_split), "read_split"},
+      {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, register_buffer), "register_buffer"},
+      {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, unregister_buffer), "unregister_buffer"},
+      {ENCACHE_STORE_CAP_LIST, offsetof(encache_store_backend, list), "list"}};
+  if (b == NULL || b->size < sizeof(*b) ||
+      b->version != ENCACHE_STORE_BACKEND_VERSION)
+    return encache_store_fail(NULL, ENCACHE_EINVAL,
+                              "Store backend: size %zu or version %u is not "
+                              "this library's (%zu, %u)", b ? b->size : 0,
+                              b ? b->version : 0, sizeof(*b),
+                              ENCACHE_STORE_BACKEND_VERSION);
+  if (b->kind == NULL || b->exists == NULL || b->read == NULL ||
+      b->object_size == NULL || b->write == NULL || b->remove == NULL ||
+      b->stats == NULL || b->close == NULL)
+    return encache_store_fail(NULL, ENCACHE_EINVAL,
+                              "Store backend %s: kind, exists, read, "
+                              "object_size, write, remove, stats and close "
+                              "are required", b->kind ? b->kind : "(no kind)");
+  for (size_t i = 0; i < sizeof(optional) / sizeof(optional[0]); i++) {
+    int given = *(void *const *)((const char *)b + optional[i].off) != NULL;
+    if (given != ((b->caps & optional[i].cap) != 0))
+      return encache_store_fail(NULL, ENCACHE_EINVAL,
+                                "Store backend %s: %s is %s but its capability "
+                                "flag is %s", b->kind, optional[i].name,
+                                given ? "given" : "NULL", given ? "off" : "on");
+  }
+  return 0;
 }
+
+int encache_store_new(const encache_store_backend *b, void *data,
+                      const char *url, encache_store **out) {
+  if (out == NULL)
+    return encache_store_fail(NULL, ENCACHE_EINVAL,
+                              "encache_store_new: out is NULL");
+  *out = NULL;
+  int rc = encache__backend_check(b);
+  if (rc < 0)
+    return rc;
+  encache_store *st = encache__calloc(1, sizeof(*st));
+  st->url = st ? redact_url(url ? url : b->kind) : NULL;
+  if (st == NULL || st->url == NULL) {
+    encache__free(st);
+    return encache_store_fail(NULL, ENCACHE_ENOMEM,
+                              "out of memory making a %s Store handle",
+                              b->kind);
+  }
+  st->ops = b;
+  st->data = data;
+  *out = st;
+  return 0;
+}
+
+void encache_store_free(encache_store *st) {
+  if (st != NULL) {
+    encache__free(st->url);
+    encache__free(st);
+  }
+}
+
+void *encache_store_data(const encache_store *st) {
+  return st != NULL ? st->data : NULL;
+}
+
+unsigned encache_store_caps_of(const encache_store *st) {
+  return st != NULL ? st->ops->caps : 0;
+}
+
+/* ------------------------------------------------------------- operations */
 
 const char *encache_store_url(const encache_store *st) {
   return st != NULL && st->url != NULL ? st->url : "";
@@ -137,7 +317,7 @@ int encache_store_list(encache_store *st, const char *pattern,
                        void *arg) {
   if (st == NULL || cb == NULL)
     return ENCACHE_EINVAL;
-  if (st->ops->list == NULL)
+  if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST))
     return encache__store_fail(st, ENCACHE_EINVAL,
                                "the %s Store cannot list its keys",
                                st->ops->kind);
@@ -147,9 +327,18 @@ int encache_store_list(encache_store *st, const char *pattern,
 int encache_store_stats_get(encache_store *st, encache_store_stats *stats) {
   if (st == NULL || stats == NULL)
     return ENCACHE_EINVAL;
-  memset(stats, 0xff, sizeof(*stats));
-  stats->kind = st->ops->kind;
-  return st->ops->stats(st, stats);
+  encache_store_stats full;
+  memset(&full, 0xff, sizeof(full));
+  full.size = sizeof(full);
+  full.kind = st->ops->kind;
+  int rc = st->ops->stats(st, &full);
+  if (rc < 0)
+    return rc;
+  rc = encache__struct_out(stats, &full, sizeof(full), sizeof(full));
+  return rc < 0 ? encache_store_fail(st, rc, "encache_store_stats: size %zu "
+                                     "is below API 1.0's %zu", stats->size,
+                                     sizeof(full))
+                : 0;
 }
 
 int encache_store_classify(int64_t rc) {

@@ -5,7 +5,8 @@
  *
  * Results are classified once, here in the backend, into the codes listed
  * at encache_store in encache.h; nobody above a backend interprets a
- * backend's native codes.  A per-item ENCACHE_EINVAL means the backend
+ * backend's native codes, and the engine reads those codes only through
+ * encache_store_classify().  A per-item ENCACHE_EINVAL means the backend
  * refused that item (a key it cannot hold): certainly not done, so the
  * engine treats it as recoverable.  A backend that wraps another (the
  * fault-injecting wrapper of the tests) holds the inner handle and
@@ -21,44 +22,25 @@
 
 #include <stdarg.h>
 
-typedef struct encache__store_ops {
-  const char *kind;
-  int (*exists)(encache_store *st, const char *const *keys, size_t n,
-                int *results);
-  int (*read)(encache_store *st, const char *const *keys, size_t n,
-              void *const *bufs, const size_t *caps, int64_t *results);
-  /* Optional (NULL = not offered): read() that splits each object, its
-   * first `split` bytes to heads[i] and the rest to bufs[i] (capacity
-   * caps[i]); results[i] counts the whole object, and one longer than
-   * split + caps[i] is ENCACHE_ETOOLARGE.  Lets the engine read payloads
-   * straight into their destinations, with no staging copy. */
-  int (*read_split)(encache_store *st, const char *const *keys, size_t n,
-                    size_t split, void *const *heads, void *const *bufs,
-                    const size_t *caps, int64_t *results);
-  int (*object_size)(encache_store *st, const char *key, uint64_t *len);
-  int (*write)(encache_store *st, const char *key, const void *hdr,
-               size_t hdr_len, const void *payload, size_t len);
-  int (*remove)(encache_store *st, const char *key);
-  /* Optional (NULL = not needed): make [buf, buf+len) usable as a read
-   * destination / write source; undo it. */
-  int (*register_buffer)(encache_store *st, void *buf, size_t len);
-  int (*unregister_buffer)(encache_store *st, void *buf);
-  /* Optional (NULL = ENCACHE_EINVAL). */
-  int (*list)(encache_store *st, const char *pattern,
-              int (*cb)(const char *key, uint64_t len, void *arg), void *arg);
-  int (*stats)(encache_store *st, encache_store_stats *stats);
-  void (*close)(encache_store *st);
-} encache__store_ops;
+/* The built-in backends fill the public encache_store_backend
+ * (include/encache.h) as a user's backend does. */
+typedef encache_store_backend encache__store_ops;
 
-/* The common head of every backend's handle. */
+/* The common head of every handle: a built-in backend's handle starts
+ * with it; a user's backend gets a bare one from encache_store_new(). */
 struct encache_store {
-  const encache__store_ops *ops;
-  char *url;
+  const encache_store_backend *ops;
+  char *url;  /* as shown: never holds a password */
+  void *data; /* encache_store_new()'s data */
 };
 
 /* Records the calling thread's Store error message and returns rc. */
-int encache__store_fail(encache_store *st, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define encache__store_fail encache_store_fail
+
+/* The one check of a backend table, for encache_store_new() and for the
+ * built-in backends (asserted at open): 0, or ENCACHE_EINVAL with the
+ * calling thread's message naming what is wrong. */
+int encache__backend_check(const encache_store_backend *b);
 
 /* Query-string helpers for URL parsing: iterates "k=v&k=v". */
 typedef struct encache__query {

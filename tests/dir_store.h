@@ -1,0 +1,15 @@
+/*
+ * dir_store.h: a Store of a user's own in a directory (tests/dir_store.c),
+ * made with the public backend interface only.
+ */
+#ifndef ENCACHE_TEST_DIR_STORE_H
+#define ENCACHE_TEST_DIR_STORE_H
+
+#include "encache.h"
+
+/* Registers the scheme testdir:// (testdir:///absolute/directory). */
+int dir_store_register(void);
+/* Its backend table, for tests of encache_store_new()'s checks. */
+const encache_store_backend *dir_store_backend(void);
+
+#endif

@@ -1,0 +1,174 @@
+/*
+ * The Store door (src/store/store.c): users' backends and their checks,
+ * scheme registration, messages scoped to handles, the one classification
+ * of answers, callers' struct sizes, and the allocator hook.
+ */
+#include "runner.h"
+#include "dir_store.h"
+#include "store_util.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+static char dir_url[256];
+
+/* A fresh testdir:// Store in a private directory (removed at exit). */
+static void remove_dir(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir_url + strlen("testdir://"));
+  if (system(cmd) != 0)
+    fprintf(stderr, "# could not remove %s\n", dir_url);
+}
+
+static encache_store *open_dir(void) {
+  snprintf(dir_url, sizeof(dir_url), "testdir:///tmp/encache-dir-%d",
+           (int)getpid());
+  atexit(remove_dir);
+  encache_store *st = NULL;
+  int rc = encache_store_open(dir_url, &st);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "open %s: %s", dir_url,
+               encache_store_errmsg(NULL));
+  return st;
+}
+
+TEST(backend_checks_name_what_is_wrong) {
+  encache_store_backend b = *dir_store_backend();
+  encache_store *st = (encache_store *)1;
+  b.version = 2;
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
+  ASSERT(st == NULL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "version 2");
+  b = *dir_store_backend();
+  b.size = sizeof(b) - sizeof(void *);
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
+  b = *dir_store_backend();
+  b.remove = NULL;
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "are required");
+  b = *dir_store_backend();
+  b.caps &= ~(unsigned)ENCACHE_STORE_CAP_LIST; /* list given, flag off */
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "list is given");
+  b = *dir_store_backend();
+  b.caps |= ENCACHE_STORE_CAP_READ_SPLIT; /* flag on, no function */
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "read_split is NULL");
+  b = *dir_store_backend();
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, "x://u:p@h", &st), 0);
+  ASSERT_EQ_INT(encache_store_caps_of(st), b.caps);
+  encache_store_free(st);
+}
+
+static int never_open(const char *url, void *arg, encache_store **out) {
+  (void)url;
+  (void)arg;
+  *out = NULL;
+  return encache_store_fail(NULL, ENCACHE_EUNAVAIL, "never opens");
+}
+
+TEST(backend_registration_rules) {
+  ASSERT_EQ_INT(encache_store_register("shm", never_open, NULL), ENCACHE_EEXIST);
+  ASSERT_EQ_INT(encache_store_register("testdir", never_open, NULL),
+                ENCACHE_EEXIST);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "already taken");
+  ASSERT_EQ_INT(encache_store_register("a/b", never_open, NULL), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_store_register("", never_open, NULL), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_store_register("ok", NULL, NULL), ENCACHE_EINVAL);
+  /* Up to 16 schemes (testdir is one); a failing open leaves no handle. */
+  int registered = 1;
+  for (int i = 0; i < 20; i++) {
+    char name[16];
+    snprintf(name, sizeof(name), "never%d", i);
+    int rc = encache_store_register(name, never_open, NULL);
+    ASSERT(rc == 0 || rc == ENCACHE_ENOBUFS);
+    registered += rc == 0;
+  }
+  ASSERT_EQ_INT(registered, 16);
+  encache_store *st = (encache_store *)1;
+  ASSERT_EQ_INT(encache_store_open("never3://anything", &st), ENCACHE_EUNAVAIL);
+  ASSERT(st == NULL);
+  ASSERT_EQ_STR(encache_store_errmsg(NULL), "never opens");
+  ASSERT_EQ_INT(encache_store_open("never19://x", &st), ENCACHE_EURL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "unknown Store URL scheme");
+}
+
+TEST(backend_user_store_round_trip_and_messages) {
+  encache_store *st = open_dir();
+  ASSERT_EQ_STR(encache_store_url(st), dir_url);
+  ASSERT_EQ_INT(encache_store_caps_of(st) & ENCACHE_STORE_CAP_PUT_IF_ABSENT,
+                ENCACHE_STORE_CAP_PUT_IF_ABSENT);
+  ASSERT_EQ_INT(encache_store_write(st, "k1", "hdr", 3, "payload", 7), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "k1", "x", 1, NULL, 0), ENCACHE_EEXIST);
+  /* The message belongs to this handle and this thread. */
+  ASSERT_CONTAINS(encache_store_errmsg(st), "k1 exists");
+  encache_store *other = open_dir();
+  ASSERT_EQ_STR(encache_store_errmsg(other), "");
+  char buf[16];
+  void *bufs[1] = {buf};
+  size_t caps[1] = {sizeof(buf)};
+  const char *keys[1] = {"k1"};
+  int64_t res[1];
+  ASSERT_EQ_INT(encache_store_read(other, keys, 1, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], 10);
+  ASSERT_EQ_MEM(buf, "hdrpayload", 10);
+  encache_store_close(other);
+  /* Stats through a caller's struct of another size. */
+  struct {
+    encache_store_stats s;
+    uint64_t future_field;
+  } big;
+  memset(&big, 0x77, sizeof(big));
+  big.s.size = sizeof(big);
+  ASSERT_EQ_INT(encache_store_stats_get(st, &big.s), 0);
+  ASSERT_EQ_STR(big.s.kind, "testdir");
+  ASSERT_EQ_U64(big.s.objects, 1);
+  ASSERT_EQ_U64(big.future_field, 0); /* what this library does not know */
+  encache_store_stats small = {.size = offsetof(encache_store_stats, kind)};
+  ASSERT_EQ_INT(encache_store_stats_get(st, &small), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "below API 1.0");
+  encache_store_close(st);
+}
+
+TEST(backend_answers_classified_once) {
+  static const struct {
+    int64_t rc;
+    int answer;
+  } table[] = {{0, ENCACHE_ANSWER_OK},
+               {1, ENCACHE_ANSWER_OK},
+               {1 << 20, ENCACHE_ANSWER_OK},
+               {ENCACHE_ENOENT, ENCACHE_ANSWER_ABSENT},
+               {ENCACHE_EEXIST, ENCACHE_ANSWER_EXISTS},
+               {ENCACHE_ETOOLARGE, ENCACHE_ANSWER_TOO_LARGE},
+               {ENCACHE_EUNAVAIL, ENCACHE_ANSWER_RECOVERABLE},
+               {ENCACHE_EINVAL, ENCACHE_ANSWER_RECOVERABLE},
+               {ENCACHE_ENOMEM, ENCACHE_ANSWER_RECOVERABLE},
+               {ENCACHE_EUNCONFIRMED, ENCACHE_ANSWER_UNCONFIRMED},
+               {ENCACHE_EIO, ENCACHE_ANSWER_UNCONFIRMED},
+               {-30699, ENCACHE_ANSWER_UNCONFIRMED},
+               {INT64_MIN, ENCACHE_ANSWER_UNCONFIRMED}};
+  for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+    ASSERT_EQ_INT(encache_store_classify(table[i].rc), table[i].answer);
+}
+
+static long counted[3]; /* malloc-like, aligned, free */
+static void *count_malloc(size_t n) { counted[0]++; return malloc(n); }
+static void *count_calloc(size_t n, size_t s) { counted[0]++; return calloc(n, s); }
+static void *count_realloc(void *p, size_t n) { counted[0]++; return realloc(p, n); }
+static void count_free(void *p) { counted[2]++; free(p); }
+
+TEST(backend_allocator_hook_sees_every_block) {
+  encache_allocfuncs half = {sizeof(half), count_malloc, NULL, NULL, NULL, NULL};
+  ASSERT_EQ_INT(encache_set_allocators(&half, NULL), ENCACHE_EINVAL);
+  encache_allocfuncs f = {sizeof(f), count_malloc, count_calloc, count_realloc,
+                          count_free, NULL};
+  ASSERT_EQ_INT(encache_set_allocators(&f, NULL), 0);
+  encache_store *st = ts_open("16MiB");
+  ASSERT_EQ_INT(encache_store_write(st, "a", "x", 1, NULL, 0), 0);
+  encache_store_close(st);
+  encache_allocfuncs old = {.size = sizeof(old)};
+  ASSERT_EQ_INT(encache_set_allocators(NULL, &old), 0);
+  ASSERT(old.malloc_fn == count_malloc && old.free_fn == count_free);
+  ASSERT(counted[0] > 0);
+  ASSERT_EQ_INT(counted[2], counted[0]); /* every block came back */
+}
