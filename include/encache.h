@@ -44,13 +44,13 @@ extern "C" {
 
 /* ---------------------------------------------------------------- version */
 
-#define ENCACHE_VERSION_MAJOR 0
-#define ENCACHE_VERSION_MINOR 1
+#define ENCACHE_VERSION_MAJOR 1
+#define ENCACHE_VERSION_MINOR 0
 #define ENCACHE_VERSION_PATCH 0
 #define ENCACHE_VERSION_HEX                                                  \
   ((ENCACHE_VERSION_MAJOR << 16) | (ENCACHE_VERSION_MINOR << 8) |            \
    (ENCACHE_VERSION_PATCH))
-#define ENCACHE_VERSION_STRING "0.1.0"
+#define ENCACHE_VERSION_STRING "1.0.0"
 
 /* The version of the library actually loaded, as "MAJOR.MINOR.PATCH".
  * Static storage; never free it. */

@@ -255,7 +255,7 @@ int cmd_stats(const tool_globals *g, int argc, char **argv) {
   encache_store *st = open_store("stats", g);
   if (st == NULL)
     return EXIT_FAIL;
-  encache_store_stats s;
+  encache_store_stats s = {.size = sizeof(s)};
   int r = encache_store_stats_get(st, &s);
   if (r < 0) {
     fprintf(stderr, "encache stats: %s\n", encache_store_errmsg(st));
