@@ -1,4 +1,5 @@
-/* The v3 object header: the normative vector, acceptance cases 3, 8, 10. */
+/* The v3 object header: the vectors of docs/format.md, acceptance cases 3, 8
+ * and 10 of docs/behaviour.md. */
 #include "runner.h"
 
 #include "encache.h"

@@ -1,4 +1,4 @@
-/* Keys: the normative vectors of spec/v3-format.md (acceptance case 1). */
+/* Keys: the vectors of docs/format.md (acceptance case 1 of behaviour.md). */
 #include "runner.h"
 
 #include "encache.h"
