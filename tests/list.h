@@ -10,6 +10,8 @@
   XX(keys_size_query_and_short_buffer)                                       \
   XX(keys_refuse_bad_input)                                                  \
   XX(keys_long_components_verbatim)                                          \
+  XX(keys_vector_python_str_fields)                                          \
+  XX(keys_vector_default_encoder_hash)                                       \
   XX(codec_normative_vector)                                                 \
   XX(codec_roundtrip_every_dtype)                                            \
   XX(codec_refuses_non_matrices)                                             \
@@ -18,6 +20,8 @@
   XX(codec_decode_is_endian_independent)                                     \
   XX(codec_describe)                                                         \
   XX(codec_payload_size_overflow)                                            \
+  XX(codec_vector_constants_and_16bit_objects)                               \
+  XX(codec_vector_check_order)                                               \
   XX(config_defaults)                                                        \
   XX(config_reference_options_accepted)                                      \
   XX(config_bad_limits_name_the_option)                                      \

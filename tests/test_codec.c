@@ -1,4 +1,5 @@
-/* The v3 object header: the normative vector, acceptance cases 3, 8, 10. */
+/* The v3 object header: the vectors of docs/format.md, acceptance cases 3, 8
+ * and 10 of docs/behaviour.md. */
 #include "runner.h"
 
 #include "encache.h"
@@ -213,4 +214,63 @@ TEST(codec_payload_size_overflow) {
   ASSERT_EQ_INT(encache_payload_size(ENCACHE_FLOAT16, 3, 5, &n), 0);
   ASSERT_EQ_U64(n, 30);
   ASSERT_EQ_INT(encache_payload_size(3, 1, 1, &n), ENCACHE_EDTYPE);
+}
+
+/* docs/format.md: the wire constants, and one object of each 16-bit dtype
+ * (the float16 one is vLLM's own header test; the bfloat16 one holds 1.0
+ * and -2.0). */
+TEST(codec_vector_constants_and_16bit_objects) {
+  ASSERT_EQ_INT(ENCACHE_HEADER_SIZE, 24);
+  ASSERT_EQ_U64(ENCACHE_MAGIC, 0x4D4F4F4Eu);
+  ASSERT_EQ_INT(ENCACHE_FLOAT32, 0);
+  ASSERT_EQ_INT(ENCACHE_FLOAT16, 11);
+  ASSERT_EQ_INT(ENCACHE_BFLOAT16, 12);
+  static const unsigned char f16_1x3[30] = {
+      0x4e, 0x4f, 0x4f, 0x4d, 0x0b, 0, 0, 0, 0x01, 0, 0, 0, 0, 0, 0, 0,
+      0x03, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0x3c, 0x00, 0x40};
+  static const unsigned char bf16_1x2[28] = {
+      0x4e, 0x4f, 0x4f, 0x4d, 0x0c, 0, 0, 0, 0x01, 0, 0, 0, 0, 0, 0, 0,
+      0x02, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x3f, 0x00, 0xc0};
+  /* The payloads as the host holds them: 0, 1, 2 in float16 and 1.0, -2.0
+   * in bfloat16.  Their bytes are the vector's on a little-endian host. */
+  static const uint16_t f16[3] = {0x0000, 0x3c00, 0x4000};
+  static const uint16_t bf16[2] = {0x3f80, 0xc000};
+  const unsigned one = 1;
+  const int little = *(const unsigned char *)&one == 1;
+  unsigned char obj[32];
+  ASSERT_EQ_INT(build(obj, ENCACHE_FLOAT16, 1, 3, f16), 30);
+  ASSERT_EQ_MEM(obj, f16_1x3, little ? 30 : 24);
+  encache_contract c16 = {ENCACHE_FLOAT16, 1, 3};
+  ASSERT_EQ_INT(encache_object_check(f16_1x3, 30, &c16, NULL),
+                ENCACHE_COMPATIBLE);
+  ASSERT_EQ_INT(build(obj, ENCACHE_BFLOAT16, 1, 2, bf16), 28);
+  ASSERT_EQ_MEM(obj, bf16_1x2, little ? 28 : 24);
+  encache_contract cbf = {ENCACHE_BFLOAT16, 1, 2};
+  ASSERT_EQ_INT(encache_object_check(bf16_1x2, 28, &cbf, NULL),
+                ENCACHE_COMPATIBLE);
+}
+
+/* docs/format.md, "Judging an object": with two defects at once, the first
+ * in the order length, magic, dtype, shape is the one reported. */
+TEST(codec_vector_check_order) {
+  encache_contract c = {ENCACHE_FLOAT32, 2, 2};
+  unsigned char obj[48];
+  /* length and magic wrong: length */
+  memcpy(obj, vector_2x2, 40);
+  obj[0] = 0;
+  ASSERT_EQ_INT(encache_object_check(obj, 39, &c, NULL), ENCACHE_BAD_LENGTH);
+  /* magic and dtype wrong, length right: magic */
+  obj[4] = 12; /* bfloat16 */
+  ASSERT_EQ_INT(encache_object_check(obj, 40, &c, NULL), ENCACHE_BAD_MAGIC);
+  /* dtype and shape wrong, length right (bfloat16 2x4 = float32 2x2 in
+   * bytes): dtype */
+  memcpy(obj, vector_2x2, 40);
+  obj[4] = 12;
+  obj[16] = 4;
+  ASSERT_EQ_INT(encache_object_check(obj, 40, &c, NULL), ENCACHE_BAD_DTYPE);
+  /* only the shape wrong (4x1 has the 2x2's bytes): shape */
+  memcpy(obj, vector_2x2, 40);
+  obj[8] = 4;
+  obj[16] = 1;
+  ASSERT_EQ_INT(encache_object_check(obj, 40, &c, NULL), ENCACHE_BAD_SHAPE);
 }

@@ -1,4 +1,4 @@
-/* Keys: the normative vectors of spec/v3-format.md (acceptance case 1). */
+/* Keys: the vectors of docs/format.md (acceptance case 1 of behaviour.md). */
 #include "runner.h"
 
 #include "encache.h"
@@ -95,4 +95,54 @@ TEST(keys_long_components_verbatim) {
   int n = encache_key("ns", id, key, sizeof(key));
   ASSERT_EQ_INT(n, 2 + 4 + (int)sizeof(id) - 1);
   ASSERT_EQ_MEM(key + 6, id, sizeof(id) - 1);
+}
+
+/* docs/format.md, "Fields as vLLM writes them": an option that is present is
+ * written as Python's str() writes its JSON value. */
+TEST(keys_vector_python_str_fields) {
+  static const struct {
+    const char *extra, *key;
+  } v[] = {
+      {"{\"embedding_model_identity\": null}",
+       "embedding@model:None@revision:default@encoder:encoder:default"
+       "@dtype:torch.float32@protocol:v3@id:x"},
+      {"{\"embedding_model_identity\": \"\"}",
+       "embedding@model:@revision:default@encoder:encoder:default"
+       "@dtype:torch.float32@protocol:v3@id:x"},
+      {"{\"embedding_cache_prefix\": null}",
+       "None@embedding@model:org/model@revision:default@encoder:encoder:"
+       "default@dtype:torch.float32@protocol:v3@id:x"},
+      {"{\"embedding_cache_prefix\": true, \"embedding_model_identity\": 123}",
+       "True@embedding@model:123@revision:default@encoder:encoder:default"
+       "@dtype:torch.float32@protocol:v3@id:x"},
+      {"{}", /* absent: the model path exactly as given */
+       "embedding@model:org/model@revision:default@encoder:encoder:default"
+       "@dtype:torch.float32@protocol:v3@id:x"},
+  };
+  for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+    char json[256], ns[512], key[512];
+    snprintf(json, sizeof(json), "{\"ec_connector_extra_config\": %s}",
+             v[i].extra);
+    encache_config *cfg = NULL;
+    ASSERT_EQ_INT(encache_config_new(&cfg), 0);
+    ASSERT_EQ_INT(encache_config_load_ec(cfg, json, strlen(json)), 0);
+    ASSERT(encache_config_namespace(cfg, "org/model", NULL, NULL,
+                                    ENCACHE_FLOAT32, ns, sizeof(ns)) > 0);
+    ASSERT(encache_key(ns, "x", key, sizeof(key)) > 0);
+    ASSERT_EQ_STR(key, v[i].key);
+    encache_config_free(cfg);
+  }
+}
+
+/* docs/format.md: a default multimodal config ([None, 'weights']) hashes to
+ * this encoder field. */
+TEST(keys_vector_default_encoder_hash) {
+  char h[33], ns[256];
+  ASSERT_EQ_INT(encache_vllm_encoder_hash("weights", NULL, h, sizeof(h)), 32);
+  ASSERT_EQ_STR(h, "37a439e484856856b929daf9ace244bc");
+  encache_namespace_params p = {NULL, "org/model", NULL, h, ENCACHE_BFLOAT16};
+  ASSERT(encache_namespace(&p, ns, sizeof(ns)) > 0);
+  ASSERT_EQ_STR(ns, "embedding@model:org/model@revision:default"
+                    "@encoder:37a439e484856856b929daf9ace244bc"
+                    "@dtype:torch.bfloat16@protocol:v3");
 }
