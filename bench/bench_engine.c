@@ -30,84 +30,12 @@ static const char json[] =
     "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
     "\"store_max_pending_items\": 64, \"store_max_pending_bytes\": 4294967296}}";
 
-/* (a): NOBJ objects of one size, read raw and looked up. */
-typedef struct hits {
-  encache *ec;
-  encache_store *st;
-  char ids[NOBJ][32], keys[NOBJ][256];
-  const char *kp[NOBJ];
-  void *pbuf[NOBJ], *raw[NOBJ];
-  size_t caps[NOBJ];
-  int64_t res[NOBJ];
-  encache_candidate c[NOBJ];
-  encache_result r[NOBJ];
-  bench_pool pool;
-  encache_allocator a;
-} hits;
-
-static int raw_read(void *ctx) {
-  hits *h = ctx;
-  int rc = encache_store_read(h->st, h->kp, NOBJ, h->raw, h->caps, h->res);
-  if (rc != 0)
-    fprintf(stderr, "bench_engine: read: %s\n", encache_store_errmsg(h->st));
-  return rc;
-}
-
-static int lookup(void *ctx) {
-  hits *h = ctx;
-  int n = bench_lookup(h->ec, h->c, NOBJ, &h->a, h->r);
-  if (n != NOBJ)
-    fprintf(stderr, "bench_engine: %d hits: %s\n", n, encache_errmsg(h->ec));
-  return n != NOBJ;
-}
-
-static int bench_hits(encache *ec, encache_store *st, int iters) {
-  measure t, u;
-  measure_init(&t, iters);
-  measure_init(&u, iters);
-  printf("(a) 4 hits: raw batched read vs encache lookup\n");
-  measure_print_header("object", "raw", "lookup", 0);
+/* (a): NOBJ objects of each size, read raw and looked up. */
+static int bench_reads(encache *ec, encache_store *st, int iters) {
   static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20, 30u << 20};
-  int rc = 0;
-  for (size_t s = 0; s < 4 && rc == 0; s++) {
-    size_t nbytes = sizes[s], cols = 1024, rows = nbytes / 4 / cols;
-    if (rows == 0)
-      rows = 1, cols = nbytes / 4;
-    static hits h;
-    memset(&h, 0, sizeof(h));
-    h.ec = ec, h.st = st;
-    for (int k = 0; k < NOBJ; k++) {
-      h.pbuf[k] = malloc(nbytes);
-      h.raw[k] = malloc(nbytes + 24);
-      memset(h.pbuf[k], 1, nbytes);
-      memset(h.raw[k], 1, nbytes + 24);
-      snprintf(h.ids[k], sizeof(h.ids[k]), "a-%zu-%d", nbytes, k);
-      encache_key(encache_namespace_of(ec), h.ids[k], h.keys[k],
-                  sizeof(h.keys[k]));
-      h.kp[k] = h.keys[k];
-      h.caps[k] = nbytes + 24;
-      h.c[k] = bench_candidate(h.ids[k], rows, cols);
-      bench_write_object(st, h.keys[k], h.pbuf[k], rows, cols);
-    }
-    h.pool.buf = h.pbuf;
-    encache_allocator a = {&h.pool, bench_pool_alloc, NULL};
-    h.a = a;
-    measure_clear(&t);
-    measure_clear(&u);
-    rc = measure_pair(&t, raw_read, &u, lookup, &h, 1, iters);
-    char label[16];
-    measure_size_label(label, sizeof(label), nbytes);
-    if (rc == 0)
-      measure_print_row(label, &t, &u, 0);
-    for (int k = 0; k < NOBJ; k++) {
-      encache_store_remove(st, h.keys[k]);
-      free(h.pbuf[k]);
-      free(h.raw[k]);
-    }
-  }
-  measure_free(&t);
-  measure_free(&u);
-  return rc;
+  printf("(a) 4 hits: raw batched read vs encache lookup\n");
+  return bench_hits_table(ec, st, "a", NOBJ, sizes,
+                          (int)(sizeof(sizes) / sizeof(sizes[0])), bench_hits_read, iters);
 }
 
 /* Looks up n fresh ids (all miss), so that they may be published. */
@@ -246,26 +174,23 @@ int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
-  if (rc != 0)
-    return rc == 1 ? 0 : rc;
+  if (rc >= 0)
+    return rc;
   char own[128] = "", name[64];
   if (url == NULL) {
     snprintf(name, sizeof(name), "encache-benche-%d", (int)getpid());
     snprintf(own, sizeof(own), "shm://%s?size=768MiB", name);
     url = own;
   }
-  char model[64];
-  snprintf(model, sizeof(model), "bench/%d", (int)getpid());
-  encache *ec = NULL;
-  encache_store *st = NULL;
-  if (bench_open(url, model, json, &ec) != 0 ||
-      encache_store_open(url, &st) != 0) {
-    fprintf(stderr, "bench_engine: %s %s\n", encache_errmsg(ec),
-            encache_store_errmsg(st));
+  encache *ec;
+  encache_store *st;
+  if (bench_open("bench_engine", url, json, &ec, &st) != 0) {
+    if (own[0])
+      encache_shm_destroy(name);
     return 1;
   }
   printf("store: %s\n\n", url);
-  rc = bench_hits(ec, st, iters);
+  rc = bench_reads(ec, st, iters);
   if (rc == 0)
     rc = bench_publish_per_call(ec, iters);
   if (rc == 0)

@@ -21,28 +21,20 @@
 
 #define NOBJ 4
 
+/* The raw hiredis connection, the baseline. */
+static redisContext *raw_redis;
+
 static const char usage[] =
     "usage: bench_redis redis://HOST:PORT [--iterations N]\n";
 
-/* (a): NOBJ objects of one size, fetched by raw GETs and looked up. */
-typedef struct hits {
-  redisContext *raw;
-  encache *ec;
-  char ids[NOBJ][32], keys[NOBJ][256];
-  void *pbuf[NOBJ];
-  encache_candidate c[NOBJ];
-  encache_result r[NOBJ];
-  bench_pool pool;
-  encache_allocator a;
-} hits;
-
+/* measure_fn: raw hiredis pipelined GETs of the objects. */
 static int raw_gets(void *ctx) {
-  hits *h = ctx;
-  for (int k = 0; k < NOBJ; k++)
-    redisAppendCommand(h->raw, "GET %s", h->keys[k]);
-  for (int k = 0; k < NOBJ; k++) {
+  bench_hits *h = ctx;
+  for (int k = 0; k < h->n; k++)
+    redisAppendCommand(raw_redis, "GET %s", h->keys[k]);
+  for (int k = 0; k < h->n; k++) {
     redisReply *rep;
-    if (redisGetReply(h->raw, (void **)&rep) != REDIS_OK ||
+    if (redisGetReply(raw_redis, (void **)&rep) != REDIS_OK ||
         rep->type != REDIS_REPLY_STRING) {
       fprintf(stderr, "bench_redis: raw GET failed\n");
       return 1;
@@ -52,58 +44,15 @@ static int raw_gets(void *ctx) {
   return 0;
 }
 
-static int lookup(void *ctx) {
-  hits *h = ctx;
-  int n = bench_lookup(h->ec, h->c, NOBJ, &h->a, h->r);
-  if (n != NOBJ)
-    fprintf(stderr, "bench_redis: %d hits: %s\n", n, encache_errmsg(h->ec));
-  return n != NOBJ;
-}
-
-static int bench_hits(redisContext *raw, encache *ec, encache_store *st,
-                      int iters) {
-  measure t, u;
-  measure_init(&t, iters);
-  measure_init(&u, iters);
-  printf("(a) 4 hits: raw hiredis pipelined GETs vs encache lookup\n");
-  measure_print_header("object", "raw", "lookup", 0);
+static int bench_reads(encache *ec, encache_store *st, int iters) {
   static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
-  int rc = 0;
-  for (size_t s = 0; s < 3 && rc == 0; s++) {
-    size_t nbytes = sizes[s], cols = 1024, rows = nbytes / 4 / cols;
-    static hits h;
-    memset(&h, 0, sizeof(h));
-    h.raw = raw, h.ec = ec;
-    for (int k = 0; k < NOBJ; k++) {
-      h.pbuf[k] = malloc(nbytes);
-      memset(h.pbuf[k], k + 1, nbytes);
-      snprintf(h.ids[k], sizeof(h.ids[k]), "r-%zu-%d", nbytes, k);
-      encache_key(encache_namespace_of(ec), h.ids[k], h.keys[k],
-                  sizeof(h.keys[k]));
-      h.c[k] = bench_candidate(h.ids[k], rows, cols);
-      bench_write_object(st, h.keys[k], h.pbuf[k], rows, cols);
-    }
-    h.pool.buf = h.pbuf;
-    encache_allocator a = {&h.pool, bench_pool_alloc, NULL};
-    h.a = a;
-    measure_clear(&t);
-    measure_clear(&u);
-    rc = measure_pair(&t, raw_gets, &u, lookup, &h, 1, iters);
-    char label[16];
-    measure_size_label(label, sizeof(label), nbytes);
-    if (rc == 0)
-      measure_print_row(label, &t, &u, 0);
-    for (int k = 0; k < NOBJ; k++) {
-      encache_store_remove(st, h.keys[k]);
-      free(h.pbuf[k]);
-    }
-  }
-  measure_free(&t);
-  measure_free(&u);
-  return rc;
+  printf("(a) 4 hits: raw hiredis pipelined GETs vs encache lookup\n");
+  return bench_hits_table(ec, st, "r", NOBJ, sizes,
+                          (int)(sizeof(sizes) / sizeof(sizes[0])), raw_gets, iters);
 }
 
-static void bench_writes(redisContext *raw, encache_store *st, int iters) {
+static void bench_writes(encache_store *st, int iters) {
+  redisContext *raw = raw_redis;
   printf("\n(b) writes of 1 MiB objects\n");
   size_t nbytes = 1u << 20;
   int total = iters * 4;
@@ -139,8 +88,8 @@ int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 20;
   int rc = measure_options(argc, argv, usage, 1, &url, &iters, 5);
-  if (rc != 0)
-    return rc == 1 ? 0 : rc;
+  if (rc >= 0)
+    return rc;
   char host[256];
   int port;
   if (url == NULL || strncmp(url, "redis://", 8) != 0 ||
@@ -149,26 +98,23 @@ int main(int argc, char **argv) {
     return 2;
   }
   struct timeval tv = {5, 0};
-  redisContext *raw = redisConnectWithTimeout(host, port, tv);
+  redisContext *raw = raw_redis = redisConnectWithTimeout(host, port, tv);
   if (raw == NULL || raw->err) {
     fprintf(stderr, "bench_redis: %s\n", raw ? raw->errstr : "connect");
     return 1;
   }
-  char model[64];
-  snprintf(model, sizeof(model), "bench/%d", (int)getpid());
-  encache *ec = NULL;
-  encache_store *st = NULL;
-  if (bench_open(url, model,
+  encache *ec;
+  encache_store *st;
+  if (bench_open("bench_redis", url,
                  "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
-                 "true}}", &ec) != 0 ||
-      encache_store_open(url, &st) != 0) {
-    fprintf(stderr, "bench_redis: %s\n", encache_errmsg(ec));
+                 "true}}", &ec, &st) != 0) {
+    redisFree(raw);
     return 1;
   }
   printf("store: %s\n\n", url);
-  rc = bench_hits(raw, ec, st, iters);
+  rc = bench_reads(ec, st, iters);
   if (rc == 0)
-    bench_writes(raw, st, iters);
+    bench_writes(st, iters);
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);

@@ -159,8 +159,8 @@ int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 3);
-  if (rc != 0)
-    return rc == 1 ? 0 : rc;
+  if (rc >= 0)
+    return rc;
   double rd[2][3], put[2];
   if (url != NULL)
     return bench(url, iters, rd[0], &put[0]);

@@ -126,7 +126,7 @@ int measure_options(int argc, char **argv, const char *usage, int url_arg,
     int has_value = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(usage, stdout);
-      return 1;
+      return 0;
     } else if (strcmp(a, "--store") == 0 || strcmp(a, "--iterations") == 0) {
       if (!has_value)
         return bad_option(argv[0], usage, a, "needs a value");
@@ -147,5 +147,5 @@ int measure_options(int argc, char **argv, const char *usage, int url_arg,
       return bad_option(argv[0], usage, a, "unknown option");
     }
   }
-  return 0;
+  return -1;
 }

@@ -57,8 +57,8 @@ void measure_print_row(const char *label, measure *base, measure *subject,
 /* The options of the benchmark programs: [--store URL] [--iterations N]
  * (a positional URL too when url_arg is set).  *url stays as it was when
  * none is given; iterations are clamped to at least min_iters.  Returns
- * 0 to go on, 1 when --help printed the usage, or 2 after printing what
- * is wrong and the usage. */
+ * -1 to go on, else the exit status: 0 when --help printed the usage, 2
+ * after printing what is wrong and the usage. */
 int measure_options(int argc, char **argv, const char *usage, int url_arg,
                     const char **url, int *iters, int min_iters);
 

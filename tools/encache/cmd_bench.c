@@ -25,139 +25,40 @@ typedef struct figures {
   int ok;
 } figures;
 
-/* One Store at one object size: batch objects, read raw and looked up. */
-typedef struct run {
-  const char *url;
-  encache *ec;
-  encache_store *st;
-  int batch;
-  uint64_t rows, cols, nbytes;
-  void **dst, **raw;
-  char (*ids)[48];
-  char **keys;
-  size_t *caps;
-  int64_t *res;
-  encache_candidate *c;
-  encache_result *r;
-  bench_pool pool;
-  encache_allocator a;
-} run;
-
-static int raw_read(void *ctx) {
-  run *b = ctx;
-  int rc = encache_store_read(b->st, (const char *const *)b->keys,
-                              (size_t)b->batch, b->raw, b->caps, b->res);
-  if (rc != 0)
-    fprintf(stderr, "encache bench: %s: read: %s\n", b->url,
-            encache_store_errmsg(b->st));
-  return rc != 0;
-}
-
-static int lookup(void *ctx) {
-  run *b = ctx;
-  int hits = bench_lookup(b->ec, b->c, (size_t)b->batch, &b->a, b->r);
-  if (hits != b->batch)
-    fprintf(stderr, "encache bench: %s: %d of %d hits (%s)\n", b->url, hits,
-            b->batch, encache_errmsg(b->ec));
-  return hits != b->batch;
-}
-
-/* Allocates b's arrays and writes its objects; 0, or -1 after a message. */
-static int run_setup(run *b) {
-  size_t n = (size_t)b->batch;
-  b->dst = calloc(n, sizeof(void *));
-  b->raw = calloc(n, sizeof(void *));
-  b->ids = calloc(n, 48);
-  b->keys = calloc(n, sizeof(char *));
-  b->caps = calloc(n, sizeof(size_t));
-  b->res = calloc(n, sizeof(int64_t));
-  b->c = calloc(n, sizeof(*b->c));
-  b->r = calloc(n, sizeof(*b->r));
-  if (!b->dst || !b->raw || !b->ids || !b->keys || !b->caps || !b->res ||
-      !b->c || !b->r) {
-    fprintf(stderr, "encache bench: out of memory\n");
-    return -1;
-  }
-  for (int k = 0; k < b->batch; k++) {
-    b->dst[k] = malloc(b->nbytes);
-    b->raw[k] = malloc(b->nbytes + 24);
-    b->keys[k] = malloc(4096);
-    if (!b->dst[k] || !b->raw[k] || !b->keys[k]) {
-      fprintf(stderr, "encache bench: out of memory\n");
-      return -1;
-    }
-    memset(b->dst[k], k + 1, b->nbytes);
-    snprintf(b->ids[k], 48, "b-%" PRIu64 "-%d", b->nbytes, k);
-    encache_key(encache_namespace_of(b->ec), b->ids[k], b->keys[k], 4096);
-    b->caps[k] = b->nbytes + 24;
-    b->c[k] = bench_candidate(b->ids[k], b->rows, b->cols);
-    int w = bench_write_object(b->st, b->keys[k], b->dst[k], b->rows, b->cols);
-    if (w != 0 && w != ENCACHE_EEXIST) {
-      fprintf(stderr, "encache bench: %s: write: %s\n", b->url,
-              encache_store_errmsg(b->st));
-      return -1;
-    }
-  }
-  b->pool.buf = b->dst;
-  encache_allocator a = {&b->pool, bench_pool_alloc, NULL};
-  b->a = a;
-  return 0;
-}
-
-static void run_teardown(run *b) {
-  for (int k = 0; b->dst != NULL && k < b->batch; k++) {
-    if (b->keys != NULL && b->keys[k] != NULL)
-      encache_store_remove(b->st, b->keys[k]);
-    free(b->dst[k]);
-    free(b->raw ? b->raw[k] : NULL);
-    free(b->keys ? b->keys[k] : NULL);
-  }
-  free(b->dst), free(b->raw), free(b->ids), free(b->keys), free(b->caps),
-      free(b->res), free(b->c), free(b->r);
-  encache_close(b->ec);
-  encache_store_close(b->st);
-}
-
 /* Measures one Store at one object size: raw batched read and lookup. */
 static int measure_store(const char *url, uint64_t size, int batch, int iters,
                          figures *f) {
   memset(f, 0, sizeof(*f));
-  run b;
-  memset(&b, 0, sizeof(b));
-  b.url = url;
-  b.batch = batch;
-  b.cols = size >= 4096 ? 1024 : size / 4;
-  b.rows = size / 4 / b.cols;
-  b.nbytes = b.rows * b.cols * 4;
-  char model[64];
-  snprintf(model, sizeof(model), "encache-bench/%d", (int)getpid());
-  if (bench_open(url, model,
+  encache *ec;
+  encache_store *st;
+  if (bench_open("encache bench", url,
                  "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
                  "true, \"store_read_buffer_bytes\": 1073741824}}",
-                 &b.ec) != 0 ||
-      encache_store_open(url, &b.st) != 0) {
-    fprintf(stderr, "encache bench: %s: %s%s\n", url, encache_errmsg(b.ec),
-            encache_store_errmsg(b.st));
-    run_teardown(&b);
+                 &ec, &st) != 0)
     return -1;
-  }
-  measure t, u;
-  int rc = run_setup(&b);
+  bench_hits h;
+  measure t = {NULL, 0, 0}, u = {NULL, 0, 0};
+  int rc = bench_hits_make(&h, ec, st, "b", batch, size);
   if (rc == 0 && (measure_init(&t, iters) < 0 || measure_init(&u, iters) < 0))
     rc = -1;
-  if (rc == 0 && measure_pair(&t, raw_read, &u, lookup, &b, 1, iters) != 0)
+  if (rc == 0 &&
+      measure_pair(&t, bench_hits_read, &u, bench_hits_lookup, &h, 1, iters))
     rc = -1;
   if (rc == 0) {
-    double bytes = (double)b.nbytes * batch;
+    double bytes = (double)h.nbytes * batch;
     f->raw_p50_ms = measure_pct(&t, 50) * 1e3;
     f->lookup_p50_ms = measure_pct(&u, 50) * 1e3;
     f->raw_gbs = measure_gbs(bytes, f->raw_p50_ms / 1e3);
     f->lookup_gbs = measure_gbs(bytes, f->lookup_p50_ms / 1e3);
     f->ok = 1;
   }
+  bench_hits_drop(&h);
   measure_free(&t);
   measure_free(&u);
-  run_teardown(&b);
+  encache_close(ec);
+  encache_store_close(st);
+  if (rc < 0)
+    fprintf(stderr, "encache bench: %s: measurement failed\n", url);
   return rc;
 }
 

@@ -55,8 +55,6 @@ static void summary_json(const demo_opts *o, const char *url,
                          const image_set *set, const report *t, phase *b,
                          const figures *f, int verified_ok) {
   const char *dt = encache_dtype_name(o->dtype);
-  double thr = f->thr, bthr = f->bthr, hp50 = f->hp50, hp99 = f->hp99,
-         mp50 = f->mp50, mp99 = f->mp99, saved = f->saved;
   printf("{\n  \"store\": \"%s\",\n  \"encoder\": \"reference (a deterministic "
          "CPU stand-in for a vision tower)\",\n", url);
   printf("  \"workload\": {\"encoders\": %d, \"requests_per_encoder\": %d, "
@@ -77,13 +75,13 @@ static void summary_json(const demo_opts *o, const char *url,
   printf("  \"encodes\": %" PRIu64 ",\n  \"encodes_avoided\": %" PRIu64 ",\n",
          t->encodes, t->images - t->encodes);
   printf("  \"encoder_seconds\": %.3f,\n  \"encoder_seconds_saved\": %.3f,\n",
-         t->encode_s, saved);
-  printf("  \"throughput_images_per_s\": %.1f,\n", thr);
+         t->encode_s, f->saved);
+  printf("  \"throughput_images_per_s\": %.1f,\n", f->thr);
   if (b)
     printf("  \"baseline_throughput_images_per_s\": %.1f,\n  \"speedup\": %.2f,\n",
-           bthr, thr / bthr);
-  printf("  \"hit_latency_ms\": {\"p50\": %.3f, \"p99\": %.3f},\n", hp50, hp99);
-  printf("  \"miss_latency_ms\": {\"p50\": %.3f, \"p99\": %.3f},\n", mp50, mp99);
+           f->bthr, f->thr / f->bthr);
+  printf("  \"hit_latency_ms\": {\"p50\": %.3f, \"p99\": %.3f},\n", f->hp50, f->hp99);
+  printf("  \"miss_latency_ms\": {\"p50\": %.3f, \"p99\": %.3f},\n", f->mp50, f->mp99);
   printf("  \"bytes_read\": %" PRIu64 ",\n  \"publications\": {\"written\": %" PRIu64
          ", \"already_present\": %" PRIu64 ", \"failed\": %" PRIu64,
          t->bytes_read, t->published_written, t->published_present,
@@ -115,9 +113,6 @@ static void summary_text(const demo_opts *o, const char *url,
                          const image_set *set, const report *t, phase *b,
                          const figures *f, int verified_ok) {
   const char *dt = encache_dtype_name(o->dtype);
-  double thr = f->thr, bthr = f->bthr, hp50 = f->hp50, hp99 = f->hp99,
-         mp50 = f->mp50, mp99 = f->mp99, saved = f->saved;
-  uint64_t skipped = f->skipped;
   char rb[32], wb[32];
   human_bytes(rb, sizeof(rb), t->bytes_read);
   uint64_t out_bytes = (uint64_t)o->tokens * (uint64_t)o->hidden *
@@ -136,7 +131,7 @@ static void summary_text(const demo_opts *o, const char *url,
     snprintf(bi, sizeof(bi), "%20" PRIu64, b->total.images);
     snprintf(be, sizeof(be), "%20" PRIu64, b->total.encodes);
     snprintf(bt, sizeof(bt), "%19.2fs", b->total.encode_s);
-    snprintf(bthr_s, sizeof(bthr_s), "%20.1f", bthr);
+    snprintf(bthr_s, sizeof(bthr_s), "%20.1f", f->bthr);
   }
   printf("%-30s %16s %20s\n", "", "with encache", b ? "without (baseline)" : "");
   printf("%-30s %16" PRIu64 " %s\n", "requests", t->requests, bq);
@@ -153,17 +148,17 @@ static void summary_text(const demo_opts *o, const char *url,
   for (int k = 1; k <= ENCACHE_SKIPPED; k++)
     printf("  %-28s %16" PRIu64 "\n", names[k], t->outcome[k]);
   printf("%-30s %15.2fs %s\n", "encoder time", t->encode_s, bt);
-  printf("%-30s %15.2fs%s\n", "encoder time saved", saved,
+  printf("%-30s %15.2fs%s\n", "encoder time saved", f->saved,
          b ? "" : "  (estimated: hits x mean encode time)");
-  printf("%-30s %16.1f %s\n", "throughput (images/s)", thr, bthr_s);
+  printf("%-30s %16.1f %s\n", "throughput (images/s)", f->thr, bthr_s);
   if (b)
-    printf("%-30s %15.2fx\n", "speed-up", thr / bthr);
-  printf("%-30s %9.3f / %.3f ms\n", "hit latency p50 / p99", hp50, hp99);
-  printf("%-30s %9.3f / %.3f ms\n", "miss latency p50 / p99", mp50, mp99);
+    printf("%-30s %15.2fx\n", "speed-up", f->thr / f->bthr);
+  printf("%-30s %9.3f / %.3f ms\n", "hit latency p50 / p99", f->hp50, f->hp99);
+  printf("%-30s %9.3f / %.3f ms\n", "miss latency p50 / p99", f->mp50, f->mp99);
   printf("%-30s %16s\n", "bytes read", rb);
   printf("%-30s %16s  (%" PRIu64 " objects; %" PRIu64 " already present)\n",
          "bytes published", wb, t->published_written, t->published_present);
-  printf("%-30s %16" PRIu64, "publications skipped", skipped + t->published_failed);
+  printf("%-30s %16" PRIu64, "publications skipped", f->skipped + t->published_failed);
   for (int k = 1; k < ENCACHE_SKIP_COUNT_; k++)
     if (t->skipped[k])
       printf("  %s: %" PRIu64, encache_skip_name(k), t->skipped[k]);

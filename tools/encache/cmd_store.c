@@ -11,19 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static encache_store *open_store(const char *cmd, const tool_globals *g) {
-  encache_store *st = NULL;
-  int rc = encache_store_open(g->store_url, &st);
-  if (rc != 0) {
-    fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
-            encache_store_errmsg(st)[0] ? encache_store_errmsg(st)
-                                        : encache_strerror(rc));
-    encache_store_close(st);
-    return NULL;
-  }
-  return st;
-}
-
 static int store_error(const char *cmd, const char *key, int rc) {
   if (rc == ENCACHE_ENOENT)
     fprintf(stderr, "encache %s: %s: not found\n", cmd, key);
@@ -76,25 +63,22 @@ static const char put_usage[] =
     "existing object is never replaced: then it says so and exits 1.\n";
 
 static int run_put(const tool_globals *g, const tool_args *a) {
+  (void)g;
   size_t len;
   char *data = read_file(a->argv[1], &len);
   if (data == NULL)
     return EXIT_USAGE;
-  encache_store *st = open_store("put", g);
   int rc = EXIT_FAIL;
-  if (st != NULL) {
-    int r = encache_store_write(st, a->argv[0], NULL, 0, data, len);
-    if (r == 0) {
-      printf("written %zu bytes\n", len);
-      rc = EXIT_OK;
-    } else if (r == ENCACHE_EEXIST) {
-      fprintf(stderr, "encache put: %s: exists (objects are never replaced; "
-                      "rm it first)\n", a->argv[0]);
-    } else {
-      store_error("put", a->argv[0], r);
-    }
+  int r = encache_store_write(a->st, a->argv[0], NULL, 0, data, len);
+  if (r == 0) {
+    printf("written %zu bytes\n", len);
+    rc = EXIT_OK;
+  } else if (r == ENCACHE_EEXIST) {
+    fprintf(stderr, "encache put: %s: exists (objects are never replaced; "
+                    "rm it first)\n", a->argv[0]);
+  } else {
+    store_error("put", a->argv[0], r);
   }
-  encache_store_close(st);
   free(data);
   return rc;
 }
@@ -107,13 +91,9 @@ static const char get_usage[] =
 /* Opens the Store and reads the object KEY (a->argv[0]) whole. */
 static int fetch_arg(const char *cmd, const tool_globals *g, const tool_args *a,
                      unsigned char **buf, uint64_t *len) {
-  encache_store *st = open_store(cmd, g);
-  if (st == NULL)
-    return EXIT_FAIL;
+  (void)g;
   *buf = NULL;
-  int rc = fetch(st, cmd, a->argv[0], buf, len);
-  encache_store_close(st);
-  return rc;
+  return fetch(a->st, cmd, a->argv[0], buf, len);
 }
 
 static int run_get(const tool_globals *g, const tool_args *a) {
@@ -187,9 +167,8 @@ static const char ls_usage[] =
     "sorted, one per line: BYTES <tab> KEY.\n";
 
 static int run_ls(const tool_globals *g, const tool_args *a) {
-  encache_store *st = open_store("ls", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+  (void)g;
+  encache_store *st = a->st;
   ls_acc acc = {NULL, 0, 0, 0};
   int r = encache_store_list(st, a->argc == 1 ? a->argv[0] : NULL, ls_collect, &acc);
   int rc = EXIT_OK;
@@ -208,7 +187,6 @@ static int run_ls(const tool_globals *g, const tool_args *a) {
   for (size_t i = 0; i < acc.n; i++)
     free(acc.items[i].key);
   free(acc.items);
-  encache_store_close(st);
   return rc;
 }
 
@@ -228,16 +206,13 @@ static void stat_line(const char *name, uint64_t v) {
 }
 
 static int run_stats(const tool_globals *g, const tool_args *a) {
-  (void)a;
-  encache_store *st = open_store("stats", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+  (void)g;
+  encache_store *st = a->st;
   encache_store_stats s;
   int r = encache_store_stats_get(st, &s);
   if (r < 0) {
     fprintf(stderr, "encache stats: %s\n", encache_store_errmsg(st));
-    encache_store_close(st);
-    return EXIT_FAIL;
+      return EXIT_FAIL;
   }
   printf("%-13s %s\n%-13s %s\n", "store", encache_store_url(st), "kind", s.kind);
   stat_line("objects", s.objects);
@@ -246,7 +221,6 @@ static int run_stats(const tool_globals *g, const tool_args *a) {
   stat_line("evictions", s.evictions);
   stat_line("reinsertions", s.reinsertions);
   stat_line("repairs", s.repairs);
-  encache_store_close(st);
   return EXIT_OK;
 }
 
@@ -256,16 +230,14 @@ static const char rm_usage[] =
     "Removes the objects KEY...; exits 1 if any was not found.\n";
 
 static int run_rm(const tool_globals *g, const tool_args *a) {
-  encache_store *st = open_store("rm", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+  (void)g;
+  encache_store *st = a->st;
   int rc = EXIT_OK;
   for (int i = 0; i < a->argc; i++) {
     int r = encache_store_remove(st, a->argv[i]);
     if (r < 0)
       rc = store_error("rm", a->argv[i], r);
   }
-  encache_store_close(st);
   return rc;
 }
 
@@ -298,21 +270,21 @@ static int run_shm(const tool_globals *g, const tool_args *a) {
 }
 
 const tool_command cmd_put = {"put", "store a file as an object", put_usage,
-                              NULL, TOOL_STORE, 2, 2, "KEY FILE", run_put};
+                              NULL, TOOL_STORE | TOOL_OPEN, 2, 2, "KEY FILE", run_put};
 const tool_command cmd_get = {"get", "write an object to standard output",
-                              get_usage, NULL, TOOL_STORE, 1, 1, "KEY",
+                              get_usage, NULL, TOOL_STORE | TOOL_OPEN, 1, 1, "KEY",
                               run_get};
 const tool_command cmd_inspect = {"inspect", "decode an object's v3 header",
-                                  inspect_usage, NULL, TOOL_STORE, 1, 1, "KEY",
+                                  inspect_usage, NULL, TOOL_STORE | TOOL_OPEN, 1, 1, "KEY",
                                   run_inspect};
 const tool_command cmd_ls = {"ls", "list objects whose keys match a pattern",
-                             ls_usage, NULL, TOOL_STORE, 0, 1,
+                             ls_usage, NULL, TOOL_STORE | TOOL_OPEN, 0, 1,
                              "at most one PATTERN (quote it)", run_ls};
 const tool_command cmd_stats = {"stats", "show the Store's counters",
-                                stats_usage, NULL, TOOL_STORE, 0, 0, "",
+                                stats_usage, NULL, TOOL_STORE | TOOL_OPEN, 0, 0, "",
                                 run_stats};
 const tool_command cmd_rm = {"rm", "remove objects", rm_usage, NULL,
-                             TOOL_STORE, 1, -1, "KEY...", run_rm};
+                             TOOL_STORE | TOOL_OPEN, 1, -1, "KEY...", run_rm};
 const tool_command cmd_shm = {"shm", "manage shared-memory segments (destroy)",
                               shm_usage, NULL, 0, 2, 2, "'destroy NAME'",
                               run_shm};

@@ -219,12 +219,32 @@ static const tool_command *find(const char *name) {
   return NULL;
 }
 
+/* Opens the Store of g for cmd; prints why and returns NULL on failure. */
+static encache_store *open_store(const char *cmd, const tool_globals *g) {
+  encache_store *st = NULL;
+  int rc = encache_store_open(g->store_url, &st);
+  if (rc != 0) {
+    fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
+            encache_store_errmsg(st)[0] ? encache_store_errmsg(st)
+                                        : encache_strerror(rc));
+    encache_store_close(st);
+    return NULL;
+  }
+  return st;
+}
+
 /* Runs cmd on argv (argv[0] is its name). */
 static int dispatch(const tool_command *cmd, tool_globals *g, int argc,
                     char **argv) {
   tool_args a;
   int rc = tool_parse(cmd, argc, argv, g, &a);
-  return rc >= 0 ? rc : cmd->run(g, &a);
+  if (rc >= 0)
+    return rc;
+  if ((cmd->flags & TOOL_OPEN) && (a.st = open_store(cmd->name, g)) == NULL)
+    return EXIT_FAIL;
+  rc = cmd->run(g, &a);
+  encache_store_close(a.st);
+  return rc;
 }
 
 int main(int argc, char **argv) {

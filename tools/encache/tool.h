@@ -45,18 +45,20 @@ typedef struct tool_args {
   const char *val[TOOL_MAX_OPTS];
   int argc;
   char **argv;
+  encache_store *st; /* TOOL_OPEN: the Store, opened (and closed) by main */
 } tool_args;
 
 enum {
   TOOL_STORE = 1,  /* takes --store after the command name too */
   TOOL_STORES = 2, /* --store may be given several times */
   TOOL_JSON = 4,   /* takes --json */
+  TOOL_OPEN = 8,   /* runs on the Store, which main opens and closes */
 };
 
 typedef struct tool_command {
   const char *name, *summary, *usage;
   const tool_opt *opts; /* the command's own, ended by {NULL, 0}; or NULL */
-  int flags;            /* TOOL_STORE, TOOL_STORES, TOOL_JSON */
+  int flags;            /* TOOL_STORE, TOOL_STORES, TOOL_JSON, TOOL_OPEN */
   int min_args, max_args; /* positional arguments (max -1: any number) */
   const char *args;       /* their synopsis, for "expects ARGS" */
   int (*run)(const tool_globals *g, const tool_args *a);
