@@ -161,7 +161,9 @@ int tool_parse(const tool_command *cmd, int argc, char **argv, tool_globals *g,
                tool_args *a) {
   struct option longopts[TOOL_MAX_OPTS + 4];
   int n = 0, c;
-  for (; cmd->opts != NULL && cmd->opts[n].name != NULL; n++) {
+  /* The command's own options (at most TOOL_MAX_OPTS), then the shared. */
+  for (; cmd->opts != NULL && cmd->opts[n].name != NULL && n < TOOL_MAX_OPTS;
+       n++) {
     struct option o = {cmd->opts[n].name,
                        cmd->opts[n].has_value ? required_argument : no_argument,
                        NULL, OPT_OWN + n};
