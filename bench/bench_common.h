@@ -1,34 +1,20 @@
 /*
- * bench_common.h: what the benchmark programs and `encache bench` share:
- * a clock, percentiles, and destinations from a fixed pool (as a serving
- * stack's allocator would reuse memory, so that a benchmark times encache,
- * not malloc).  Public API only.
+ * bench_common.h: what the benchmark programs and `encache bench` share
+ * besides the measuring core (measure.h): destinations from a fixed pool
+ * (as a serving stack's allocator would reuse memory, so that a benchmark
+ * times encache, not malloc), and the one place where they call the
+ * engine's lookup, publication, open and counters.  Public API only.
  */
 #ifndef ENCACHE_BENCH_COMMON_H
 #define ENCACHE_BENCH_COMMON_H
 
 #include "encache.h"
+#include "measure.h"
 
+#include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-
-static inline double bench_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static inline int bench_cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* The p-th percentile of v[0..n) (sorts v). */
-static inline double bench_pct(double *v, int n, int p) {
-  qsort(v, (size_t)n, sizeof(double), bench_cmp_double);
-  int i = (n * p) / 100;
-  return v[i < n ? i : n - 1];
-}
+#include <string.h>
+#include <unistd.h>
 
 /* Candidate i's destination is buf[i]. */
 typedef struct bench_pool {
@@ -42,6 +28,200 @@ static inline int bench_pool_alloc(void *ctx, size_t i,
   *data = ((bench_pool *)ctx)->buf[i];
   *handle = NULL;
   return 0;
+}
+
+/* The engine calls of the benchmarks, each in one place. */
+
+/* Opens an engine handle (model "bench/PID", float32, the vLLM JSON) and
+ * the Store at url.  Returns 0, or -1 after a message (nothing open). */
+static inline int bench_open(const char *prog, const char *url,
+                             const char *json, encache **ec,
+                             encache_store **st) {
+  char model[64];
+  snprintf(model, sizeof(model), "bench/%d", (int)getpid());
+  encache_options o;
+  memset(&o, 0, sizeof(o));
+  o.ec_transfer_config = json;
+  o.model = model;
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  *ec = NULL;
+  *st = NULL;
+  if (encache_open(&o, ec) != 0 || encache_store_open(url, st) != 0) {
+    fprintf(stderr, "%s: %s: %s%s\n", prog, url, encache_errmsg(*ec),
+            encache_store_errmsg(*st));
+    encache_close(*ec);
+    encache_store_close(*st);
+    *ec = NULL;
+    *st = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+static inline int bench_lookup(encache *ec, const encache_candidate *c,
+                               size_t n, const encache_allocator *a,
+                               encache_result *r) {
+  return encache_lookup(ec, c, n, a, r);
+}
+
+static inline int bench_publish(encache *ec, const char *id,
+                                const encache_tensor *v, encache_storage *s) {
+  return encache_publish(ec, id, v, s);
+}
+
+static inline void bench_stats(encache *ec, encache_stats *s) {
+  encache_stats_get(ec, s);
+}
+
+/* A float32 candidate of rows x cols on the host. */
+static inline encache_candidate bench_candidate(const char *id, uint64_t rows,
+                                                uint64_t cols) {
+  encache_candidate c = {id,   ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
+                         rows, cols, ENCACHE_DEVICE_HOST, 0};
+  return c;
+}
+
+/* Writes data (rows x cols float32) at key with its v3 header, as the
+ * engine would.  Returns the Store's answer (0, ENCACHE_EEXIST, ...). */
+static inline int bench_write_object(encache_store *st, const char *key,
+                                     void *data, uint64_t rows,
+                                     uint64_t cols) {
+  int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
+  encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+  unsigned char hdr[24];
+  encache_header_encode(&v, hdr);
+  return encache_store_write(st, key, hdr, 24, data, rows * cols * 4);
+}
+
+/* n float32 objects of nbytes each in the Store under ids PREFIX-SIZE-K
+ * of the engine's namespace, as the engine would write them: with their
+ * candidates, warm destinations (the pool) and raw read buffers. */
+typedef struct bench_hits {
+  encache *ec;
+  encache_store *st;
+  int n;
+  uint64_t rows, cols, nbytes;
+  char (*ids)[48];
+  char **keys;
+  void **dst, **raw;
+  size_t *caps;
+  int64_t *res;
+  encache_candidate *c;
+  encache_result *r;
+  bench_pool pool;
+  encache_allocator a;
+} bench_hits;
+
+/* Removes the objects and frees what h holds (also a half-made h). */
+static inline void bench_hits_drop(bench_hits *h) {
+  for (int k = 0; h->dst && h->raw && h->keys && k < h->n; k++) {
+    if (h->keys[k] != NULL)
+      encache_store_remove(h->st, h->keys[k]);
+    free(h->dst[k]);
+    free(h->raw[k]);
+    free(h->keys[k]);
+  }
+  free(h->dst), free(h->raw), free(h->ids), free(h->keys), free(h->caps),
+      free(h->res), free(h->c), free(h->r);
+  memset(h, 0, sizeof(*h));
+}
+
+/* Returns 0, or -1 after a message (then h holds nothing). */
+static inline int bench_hits_make(bench_hits *h, encache *ec,
+                                  encache_store *st, const char *prefix, int n,
+                                  uint64_t size) {
+  memset(h, 0, sizeof(*h));
+  h->ec = ec, h->st = st, h->n = n;
+  h->cols = size >= 4096 ? 1024 : size / 4;
+  h->rows = size / 4 / h->cols;
+  h->nbytes = h->rows * h->cols * 4;
+  size_t m = (size_t)n;
+  h->dst = calloc(m, sizeof(void *)), h->raw = calloc(m, sizeof(void *));
+  h->ids = calloc(m, 48), h->keys = calloc(m, sizeof(char *));
+  h->caps = calloc(m, sizeof(size_t)), h->res = calloc(m, sizeof(int64_t));
+  h->c = calloc(m, sizeof(*h->c)), h->r = calloc(m, sizeof(*h->r));
+  int rc = h->dst && h->raw && h->ids && h->keys && h->caps && h->res &&
+                   h->c && h->r ? 0 : -1;
+  for (int k = 0; k < n && rc == 0; k++) {
+    h->dst[k] = malloc(h->nbytes);
+    h->raw[k] = calloc(1, h->nbytes + 24);
+    h->keys[k] = malloc(4096);
+    if (!h->dst[k] || !h->raw[k] || !h->keys[k]) {
+      rc = -1;
+      break;
+    }
+    memset(h->dst[k], k + 1, h->nbytes);
+    snprintf(h->ids[k], 48, "%s-%llu-%d", prefix,
+             (unsigned long long)h->nbytes, k);
+    encache_key(encache_namespace_of(ec), h->ids[k], h->keys[k], 4096);
+    h->caps[k] = h->nbytes + 24;
+    h->c[k] = bench_candidate(h->ids[k], h->rows, h->cols);
+    int w = bench_write_object(st, h->keys[k], h->dst[k], h->rows, h->cols);
+    if (w != 0 && w != ENCACHE_EEXIST) {
+      fprintf(stderr, "bench: write: %s\n", encache_store_errmsg(st));
+      rc = -2;
+    }
+  }
+  if (rc == -1)
+    fprintf(stderr, "bench: out of memory\n");
+  if (rc < 0) {
+    bench_hits_drop(h);
+    return -1;
+  }
+  h->pool.buf = h->dst;
+  encache_allocator a = {&h->pool, bench_pool_alloc, NULL};
+  h->a = a;
+  return 0;
+}
+
+/* measure_fn: the raw Store's batched read of the objects. */
+static inline int bench_hits_read(void *ctx) {
+  bench_hits *h = ctx;
+  int rc = encache_store_read(h->st, (const char *const *)h->keys,
+                              (size_t)h->n, h->raw, h->caps, h->res);
+  if (rc != 0)
+    fprintf(stderr, "bench: read: %s\n", encache_store_errmsg(h->st));
+  return rc != 0;
+}
+
+/* measure_fn: an encache lookup of the objects, all hits. */
+static inline int bench_hits_lookup(void *ctx) {
+  bench_hits *h = ctx;
+  int hits = bench_lookup(h->ec, h->c, (size_t)h->n, &h->a, h->r);
+  if (hits != h->n)
+    fprintf(stderr, "bench: %d of %d hits: %s\n", hits, h->n,
+            encache_errmsg(h->ec));
+  return hits != h->n;
+}
+
+/* For each size, n objects read by the baseline `raw` and looked up, in
+ * the measuring core's table.  Returns 0, or nonzero on a failure. */
+static inline int bench_hits_table(encache *ec, encache_store *st,
+                                   const char *prefix, int n,
+                                   const size_t *sizes, int nsizes,
+                                   measure_fn raw, int iters) {
+  measure t, u;
+  if (measure_init(&t, iters) < 0 || measure_init(&u, iters) < 0)
+    return -1;
+  measure_print_header("object", "raw", "lookup", 0);
+  int rc = 0;
+  for (int s = 0; s < nsizes && rc == 0; s++) {
+    bench_hits h;
+    if ((rc = bench_hits_make(&h, ec, st, prefix, n, sizes[s])) != 0)
+      break;
+    measure_clear(&t);
+    measure_clear(&u);
+    rc = measure_pair(&t, raw, &u, bench_hits_lookup, &h, 1, iters);
+    char label[16];
+    measure_size_label(label, sizeof(label), sizes[s]);
+    if (rc == 0)
+      measure_print_row(label, &t, &u, 0);
+    bench_hits_drop(&h);
+  }
+  measure_free(&t);
+  measure_free(&u);
+  return rc;
 }
 
 #endif

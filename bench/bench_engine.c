@@ -17,10 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define NOBJ 4
+
+static const char usage[] =
+    "usage: bench_engine [--store URL] [--iterations N]\n";
 
 static void no_release(void *ctx) { (void)ctx; }
 
@@ -28,235 +30,174 @@ static const char json[] =
     "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
     "\"store_max_pending_items\": 64, \"store_max_pending_bytes\": 4294967296}}";
 
+/* (a): NOBJ objects of each size, read raw and looked up. */
+static int bench_reads(encache *ec, encache_store *st, int iters) {
+  static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20, 30u << 20};
+  printf("(a) 4 hits: raw batched read vs encache lookup\n");
+  return bench_hits_table(ec, st, "a", NOBJ, sizes,
+                          (int)(sizeof(sizes) / sizeof(sizes[0])), bench_hits_read, iters);
+}
+
+/* Looks up n fresh ids (all miss), so that they may be published. */
+static void make_candidates(encache *ec, const char *prefix, int first, int n,
+                            char (*ids)[32], encache_candidate *c,
+                            encache_result *r, uint64_t rows, uint64_t cols) {
+  bench_pool dummy = {NULL};
+  encache_allocator a = {&dummy, bench_pool_alloc, NULL};
+  for (int k = 0; k < n; k++) {
+    snprintf(ids[k], 32, "%s-%d", prefix, first + k);
+    c[k] = bench_candidate(ids[k], rows, cols);
+  }
+  bench_lookup(ec, c, (size_t)n, &a, r);
+}
+
+/* (b) for one payload size; returns 0 or 1. */
+static int bench_publish_calls(encache *ec, size_t nbytes, int iters,
+                               int *serial, measure *t, measure *wake) {
+  enum { B = 32 };
+  size_t cols = 1024, rows = nbytes / 4 / cols;
+  void *data = calloc(1, nbytes);
+  measure_clear(t);
+  measure_clear(wake);
+  for (int round = 0; round < iters; round++) {
+    char ids[B][32];
+    encache_candidate c[B];
+    encache_result r[B];
+    make_candidates(ec, "b", *serial, B, ids, c, r, rows, cols);
+    *serial += B;
+    encache_storage *stg = NULL;
+    encache_storage_new(data, nbytes, no_release, NULL, &stg);
+    int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
+    for (int k = 0; k < B; k++) {
+      /* Views of one storage: the budget charges it once. */
+      encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+      double t0 = measure_now();
+      int q = bench_publish(ec, ids[k], &v, stg);
+      double dt = measure_now() - t0;
+      measure_add(t, dt);
+      if (k == 0)
+        measure_add(wake, dt); /* the call that wakes the idle worker */
+      if (q != ENCACHE_QUEUED) {
+        fprintf(stderr, "bench_engine: publish: %s\n", encache_skip_name(q));
+        free(data);
+        return 1;
+      }
+    }
+    encache_storage_unref(stg);
+    encache_flush(ec);
+    if (round >= 9 && nbytes > (1u << 20))
+      break; /* 30 MiB objects: enough calls, spare the segment */
+  }
+  char label[16];
+  measure_size_label(label, sizeof(label), nbytes);
+  int calls = t->n;
+  printf("%-10s %8.2fus %8.2fus %8.2fus  (%d calls; first of each burst, "
+         "which wakes the idle worker: p50 %.2fus)\n", label,
+         measure_pct(t, 50) * 1e6, measure_pct(t, 90) * 1e6,
+         measure_pct(t, 99) * 1e6, calls, measure_pct(wake, 50) * 1e6);
+  free(data);
+  return 0;
+}
+
+static int bench_publish_per_call(encache *ec, int iters) {
+  measure t, wake;
+  measure_init(&t, iters * 32);
+  measure_init(&wake, iters);
+  printf("\n(b) encache_publish() on the caller's thread, per call\n");
+  printf("%-10s %10s %10s %10s\n", "payload", "p50", "p90", "p99");
+  int serial = 0, rc = bench_publish_calls(ec, 16u << 10, iters, &serial, &t,
+                                           &wake);
+  if (rc == 0)
+    rc = bench_publish_calls(ec, 30u << 20, iters, &serial, &t, &wake);
+  measure_free(&t);
+  measure_free(&wake);
+  return rc;
+}
+
+/* (c): raw Store writes, then the engine's publication of as many. */
+static void bench_sustained(encache *ec, encache_store *st, int iters) {
+  printf("\n(c) sustained publication of 1 MiB objects\n");
+  size_t nbytes = 1u << 20, rows = 256, cols = 1024;
+  int total = iters * 16;
+  void *data = calloc(1, nbytes);
+  int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
+  encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+  double t0 = measure_now();
+  for (int i = 0; i < total; i++) {
+    char key[256], id[32];
+    snprintf(id, sizeof(id), "c-raw-%d", i);
+    encache_key(encache_namespace_of(ec), id, key, sizeof(key));
+    bench_write_object(st, key, data, rows, cols);
+  }
+  double raw = measure_now() - t0;
+  encache_stats s0, s1;
+  bench_stats(ec, &s0);
+  /* Steps of 16 new outputs; when the queue nears the item budget the
+   * step waits for the worker, so that the figure is what the worker
+   * sustains, not what the budget sheds. */
+  t0 = measure_now();
+  for (int i = 0; i < total; i += 16) {
+    enum { B = 16 };
+    char ids[B][32];
+    encache_candidate c[B];
+    encache_result r[B];
+    make_candidates(ec, "c-eng", i, B, ids, c, r, rows, cols);
+    for (int k = 0; k < B; k++) {
+      encache_storage *stg = NULL;
+      encache_storage_new(data, nbytes, no_release, NULL, &stg);
+      bench_publish(ec, ids[k], &v, stg);
+      encache_storage_unref(stg);
+    }
+    encache_stats now_s;
+    bench_stats(ec, &now_s);
+    if (now_s.pending_items > 40)
+      encache_flush(ec);
+  }
+  encache_flush(ec);
+  double eng = measure_now() - t0;
+  bench_stats(ec, &s1);
+  uint64_t written = s1.published_written - s0.published_written;
+  uint64_t skipped = 0;
+  for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
+    skipped += s1.published_skipped[k] - s0.published_skipped[k];
+  printf("raw Store writes: %.0f objects/s (%.2f GB/s)\n", total / raw,
+         measure_gbs((double)total * nbytes, raw));
+  printf("engine (lookup + publish + background write): %.0f objects/s "
+         "(%.2f GB/s), ratio %.2f; %llu written, %llu skipped\n",
+         written / eng, measure_gbs((double)written * nbytes, eng),
+         (written / eng) / (total / raw), (unsigned long long)written,
+         (unsigned long long)skipped);
+  free(data);
+}
+
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--store") == 0 && i + 1 < argc)
-      url = argv[++i];
-    else if (strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
-      iters = atoi(argv[++i]);
-    else {
-      fprintf(stderr, "usage: bench_engine [--store URL] [--iterations N]\n");
-      return 2;
-    }
-  }
-  if (iters < 5)
-    iters = 5;
+  int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
+  if (rc >= 0)
+    return rc;
   char own[128] = "", name[64];
   if (url == NULL) {
     snprintf(name, sizeof(name), "encache-benche-%d", (int)getpid());
     snprintf(own, sizeof(own), "shm://%s?size=768MiB", name);
     url = own;
   }
-  char model[64];
-  snprintf(model, sizeof(model), "bench/%d", (int)getpid());
-  encache_options o;
-  memset(&o, 0, sizeof(o));
-  o.ec_transfer_config = json;
-  o.model = model;
-  o.model_dtype = ENCACHE_FLOAT32;
-  o.store_url = url;
-  encache *ec = NULL;
-  encache_store *st = NULL;
-  if (encache_open(&o, &ec) != 0 || encache_store_open(url, &st) != 0) {
-    fprintf(stderr, "bench_engine: %s %s\n", encache_errmsg(ec),
-            encache_store_errmsg(st));
+  encache *ec;
+  encache_store *st;
+  if (bench_open("bench_engine", url, json, &ec, &st) != 0) {
+    if (own[0])
+      encache_shm_destroy(name);
     return 1;
   }
-  double *t = malloc(sizeof(double) * (size_t)iters * 64);
-  double *u = malloc(sizeof(double) * (size_t)iters * 64);
-  double *wake = malloc(sizeof(double) * (size_t)iters * 2);
-  printf("store: %s\n\n(a) 4 hits: raw batched read vs encache lookup\n", url);
-  printf("%-10s %10s %10s %12s %12s %8s\n", "object", "raw p50", "raw p99",
-         "lookup p50", "lookup p99", "ratio");
-  static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20, 30u << 20};
-  for (size_t s = 0; s < 4; s++) {
-    size_t nbytes = sizes[s], cols = 1024, rows = nbytes / 4 / cols;
-    if (rows == 0)
-      rows = 1, cols = nbytes / 4;
-    void *pbuf[NOBJ];
-    bench_pool p = {pbuf};
-    char ids[NOBJ][32], keys[NOBJ][256];
-    const char *kp[NOBJ];
-    void *raw[NOBJ];
-    size_t caps[NOBJ];
-    int64_t res[NOBJ];
-    encache_candidate c[NOBJ];
-    encache_result r[NOBJ];
-    for (int k = 0; k < NOBJ; k++) {
-      pbuf[k] = malloc(nbytes);
-      raw[k] = malloc(nbytes + 24);
-      memset(pbuf[k], 1, nbytes);
-      memset(raw[k], 1, nbytes + 24);
-      snprintf(ids[k], sizeof(ids[k]), "a-%zu-%d", nbytes, k);
-      encache_key(encache_namespace_of(ec), ids[k], keys[k], sizeof(keys[k]));
-      kp[k] = keys[k];
-      caps[k] = nbytes + 24;
-      encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
-                              rows, cols, ENCACHE_DEVICE_HOST, 0};
-      c[k] = cc;
-      /* The object, written as the engine would. */
-      int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-      encache_tensor v = {pbuf[k], ENCACHE_FLOAT32, 2, shape, NULL};
-      unsigned char hdr[24];
-      encache_header_encode(&v, hdr);
-      encache_store_write(st, keys[k], hdr, 24, pbuf[k], nbytes);
-    }
-    encache_allocator a = {&p, bench_pool_alloc, NULL};
-    encache_store_read(st, kp, NOBJ, raw, caps, res);
-    encache_lookup(ec, c, NOBJ, &a, r);
-    for (int i = 0; i < iters; i++) {
-      double t0 = bench_now();
-      int rc = encache_store_read(st, kp, NOBJ, raw, caps, res);
-      t[i] = bench_now() - t0;
-      t0 = bench_now();
-      int hits = encache_lookup(ec, c, NOBJ, &a, r);
-      u[i] = bench_now() - t0;
-      if (rc != 0 || hits != NOBJ) {
-        fprintf(stderr, "bench_engine: read %d, hits %d: %s\n", rc, hits,
-                encache_errmsg(ec));
-        return 1;
-      }
-    }
-    double raw50 = bench_pct(t, iters, 50), raw99 = bench_pct(t, iters, 99);
-    double lk50 = bench_pct(u, iters, 50), lk99 = bench_pct(u, iters, 99);
-    char label[16];
-    snprintf(label, sizeof(label), nbytes < (1u << 20) ? "%zu KiB" : "%zu MiB",
-             nbytes < (1u << 20) ? nbytes >> 10 : nbytes >> 20);
-    printf("%-10s %8.3fms %8.3fms %10.3fms %10.3fms %8.2f\n", label,
-           raw50 * 1e3, raw99 * 1e3, lk50 * 1e3, lk99 * 1e3, raw50 / lk50);
-    for (int k = 0; k < NOBJ; k++) {
-      encache_store_remove(st, keys[k]);
-      free(pbuf[k]);
-      free(raw[k]);
-    }
-  }
-
-  printf("\n(b) encache_publish() on the caller's thread, per call\n");
-  printf("%-10s %10s %10s %10s\n", "payload", "p50", "p90", "p99");
-  static const size_t psizes[] = {16u << 10, 30u << 20};
-  int serial = 0;
-  for (size_t s = 0; s < 2; s++) {
-    size_t nbytes = psizes[s], cols = 1024, rows = nbytes / 4 / cols;
-    void *data = calloc(1, nbytes);
-    int calls = 0, wakes = 0;
-    for (int round = 0; round < iters; round++) {
-      enum { B = 32 };
-      char ids[B][32];
-      encache_candidate c[B];
-      encache_result r[B];
-      bench_pool dummy = {NULL};
-      encache_allocator a = {&dummy, bench_pool_alloc, NULL};
-      for (int k = 0; k < B; k++) {
-        snprintf(ids[k], sizeof(ids[k]), "b-%d", serial++);
-        encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
-                                rows, cols, ENCACHE_DEVICE_HOST, 0};
-        c[k] = cc;
-      }
-      encache_lookup(ec, c, B, &a, r); /* all miss: they become candidates */
-      encache_storage *stg = NULL;
-      encache_storage_new(data, nbytes, no_release, NULL, &stg);
-      int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-      for (int k = 0; k < B; k++) {
-        /* Views of one storage: the budget charges it once. */
-        encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
-        double t0 = bench_now();
-        int q = encache_publish(ec, ids[k], &v, stg);
-        double dt = bench_now() - t0;
-        t[calls++] = dt;
-        if (k == 0)
-          wake[wakes++] = dt; /* the call that wakes the idle worker */
-        if (q != ENCACHE_QUEUED) {
-          fprintf(stderr, "bench_engine: publish: %s\n", encache_skip_name(q));
-          return 1;
-        }
-      }
-      encache_storage_unref(stg);
-      encache_flush(ec);
-      if (round >= 9 && nbytes > (1u << 20))
-        break; /* 30 MiB objects: enough calls, spare the segment */
-    }
-    char label[16];
-    snprintf(label, sizeof(label), nbytes < (1u << 20) ? "%zu KiB" : "%zu MiB",
-             nbytes < (1u << 20) ? nbytes >> 10 : nbytes >> 20);
-    printf("%-10s %8.2fus %8.2fus %8.2fus  (%d calls; first of each burst, "
-           "which wakes the idle worker: p50 %.2fus)\n", label,
-           bench_pct(t, calls, 50) * 1e6, bench_pct(t, calls, 90) * 1e6,
-           bench_pct(t, calls, 99) * 1e6, calls, bench_pct(wake, wakes, 50) * 1e6);
-    free(data);
-  }
-
-  printf("\n(c) sustained publication of 1 MiB objects\n");
-  {
-    size_t nbytes = 1u << 20, rows = 256, cols = 1024;
-    int total = iters * 16;
-    void *data = calloc(1, nbytes);
-    unsigned char hdr[24];
-    int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-    encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
-    encache_header_encode(&v, hdr);
-    double t0 = bench_now();
-    for (int i = 0; i < total; i++) {
-      char key[256], id[32];
-      snprintf(id, sizeof(id), "c-raw-%d", i);
-      encache_key(encache_namespace_of(ec), id, key, sizeof(key));
-      encache_store_write(st, key, hdr, 24, data, nbytes);
-    }
-    double raw = bench_now() - t0;
-    encache_stats s0, s1;
-    encache_stats_get(ec, &s0);
-    /* Steps of 16 new outputs; when the queue nears the item budget the
-     * step waits for the worker, so that the figure is what the worker
-     * sustains, not what the budget sheds. */
-    t0 = bench_now();
-    for (int i = 0; i < total; i += 16) {
-      enum { B = 16 };
-      char ids[B][32];
-      encache_candidate c[B];
-      encache_result r[B];
-      bench_pool dummy = {NULL};
-      encache_allocator a = {&dummy, bench_pool_alloc, NULL};
-      for (int k = 0; k < B; k++) {
-        snprintf(ids[k], sizeof(ids[k]), "c-eng-%d", i + k);
-        encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
-                                rows, cols, ENCACHE_DEVICE_HOST, 0};
-        c[k] = cc;
-      }
-      encache_lookup(ec, c, B, &a, r);
-      for (int k = 0; k < B; k++) {
-        encache_storage *stg = NULL;
-        encache_storage_new(data, nbytes, no_release, NULL, &stg);
-        encache_publish(ec, ids[k], &v, stg);
-        encache_storage_unref(stg);
-      }
-      encache_stats now_s;
-      encache_stats_get(ec, &now_s);
-      if (now_s.pending_items > 40)
-        encache_flush(ec);
-    }
-    encache_flush(ec);
-    double eng = bench_now() - t0;
-    encache_stats_get(ec, &s1);
-    uint64_t written = s1.published_written - s0.published_written;
-    uint64_t skipped = 0;
-    for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
-      skipped += s1.published_skipped[k] - s0.published_skipped[k];
-    printf("raw Store writes: %.0f objects/s (%.2f GB/s)\n", total / raw,
-           (double)total * nbytes / raw / 1e9);
-    printf("engine (lookup + publish + background write): %.0f objects/s "
-           "(%.2f GB/s), ratio %.2f; %llu written, %llu skipped\n",
-           written / eng, (double)written * nbytes / eng / 1e9,
-           (written / eng) / (total / raw), (unsigned long long)written,
-           (unsigned long long)skipped);
-    free(data);
-  }
-  free(t);
-  free(u);
-  free(wake);
+  printf("store: %s\n\n", url);
+  rc = bench_reads(ec, st, iters);
+  if (rc == 0)
+    rc = bench_publish_per_call(ec, iters);
+  if (rc == 0)
+    bench_sustained(ec, st, iters);
   encache_close(ec);
   encache_store_close(st);
   if (own[0])
     encache_shm_destroy(name);
-  return 0;
+  return rc != 0;
 }

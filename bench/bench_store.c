@@ -8,8 +8,8 @@
  * each object size (1, 8, 30 MiB) it writes 4 objects, then times N
  * batched reads of the 4 into warm caller buffers, and N memcpy of the
  * same 4 x size bytes from warm private buffers into the same
- * destinations.  It prints p50 GB/s of each and the ratio store/memcpy
- * (target: >= 0.8 for the shm Store), then the put rate.
+ * destinations.  It prints p50 and p99 of each, their GB/s and the ratio
+ * memcpy/store (target: >= 0.8 for the shm Store), then the put rate.
  *
  * Without --store it runs twice, on segments with object checksums on
  * (the default) and off, and prints what the checksums cost: each
@@ -20,10 +20,98 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define NOBJ 4
+
+static const char usage[] =
+    "usage: bench_store [--store URL] [--iterations N]\n";
+
+/* NOBJ objects of one size: copied from src, or read from the Store. */
+typedef struct batch {
+  encache_store *st;
+  size_t n;
+  void *src[NOBJ], *dst[NOBJ];
+  char keys_buf[NOBJ][64];
+  const char *keys[NOBJ];
+  size_t caps[NOBJ];
+  int64_t res[NOBJ];
+} batch;
+
+static int copy(void *ctx) {
+  batch *b = ctx;
+  for (int k = 0; k < NOBJ; k++)
+    memcpy(b->dst[k], b->src[k], b->n);
+  return 0;
+}
+
+static int read_batch(void *ctx) {
+  batch *b = ctx;
+  int rc = encache_store_read(b->st, b->keys, NOBJ, b->dst, b->caps, b->res);
+  for (int k = 0; k < NOBJ; k++)
+    if (rc != 0 || b->res[k] != (int64_t)b->n) {
+      fprintf(stderr, "bench_store: read %s: %lld\n", b->keys[k],
+              (long long)b->res[k]);
+      return 1;
+    }
+  return 0;
+}
+
+/* Writes the batch's objects; 0 or 1. */
+static int batch_fill(batch *b, encache_store *st, size_t n) {
+  memset(b, 0, sizeof(*b));
+  b->st = st;
+  b->n = n;
+  for (int k = 0; k < NOBJ; k++) {
+    b->src[k] = malloc(n);
+    b->dst[k] = malloc(n);
+    memset(b->src[k], k + 1, n);
+    memset(b->dst[k], 0, n);
+    snprintf(b->keys_buf[k], sizeof(b->keys_buf[k]), "bench/%d/%zu/%d",
+             (int)getpid(), n, k);
+    b->keys[k] = b->keys_buf[k];
+    b->caps[k] = n;
+    int rc = encache_store_write(st, b->keys[k], NULL, 0, b->src[k], n);
+    if (rc != 0 && rc != ENCACHE_EEXIST) {
+      fprintf(stderr, "bench_store: write: %s\n", encache_store_errmsg(st));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static void batch_drop(batch *b) {
+  for (int k = 0; k < NOBJ; k++) {
+    encache_store_remove(b->st, b->keys[k]);
+    free(b->src[k]);
+    free(b->dst[k]);
+  }
+}
+
+/* Put throughput: 1 MiB objects under fresh keys; returns GB/s. */
+static double bench_puts(encache_store *st, int iters) {
+  size_t n = 1u << 20;
+  void *buf = malloc(n);
+  memset(buf, 7, n);
+  int puts_n = iters * 8;
+  double t0 = measure_now();
+  for (int i = 0; i < puts_n; i++) {
+    char key[64];
+    snprintf(key, sizeof(key), "bench/put/%d/%d", (int)getpid(), i);
+    encache_store_write(st, key, NULL, 0, buf, n);
+  }
+  double el = measure_now() - t0;
+  double gbs = measure_gbs((double)n * puts_n, el);
+  printf("put 1 MiB: %.0f objects/s, %.2f GB/s (memcpy above: the limit)\n",
+         puts_n / el, gbs);
+  for (int i = 0; i < puts_n; i++) {
+    char key[64];
+    snprintf(key, sizeof(key), "bench/put/%d/%d", (int)getpid(), i);
+    encache_store_remove(st, key);
+  }
+  free(buf);
+  return gbs;
+}
 
 /* Times reads of each size and puts on the Store at url: read GB/s in
  * rd_gbs[3], puts in *put_gbs.  Returns 0, or 1 on a Store error. */
@@ -35,111 +123,44 @@ static int bench(const char *url, int iters, double rd_gbs[3],
     return 1;
   }
   static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
-  double *t = malloc(sizeof(double) * (size_t)iters);
+  measure mem, rd;
+  measure_init(&mem, iters);
+  measure_init(&rd, iters);
   printf("store: %s\n", url);
-  printf("%-14s %12s %12s %8s %10s %10s\n", "batch", "memcpy GB/s",
-         "store GB/s", "ratio", "p50 ms", "p99 ms");
-  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-    size_t n = sizes[s];
-    void *src[NOBJ], *dst[NOBJ];
-    char keys_buf[NOBJ][64];
-    const char *keys[NOBJ];
-    size_t caps[NOBJ];
-    int64_t res[NOBJ];
-    for (int k = 0; k < NOBJ; k++) {
-      src[k] = malloc(n);
-      dst[k] = malloc(n);
-      memset(src[k], k + 1, n);
-      memset(dst[k], 0, n);
-      snprintf(keys_buf[k], sizeof(keys_buf[k]), "bench/%d/%zu/%d",
-               (int)getpid(), n, k);
-      keys[k] = keys_buf[k];
-      caps[k] = n;
-      int rc = encache_store_write(st, keys[k], NULL, 0, src[k], n);
-      if (rc != 0 && rc != ENCACHE_EEXIST) {
-        fprintf(stderr, "bench_store: write: %s\n", encache_store_errmsg(st));
-        return 1;
-      }
+  measure_print_header("batch", "memcpy", "store", 1);
+  int rc = 0;
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]) && rc == 0; s++) {
+    static batch b;
+    rc = batch_fill(&b, st, sizes[s]);
+    /* memcpy, then the batched read of the same bytes (one warm-up). */
+    measure_clear(&mem);
+    measure_clear(&rd);
+    if (rc == 0)
+      rc = measure_pair(&mem, copy, NULL, NULL, &b, 1, iters);
+    if (rc == 0)
+      rc = measure_pair(&rd, read_batch, NULL, NULL, &b, 1, iters);
+    if (rc == 0) {
+      char label[32];
+      snprintf(label, sizeof(label), "%d x %zu MiB", NOBJ, sizes[s] >> 20);
+      measure_print_row(label, &mem, &rd, (double)sizes[s] * NOBJ);
+      rd_gbs[s] = measure_gbs((double)sizes[s] * NOBJ, measure_pct(&rd, 50));
     }
-    /* memcpy baseline (warm-up, then timed). */
-    for (int k = 0; k < NOBJ; k++)
-      memcpy(dst[k], src[k], n);
-    for (int i = 0; i < iters; i++) {
-      double t0 = bench_now();
-      for (int k = 0; k < NOBJ; k++)
-        memcpy(dst[k], src[k], n);
-      t[i] = bench_now() - t0;
-    }
-    double mem = bench_pct(t, iters, 50);
-    /* Batched store read. */
-    encache_store_read(st, keys, NOBJ, dst, caps, res);
-    for (int i = 0; i < iters; i++) {
-      double t0 = bench_now();
-      int rc = encache_store_read(st, keys, NOBJ, dst, caps, res);
-      t[i] = bench_now() - t0;
-      for (int k = 0; k < NOBJ; k++)
-        if (rc != 0 || res[k] != (int64_t)n) {
-          fprintf(stderr, "bench_store: read %s: %lld\n", keys[k],
-                  (long long)res[k]);
-          return 1;
-        }
-    }
-    double rd = bench_pct(t, iters, 50);
-    double p99 = bench_pct(t, iters, 99);
-    double bytes = (double)n * NOBJ;
-    char label[32];
-    snprintf(label, sizeof(label), "%d x %zu MiB", NOBJ, n >> 20);
-    rd_gbs[s] = bytes / rd / 1e9;
-    printf("%-14s %12.2f %12.2f %8.2f %10.3f %10.3f\n", label,
-           bytes / mem / 1e9, bytes / rd / 1e9, mem / rd, rd * 1e3,
-           p99 * 1e3);
-    for (int k = 0; k < NOBJ; k++) {
-      encache_store_remove(st, keys[k]);
-      free(src[k]);
-      free(dst[k]);
-    }
+    batch_drop(&b);
   }
-  /* Put throughput: 1 MiB objects under fresh keys. */
-  size_t n = 1u << 20;
-  void *buf = malloc(n);
-  memset(buf, 7, n);
-  int puts_n = iters * 8;
-  double t0 = bench_now();
-  for (int i = 0; i < puts_n; i++) {
-    char key[64];
-    snprintf(key, sizeof(key), "bench/put/%d/%d", (int)getpid(), i);
-    encache_store_write(st, key, NULL, 0, buf, n);
-  }
-  double el = bench_now() - t0;
-  *put_gbs = (double)n * puts_n / el / 1e9;
-  printf("put 1 MiB: %.0f objects/s, %.2f GB/s (memcpy above: the limit)\n",
-         puts_n / el, (double)n * puts_n / el / 1e9);
-  for (int i = 0; i < puts_n; i++) {
-    char key[64];
-    snprintf(key, sizeof(key), "bench/put/%d/%d", (int)getpid(), i);
-    encache_store_remove(st, key);
-  }
-  free(buf);
-  free(t);
+  if (rc == 0)
+    *put_gbs = bench_puts(st, iters);
+  measure_free(&mem);
+  measure_free(&rd);
   encache_store_close(st);
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--store") == 0 && i + 1 < argc)
-      url = argv[++i];
-    else if (strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
-      iters = atoi(argv[++i]);
-    else {
-      fprintf(stderr, "usage: bench_store [--store URL] [--iterations N]\n");
-      return 2;
-    }
-  }
-  if (iters < 3)
-    iters = 3;
+  int rc = measure_options(argc, argv, usage, 0, &url, &iters, 3);
+  if (rc >= 0)
+    return rc;
   double rd[2][3], put[2];
   if (url != NULL)
     return bench(url, iters, rd[0], &put[0]);
@@ -148,7 +169,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof(name), "encache-bench-%d", (int)getpid());
     snprintf(own, sizeof(own), "shm://%s?size=512MiB%s", name,
              off ? "&checksum=off" : "");
-    int rc = bench(own, iters, rd[off], &put[off]);
+    rc = bench(own, iters, rd[off], &put[off]);
     encache_shm_destroy(name);
     if (rc != 0)
       return rc;
@@ -158,4 +179,3 @@ int main(int argc, char **argv) {
          rd[0][2] / rd[1][2], put[0] / put[1]);
   return 0;
 }
-

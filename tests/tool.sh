@@ -157,6 +157,7 @@ if [ "$("$tool" ls 'emb*' | wc -l)" -eq 1 ]; then echo "ok $n - ls filters"
 else echo "not ok $n - ls filters"; fails=$((fails + 1)); fi
 check "stats" 0 "objects 2" -- stats
 check "--store overrides ENCACHE_STORE" 0 "objects 0" -- --store "shm://$seg-b?size=2MiB" stats
+check "--store after the command" 0 "objects 0" -- stats --store "shm://$seg-b?size=2MiB"
 "$tool" shm destroy "$seg-b" >/dev/null
 check "get missing" 1 "nope: not found" -- get nope
 check "rm" 0 "" -- rm other
@@ -199,6 +200,33 @@ check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"
 check "put --help" 0 "usage: encache [--store URL] put KEY FILE" -- put --help
 check "ls --help" 0 "shell PATTERN" -- ls --help
 
+# --- the shared option parsing: every command has --help, names an unknown
+# option and a missing value, and refuses stray arguments
+for c in demo key config lookup publish bench put get inspect ls stats rm shm; do
+  check "$c --help" 0 "usage: encache" -- $c --help
+  check "help $c" 0 "usage: encache" -- help $c
+  check "$c unknown option" 2 "encache $c: unknown option '--no-such-option'" -- $c --no-such-option
+done
+for c in demo lookup publish bench put get inspect ls stats rm; do
+  check "$c --store without a URL" 2 "encache $c: --store needs a value" -- $c --store
+done
+check "key --store is not an option of key" 2 "unknown option '--store'" -- key --store x
+check "--json is not an option of put" 2 "encache put: unknown option '--json'" -- put --json k f
+check "demo missing value" 2 "encache demo: --encoders needs a value" -- demo --encoders
+check "bench missing value" 2 "encache bench: --sizes needs a value" -- bench --sizes
+check "lookup missing value" 2 "encache lookup: --rows needs a value" -- lookup --model m --rows
+check "config check missing value" 2 "--ec-transfer-config needs a value" -- config check --ec-transfer-config
+check "option=value form" 0 "embedding@model:m@" -- key --model=m --dtype=float32 --id=x
+check "get needs KEY" 2 "encache get: expects KEY, got 0 arguments" -- get
+check "put needs KEY FILE" 2 "encache put: expects KEY FILE, got 1 argument" -- put k
+check "stats takes no argument" 2 "encache stats: unexpected argument 'x'" -- stats x
+check "shm needs destroy" 2 "expects 'destroy NAME'" -- shm remove x
+check "demo stray argument" 2 "encache demo: unexpected argument 'x'" -- demo x
+check "several --store only for bench" 2 "only bench takes several Stores" -- --store shm://a stats --store shm://b
+check "bench --iterations range" 2 "--iterations: must be an integer from 1 to 100000" -- bench --iterations 0
+check "demo --verify" 2 "--verify: all, sample or none" -- demo --verify most
+check "demo --baseline and --no-baseline" 2 "give one" -- demo --baseline --no-baseline
+check "config check tensor parallel not a number" 2 "--tensor-parallel-size: must be an integer from 1 to 1048576, got \"x\"" -- config check --ec-transfer-config '{}' --tensor-parallel-size x
 echo "1..$n"
 echo "# $n checks, $fails failed"
 [ "$fails" -eq 0 ]

@@ -2,7 +2,8 @@
  * encache bench: the machine's memcpy bandwidth, each Store's raw batched
  * read, and an encache lookup of the same hits, in one run, for several
  * object sizes; every figure with its ratio to memcpy and to the raw read.
- * Prints a table (or JSON) and can draw an SVG chart.
+ * Prints a table (or JSON) and can draw an SVG chart.  The timing is the
+ * benchmarks' measuring core (bench/measure.h).
  */
 #include "tool.h"
 
@@ -10,16 +11,13 @@
 
 #include "bench_common.h"
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#define MAX_STORES 8
 #define MAX_SIZES 16
 
 typedef struct figures {
@@ -28,143 +26,83 @@ typedef struct figures {
 } figures;
 
 /* Measures one Store at one object size: raw batched read and lookup. */
-static int measure(const char *url, uint64_t size, int batch, int iters,
-                   figures *f) {
+static int measure_store(const char *url, uint64_t size, int batch, int iters,
+                         figures *f) {
   memset(f, 0, sizeof(*f));
-  uint64_t cols = size >= 4096 ? 1024 : size / 4, rows = size / 4 / cols;
-  uint64_t nbytes = rows * cols * 4;
-  char model[64];
-  snprintf(model, sizeof(model), "encache-bench/%d", (int)getpid());
-  encache_options o;
-  memset(&o, 0, sizeof(o));
-  o.ec_transfer_config =
-      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
-      "\"store_read_buffer_bytes\": 1073741824}}";
-  o.model = model;
-  o.model_dtype = ENCACHE_FLOAT32;
-  o.store_url = url;
-  encache *ec = NULL;
-  encache_store *st = NULL;
-  if (encache_open(&o, &ec) != 0 || encache_store_open(url, &st) != 0) {
-    fprintf(stderr, "encache bench: %s: %s%s\n", url, encache_errmsg(ec),
-            encache_store_errmsg(st));
-    encache_close(ec);
-    encache_store_close(st);
+  encache *ec;
+  encache_store *st;
+  if (bench_open("encache bench", url,
+                 "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+                 "true, \"store_read_buffer_bytes\": 1073741824}}",
+                 &ec, &st) != 0)
     return -1;
-  }
-  void **dst = calloc((size_t)batch, sizeof(void *));
-  void **raw = calloc((size_t)batch, sizeof(void *));
-  char (*ids)[48] = calloc((size_t)batch, 48);
-  char **keys = calloc((size_t)batch, sizeof(char *));
-  size_t *caps = calloc((size_t)batch, sizeof(size_t));
-  int64_t *res = calloc((size_t)batch, sizeof(int64_t));
-  encache_candidate *c = calloc((size_t)batch, sizeof(*c));
-  encache_result *r = calloc((size_t)batch, sizeof(*r));
-  double *t = calloc((size_t)iters, sizeof(double));
-  double *u = calloc((size_t)iters, sizeof(double));
-  int rc = 0;
-  for (int k = 0; k < batch; k++) {
-    dst[k] = malloc(nbytes);
-    raw[k] = malloc(nbytes + 24);
-    memset(dst[k], k + 1, nbytes);
-    snprintf(ids[k], 48, "b-%" PRIu64 "-%d", nbytes, k);
-    keys[k] = malloc(4096);
-    encache_key(encache_namespace_of(ec), ids[k], keys[k], 4096);
-    caps[k] = nbytes + 24;
-    encache_candidate cc = {ids[k], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
-                            rows, cols, ENCACHE_DEVICE_HOST, 0};
-    c[k] = cc;
-    int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-    encache_tensor v = {dst[k], ENCACHE_FLOAT32, 2, shape, NULL};
-    unsigned char hdr[24];
-    encache_header_encode(&v, hdr);
-    int w = encache_store_write(st, keys[k], hdr, 24, dst[k], nbytes);
-    if (w != 0 && w != ENCACHE_EEXIST) {
-      fprintf(stderr, "encache bench: %s: write: %s\n", url,
-              encache_store_errmsg(st));
-      rc = -1;
-    }
-  }
-  bench_pool p = {dst};
-  encache_allocator a = {&p, bench_pool_alloc, NULL};
-  for (int i = -1; i < iters && rc == 0; i++) {
-    double t0 = bench_now();
-    int rr = encache_store_read(st, (const char *const *)keys, (size_t)batch,
-                                raw, caps, res);
-    double t1 = bench_now();
-    int hits = encache_lookup(ec, c, (size_t)batch, &a, r);
-    double t2 = bench_now();
-    if (rr != 0 || hits != batch) {
-      fprintf(stderr, "encache bench: %s: %d of %d hits (%s)\n", url, hits,
-              batch, encache_errmsg(ec));
-      rc = -1;
-    }
-    if (i >= 0) {
-      t[i] = t1 - t0;
-      u[i] = t2 - t1;
-    }
-  }
+  bench_hits h;
+  measure t = {NULL, 0, 0}, u = {NULL, 0, 0};
+  int rc = bench_hits_make(&h, ec, st, "b", batch, size);
+  if (rc == 0 && (measure_init(&t, iters) < 0 || measure_init(&u, iters) < 0))
+    rc = -1;
+  if (rc == 0 &&
+      measure_pair(&t, bench_hits_read, &u, bench_hits_lookup, &h, 1, iters))
+    rc = -1;
   if (rc == 0) {
-    double bytes = (double)nbytes * batch;
-    f->raw_p50_ms = bench_pct(t, iters, 50) * 1e3;
-    f->lookup_p50_ms = bench_pct(u, iters, 50) * 1e3;
-    f->raw_gbs = bytes / (f->raw_p50_ms / 1e3) / 1e9;
-    f->lookup_gbs = bytes / (f->lookup_p50_ms / 1e3) / 1e9;
+    double bytes = (double)h.nbytes * batch;
+    f->raw_p50_ms = measure_pct(&t, 50) * 1e3;
+    f->lookup_p50_ms = measure_pct(&u, 50) * 1e3;
+    f->raw_gbs = measure_gbs(bytes, f->raw_p50_ms / 1e3);
+    f->lookup_gbs = measure_gbs(bytes, f->lookup_p50_ms / 1e3);
     f->ok = 1;
   }
-  for (int k = 0; k < batch; k++) {
-    encache_store_remove(st, keys[k]);
-    free(dst[k]);
-    free(raw[k]);
-    free(keys[k]);
-  }
-  free(dst), free(raw), free(ids), free(keys), free(caps), free(res), free(c),
-      free(r), free(t), free(u);
+  bench_hits_drop(&h);
+  measure_free(&t);
+  measure_free(&u);
   encache_close(ec);
   encache_store_close(st);
+  if (rc < 0)
+    fprintf(stderr, "encache bench: %s: measurement failed\n", url);
   return rc;
 }
 
-static double memcpy_gbs(uint64_t size, int batch, int iters) {
-  void **src = calloc((size_t)batch, sizeof(void *));
-  void **dst = calloc((size_t)batch, sizeof(void *));
-  double *t = calloc((size_t)iters, sizeof(double));
-  for (int k = 0; k < batch; k++) {
-    src[k] = malloc(size);
-    dst[k] = malloc(size);
-    memset(src[k], k, size);
-    memset(dst[k], 0, size);
-  }
-  for (int i = -1; i < iters; i++) {
-    double t0 = bench_now();
-    for (int k = 0; k < batch; k++)
-      memcpy(dst[k], src[k], size);
-    if (i >= 0)
-      t[i] = bench_now() - t0;
-  }
-  double gbs = (double)size * batch / bench_pct(t, iters, 50) / 1e9;
-  for (int k = 0; k < batch; k++) {
-    free(src[k]);
-    free(dst[k]);
-  }
-  free(src), free(dst), free(t);
-  return gbs;
+/* memcpy of batch buffers of size bytes (the baseline). */
+typedef struct copies {
+  void **src, **dst;
+  int batch;
+  uint64_t size;
+} copies;
+
+static int copy(void *ctx) {
+  copies *c = ctx;
+  for (int k = 0; k < c->batch; k++)
+    memcpy(c->dst[k], c->src[k], c->size);
+  return 0;
 }
 
-static void size_label(char *buf, size_t n, uint64_t s) {
-  if (s >= (1u << 20) && s % (1u << 20) == 0)
-    snprintf(buf, n, "%" PRIu64 " MiB", s >> 20);
-  else if (s >= 1024 && s % 1024 == 0)
-    snprintf(buf, n, "%" PRIu64 " KiB", s >> 10);
-  else
-    snprintf(buf, n, "%" PRIu64 " B", s);
+static double memcpy_gbs(uint64_t size, int batch, int iters) {
+  copies c = {calloc((size_t)batch, sizeof(void *)),
+              calloc((size_t)batch, sizeof(void *)), batch, size};
+  for (int k = 0; k < batch; k++) {
+    c.src[k] = malloc(size);
+    c.dst[k] = malloc(size);
+    memset(c.src[k], k, size);
+    memset(c.dst[k], 0, size);
+  }
+  measure t;
+  measure_init(&t, iters);
+  measure_pair(&t, copy, NULL, NULL, &c, 1, iters);
+  double gbs = measure_gbs((double)size * batch, measure_pct(&t, 50));
+  measure_free(&t);
+  for (int k = 0; k < batch; k++) {
+    free(c.src[k]);
+    free(c.dst[k]);
+  }
+  free(c.src), free(c.dst);
+  return gbs;
 }
 
 /* An SVG line chart: throughput against object size (log scale), one line
  * per Store's lookup and one for memcpy. */
 static int plot(const char *path, const uint64_t *sizes, int ns,
                 const double *mem, const char *const *urls, int nst,
-                figures f[MAX_STORES][MAX_SIZES]) {
+                figures f[TOOL_MAX_STORES][MAX_SIZES]) {
   FILE *out = fopen(path, "w");
   if (out == NULL) {
     perror(path);
@@ -201,7 +139,7 @@ static int plot(const char *path, const uint64_t *sizes, int ns,
   }
   for (int j = 0; j < ns; j++) {
     char lab[32];
-    size_label(lab, sizeof(lab), sizes[j]);
+    measure_size_label(lab, sizeof(lab), sizes[j]);
     fprintf(out, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
             X(j), H - B + 18, lab);
   }
@@ -241,128 +179,147 @@ static const char bench_usage[] =
     "  --batch N          objects per batched call (default 4)\n"
     "  --iterations N     timed repetitions, the median is kept (default 20)\n";
 
-int cmd_bench(const tool_globals *g, int argc, char **argv) {
-  static const struct option longopts[] = {
-      {"store", required_argument, NULL, 'u'},
-      {"sizes", required_argument, NULL, 's'},
-      {"batch", required_argument, NULL, 'b'},
-      {"iterations", required_argument, NULL, 'i'},
-      {"json", no_argument, NULL, 'j'},
-      {"plot", required_argument, NULL, 'p'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
-  const char *urls[MAX_STORES];
-  int nst = 0, batch = 4, iters = 20, json = 0, c;
-  const char *sizes_arg = "16KiB,1MiB,8MiB,30MiB", *plot_path = NULL;
-  long long v;
-  for (int i = 0; i < g->nstores && nst < MAX_STORES; i++)
-    urls[nst++] = g->stores[i];
-  optind = 1;
-  opterr = 0;
-  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-    switch (c) {
-    case 'u':
-      if (nst == MAX_STORES)
-        return usage_error("bench", "at most %d stores", MAX_STORES);
-      urls[nst++] = optarg;
-      break;
-    case 's': sizes_arg = optarg; break;
-    case 'b':
-      if (parse_int_option("bench", "--batch", optarg, 0, &v) < 0 || v > 256)
-        return EXIT_USAGE;
-      batch = (int)v;
-      break;
-    case 'i':
-      if (parse_int_option("bench", "--iterations", optarg, 0, &v) < 0 ||
-          v > 100000)
-        return EXIT_USAGE;
-      iters = (int)v < 3 ? 3 : (int)v;
-      break;
-    case 'j': json = 1; break;
-    case 'p': plot_path = optarg; break;
-    case 'h': fputs(bench_usage, stdout); return EXIT_OK;
-    case ':': return usage_error("bench", "%s needs a value", argv[optind - 1]);
-    default:
-      return usage_error("bench", "unknown option '%s' (see --help)",
-                         argv[optind - 1]);
-    }
-  }
-  if (plot_path != NULL && (strlen(plot_path) < 4 ||
-                            strcmp(plot_path + strlen(plot_path) - 4, ".svg")))
-    return usage_error("bench", "--plot: only SVG is written: name the file "
-                                "*.svg");
-  uint64_t sizes[MAX_SIZES];
+enum { B_SIZES, B_BATCH, B_ITERATIONS, B_PLOT };
+
+static const tool_opt bench_opts[] = {[B_SIZES] = {"sizes", 1},
+                                      [B_BATCH] = {"batch", 1},
+                                      [B_ITERATIONS] = {"iterations", 1},
+                                      [B_PLOT] = {"plot", 1},
+                                      {NULL, 0}};
+
+/* --sizes into sizes[]; returns how many, or -1 after a message. */
+static int parse_sizes(const char *arg, uint64_t *sizes) {
   int ns = 0;
-  char *list = strdup(sizes_arg);
+  char *list = strdup(arg);
+  if (list == NULL)
+    return usage_error("bench", "out of memory"), -1;
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     if (ns == MAX_SIZES || encache_parse_size(tok, &sizes[ns]) < 0 ||
         sizes[ns] < 16 || sizes[ns] > (1ull << 30)) {
       usage_error("bench", "--sizes: \"%s\" is not a size from 16 B to 1 GiB "
                            "(at most %d sizes)", tok, MAX_SIZES);
       free(list);
-      return EXIT_USAGE;
+      return -1;
     }
     ns++;
   }
   free(list);
-  char own[160] = "", own_name[64] = "";
-  if (nst == 0) {
-    uint64_t need = 64u << 20;
-    for (int j = 0; j < ns; j++)
-      if ((sizes[j] + 4096) * (uint64_t)batch * 2 + (64u << 20) > need)
-        need = (sizes[j] + 4096) * (uint64_t)batch * 2 + (64u << 20);
-    snprintf(own_name, sizeof(own_name), "encache-bench-%d", (int)getpid());
-    snprintf(own, sizeof(own), "shm://%s?size=%" PRIu64, own_name, need);
-    urls[nst++] = own;
-  }
+  return ns > 0 ? ns : (usage_error("bench", "--sizes: empty list"), -1);
+}
+
+typedef struct bench_table {
+  int batch, iters, ns, nst;
+  uint64_t sizes[MAX_SIZES];
+  const char *urls[TOOL_MAX_STORES];
   double mem[MAX_SIZES];
-  static figures f[MAX_STORES][MAX_SIZES];
+  figures f[TOOL_MAX_STORES][MAX_SIZES];
+} bench_table;
+
+static void print_json(const bench_table *t) {
+  printf("{\"batch\": %d, \"iterations\": %d, \"results\": [", t->batch,
+         t->iters);
+  for (int s = 0; s < t->nst; s++)
+    for (int j = 0; j < t->ns; j++) {
+      const figures *f = &t->f[s][j];
+      printf("%s\n {\"store\": \"%s\", \"size\": %" PRIu64 ", "
+             "\"memcpy_gbs\": %.3f, \"raw_gbs\": %.3f, \"lookup_gbs\": %.3f, "
+             "\"raw_p50_ms\": %.4f, \"lookup_p50_ms\": %.4f, "
+             "\"lookup_vs_memcpy\": %.3f, \"lookup_vs_raw\": %.3f}",
+             s || j ? "," : "", t->urls[s], t->sizes[j], t->mem[j], f->raw_gbs,
+             f->lookup_gbs, f->raw_p50_ms, f->lookup_p50_ms,
+             f->lookup_gbs / t->mem[j],
+             f->raw_gbs > 0 ? f->lookup_gbs / f->raw_gbs : 0);
+    }
+  printf("\n]}\n");
+}
+
+static void print_table(const bench_table *t) {
+  printf("batch of %d objects, median of %d iterations\n\n", t->batch,
+         t->iters);
+  printf("%-44s %8s %9s %9s %9s %11s %8s %8s\n", "store", "size", "memcpy",
+         "raw", "lookup", "lookup p50", "vs mem", "vs raw");
+  for (int s = 0; s < t->nst; s++)
+    for (int j = 0; j < t->ns; j++) {
+      const figures *f = &t->f[s][j];
+      char lab[32];
+      measure_size_label(lab, sizeof(lab), t->sizes[j]);
+      if (!f->ok) {
+        printf("%-44.44s %8s   (failed)\n", t->urls[s], lab);
+        continue;
+      }
+      printf("%-44.44s %8s %6.2fGB/s %6.2fGB/s %6.2fGB/s %9.3fms %8.2f %8.2f\n",
+             t->urls[s], lab, t->mem[j], f->raw_gbs, f->lookup_gbs,
+             f->lookup_p50_ms, f->lookup_gbs / t->mem[j],
+             f->lookup_gbs / f->raw_gbs);
+    }
+}
+
+/* The Stores to measure: those given, or a private shm segment sized for
+ * the largest batch (its name in own_name). */
+static void pick_stores(const tool_globals *g, bench_table *t, char *own,
+                        size_t own_size, char *own_name, size_t name_size) {
+  for (int i = 0; i < g->nstores; i++)
+    t->urls[t->nst++] = g->stores[i];
+  if (t->nst > 0)
+    return;
+  uint64_t need = 64u << 20;
+  for (int j = 0; j < t->ns; j++) {
+    uint64_t n = (t->sizes[j] + 4096) * (uint64_t)t->batch * 2 + (64u << 20);
+    if (n > need)
+      need = n;
+  }
+  snprintf(own_name, name_size, "encache-bench-%d", (int)getpid());
+  snprintf(own, own_size, "shm://%s?size=%" PRIu64, own_name, need);
+  t->urls[t->nst++] = own;
+}
+
+static int run_bench(const tool_globals *g, const tool_args *a) {
+  static bench_table t;
+  const char *plot_path = a->val[B_PLOT];
+  t.batch = 4;
+  t.iters = 20;
+  if (a->val[B_BATCH] != NULL &&
+      tool_int32("bench", "--batch", a->val[B_BATCH], 1, 256, &t.batch) < 0)
+    return EXIT_USAGE;
+  if (a->val[B_ITERATIONS] != NULL &&
+      tool_int32("bench", "--iterations", a->val[B_ITERATIONS], 1, 100000,
+                 &t.iters) < 0)
+    return EXIT_USAGE;
+  if (t.iters < 3)
+    t.iters = 3;
+  if (plot_path != NULL && (strlen(plot_path) < 4 ||
+                            strcmp(plot_path + strlen(plot_path) - 4, ".svg")))
+    return usage_error("bench", "--plot: only SVG is written: name the file "
+                                "*.svg");
+  t.ns = parse_sizes(a->val[B_SIZES] ? a->val[B_SIZES]
+                                     : "16KiB,1MiB,8MiB,30MiB", t.sizes);
+  if (t.ns < 0)
+    return EXIT_USAGE;
+  char own[160] = "", own_name[64] = "";
+  pick_stores(g, &t, own, sizeof(own), own_name, sizeof(own_name));
   int failed = 0;
-  for (int j = 0; j < ns; j++)
-    mem[j] = memcpy_gbs(sizes[j], batch, iters);
-  for (int s = 0; s < nst; s++)
-    for (int j = 0; j < ns; j++)
-      if (measure(urls[s], sizes[j], batch, iters, &f[s][j]) < 0)
+  for (int j = 0; j < t.ns; j++)
+    t.mem[j] = memcpy_gbs(t.sizes[j], t.batch, t.iters);
+  for (int s = 0; s < t.nst; s++)
+    for (int j = 0; j < t.ns; j++)
+      if (measure_store(t.urls[s], t.sizes[j], t.batch, t.iters,
+                        &t.f[s][j]) < 0)
         failed = 1;
   if (own_name[0])
     encache_shm_destroy(own_name);
-
-  if (json) {
-    printf("{\"batch\": %d, \"iterations\": %d, \"results\": [", batch, iters);
-    for (int s = 0; s < nst; s++)
-      for (int j = 0; j < ns; j++)
-        printf("%s\n {\"store\": \"%s\", \"size\": %" PRIu64 ", "
-               "\"memcpy_gbs\": %.3f, \"raw_gbs\": %.3f, \"lookup_gbs\": %.3f, "
-               "\"raw_p50_ms\": %.4f, \"lookup_p50_ms\": %.4f, "
-               "\"lookup_vs_memcpy\": %.3f, \"lookup_vs_raw\": %.3f}",
-               s || j ? "," : "", urls[s], sizes[j], mem[j], f[s][j].raw_gbs,
-               f[s][j].lookup_gbs, f[s][j].raw_p50_ms, f[s][j].lookup_p50_ms,
-               f[s][j].lookup_gbs / mem[j],
-               f[s][j].raw_gbs > 0 ? f[s][j].lookup_gbs / f[s][j].raw_gbs : 0);
-    printf("\n]}\n");
-  } else {
-    printf("batch of %d objects, median of %d iterations\n\n", batch, iters);
-    printf("%-44s %8s %9s %9s %9s %11s %8s %8s\n", "store", "size", "memcpy",
-           "raw", "lookup", "lookup p50", "vs mem", "vs raw");
-    for (int s = 0; s < nst; s++)
-      for (int j = 0; j < ns; j++) {
-        char lab[32];
-        size_label(lab, sizeof(lab), sizes[j]);
-        if (!f[s][j].ok) {
-          printf("%-44.44s %8s   (failed)\n", urls[s], lab);
-          continue;
-        }
-        printf("%-44.44s %8s %6.2fGB/s %6.2fGB/s %6.2fGB/s %9.3fms %8.2f %8.2f\n",
-               urls[s], lab, mem[j], f[s][j].raw_gbs, f[s][j].lookup_gbs,
-               f[s][j].lookup_p50_ms, f[s][j].lookup_gbs / mem[j],
-               f[s][j].lookup_gbs / f[s][j].raw_gbs);
-      }
-  }
+  if (g->json)
+    print_json(&t);
+  else
+    print_table(&t);
   if (plot_path != NULL) {
-    if (plot(plot_path, sizes, ns, mem, urls, nst, f) < 0)
+    if (plot(plot_path, t.sizes, t.ns, t.mem, t.urls, t.nst, t.f) < 0)
       return EXIT_FAIL;
-    if (!json)
+    if (!g->json)
       printf("\nchart: %s\n", plot_path);
   }
   return failed ? EXIT_FAIL : EXIT_OK;
 }
+
+const tool_command cmd_bench = {
+    "bench", "measure Stores against memcpy and their raw reads", bench_usage,
+    bench_opts, TOOL_STORES | TOOL_JSON, 0, 0, "", run_bench};

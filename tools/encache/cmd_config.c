@@ -3,7 +3,6 @@
 
 #include "encache.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,88 +30,45 @@ static const char config_usage[] =
     "  --data-parallel-size N           (default 1)\n"
     "  --dynamic-lora                   dynamic LoRA adapters are enabled\n";
 
-static int config_check(int argc, char **argv) {
-  static const struct option longopts[] = {
-      {"ec-transfer-config", required_argument, NULL, 'c'},
-      {"mooncake-config", required_argument, NULL, 'm'},
-      {"mm-processor-cache-gb", required_argument, NULL, 'g'},
-      {"tensor-parallel-size", required_argument, NULL, 't'},
-      {"pipeline-parallel-size", required_argument, NULL, 'p'},
-      {"data-parallel-size", required_argument, NULL, 'd'},
-      {"dynamic-lora", no_argument, NULL, 'l'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
-  const char *ec_arg = NULL, *mc_path = NULL;
-  encache_deployment dep;
-  encache_deployment_defaults(&dep);
-  int c;
-  long long v;
-  optind = 1;
-  opterr = 0;
-  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-    switch (c) {
-    case 'c': ec_arg = optarg; break;
-    case 'm': mc_path = optarg; break;
-    case 'g': {
-      char *end;
-      dep.mm_processor_cache_gb = strtod(optarg, &end);
-      if (end == optarg || *end != '\0' || dep.mm_processor_cache_gb < 0)
-        return usage_error("config check", "--mm-processor-cache-gb: must be "
-                           "a non-negative number, got \"%s\"", optarg);
-      break;
-    }
-    case 't':
-    case 'p':
-    case 'd':
-      if (parse_int_option("config check", argv[optind - 1], optarg, 0, &v) < 0)
-        return EXIT_USAGE;
-      if (v > 1 << 20)
-        v = 1 << 20;
-      *(c == 't' ? &dep.tensor_parallel_size
-                 : c == 'p' ? &dep.pipeline_parallel_size
-                            : &dep.data_parallel_size) = (int)v;
-      break;
-    case 'l': dep.dynamic_lora = 1; break;
-    case 'h': fputs(config_usage, stdout); return EXIT_OK;
-    case ':':
-      return usage_error("config check", "%s needs a value", argv[optind - 1]);
-    default:
-      return usage_error("config check", "unknown option '%s' (see --help)",
-                         argv[optind - 1]);
-    }
-  }
-  if (optind < argc)
-    return usage_error("config check", "unexpected argument '%s'",
-                       argv[optind]);
-  if (ec_arg == NULL)
-    return usage_error("config check", "--ec-transfer-config is required");
-  if (mc_path == NULL) {
-    const char *env = getenv("MOONCAKE_CONFIG_PATH");
-    if (env != NULL && env[0] != '\0')
-      mc_path = env;
-  }
+enum { CC_EC, CC_MOONCAKE, CC_CACHE_GB, CC_TP, CC_PP, CC_DP, CC_LORA };
 
-  size_t len;
-  char *json = arg_or_file(ec_arg, &len);
-  if (json == NULL)
-    return EXIT_USAGE;
-  encache_config *cfg = NULL;
-  int rc = encache_config_new(&cfg);
-  if (rc == 0)
-    rc = encache_config_load_ec(cfg, json, len);
-  if (rc == 0 && mc_path != NULL)
-    rc = encache_config_load_mooncake_file(cfg, mc_path);
-  if (rc == 0)
-    rc = encache_config_check_deployment(cfg, &dep);
-  free(json);
-  if (rc < 0) {
-    const char *msg = cfg ? encache_config_errmsg(cfg) : "";
-    fprintf(stderr, "encache config check: %s\n",
-            msg[0] ? msg : encache_strerror(rc));
-    encache_config_free(cfg);
-    return rc == ENCACHE_ENOMEM ? EXIT_FAIL : EXIT_USAGE;
-  }
+static const tool_opt config_opts[] = {
+    [CC_EC] = {"ec-transfer-config", 1},
+    [CC_MOONCAKE] = {"mooncake-config", 1},
+    [CC_CACHE_GB] = {"mm-processor-cache-gb", 1},
+    [CC_TP] = {"tensor-parallel-size", 1},
+    [CC_PP] = {"pipeline-parallel-size", 1},
+    [CC_DP] = {"data-parallel-size", 1},
+    [CC_LORA] = {"dynamic-lora", 0},
+    {NULL, 0}};
 
+/* The deployment options into dep; -1 after a message on bad input. */
+static int deployment(const tool_args *a, encache_deployment *dep) {
+  static const char *const names[] = {"--tensor-parallel-size",
+                                      "--pipeline-parallel-size",
+                                      "--data-parallel-size"};
+  int *sizes[] = {&dep->tensor_parallel_size, &dep->pipeline_parallel_size,
+                  &dep->data_parallel_size};
+  encache_deployment_defaults(dep);
+  const char *gb = a->val[CC_CACHE_GB];
+  if (gb != NULL) {
+    char *end;
+    dep->mm_processor_cache_gb = strtod(gb, &end);
+    if (end == gb || *end != '\0' || !(dep->mm_processor_cache_gb >= 0))
+      return usage_error("config check", "--mm-processor-cache-gb: must be "
+                         "a non-negative number, got \"%s\"", gb), -1;
+  }
+  for (int k = 0; k < 3; k++)
+    if (a->val[CC_TP + k] != NULL &&
+        tool_int32("config check", names[k], a->val[CC_TP + k], 1, 1 << 20,
+                   sizes[k]) < 0)
+      return -1;
+  dep->dynamic_lora = a->val[CC_LORA] != NULL;
+  return 0;
+}
+
+/* Every option with its value, the warnings and the unknown options. */
+static void print_config(encache_config *cfg) {
   int n = encache_config_item_count(cfg);
   int width = 0;
   for (int i = 0; i < n; i++) {
@@ -142,22 +98,61 @@ static int config_check(int argc, char **argv) {
   encache_config_get_bool(cfg, "cross_encoder_cache", &enabled);
   printf("configuration OK%s\n",
          enabled ? "" : " (cross_encoder_cache is false: reuse is off)");
+}
+
+static int config_check(const tool_args *a) {
+  const char *ec_arg = a->val[CC_EC], *mc_path = a->val[CC_MOONCAKE];
+  encache_deployment dep;
+  if (deployment(a, &dep) < 0)
+    return EXIT_USAGE;
+  if (ec_arg == NULL)
+    return usage_error("config check", "--ec-transfer-config is required");
+  if (mc_path == NULL) {
+    const char *env = getenv("MOONCAKE_CONFIG_PATH");
+    if (env != NULL && env[0] != '\0')
+      mc_path = env;
+  }
+
+  size_t len;
+  char *json = arg_or_file(ec_arg, &len);
+  if (json == NULL)
+    return EXIT_USAGE;
+  encache_config *cfg = NULL;
+  int rc = encache_config_new(&cfg);
+  if (rc == 0)
+    rc = encache_config_load_ec(cfg, json, len);
+  if (rc == 0 && mc_path != NULL)
+    rc = encache_config_load_mooncake_file(cfg, mc_path);
+  if (rc == 0)
+    rc = encache_config_check_deployment(cfg, &dep);
+  free(json);
+  if (rc < 0) {
+    const char *msg = cfg ? encache_config_errmsg(cfg) : "";
+    fprintf(stderr, "encache config check: %s\n",
+            msg[0] ? msg : encache_strerror(rc));
+    encache_config_free(cfg);
+    return rc == ENCACHE_ENOMEM ? EXIT_FAIL : EXIT_USAGE;
+  }
+
+  print_config(cfg);
   encache_config_free(cfg);
   return EXIT_OK;
 }
 
-int cmd_config(const tool_globals *g, int argc, char **argv) {
+static int run_config(const tool_globals *g, const tool_args *a) {
   (void)g;
-  if (argc >= 2 && strcmp(argv[1], "check") == 0)
-    return config_check(argc - 1, argv + 1);
-  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 ||
-                    strcmp(argv[1], "-h") == 0)) {
-    fputs(config_usage, stdout);
-    return EXIT_OK;
-  }
-  if (argc < 2)
+  if (a->argc == 0)
     return usage_error("config", "missing subcommand (try 'encache config "
                                  "check --help')");
-  return usage_error("config", "unknown subcommand '%s' (try 'encache config "
-                               "check --help')", argv[1]);
+  if (strcmp(a->argv[0], "check") != 0)
+    return usage_error("config", "unknown subcommand '%s' (try 'encache "
+                                 "config check --help')", a->argv[0]);
+  if (a->argc > 1)
+    return usage_error("config check", "unexpected argument '%s'",
+                       a->argv[1]);
+  return config_check(a);
 }
+
+const tool_command cmd_config = {
+    "config", "check a vLLM ec-transfer-config and a Mooncake config",
+    config_usage, config_opts, 0, 0, -1, "check [OPTIONS]", run_config};

@@ -11,28 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int wants_help(int argc, char **argv, const char *usage) {
-  for (int i = 1; i < argc; i++)
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      fputs(usage, stdout);
-      return 1;
-    }
-  return 0;
-}
-
-static encache_store *open_store(const char *cmd, const tool_globals *g) {
-  encache_store *st = NULL;
-  int rc = encache_store_open(g->store_url, &st);
-  if (rc != 0) {
-    fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
-            encache_store_errmsg(st)[0] ? encache_store_errmsg(st)
-                                        : encache_strerror(rc));
-    encache_store_close(st);
-    return NULL;
-  }
-  return st;
-}
-
 static int store_error(const char *cmd, const char *key, int rc) {
   if (rc == ENCACHE_ENOENT)
     fprintf(stderr, "encache %s: %s: not found\n", cmd, key);
@@ -84,30 +62,23 @@ static const char put_usage[] =
     "Stores the bytes of FILE (- = standard input) as the object KEY.  An\n"
     "existing object is never replaced: then it says so and exits 1.\n";
 
-int cmd_put(const tool_globals *g, int argc, char **argv) {
-  if (wants_help(argc, argv, put_usage))
-    return EXIT_OK;
-  if (argc != 3)
-    return usage_error("put", "expects KEY FILE (see --help)");
+static int run_put(const tool_globals *g, const tool_args *a) {
+  (void)g;
   size_t len;
-  char *data = read_file(argv[2], &len);
+  char *data = read_file(a->argv[1], &len);
   if (data == NULL)
     return EXIT_USAGE;
-  encache_store *st = open_store("put", g);
   int rc = EXIT_FAIL;
-  if (st != NULL) {
-    int r = encache_store_write(st, argv[1], NULL, 0, data, len);
-    if (r == 0) {
-      printf("written %zu bytes\n", len);
-      rc = EXIT_OK;
-    } else if (r == ENCACHE_EEXIST) {
-      fprintf(stderr, "encache put: %s: exists (objects are never replaced; "
-                      "rm it first)\n", argv[1]);
-    } else {
-      store_error("put", argv[1], r);
-    }
+  int r = encache_store_write(a->st, a->argv[0], NULL, 0, data, len);
+  if (r == 0) {
+    printf("written %zu bytes\n", len);
+    rc = EXIT_OK;
+  } else if (r == ENCACHE_EEXIST) {
+    fprintf(stderr, "encache put: %s: exists (objects are never replaced; "
+                    "rm it first)\n", a->argv[0]);
+  } else {
+    store_error("put", a->argv[0], r);
   }
-  encache_store_close(st);
   free(data);
   return rc;
 }
@@ -117,24 +88,24 @@ static const char get_usage[] =
     "\n"
     "Writes the object KEY, byte for byte, to standard output.\n";
 
-int cmd_get(const tool_globals *g, int argc, char **argv) {
-  if (wants_help(argc, argv, get_usage))
-    return EXIT_OK;
-  if (argc != 2)
-    return usage_error("get", "expects KEY (see --help)");
-  encache_store *st = open_store("get", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+/* Opens the Store and reads the object KEY (a->argv[0]) whole. */
+static int fetch_arg(const char *cmd, const tool_globals *g, const tool_args *a,
+                     unsigned char **buf, uint64_t *len) {
+  (void)g;
+  *buf = NULL;
+  return fetch(a->st, cmd, a->argv[0], buf, len);
+}
+
+static int run_get(const tool_globals *g, const tool_args *a) {
   unsigned char *buf = NULL;
   uint64_t len = 0;
-  int rc = fetch(st, "get", argv[1], &buf, &len);
+  int rc = fetch_arg("get", g, a, &buf, &len);
   if (rc == EXIT_OK && (fwrite(buf, 1, (size_t)len, stdout) != len ||
                         fflush(stdout) != 0)) {
     perror("encache get: write");
     rc = EXIT_FAIL;
   }
   free(buf);
-  encache_store_close(st);
   return rc;
 }
 
@@ -144,24 +115,17 @@ static const char inspect_usage[] =
     "Decodes the v3 header of the object KEY: dtype, rows, cols and payload\n"
     "bytes, or says why it is not a v3 object.\n";
 
-int cmd_inspect(const tool_globals *g, int argc, char **argv) {
-  if (wants_help(argc, argv, inspect_usage))
-    return EXIT_OK;
-  if (argc != 2)
-    return usage_error("inspect", "expects KEY (see --help)");
-  encache_store *st = open_store("inspect", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+static int run_inspect(const tool_globals *g, const tool_args *a) {
   unsigned char *buf = NULL;
   uint64_t len = 0;
-  int rc = fetch(st, "inspect", argv[1], &buf, &len);
+  int rc = fetch_arg("inspect", g, a, &buf, &len);
   if (rc == EXIT_OK) {
     char desc[256];
     encache_object_describe(buf, (size_t)len, desc, sizeof(desc));
-    printf("key:    %s\nbytes:  %" PRIu64 "\nobject: %s\n", argv[1], len, desc);
+    printf("key:    %s\nbytes:  %" PRIu64 "\nobject: %s\n", a->argv[0], len,
+           desc);
   }
   free(buf);
-  encache_store_close(st);
   return rc;
 }
 
@@ -202,16 +166,11 @@ static const char ls_usage[] =
     "Lists the objects whose keys match the shell PATTERN (default: all),\n"
     "sorted, one per line: BYTES <tab> KEY.\n";
 
-int cmd_ls(const tool_globals *g, int argc, char **argv) {
-  if (wants_help(argc, argv, ls_usage))
-    return EXIT_OK;
-  if (argc > 2)
-    return usage_error("ls", "expects at most one PATTERN (quote it)");
-  encache_store *st = open_store("ls", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+static int run_ls(const tool_globals *g, const tool_args *a) {
+  (void)g;
+  encache_store *st = a->st;
   ls_acc acc = {NULL, 0, 0, 0};
-  int r = encache_store_list(st, argc == 2 ? argv[1] : NULL, ls_collect, &acc);
+  int r = encache_store_list(st, a->argc == 1 ? a->argv[0] : NULL, ls_collect, &acc);
   int rc = EXIT_OK;
   if (acc.oom) {
     fprintf(stderr, "encache ls: out of memory\n");
@@ -228,7 +187,6 @@ int cmd_ls(const tool_globals *g, int argc, char **argv) {
   for (size_t i = 0; i < acc.n; i++)
     free(acc.items[i].key);
   free(acc.items);
-  encache_store_close(st);
   return rc;
 }
 
@@ -247,20 +205,14 @@ static void stat_line(const char *name, uint64_t v) {
     printf("%-13s %" PRIu64 "\n", name, v);
 }
 
-int cmd_stats(const tool_globals *g, int argc, char **argv) {
-  if (wants_help(argc, argv, stats_usage))
-    return EXIT_OK;
-  if (argc != 1)
-    return usage_error("stats", "takes no arguments");
-  encache_store *st = open_store("stats", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+static int run_stats(const tool_globals *g, const tool_args *a) {
+  (void)g;
+  encache_store *st = a->st;
   encache_store_stats s = {.size = sizeof(s)};
   int r = encache_store_stats_get(st, &s);
   if (r < 0) {
     fprintf(stderr, "encache stats: %s\n", encache_store_errmsg(st));
-    encache_store_close(st);
-    return EXIT_FAIL;
+      return EXIT_FAIL;
   }
   printf("%-13s %s\n%-13s %s\n", "store", encache_store_url(st), "kind", s.kind);
   stat_line("objects", s.objects);
@@ -269,7 +221,6 @@ int cmd_stats(const tool_globals *g, int argc, char **argv) {
   stat_line("evictions", s.evictions);
   stat_line("reinsertions", s.reinsertions);
   stat_line("repairs", s.repairs);
-  encache_store_close(st);
   return EXIT_OK;
 }
 
@@ -278,21 +229,15 @@ static const char rm_usage[] =
     "\n"
     "Removes the objects KEY...; exits 1 if any was not found.\n";
 
-int cmd_rm(const tool_globals *g, int argc, char **argv) {
-  if (wants_help(argc, argv, rm_usage))
-    return EXIT_OK;
-  if (argc < 2)
-    return usage_error("rm", "expects KEY... (see --help)");
-  encache_store *st = open_store("rm", g);
-  if (st == NULL)
-    return EXIT_FAIL;
+static int run_rm(const tool_globals *g, const tool_args *a) {
+  (void)g;
+  encache_store *st = a->st;
   int rc = EXIT_OK;
-  for (int i = 1; i < argc; i++) {
-    int r = encache_store_remove(st, argv[i]);
+  for (int i = 0; i < a->argc; i++) {
+    int r = encache_store_remove(st, a->argv[i]);
     if (r < 0)
-      rc = store_error("rm", argv[i], r);
+      rc = store_error("rm", a->argv[i], r);
   }
-  encache_store_close(st);
   return rc;
 }
 
@@ -303,25 +248,43 @@ static const char shm_usage[] =
     "that have it open keep using it until they close it; the next opener\n"
     "creates a fresh, empty one.\n";
 
-int cmd_shm(const tool_globals *g, int argc, char **argv) {
+static int run_shm(const tool_globals *g, const tool_args *a) {
   (void)g;
-  if (wants_help(argc, argv, shm_usage))
-    return EXIT_OK;
-  if (argc != 3 || strcmp(argv[1], "destroy") != 0)
+  if (strcmp(a->argv[0], "destroy") != 0)
     return usage_error("shm", "expects 'destroy NAME' (see --help)");
-  int r = encache_shm_destroy(argv[2]);
+  int r = encache_shm_destroy(a->argv[1]);
   if (r == ENCACHE_EURL)
     return usage_error("shm destroy", "'%s' is not a segment name "
-                       "(A-Z a-z 0-9 . _ -)", argv[2]);
+                       "(A-Z a-z 0-9 . _ -)", a->argv[1]);
   if (r == ENCACHE_ENOENT) {
-    fprintf(stderr, "encache shm destroy: %s: no such segment\n", argv[2]);
+    fprintf(stderr, "encache shm destroy: %s: no such segment\n", a->argv[1]);
     return EXIT_FAIL;
   }
   if (r < 0) {
-    fprintf(stderr, "encache shm destroy: %s: %s\n", argv[2],
+    fprintf(stderr, "encache shm destroy: %s: %s\n", a->argv[1],
             encache_strerror(r));
     return EXIT_FAIL;
   }
-  printf("destroyed %s\n", argv[2]);
+  printf("destroyed %s\n", a->argv[1]);
   return EXIT_OK;
 }
+
+const tool_command cmd_put = {"put", "store a file as an object", put_usage,
+                              NULL, TOOL_STORE | TOOL_OPEN, 2, 2, "KEY FILE", run_put};
+const tool_command cmd_get = {"get", "write an object to standard output",
+                              get_usage, NULL, TOOL_STORE | TOOL_OPEN, 1, 1, "KEY",
+                              run_get};
+const tool_command cmd_inspect = {"inspect", "decode an object's v3 header",
+                                  inspect_usage, NULL, TOOL_STORE | TOOL_OPEN, 1, 1, "KEY",
+                                  run_inspect};
+const tool_command cmd_ls = {"ls", "list objects whose keys match a pattern",
+                             ls_usage, NULL, TOOL_STORE | TOOL_OPEN, 0, 1,
+                             "at most one PATTERN (quote it)", run_ls};
+const tool_command cmd_stats = {"stats", "show the Store's counters",
+                                stats_usage, NULL, TOOL_STORE | TOOL_OPEN, 0, 0, "",
+                                run_stats};
+const tool_command cmd_rm = {"rm", "remove objects", rm_usage, NULL,
+                             TOOL_STORE | TOOL_OPEN, 1, -1, "KEY...", run_rm};
+const tool_command cmd_shm = {"shm", "manage shared-memory segments (destroy)",
+                              shm_usage, NULL, 0, 2, 2, "'destroy NAME'",
+                              run_shm};

@@ -1,37 +1,29 @@
 /*
- * main.c: the encache command-line tool: global options, dispatch, help.
+ * main.c: the encache command-line tool: the table of commands, the
+ * option parsing every command shares, dispatch and help.
  *
  *   encache [--store URL] COMMAND [OPTIONS]
  *
- * Global options come before the command; every command has --help.
+ * --store may also follow the command name (for the commands that use a
+ * Store); every command has --help.
  */
 #include "tool.h"
 
 #include "encache.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const tool_command commands[] = {
-    {"demo", "run a fleet of encoders sharing one Store (the main job)",
-     cmd_demo},
-    {"key", "print the Store key of an identifier", cmd_key},
-    {"config", "check a vLLM ec-transfer-config and a Mooncake config",
-     cmd_config},
-    {"lookup", "look identifiers up as an encoder would", cmd_lookup},
-    {"publish", "publish a payload as an encoder's output", cmd_publish},
-    {"bench", "measure Stores against memcpy and their raw reads", cmd_bench},
-    {"put", "store a file as an object", cmd_put},
-    {"get", "write an object to standard output", cmd_get},
-    {"inspect", "decode an object's v3 header", cmd_inspect},
-    {"ls", "list objects whose keys match a pattern", cmd_ls},
-    {"stats", "show the Store's counters", cmd_stats},
-    {"rm", "remove objects", cmd_rm},
-    {"shm", "manage shared-memory segments (destroy)", cmd_shm},
+/* In the order of `encache --help`. */
+static const tool_command *const commands[] = {
+    &cmd_demo, &cmd_key,     &cmd_config, &cmd_lookup, &cmd_publish,
+    &cmd_bench, &cmd_put,    &cmd_get,    &cmd_inspect, &cmd_ls,
+    &cmd_stats, &cmd_rm,     &cmd_shm,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -46,10 +38,11 @@ static void help(FILE *out) {
           "\n"
           "Commands:\n");
   for (size_t i = 0; i < NCOMMANDS; i++)
-    fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
   fprintf(out,
           "\n"
-          "Global options:\n"
+          "Global options (--store may also follow a command that uses a\n"
+          "Store):\n"
           "  --store URL   the Store to use (default: $ENCACHE_STORE, then\n"
           "                " ENCACHE_DEFAULT_STORE ")\n"
           "                URLs: shm://NAME?size=SIZE, redis://HOST:PORT,\n"
@@ -122,24 +115,145 @@ char *arg_or_file(const char *arg, size_t *len) {
   return s;
 }
 
-int parse_int_option(const char *cmd, const char *opt, const char *text,
-                     int allow_zero, long long *out) {
+int tool_int(const char *cmd, const char *opt, const char *text, long long lo,
+             long long hi, long long *out) {
   char *end;
   errno = 0;
   long long v = strtoll(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || v < 0 ||
-      (v == 0 && !allow_zero)) {
-    usage_error(cmd, "%s: must be a %s integer, got \"%s\"", opt,
-                allow_zero ? "non-negative" : "positive", text);
-    return -1;
+  if (errno == 0 && end != text && *end == '\0' && v >= lo && v <= hi) {
+    *out = v;
+    return 0;
   }
-  *out = v;
+  if (hi == LLONG_MAX && (lo == 0 || lo == 1))
+    usage_error(cmd, "%s: must be a %s integer, got \"%s\"", opt,
+                lo == 0 ? "non-negative" : "positive", text);
+  else
+    usage_error(cmd, "%s: must be an integer from %lld to %lld, got \"%s\"",
+                opt, lo, hi, text);
+  return -1;
+}
+
+int tool_int32(const char *cmd, const char *opt, const char *text, int lo,
+               int hi, int *out) {
+  long long v;
+  if (tool_int(cmd, opt, text, lo, hi, &v) < 0)
+    return -1;
+  *out = (int)v;
   return 0;
+}
+
+/* Adds one --store URL to g (a global one or one after the command). */
+static int add_store(tool_globals *g, const char *cmd, const char *url) {
+  /* Refused here too, with the tool's usage exit code. */
+  if (url[0] == '\0')
+    return usage_error(cmd, "--store: the URL is empty");
+  if (g->nstores == TOOL_MAX_STORES)
+    return usage_error(cmd, "--store: at most %d", TOOL_MAX_STORES);
+  if (g->nstores == 0)
+    g->store_url = url;
+  g->stores[g->nstores++] = url;
+  return 0;
+}
+
+enum { OPT_HELP = 'h', OPT_STORE = 's', OPT_JSON = 'j', OPT_OWN = 1000 };
+
+int tool_parse(const tool_command *cmd, int argc, char **argv, tool_globals *g,
+               tool_args *a) {
+  struct option longopts[TOOL_MAX_OPTS + 4];
+  int n = 0, c;
+  /* The command's own options (at most TOOL_MAX_OPTS), then the shared. */
+  for (; cmd->opts != NULL && cmd->opts[n].name != NULL && n < TOOL_MAX_OPTS;
+       n++) {
+    struct option o = {cmd->opts[n].name,
+                       cmd->opts[n].has_value ? required_argument : no_argument,
+                       NULL, OPT_OWN + n};
+    longopts[n] = o;
+  }
+  struct option help = {"help", no_argument, NULL, OPT_HELP},
+                store = {"store", required_argument, NULL, OPT_STORE},
+                json = {"json", no_argument, NULL, OPT_JSON},
+                end = {NULL, 0, NULL, 0};
+  longopts[n++] = help;
+  if (cmd->flags & (TOOL_STORE | TOOL_STORES))
+    longopts[n++] = store;
+  if (cmd->flags & TOOL_JSON)
+    longopts[n++] = json;
+  longopts[n] = end;
+  memset(a, 0, sizeof(*a));
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    if (c >= OPT_OWN) {
+      a->val[c - OPT_OWN] = optarg ? optarg : "";
+    } else if (c == OPT_HELP) {
+      fputs(cmd->usage, stdout);
+      return EXIT_OK;
+    } else if (c == OPT_STORE) {
+      if (add_store(g, cmd->name, optarg) != 0)
+        return EXIT_USAGE;
+    } else if (c == OPT_JSON) {
+      g->json = 1;
+    } else if (c == ':') {
+      return usage_error(cmd->name, "%s needs a value", argv[optind - 1]);
+    } else {
+      return usage_error(cmd->name, "unknown option '%s' (see --help)",
+                         argv[optind - 1]);
+    }
+  }
+  if (g->nstores > 1 && !(cmd->flags & TOOL_STORES))
+    return usage_error(cmd->name, "--store: given %d times, but only bench "
+                       "takes several Stores", g->nstores);
+  a->argc = argc - optind;
+  a->argv = argv + optind;
+  if (a->argc > cmd->max_args && cmd->max_args == 0)
+    return usage_error(cmd->name, "unexpected argument '%s'", a->argv[0]);
+  if (a->argc < cmd->min_args ||
+      (cmd->max_args >= 0 && a->argc > cmd->max_args))
+    return usage_error(cmd->name, "expects %s, got %d argument%s (see --help)",
+                       cmd->args, a->argc, a->argc == 1 ? "" : "s");
+  return -1;
+}
+
+static const tool_command *find(const char *name) {
+  for (size_t k = 0; k < NCOMMANDS; k++)
+    if (strcmp(name, commands[k]->name) == 0)
+      return commands[k];
+  return NULL;
+}
+
+/* Opens the Store of g for cmd; prints why and returns NULL on failure. */
+static encache_store *open_store(const char *cmd, const tool_globals *g) {
+  encache_store *st = NULL;
+  int rc = encache_store_open(g->store_url, &st);
+  if (rc != 0) {
+    fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
+            encache_store_errmsg(st)[0] ? encache_store_errmsg(st)
+                                        : encache_strerror(rc));
+    encache_store_close(st);
+    return NULL;
+  }
+  return st;
+}
+
+/* Runs cmd on argv (argv[0] is its name). */
+static int dispatch(const tool_command *cmd, tool_globals *g, int argc,
+                    char **argv) {
+  tool_args a;
+  int rc = tool_parse(cmd, argc, argv, g, &a);
+  if (rc >= 0)
+    return rc;
+  if ((cmd->flags & TOOL_OPEN) && (a.st = open_store(cmd->name, g)) == NULL)
+    return EXIT_FAIL;
+  rc = cmd->run(g, &a);
+  encache_store_close(a.st);
+  return rc;
 }
 
 int main(int argc, char **argv) {
   const char *env = getenv("ENCACHE_STORE");
-  tool_globals g = {env != NULL && env[0] != '\0' ? env : NULL, {NULL}, 0};
+  tool_globals g;
+  memset(&g, 0, sizeof(g));
+  g.store_url = env != NULL && env[0] != '\0' ? env : NULL;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     const char *a = argv[i];
@@ -153,14 +267,8 @@ int main(int argc, char **argv) {
       const char *url = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
       if (url == NULL)
         return usage_error(NULL, "--store needs a URL");
-      /* Refused here too, with the tool's usage exit code. */
-      if (url[0] == '\0')
-        return usage_error(NULL, "--store: the URL is empty");
-      if (g.nstores == 8)
-        return usage_error(NULL, "--store: at most 8");
-      if (g.nstores == 0)
-        g.store_url = url;
-      g.stores[g.nstores++] = url;
+      if (add_store(&g, NULL, url) != 0)
+        return EXIT_USAGE;
     } else {
       usage_error(NULL, "unknown global option '%s'", a);
       fprintf(stderr, "Run 'encache --help' for usage.\n");
@@ -171,16 +279,14 @@ int main(int argc, char **argv) {
     help(stderr);
     return EXIT_USAGE;
   }
-  for (size_t k = 0; k < NCOMMANDS; k++)
-    if (strcmp(argv[i], commands[k].name) == 0)
-      return commands[k].run(&g, argc - i, argv + i);
+  const tool_command *cmd = find(argv[i]);
+  if (cmd != NULL)
+    return dispatch(cmd, &g, argc - i, argv + i);
   if (strcmp(argv[i], "help") == 0) {
-    if (i + 1 < argc)
-      for (size_t k = 0; k < NCOMMANDS; k++)
-        if (strcmp(argv[i + 1], commands[k].name) == 0) {
-          char *hargv[] = {argv[i + 1], (char *)"--help", NULL};
-          return commands[k].run(&g, 2, hargv);
-        }
+    if (i + 1 < argc && (cmd = find(argv[i + 1])) != NULL) {
+      fputs(cmd->usage, stdout);
+      return EXIT_OK;
+    }
     help(stdout);
     return EXIT_OK;
   }

@@ -2,6 +2,12 @@
  * tool.h: what the subcommands of the encache tool share.  The tool uses
  * the public header only, like any other program would.
  *
+ * Every command is one tool_command: its name, summary, usage text, its
+ * own options and its handler.  main.c holds the table of them, parses
+ * the options shared by all commands (--help, --store, --json) and each
+ * command's own through one function (tool_parse), and calls the handler
+ * with the values found.
+ *
  * Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad input
  * (a configuration that is refused, a file that cannot be read).
  */
@@ -16,29 +22,60 @@
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
+#define TOOL_MAX_STORES 8
+#define TOOL_MAX_OPTS 24
+
 typedef struct tool_globals {
   const char *store_url; /* --store or ENCACHE_STORE; NULL = the default */
-  const char *stores[8]; /* every global --store given (bench takes several) */
+  const char *stores[TOOL_MAX_STORES]; /* every --store given (bench) */
   int nstores;
+  int json; /* --json (commands with TOOL_JSON) */
 } tool_globals;
 
-typedef struct tool_command {
+/* One option of a command (without the leading "--"); its index in the
+ * command's table is where its value lands in tool_args.val. */
+typedef struct tool_opt {
   const char *name;
-  const char *summary;
-  int (*run)(const tool_globals *g, int argc, char **argv);
+  int has_value; /* 1: takes a value, 0: a flag */
+} tool_opt;
+
+/* What tool_parse found: each own option's value by its index (NULL when
+ * not given; "" for a flag given), and the positional arguments. */
+typedef struct tool_args {
+  const char *val[TOOL_MAX_OPTS];
+  int argc;
+  char **argv;
+  encache_store *st; /* TOOL_OPEN: the Store, opened (and closed) by main */
+} tool_args;
+
+enum {
+  TOOL_STORE = 1,  /* takes --store after the command name too */
+  TOOL_STORES = 2, /* --store may be given several times */
+  TOOL_JSON = 4,   /* takes --json */
+  TOOL_OPEN = 8,   /* runs on the Store, which main opens and closes */
+};
+
+typedef struct tool_command {
+  const char *name, *summary, *usage;
+  const tool_opt *opts; /* the command's own, ended by {NULL, 0}; or NULL */
+  int flags;            /* TOOL_STORE, TOOL_STORES, TOOL_JSON, TOOL_OPEN */
+  int min_args, max_args; /* positional arguments (max -1: any number) */
+  const char *args;       /* their synopsis, for "expects ARGS" */
+  int (*run)(const tool_globals *g, const tool_args *a);
 } tool_command;
 
-int cmd_key(const tool_globals *g, int argc, char **argv);
-int cmd_config(const tool_globals *g, int argc, char **argv);
-int cmd_put(const tool_globals *g, int argc, char **argv);
-int cmd_get(const tool_globals *g, int argc, char **argv);
-int cmd_inspect(const tool_globals *g, int argc, char **argv);
-int cmd_ls(const tool_globals *g, int argc, char **argv);
-int cmd_stats(const tool_globals *g, int argc, char **argv);
-int cmd_rm(const tool_globals *g, int argc, char **argv);
-int cmd_shm(const tool_globals *g, int argc, char **argv);
+extern const tool_command cmd_key, cmd_config, cmd_put, cmd_get, cmd_inspect,
+    cmd_ls, cmd_stats, cmd_rm, cmd_shm, cmd_lookup, cmd_publish, cmd_demo,
+    cmd_bench;
 
-/* Prints "encache: " + message to stderr; returns EXIT_USAGE so that
+/* Parses argv (argv[0] is the command's name) for cmd: the shared options
+ * into g, the command's own into a.  Returns -1 to go on, EXIT_OK when
+ * --help was printed, or EXIT_USAGE after a message naming the option or
+ * argument at fault. */
+int tool_parse(const tool_command *cmd, int argc, char **argv, tool_globals *g,
+               tool_args *a);
+
+/* Prints "encache CMD: " + message to stderr; returns EXIT_USAGE so that
  * callers can `return usage_error(...)`. */
 int usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -51,43 +88,60 @@ char *read_file(const char *path, size_t *len);
  * caller frees the result.  On failure prints why and returns NULL. */
 char *arg_or_file(const char *arg, size_t *len);
 
-/* Parses a strictly positive (or, with allow_zero, non-negative) decimal
- * integer option; prints an error naming `opt` and returns -1 otherwise. */
-int parse_int_option(const char *cmd, const char *opt, const char *text,
-                     int allow_zero, long long *out);
+/* Parses the decimal integer value of option opt into *out; it must lie
+ * in [lo, hi].  Otherwise prints an error naming opt and returns -1. */
+int tool_int(const char *cmd, const char *opt, const char *text, long long lo,
+             long long hi, long long *out);
 
-/* The namespace options shared by key, lookup and publish. */
+/* The same for an int. */
+int tool_int32(const char *cmd, const char *opt, const char *text, int lo,
+               int hi, int *out);
+
+/* The namespace options shared by key, lookup and publish: the first
+ * NS_COUNT_ entries of their option tables are TOOL_NS_OPTS. */
+enum {
+  NS_MODEL,
+  NS_PREFIX,
+  NS_CONFIG,
+  NS_REVISION,
+  NS_ENCODER_HASH,
+  NS_TP_MODE,
+  NS_ATTN_BACKEND,
+  NS_DTYPE,
+  NS_COUNT_
+};
+
+#define TOOL_NS_OPTS                                                         \
+  {"model", 1}, {"prefix", 1}, {"config", 1}, {"revision", 1},               \
+      {"encoder-hash", 1}, {"vllm-mm-encoder-tp-mode", 1},                   \
+      {"vllm-mm-encoder-attn-backend", 1}, {"dtype", 1}
+
 typedef struct ns_opts {
-  const char *model, *prefix, *revision, *encoder_hash, *dtype;
-  const char *config; /* --config JSON|@FILE (lookup, publish) */
+  const char *model, *prefix, *revision, *encoder_hash, *config;
+  int dtype;
+  char hash[40]; /* the encoder field computed from --vllm-mm-encoder-* */
 } ns_opts;
 
-#define NS_LONGOPTS                                                          \
-  {"model", required_argument, NULL, 'm'},                                   \
-      {"prefix", required_argument, NULL, 'p'},                              \
-      {"revision", required_argument, NULL, 'r'},                            \
-      {"encoder-hash", required_argument, NULL, 'e'},                        \
-      {"dtype", required_argument, NULL, 'd'}
+/* Reads and checks the namespace options of a into o (the dtype is
+ * required; the encoder field from --vllm-mm-encoder-* is computed).
+ * Prints why and returns -1 on bad input. */
+int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o);
 
-/* Stores option c's argument in o; returns 1 if c is a namespace option. */
-int ns_option(ns_opts *o, int c, const char *arg);
+/* The vLLM ec-transfer-config of o: --config's JSON, or one with
+ * cross_encoder_cache on and --prefix, in *json (which the caller frees)
+ * and loaded into the configuration returned (which the caller frees with
+ * encache_config_free), its warnings printed.  Prints why and returns
+ * NULL on failure. */
+encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
+                          size_t *len);
 
-/* Opens an engine handle for the namespace options on the global Store:
- * the vLLM JSON of --config (or one with cross_encoder_cache on and the
- * --prefix), the model, revision, encoder hash and dtype.  Prints why
- * and returns NULL on failure. */
-struct encache;
-struct encache *open_engine(const char *cmd, const tool_globals *g,
-                            const ns_opts *o);
+/* Opens an engine handle for the namespace options on the global Store.
+ * Prints why and returns NULL on failure. */
+encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o);
 
 /* Lookup destinations from malloc (the caller frees each hit's data), and
  * free() as a storage release callback. */
 extern const encache_allocator tool_host_allocator;
 void tool_free(void *p);
-
-int cmd_lookup(const tool_globals *g, int argc, char **argv);
-int cmd_publish(const tool_globals *g, int argc, char **argv);
-int cmd_demo(const tool_globals *g, int argc, char **argv);
-int cmd_bench(const tool_globals *g, int argc, char **argv);
 
 #endif

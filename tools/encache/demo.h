@@ -1,0 +1,128 @@
+/*
+ * demo.h: the parts of `encache demo` (cmd_demo.c):
+ *
+ *   demo_workload.c   the images (procedural, or loaded by demo_images.c),
+ *                     their content identifiers, the Zipf request stream
+ *   demo_images.c     the image loader (PNG/JPEG through stb, optional)
+ *   demo_reference.c  the reference encoder, a deterministic CPU stand-in
+ *                     for a vision tower (not a model)
+ *   demo_encoder.c    one encoder process: look up, encode misses, publish,
+ *                     verify hits; its destinations come from a reused pool
+ *   demo_fleet.c      the fleet: fork the encoder processes, show progress,
+ *                     wait for them and collect their reports
+ */
+#ifndef ENCACHE_DEMO_H
+#define ENCACHE_DEMO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "encache.h"
+
+#define DEMO_PATCH 8 /* pixels per patch side */
+#define DEMO_PATCH_IN (DEMO_PATCH * DEMO_PATCH * 3)
+#define DEMO_MAX_ENCODERS 64
+#define DEMO_MAX_BATCH 4 /* images per request */
+
+enum { VERIFY_NONE, VERIFY_SAMPLE, VERIFY_ALL };
+
+typedef struct demo_opts {
+  int encoders, requests, images, tokens, hidden, dtype, verify, baseline;
+  double skew;
+  unsigned seed;
+  const char *images_dir;
+  const char *store_url;
+} demo_opts;
+
+/* ------------------------------------------------------------ workload */
+
+typedef struct rng {
+  uint64_t s;
+} rng;
+
+uint64_t rng_next(rng *r);
+double rng_unit(rng *r); /* uniform in [0, 1) */
+
+typedef struct image {
+  unsigned char *rgb; /* side_w x side_h x 3, the decoded, resized pixels */
+  char id[40];        /* content hash of pixels + preprocessing */
+} image;
+
+typedef struct image_set {
+  image *img;
+  int n, gw, gh, side_w, side_h; /* gw x gh patches of side_w x side_h px */
+} image_set;
+
+/* The images of the run (procedural, or the files of o->images_dir) and
+ * their identifiers.  Returns 0, or -1 after a message. */
+int demo_images_make(const demo_opts *o, image_set *set);
+void demo_images_free(image_set *set);
+
+/* Loads every PNG/JPEG of dir, resized (nearest) to set's side; -1 after a
+ * message (also when the tool is built without stb). */
+int demo_images_load(const char *dir, image_set *set);
+
+/* Zipf popularity over n images: a cumulative table to free. */
+double *demo_zipf_table(int n, double s);
+int demo_zipf_pick(const double *cdf, int n, rng *r);
+
+/* --------------------------------------------------- reference encoder */
+
+typedef struct demo_encoder {
+  int tokens, hidden, dtype;
+  float *w; /* DEMO_PATCH_IN x hidden, row-major */
+  float *b;
+  float *acc; /* hidden */
+} demo_encoder;
+
+int demo_encoder_init(demo_encoder *e, const demo_opts *o);
+void demo_encoder_free(demo_encoder *e);
+/* Encodes one image into out (tokens x hidden of the demo's dtype). */
+void demo_encode(demo_encoder *e, const image_set *set, const image *im,
+                 void *out);
+
+/* ------------------------------------------------------- one encoder */
+
+/* What an encoder process reports to the parent.  Every counter up to
+ * encode_s is a uint64_t (the fleet sums them as an array). */
+typedef struct report {
+  uint64_t requests, images, hits, hits_own, hits_other, encodes;
+  uint64_t outcome[6];
+  uint64_t verified, verify_failed;
+  uint64_t bytes_read, published_written, published_present, published_failed;
+  uint64_t skipped[ENCACHE_SKIP_COUNT_];
+  double encode_s, wall_s;
+  int poisoned, failed;
+  uint32_t nhit_lat, nmiss_lat;
+} report;
+
+/* Shared with the parent, for progress. */
+typedef struct demo_shared {
+  uint64_t done[DEMO_MAX_ENCODERS]; /* requests done, per encoder */
+} demo_shared;
+
+/* Runs encoder `index` (in a child process) and writes its report and
+ * latencies to fd.  Returns the child's exit status. */
+int demo_encoder_run(const demo_opts *o, const image_set *set, int index,
+                     int use_cache, const char *revision, demo_shared *sh,
+                     int fd);
+
+/* ------------------------------------------------------------- fleet */
+
+typedef struct phase {
+  report total;
+  double *hit_lat, *miss_lat; /* seconds, every encoder's */
+  size_t nhit, nmiss;
+  double wall_s;
+  int failed;
+} phase;
+
+/* Runs o->encoders encoder processes to the end and sums their reports
+ * into ph (whose latencies the caller frees with demo_phase_free).
+ * Returns 0, or -1 when they could not be started. */
+int demo_fleet_run(const demo_opts *o, const image_set *set, int use_cache,
+                   const char *revision, phase *ph);
+void demo_phase_free(phase *ph);
+
+
+#endif

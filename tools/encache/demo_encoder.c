@@ -1,0 +1,326 @@
+/*
+ * demo_encoder.c: one encoder process of the demo.  It serves its stream
+ * of requests as a real encoder does: look the batch up, encode the
+ * misses with the reference encoder, publish the new outputs, check hits
+ * bit for bit against a fresh encode; then it reports to the parent.
+ *
+ * Hits land in destinations from a pool that is reused, as a serving
+ * stack's tensor allocator (a caching allocator) hands out blocks it
+ * already holds: the hit latency is then the lookup's, not the page
+ * faults of fresh memory.  A destination goes back to the pool when the
+ * encoder is done with the hit (or when the lookup releases it).
+ *
+ * The engine calls (open, lookup, publish, counters) each stand in one
+ * small function below.
+ */
+#include "demo.h"
+#include "hash.h"
+#include "measure.h"
+#include "tool.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------ the destination pool */
+
+#define POOL_CAP (2 * DEMO_MAX_BATCH)
+
+typedef struct dst_pool {
+  void *free[POOL_CAP]; /* buffers not handed out, warm */
+  int nfree;
+  size_t bytes; /* each buffer's size: one output */
+} dst_pool;
+
+/* A new warm buffer (touched, as memory a serving stack has used is). */
+static void *pool_new(const dst_pool *p) {
+  void *b = malloc(p->bytes ? p->bytes : 1);
+  if (b != NULL)
+    memset(b, 0, p->bytes);
+  return b;
+}
+
+static void pool_put(dst_pool *p, void *data) {
+  if (data != NULL && p->nfree < POOL_CAP)
+    p->free[p->nfree++] = data;
+  else
+    free(data);
+}
+
+static int pool_init(dst_pool *p, size_t bytes) {
+  memset(p, 0, sizeof(*p));
+  p->bytes = bytes;
+  for (int k = 0; k < DEMO_MAX_BATCH; k++) {
+    void *b = pool_new(p);
+    if (b == NULL)
+      return -1;
+    pool_put(p, b);
+  }
+  return 0;
+}
+
+static void pool_free(dst_pool *p) {
+  while (p->nfree > 0)
+    free(p->free[--p->nfree]);
+}
+
+static int pool_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **handle) {
+  dst_pool *p = ctx;
+  (void)i;
+  (void)c;
+  *handle = NULL;
+  if (nbytes > p->bytes)
+    return ENCACHE_EINVAL; /* not one of this encoder's outputs */
+  *data = p->nfree > 0 ? p->free[--p->nfree] : pool_new(p);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void pool_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)i;
+  (void)handle;
+  pool_put(ctx, data);
+}
+
+/* ---------------------------------------------------------- the worker */
+
+typedef struct worker {
+  const demo_opts *o;
+  const image_set *set;
+  int index;
+  encache *ec; /* NULL: the baseline, without encache */
+  demo_encoder enc;
+  dst_pool pool;
+  double *cdf;
+  rng r;
+  char *published; /* per image: this encoder published it */
+  void *check;     /* a fresh encode, to verify a hit against */
+  uint64_t nbytes;
+  report rep;
+  double *hit_lat, *miss_lat;
+} worker;
+
+/* The engine calls of the demo, each in one place. */
+static encache *engine_open(const worker *w, const char *revision) {
+  encache_options eo;
+  memset(&eo, 0, sizeof(eo));
+  eo.ec_transfer_config =
+      "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
+      "\"ec_producer\", \"ec_connector_extra_config\": "
+      "{\"cross_encoder_cache\": true, \"embedding_cache_prefix\": "
+      "\"demo\"}}";
+  eo.model = "encache-demo/reference-encoder";
+  eo.revision = revision;
+  eo.model_dtype = w->o->dtype;
+  eo.store_url = w->o->store_url;
+  encache *ec = NULL;
+  if (encache_open(&eo, &ec) != 0) {
+    fprintf(stderr, "encache demo: encoder %d: %s\n", w->index,
+            encache_errmsg(ec));
+    encache_close(ec);
+    return NULL;
+  }
+  return ec;
+}
+
+static int engine_lookup(worker *w, const encache_candidate *c, size_t n,
+                         encache_result *res) {
+  encache_allocator a = {&w->pool, pool_alloc, pool_release};
+  return encache_lookup(w->ec, c, n, &a, res);
+}
+
+static int engine_publish(worker *w, const char *id, void *out) {
+  encache_storage *s = NULL;
+  int rc = encache_storage_new(out, w->nbytes, tool_free, out, &s);
+  if (rc < 0) {
+    free(out);
+    return rc;
+  }
+  int64_t shape[2] = {w->o->tokens, w->o->hidden};
+  encache_tensor v = {out, w->o->dtype, 2, shape, NULL};
+  rc = encache_publish(w->ec, id, &v, s);
+  encache_storage_unref(s);
+  return rc;
+}
+
+/* Flushes, copies the engine's counters into the report, closes. */
+static void engine_finish(worker *w) {
+  encache_stats st;
+  encache_flush(w->ec);
+  encache_stats_get(w->ec, &st);
+  w->rep.bytes_read = st.bytes_read;
+  w->rep.published_written = st.published_written;
+  w->rep.published_present = st.published_present;
+  w->rep.published_failed = st.published_failed;
+  for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
+    w->rep.skipped[k] = st.published_skipped[k];
+  if (encache_close(w->ec) != 0) {
+    w->rep.poisoned = 1;
+    w->rep.failed = 1;
+  }
+  w->ec = NULL;
+}
+
+/* A hit: checked against a fresh encode when the sample says so, then its
+ * destination goes back to the pool. */
+static void on_hit(worker *w, int pick, encache_result *res, double t_lookup) {
+  const image *im = &w->set->img[pick];
+  w->rep.hits++;
+  if (w->published[pick])
+    w->rep.hits_own++;
+  else
+    w->rep.hits_other++;
+  w->hit_lat[w->rep.nhit_lat++] = t_lookup;
+  if (w->o->verify == VERIFY_ALL ||
+      (w->o->verify == VERIFY_SAMPLE && w->rep.hits % 8 == 1)) {
+    demo_encode(&w->enc, w->set, im, w->check);
+    w->rep.verified++;
+    if (memcmp(w->check, res->data, w->nbytes) != 0) {
+      w->rep.verify_failed++;
+      fprintf(stderr, "encache demo: encoder %d: VERIFICATION FAILED: the "
+                      "hit for %s differs from a fresh encode\n",
+              w->index, im->id);
+    }
+  }
+  pool_put(&w->pool, res->data);
+}
+
+/* A miss: encode, and publish the output. */
+static void on_miss(worker *w, int pick, double t_lookup) {
+  const image *im = &w->set->img[pick];
+  double te = measure_now();
+  void *out = malloc(w->nbytes);
+  if (out == NULL) {
+    fprintf(stderr, "encache demo: encoder %d: out of memory\n", w->index);
+    w->rep.failed = 1;
+    return;
+  }
+  demo_encode(&w->enc, w->set, im, out);
+  double dt = measure_now() - te;
+  w->rep.encodes++;
+  w->rep.encode_s += dt;
+  w->miss_lat[w->rep.nmiss_lat++] = t_lookup + dt;
+  if (w->ec == NULL) {
+    free(out);
+    return;
+  }
+  int pq = engine_publish(w, im->id, out);
+  if (pq == ENCACHE_QUEUED)
+    w->published[pick] = 1;
+  if (pq < 0) {
+    fprintf(stderr, "encache demo: encoder %d: publish: %s\n", w->index,
+            encache_errmsg(w->ec));
+    w->rep.failed = 1;
+    w->rep.poisoned = pq == ENCACHE_EPOISONED;
+  }
+}
+
+/* One request of 1 to DEMO_MAX_BATCH images. */
+static void serve_request(worker *w) {
+  int n = 1 + (int)(rng_next(&w->r) % DEMO_MAX_BATCH);
+  int pick[DEMO_MAX_BATCH];
+  encache_candidate c[DEMO_MAX_BATCH];
+  encache_result res[DEMO_MAX_BATCH];
+  for (int k = 0; k < n; k++) {
+    pick[k] = demo_zipf_pick(w->cdf, w->set->n, &w->r);
+    encache_candidate cc = {w->set->img[pick[k]].id, ENCACHE_MODALITY_IMAGE,
+                            w->o->dtype, (uint64_t)w->o->tokens,
+                            (uint64_t)w->o->hidden, ENCACHE_DEVICE_HOST, 0};
+    c[k] = cc;
+    res[k].outcome = ENCACHE_MISS;
+  }
+  double t_lookup = 0;
+  if (w->ec != NULL) {
+    double t0 = measure_now();
+    int hits = engine_lookup(w, c, (size_t)n, res);
+    t_lookup = measure_now() - t0;
+    if (hits < 0) {
+      fprintf(stderr, "encache demo: encoder %d: lookup: %s\n", w->index,
+              encache_errmsg(w->ec));
+      w->rep.failed = 1;
+      w->rep.poisoned = hits == ENCACHE_EPOISONED;
+      return;
+    }
+  }
+  for (int k = 0; k < n && !w->rep.failed; k++) {
+    w->rep.images++;
+    if (w->ec != NULL)
+      w->rep.outcome[res[k].outcome]++;
+    if (res[k].outcome == ENCACHE_HIT)
+      on_hit(w, pick[k], &res[k], t_lookup);
+    else
+      on_miss(w, pick[k], t_lookup);
+  }
+  w->rep.requests++;
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t r = write(fd, c, n);
+    if (r <= 0 && errno != EINTR)
+      return;
+    if (r > 0) {
+      c += r;
+      n -= (size_t)r;
+    }
+  }
+}
+
+static int worker_init(worker *w, const demo_opts *o, const image_set *set,
+                       int index) {
+  memset(w, 0, sizeof(*w));
+  w->o = o;
+  w->set = set;
+  w->index = index;
+  w->nbytes = (uint64_t)o->tokens * (uint64_t)o->hidden *
+              encache_dtype_size(o->dtype);
+  size_t max_lat = (size_t)o->requests * DEMO_MAX_BATCH;
+  w->hit_lat = malloc(sizeof(double) * max_lat);
+  w->miss_lat = malloc(sizeof(double) * max_lat);
+  w->cdf = demo_zipf_table(set->n, o->skew);
+  w->published = calloc((size_t)set->n, 1);
+  w->check = malloc(w->nbytes);
+  w->r.s = tool_mix64(o->seed * 1000003u + (unsigned)index);
+  if (!w->hit_lat || !w->miss_lat || !w->cdf || !w->published || !w->check ||
+      demo_encoder_init(&w->enc, o) < 0 || pool_init(&w->pool, w->nbytes) < 0) {
+    fprintf(stderr, "encache demo: encoder %d: out of memory\n", index);
+    return -1;
+  }
+  return 0;
+}
+
+static void worker_free(worker *w) {
+  pool_free(&w->pool);
+  demo_encoder_free(&w->enc);
+  free(w->hit_lat);
+  free(w->miss_lat);
+  free(w->cdf);
+  free(w->published);
+  free(w->check);
+}
+
+int demo_encoder_run(const demo_opts *o, const image_set *set, int index,
+                     int use_cache, const char *revision, demo_shared *sh,
+                     int fd) {
+  static worker w;
+  if (worker_init(&w, o, set, index) < 0)
+    w.rep.failed = 1;
+  else if (use_cache && (w.ec = engine_open(&w, revision)) == NULL)
+    w.rep.failed = 1;
+  double t_start = measure_now();
+  for (int q = 0; q < o->requests && !w.rep.failed; q++) {
+    serve_request(&w);
+    __atomic_add_fetch(&sh->done[index], 1, __ATOMIC_RELAXED);
+  }
+  if (w.ec != NULL)
+    engine_finish(&w);
+  w.rep.wall_s = measure_now() - t_start;
+  write_all(fd, &w.rep, sizeof(w.rep));
+  write_all(fd, w.hit_lat, sizeof(double) * w.rep.nhit_lat);
+  write_all(fd, w.miss_lat, sizeof(double) * w.rep.nmiss_lat);
+  worker_free(&w);
+  return w.rep.failed || w.rep.verify_failed ? 1 : 0;
+}

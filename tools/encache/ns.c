@@ -1,0 +1,134 @@
+/*
+ * ns.c: the namespace options shared by key, lookup and publish (model,
+ * prefix or vLLM config, revision, encoder field, dtype), and the engine
+ * handle they open.
+ */
+#include "tool.h"
+
+#include "encache.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->model = a->val[NS_MODEL];
+  o->prefix = a->val[NS_PREFIX];
+  o->config = a->val[NS_CONFIG];
+  o->revision = a->val[NS_REVISION];
+  o->encoder_hash = a->val[NS_ENCODER_HASH];
+  const char *tp_mode = a->val[NS_TP_MODE], *backend = a->val[NS_ATTN_BACKEND];
+  const char *dtype = a->val[NS_DTYPE];
+  if (o->prefix != NULL && o->config != NULL)
+    return usage_error(cmd, "--prefix and --config both set the prefix: give "
+                            "embedding_cache_prefix in --config instead"), -1;
+  if (o->encoder_hash != NULL && (tp_mode != NULL || backend != NULL))
+    return usage_error(cmd, "--encoder-hash and --vllm-mm-encoder-* both set "
+                            "the encoder field: give one"), -1;
+  if (backend != NULL && tp_mode == NULL)
+    return usage_error(cmd, "--vllm-mm-encoder-attn-backend needs "
+                            "--vllm-mm-encoder-tp-mode (vLLM's default is "
+                            "\"weights\")"), -1;
+  if (tp_mode != NULL) {
+    if (encache_vllm_encoder_hash(tp_mode, backend, o->hash,
+                                  sizeof(o->hash)) < 0)
+      return usage_error(cmd, "--vllm-mm-encoder-tp-mode must be \"weights\" "
+                              "or \"data\" and --vllm-mm-encoder-attn-backend "
+                              "a backend name (letters, digits, '_'), got "
+                              "\"%s\" and \"%s\"", tp_mode,
+                              backend ? backend : ""), -1;
+    o->encoder_hash = o->hash;
+  }
+  if (dtype == NULL)
+    return usage_error(cmd, "--dtype is required (float32, float16 or "
+                            "bfloat16)"), -1;
+  if ((o->dtype = encache_dtype_parse(dtype)) < 0)
+    return usage_error(cmd, "--dtype: unknown dtype \"%s\" (use float32, "
+                            "float16 or bfloat16)", dtype), -1;
+  return 0;
+}
+
+/* {"ec_connector_extra_config": {"cross_encoder_cache": true,
+ *  "embedding_cache_prefix": PREFIX}}, PREFIX escaped as a JSON string. */
+static char *prefix_json(const char *prefix) {
+  size_t n = strlen(prefix), w = 0;
+  char *text = malloc(6 * n + 100);
+  if (text == NULL)
+    return NULL;
+  w = (size_t)sprintf(text, "{\"ec_connector_extra_config\": "
+                            "{\"cross_encoder_cache\": true, "
+                            "\"embedding_cache_prefix\": \"");
+  for (size_t k = 0; k < n; k++) {
+    unsigned char ch = (unsigned char)prefix[k];
+    if (ch == '"' || ch == '\\')
+      w += (size_t)sprintf(text + w, "\\%c", ch);
+    else if (ch < 0x20)
+      w += (size_t)sprintf(text + w, "\\u%04x", ch);
+    else
+      text[w++] = (char)ch;
+  }
+  sprintf(text + w, "\"}}");
+  return text;
+}
+
+encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
+                          size_t *len) {
+  *json = o->config != NULL ? arg_or_file(o->config, len)
+                            : prefix_json(o->prefix ? o->prefix : "");
+  if (*json == NULL)
+    return NULL;
+  if (o->config == NULL)
+    *len = strlen(*json);
+  encache_config *cfg = NULL;
+  int rc = encache_config_new(&cfg);
+  if (rc == 0)
+    rc = encache_config_load_ec(cfg, *json, *len);
+  if (rc < 0) {
+    fprintf(stderr, "encache %s: --config: %s\n", cmd,
+            cfg ? encache_config_errmsg(cfg) : encache_strerror(rc));
+    encache_config_free(cfg);
+    free(*json);
+    *json = NULL;
+    return NULL;
+  }
+  /* The engine refuses what is wrong; say what is surprising. */
+  for (int i = 0; i < encache_config_warning_count(cfg); i++)
+    fprintf(stderr, "encache %s: warning: %s\n", cmd,
+            encache_config_warning_at(cfg, i));
+  return cfg;
+}
+
+/* The one place where the tool opens an engine handle. */
+encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o) {
+  char *json;
+  size_t len;
+  encache_config *cfg = ns_config(cmd, o, &json, &len);
+  if (cfg == NULL)
+    return NULL;
+  encache_config_free(cfg);
+  encache_options opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.ec_transfer_config = json;
+  opts.ec_transfer_config_len = len;
+  opts.model = o->model;
+  opts.revision = o->revision;
+  opts.encoder_hash = o->encoder_hash;
+  opts.model_dtype = o->dtype;
+  opts.store_url = g->store_url;
+  encache *ec = NULL;
+  int rc = encache_open(&opts, &ec);
+  free(json);
+  if (rc != 0) {
+    fprintf(stderr, "encache %s: %s\n", cmd, encache_errmsg(ec));
+    encache_close(ec);
+    return NULL;
+  }
+  if (!encache_enabled(ec)) {
+    fprintf(stderr, "encache %s: cross_encoder_cache is false in --config: "
+                    "nothing would be looked up or published\n", cmd);
+    encache_close(ec);
+    return NULL;
+  }
+  return ec;
+}
