@@ -99,6 +99,12 @@ const char *encache_skip_name(int reason) {
   }
 }
 
+/* Another part's message for rc, or rc's own when that part left none
+ * (the engine's message is never empty). */
+static const char *detail(const char *msg, int rc) {
+  return msg != NULL && msg[0] != '\0' ? msg : encache_strerror(rc);
+}
+
 /* The configuration of o: its typed `config` (the caller's), else a new
  * one parsed from the JSON (*own, freed by the caller). */
 static int load_config(encache *ec, const encache_options *o,
@@ -118,7 +124,8 @@ static int load_config(encache *ec, const encache_options *o,
   size_t len = o->ec_transfer_config_len ? o->ec_transfer_config_len
                                          : strlen(o->ec_transfer_config);
   rc = encache_config_load_ec(*cfg, o->ec_transfer_config, len);
-  return rc < 0 ? encache__fail(ec, rc, "%s", encache_config_errmsg(*cfg))
+  return rc < 0 ? encache__fail(ec, rc, "%s",
+                                detail(encache_config_errmsg(*cfg), rc))
                 : 0;
 }
 
@@ -132,7 +139,7 @@ static int configure(encache *ec, const encache_options *o) {
   }
   rc = encache_config_check_deployment(cfg, o->deployment);
   if (rc < 0) {
-    encache__fail(ec, rc, "%s", encache_config_errmsg(cfg));
+    encache__fail(ec, rc, "%s", detail(encache_config_errmsg(cfg), rc));
     encache_config_free(own);
     return rc;
   }
@@ -224,7 +231,8 @@ static int open_store(encache *ec, const char *url, encache_store *given) {
   }
   int rc = encache_store_open(url, &ec->store);
   if (rc < 0) {
-    encache__fail(ec, rc, "store: %s", encache_store_errmsg(ec->store));
+    encache__fail(ec, rc, "store: %s",
+                  detail(encache_store_errmsg(ec->store), rc));
     encache_store_close(ec->store);
     ec->store = NULL;
   }

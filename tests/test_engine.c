@@ -1167,3 +1167,404 @@ TEST(engine_overlong_identifier_is_recoverable) {
   ASSERT_EQ_INT(lookup_ids(step, ids + 1, 1, r, &t), 0);
   ASSERT_EQ_INT(encache_close(ec), 0);
 }
+
+/* ---------------------------------------------------------------- steps */
+
+/* A pipelined server: step B is looked up before step A publishes; each
+ * publishes its own candidates, and only those. */
+TEST(engine_steps_publish_independently) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *a = step_of(ec), *b = step_of(ec);
+  static const char *const ida[] = {"pa1", "pa2"};
+  static const char *const idb[] = {"pb1", "pb2"};
+  encache_result r[6];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(a, ida, 2, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(b, idb, 2, r, &t), 0);
+  for (int i = 0; i < 2; i++)
+    ASSERT_EQ_INT(publish_ref(a, ida[i]), ENCACHE_QUEUED);
+  /* An id of A published on B is not B's candidate, nor the reverse. */
+  ASSERT_EQ_INT(publish_ref(b, "pa1"), ENCACHE_SKIP_NOT_CANDIDATE);
+  ASSERT_EQ_INT(publish_ref(a, "pb1"), ENCACHE_SKIP_NOT_CANDIDATE);
+  encache_step_close(a); /* its queued publications are not affected */
+  for (int i = 0; i < 2; i++)
+    ASSERT_EQ_INT(publish_ref(b, idb[i]), ENCACHE_QUEUED);
+  /* Several lookups on one step add to it. */
+  encache_step *c = step_of(ec);
+  static const char *const idc[] = {"pc1", "pc2"};
+  ASSERT_EQ_INT(lookup_ids(c, idc, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(c, idc + 1, 1, r, &t), 0);
+  ASSERT_EQ_INT(publish_ref(c, "pc1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(c, "pc2"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats s = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(ec, &s), 0);
+  ASSERT_EQ_U64(s.published_written, 6);
+  ASSERT_EQ_U64(s.published_skipped[ENCACHE_SKIP_NOT_CANDIDATE], 2);
+  ASSERT_EQ_U64(s.steps_open, 2);
+  /* Everything published loads, bit-exact. */
+  static const char *const all[] = {"pa1", "pa2", "pb1", "pb2", "pc1", "pc2"};
+  encache_step *d = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(d, all, 6, r, &t), 6);
+  for (int i = 0; i < 6; i++) {
+    float want[ROWS * COLS];
+    encode(all[i], want);
+    ASSERT_EQ_MEM(r[i].data, want, sizeof(want));
+  }
+  free_hits(r, 6);
+  encache_step_close(b);
+  encache_step_close(c);
+  encache_step_close(d);
+  encache_step_close(NULL);
+  ASSERT_EQ_INT(encache_stats_get(ec, &s), 0);
+  ASSERT_EQ_U64(s.steps_open, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_steps_bounded) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *s[ENCACHE_MAX_STEPS + 1];
+  for (int i = 0; i < ENCACHE_MAX_STEPS; i++)
+    ASSERT_EQ_INT(encache_step_open(ec, &s[i]), 0);
+  s[ENCACHE_MAX_STEPS] = (encache_step *)ec; /* must be reset */
+  ASSERT_EQ_INT(encache_step_open(ec, &s[ENCACHE_MAX_STEPS]), ENCACHE_ESTEPS);
+  ASSERT(s[ENCACHE_MAX_STEPS] == NULL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "ENCACHE_MAX_STEPS");
+  ASSERT_EQ_STR(encache_err_name(ENCACHE_ESTEPS), "ESTEPS");
+  ASSERT_CONTAINS(encache_strerror(ENCACHE_ESTEPS), "too many steps");
+  encache_stats st = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.steps_open, ENCACHE_MAX_STEPS);
+  /* Closing one makes room; the new step works. */
+  encache_step_close(s[10]);
+  ASSERT_EQ_INT(encache_step_open(ec, &s[10]), 0);
+  static const char *const ids[] = {"bound"};
+  encache_result r[1];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(s[10], ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(publish_ref(s[10], "bound"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(s[11], "bound"), ENCACHE_SKIP_NOT_CANDIDATE);
+  /* Closing the handle closes the 64 steps still open. */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+
+  /* Disabled: steps open (within the same bound), everything is skipped. */
+  encache_options o = options("{\"ec_connector_extra_config\": {}}");
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  encache_step *step = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_INT(publish_ref(step, "bound"), ENCACHE_SKIP_DISABLED);
+  for (int i = 1; i < ENCACHE_MAX_STEPS; i++)
+    ASSERT_EQ_INT(encache_step_open(ec, &s[i]), 0);
+  ASSERT_EQ_INT(encache_step_open(ec, &s[0]), ENCACHE_ESTEPS);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* Close with steps open: the queued writes of every step are drained and
+ * the steps die with the handle (the sanitizer build checks no leak). */
+TEST(engine_close_with_open_steps) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  encache_step *a = step_of(ec), *b = step_of(ec);
+  static const char *const ids[] = {"co1", "co2"};
+  encache_result r[2];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(a, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(b, ids + 1, 1, r, &t), 0);
+  e.ctl.hold_writes = 1;
+  ASSERT_EQ_INT(publish_ref(a, "co1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(b, "co2"), ENCACHE_QUEUED);
+  fault_pass_writes(&e.ctl, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  ASSERT_EQ_INT(e.ctl.close_calls, 1);
+  fault_ctl_init(&e.ctl);
+  ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 2);
+  free_hits(r, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_poison_with_open_steps) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  encache_step *a = step_of(ec), *b = step_of(ec);
+  static const char *const ids[] = {"pz1", "pz2"};
+  seed(&e, encache_namespace_of(ec), ids, 1);
+  static encache_result r[2]; /* kept destinations stay reachable */
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(b, ids + 1, 1, r, &t), 0);
+  e.ctl.read_mode = READ_ITEM_CODE;
+  e.ctl.read_item_code = -12345; /* an unknown code: unconfirmed */
+  ASSERT_EQ_INT(lookup_ids(a, ids, 1, r, &t), ENCACHE_EPOISONED);
+  /* Every step of the handle fails fast now. */
+  ASSERT_EQ_INT(publish_ref(b, "pz2"), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(lookup_ids(b, ids + 1, 1, r + 1, &t), ENCACHE_EPOISONED);
+  encache_step *c = (encache_step *)ec;
+  ASSERT_EQ_INT(encache_step_open(ec, &c), ENCACHE_EPOISONED);
+  ASSERT(c == NULL);
+  encache_step_close(b); /* safe: the Store never holds a step's memory */
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED); /* a dies with it */
+  ASSERT_EQ_INT(e.ctl.unregister_calls, 0);
+}
+
+/* ------------------------------------------------------ caller structs */
+
+typedef struct wide_cand {
+  encache_candidate c;
+  uint64_t newer; /* a field of a newer header */
+} wide_cand;
+
+typedef struct wide_result {
+  encache_result r;
+  uint64_t newer;
+} wide_result;
+
+/* The allocator is handed the caller's own candidate. */
+static int wide_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **handle) {
+  ASSERT_EQ_U64(c->size, sizeof(wide_cand));
+  return ta_alloc(ctx, i, c, nbytes, data, handle);
+}
+
+TEST(engine_candidates_and_results_strided_by_size) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  static const char *const ids[] = {"w0", "w1", "w2"};
+  seed(&e, encache_namespace_of(ec), ids, 2);
+  wide_cand wc[3];
+  wide_result wr[3];
+  memset(wr, 0xab, sizeof(wr));
+  for (int i = 0; i < 3; i++) {
+    wc[i].c = cand(ids[i]);
+    wc[i].c.size = sizeof(wide_cand);
+    wc[i].newer = 0;
+  }
+  wr[0].r.size = sizeof(wide_result);
+  talloc t = {0};
+  encache_allocator a = {sizeof(a), &t, wide_alloc, ta_release};
+  ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r), 2);
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ_U64(wr[i].r.size, sizeof(wide_result));
+    ASSERT_EQ_U64(wr[i].newer, 0); /* a field this library does not know */
+    ASSERT_EQ_INT(wr[i].r.outcome, i < 2 ? ENCACHE_HIT : ENCACHE_MISS);
+  }
+  float want[ROWS * COLS];
+  encode("w1", want);
+  ASSERT_EQ_MEM(wr[1].r.data, want, sizeof(want));
+  free(wr[0].r.data);
+  free(wr[1].r.data);
+  ASSERT_EQ_INT(publish_ref(step, "w2"), ENCACHE_QUEUED);
+  /* A newer field set is refused, naming the candidate. */
+  wc[1].newer = 1;
+  ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r),
+                ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "candidate 1");
+  wc[1].newer = 0;
+  /* Sizes that differ within the array, or an older one. */
+  wc[2].c.size = sizeof(encache_candidate);
+  ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r),
+                ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "candidate 2");
+  encache_candidate old = cand("w0");
+  old.size = sizeof(old) - sizeof(int);
+  encache_result r1 = ENCACHE_RESULT_INIT;
+  ASSERT_EQ_INT(encache_lookup(step, &old, 1, &a, &r1), ENCACHE_EINVAL);
+  old.size = sizeof(old);
+  r1.size = offsetof(encache_result, nbytes);
+  ASSERT_EQ_INT(encache_lookup(step, &old, 1, &a, &r1), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "results[0].size");
+  r1.size = sizeof(r1);
+  encache_allocator olda = a;
+  olda.size = sizeof(olda) - sizeof(void *);
+  ASSERT_EQ_INT(encache_lookup(step, &old, 1, &olda, &r1), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "allocator");
+  ASSERT_EQ_INT(t.allocs, t.releases + 2); /* no refused lookup allocated */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_options_and_stats_sizes) {
+  env e;
+  env_init(&e, 0);
+  static const char json[] =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}";
+  struct {
+    encache_options o;
+    uint64_t newer;
+  } big;
+  memset(&big, 0, sizeof(big));
+  big.o = options(json);
+  big.o.store_url = e.url;
+  encache *ec = (encache *)&big; /* must be reset */
+  /* Older: refused, no handle, the reason on this thread. */
+  big.o.size = offsetof(encache_options, log_ctx);
+  ASSERT_EQ_INT(encache_open(&big.o, &ec), ENCACHE_EINVAL);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "options.size");
+  /* Newer with the unknown field set: refused. */
+  big.o.size = sizeof(big);
+  big.newer = 7;
+  ASSERT_EQ_INT(encache_open(&big.o, &ec), ENCACHE_EINVAL);
+  /* Newer with it zero: accepted. */
+  big.newer = 0;
+  ASSERT_EQ_INT(encache_open(&big.o, &ec), 0);
+  /* Stats: an older size is refused, a newer one's tail is zeroed. */
+  encache_stats old = ENCACHE_STATS_INIT;
+  old.size = offsetof(encache_stats, poisoned);
+  ASSERT_EQ_INT(encache_stats_get(ec, &old), ENCACHE_EINVAL);
+  struct {
+    encache_stats s;
+    uint64_t newer;
+  } bigs;
+  memset(&bigs, 0xee, sizeof(bigs));
+  bigs.s.size = sizeof(bigs);
+  ASSERT_EQ_INT(encache_stats_get(ec, &bigs.s), 0);
+  ASSERT_EQ_U64(bigs.newer, 0);
+  ASSERT_EQ_U64(bigs.s.lookups, 0);
+  ASSERT_EQ_INT(bigs.s.poisoned, 0);
+  ASSERT_EQ_U64(bigs.s.size, sizeof(bigs));
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* ------------------------------------------------------ the error model */
+
+static void *read_errmsg(void *out) {
+  snprintf(out, 64, "%s", encache_errmsg(NULL));
+  return NULL;
+}
+
+TEST(engine_failed_open_returns_no_handle) {
+  encache_options o = options("{\"ec_connector_extra_config\": {");
+  encache *ec = (encache *)&o; /* must be reset */
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EJSON);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "line 1");
+  encache_close(ec); /* NULL: a no-op */
+  /* The message is the calling thread's own. */
+  char other[64] = "x";
+  pthread_t th;
+  pthread_create(&th, NULL, read_errmsg, other);
+  pthread_join(th, NULL);
+  ASSERT_EQ_STR(other, "");
+  ASSERT_CONTAINS(encache_errmsg(NULL), "line 1");
+  /* A Store that cannot open: the Store's reason, no handle. */
+  o = options("{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+              "true}}");
+  o.store_url = "nosuch://x";
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EURL);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "nosuch://x");
+  ASSERT_EQ_INT(encache_open(&o, NULL), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "out is NULL");
+  ASSERT_EQ_INT(encache_open(NULL, &ec), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "options are NULL");
+}
+
+/* Typed options: a configuration the caller filled replaces the JSON. */
+TEST(engine_typed_config) {
+  env e;
+  env_init(&e, 0);
+  encache_config *cfg = NULL;
+  ASSERT_EQ_INT(encache_config_new(&cfg), 0);
+  static const char json[] =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
+      "\"embedding_cache_prefix\": \"typed\", "
+      "\"store_read_buffer_bytes\": 4096}}";
+  ASSERT_EQ_INT(encache_config_load_ec(cfg, json, sizeof(json) - 1), 0);
+  encache_options o = options(json);
+  o.store_url = e.url;
+  o.config = cfg;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EINVAL); /* both given */
+  ASSERT_CONTAINS(encache_errmsg(NULL), "exactly one");
+  o.ec_transfer_config = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  ASSERT_EQ_INT(encache_enabled(ec), 1);
+  ASSERT_EQ_INT(strncmp(encache_namespace_of(ec), "typed@", 6), 0);
+  ASSERT_EQ_U64(ec->read_buf_bytes, 4096);
+  encache_config_free(cfg); /* read during open only */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  o.config = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EINVAL); /* neither */
+  ASSERT_CONTAINS(encache_errmsg(NULL), "neither");
+  /* The deployment check applies to a typed configuration too. */
+  ASSERT_EQ_INT(encache_config_new(&cfg), 0);
+  ASSERT_EQ_INT(encache_config_load_ec(cfg, json, sizeof(json) - 1), 0);
+  encache_deployment d;
+  encache_deployment_defaults(&d);
+  d.tensor_parallel_size = 2;
+  o.config = cfg;
+  o.deployment = &d;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "tensor_parallel_size");
+  encache_config_free(cfg);
+}
+
+/* Fail each allocation of a whole step in turn (open, step, lookup,
+ * publish): each call either works or fails with ENCACHE_ENOMEM and a
+ * message saying so (never an empty one), no handle is left behind by a
+ * failed open, and nothing leaks (the sanitizer build checks that). */
+TEST(engine_out_of_memory_every_allocation) {
+  env e;
+  env_init(&e, 0);
+  static const char *const ids[] = {"oom1", "oom2"};
+  {
+    encache *ec = open_default(&e);
+    seed(&e, encache_namespace_of(ec), ids, 1);
+    encache_close(ec);
+  }
+  char json[512];
+  json_for(json, sizeof(json), 1 << 20, 32, 1 << 30);
+  int saw_success = 0;
+  for (long n = 1; n < 2000 && !saw_success; n++) {
+    encache_options o = options(json);
+    o.store_url = e.url;
+    encache *ec = NULL;
+    encache_step *step = NULL;
+    encache_result r[2];
+    talloc t = {0};
+    test_alloc_fail_after(n);
+    int rc = encache_open(&o, &ec), q = 0;
+    if (rc < 0) {
+      test_alloc_fail_after(0);
+      ASSERT(ec == NULL);
+      if (strstr(encache_errmsg(NULL), "out of memory") == NULL)
+        test__fail(__FILE__, __LINE__, "allocation %ld: open: %s: \"%s\"", n,
+                   encache_err_name(rc), encache_errmsg(NULL));
+      continue;
+    }
+    static float out[ROWS * COLS]; /* a storage of the caller's own */
+    int64_t shape[2] = {ROWS, COLS};
+    encache_tensor v = {out, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_storage *s = NULL;
+    if ((rc = encache_step_open(ec, &step)) == 0 &&
+        (rc = lookup_ids(step, ids, 2, r, &t)) >= 0) {
+      free_hits(r, 2);
+      /* A storage that cannot be made (no handle, no message): nothing
+       * to publish this time. */
+      q = encache_storage_new(out, sizeof(out), NULL, NULL, &s);
+      if (q == 0)
+        q = encache_publish(step, "oom2", &v, s);
+      encache_storage_unref(s);
+      rc = s != NULL && q < 0 ? q : 0;
+    }
+    test_alloc_fail_after(0);
+    if (rc < 0) {
+      ASSERT_EQ_INT(rc, ENCACHE_ENOMEM);
+      ASSERT_CONTAINS(encache_errmsg(ec), "out of memory");
+    }
+    ASSERT_EQ_INT(encache_flush(ec), 0);
+    saw_success = rc >= 0 && q == ENCACHE_QUEUED;
+    ASSERT_EQ_INT(encache_close(ec), 0);
+  }
+  ASSERT(saw_success);
+}
