@@ -211,16 +211,23 @@ static int take_options(const encache_options *in, encache **out,
   return 0;
 }
 
-/* Frees what a failed open built (the Store included) and keeps its
- * message for encache_errmsg(NULL). */
-static int open_failed(encache *ec, int rc) {
-  open_refused(rc, "%s", ec->errmsg);
-  encache_store_close(ec->store);
+/* Frees the handle itself, once nothing of it is in use. */
+static void handle_free(encache *ec) {
+  encache__steps_close_all(ec);
+  encache__lookup_free(ec);
   pthread_mutex_destroy(&ec->mu);
   pthread_cond_destroy(&ec->work);
   pthread_cond_destroy(&ec->idle);
   encache__free(ec->ns);
   encache__free(ec);
+}
+
+/* Frees what a failed open built (the Store included) and keeps its
+ * message for encache_errmsg(NULL). */
+static int open_failed(encache *ec, int rc) {
+  open_refused(rc, "%s", ec->errmsg);
+  encache_store_close(ec->store);
+  handle_free(ec);
   return rc;
 }
 
@@ -308,7 +315,7 @@ int encache_close(encache *ec) {
     if (rc == 0 && ec->staging_registered &&
         !encache__is_poisoned(ec) && ec->store->ops->unregister_buffer != NULL) {
       int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
-      if (u < 0)
+      if (encache_store_classify(u) != ENCACHE_ANSWER_OK)
         encache__poison(ec, "unregistering the staging buffer failed: %s",
                         encache_strerror(u));
       else
@@ -324,13 +331,7 @@ int encache_close(encache *ec) {
   } else if (encache__is_poisoned(ec)) {
     return bury(ec);
   }
-  encache__steps_close_all(ec);
-  encache__lookup_free(ec);
-  pthread_mutex_destroy(&ec->mu);
-  pthread_cond_destroy(&ec->work);
-  pthread_cond_destroy(&ec->idle);
-  encache__free(ec->ns);
-  encache__free(ec);
+  handle_free(ec);
   return rc;
 }
 

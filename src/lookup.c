@@ -12,7 +12,7 @@
  *             one that does not fit the rest of the current chunk closes
  *             it; slots are packed from offset 0;
  *   read      per chunk, one batched read (into the staging buffer's
- *             slots, or straight into destinations, see read_chunk);
+ *             slots, or straight into destinations; lookup_read.c);
  *   validate  every answer and header of the chunk;
  *   deliver   the chunk's destinations, all before any copy, then the
  *             copies (outputs never alias the staging buffer);
@@ -34,64 +34,11 @@
  * grown).  PLAN_ARRAYS lists them once; the size is computed from that
  * list and the carving walks the same list, with a bounds assertion.
  */
-#include "engine.h"
+#include "lookup.h"
 
 #include <inttypes.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-int (*encache__copy_hook)(void *dst, const void *src, size_t n);
-
-/* Per unique candidate. */
-typedef struct item {
-  size_t first;    /* index of the candidate it stands for */
-  char *key;
-  uint64_t nbytes; /* expected payload */
-  uint64_t osize;  /* 24 + nbytes: the slot */
-  uint64_t off;    /* slot offset in the staging buffer */
-  int present;
-  int chunk_start; /* the first item of a chunk */
-  int outcome;     /* for the unique item; copied to its duplicates */
-} item;
-
-typedef unsigned char header_buf[ENCACHE_HEADER_SIZE];
-
-/* The plan's arrays: X(name, element type, element count), the count an
- * expression of n (candidates) and text (bytes of the keys). */
-#define PLAN_ARRAYS(X)                                                       \
-  X(cand, encache_candidate, n) /* the caller's candidates, copied */      \
-  X(res, encache_result, n)     /* results, copied out at the end */       \
-  X(unique_of, size_t, n)       /* candidate -> item; SIZE_MAX: skipped */ \
-  X(hash, uint64_t, n)          /* of each candidate's id */               \
-  X(items, item, n)             /* items[0..nu) */                         \
-  X(sorted, item, n)            /* the chunk phase's reordering */         \
-  X(newpos, size_t, n)                                                     \
-  X(keys, const char *, n)      /* per item: its key */                    \
-  X(present, int, n)            /* per item: the existence answer */       \
-  X(dest, size_t, n)            /* candidates holding a destination */     \
-  X(bufs, void *, n)            /* per item: where its read goes */        \
-  X(heads, void *, n)           /* per item: where its header goes */      \
-  X(caps, size_t, n)                                                       \
-  X(answers, int64_t, n)        /* per item: the read's answer */          \
-  X(hdrs, header_buf, n)        /* direct reads: the headers */            \
-  X(keytext, char, text)
-
-typedef struct plan {
-  encache *ec;
-  encache_step *step;
-  const encache_candidate *caller_c; /* strided by caller_c->size */
-  encache_allocator a;
-  size_t n, text;
-  size_t nu;    /* unique items */
-  size_t np;    /* items[0..np) are present and fit the staging buffer */
-  size_t ndest; /* dest[0..ndest) */
-  int direct;   /* payloads read straight into destinations */
-  int hits;
-#define PLAN_FIELD_(name, type, count) type *name;
-  PLAN_ARRAYS(PLAN_FIELD_)
-#undef PLAN_FIELD_
-} plan;
 
 /* ---------------------------------------------------------- the scratch */
 
@@ -156,10 +103,6 @@ static int reserve(encache *ec, size_t need) {
 
 /* ------------------------------------------------------------ the plan */
 
-static const encache_candidate *caller_cand(const plan *p, size_t i) {
-  return ENCACHE__AT(const encache_candidate, p->caller_c, i);
-}
-
 /* Checks the caller's structs, sizes and carves the scratch, copies the
  * candidates in. */
 static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
@@ -178,7 +121,7 @@ static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
                          "sizeof(encache_allocator), alloc set)");
   size_t ns_len = strlen(ec->ns);
   for (size_t i = 0; i < n; i++) {
-    const encache_candidate *ci = caller_cand(p, i);
+    const encache_candidate *ci = encache__plan_cand(p, i);
     if (ci->size != c->size ||
         encache__struct_in(&(encache_candidate){0}, sizeof(encache_candidate),
                            ci, ENCACHE__CANDIDATE_MIN) < 0)
@@ -198,7 +141,7 @@ static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
     return encache__fail(ec, ENCACHE_ENOMEM, "lookup: out of memory");
   plan_carve(p, ec->scratch, ec->scratch_cap);
   for (size_t i = 0; i < n; i++) {
-    encache__struct_in(&p->cand[i], sizeof(p->cand[i]), caller_cand(p, i),
+    encache__struct_in(&p->cand[i], sizeof(p->cand[i]), encache__plan_cand(p, i),
                        ENCACHE__CANDIDATE_MIN);
     memset(&p->res[i], 0, sizeof(p->res[i]));
     p->res[i].size = sizeof(p->res[i]);
@@ -264,33 +207,14 @@ static int phase_dedupe(plan *p) {
   return 0;
 }
 
-/* A whole batch's answer: 0 done, 1 certainly not done (the caller marks
- * its items UNAVAILABLE), or poison. */
-static int batch_answer(plan *p, int rc, const char *what) {
-  switch (encache_store_classify(rc)) {
-  case ENCACHE_ANSWER_OK:
-    return 0;
-  case ENCACHE_ANSWER_RECOVERABLE:
-    return 1;
-  default:
-    return encache__poison(p->ec, "%s's completion is unconfirmed (%s: %s)",
-                           what, encache_err_name(rc),
-                           encache_store_errmsg(p->ec->store));
-  }
-}
-
-static void mark_unavailable(plan *p, size_t from, size_t to) {
-  for (size_t u = from; u < to; u++)
-    p->items[u].outcome = ENCACHE_UNAVAILABLE;
-}
 
 /* Phase exists: one batched existence check.  1: stop (recoverable). */
 static int phase_exists(plan *p) {
   encache_store *st = p->ec->store;
-  int rc = batch_answer(p, st->ops->exists(st, p->keys, p->nu, p->present),
+  int rc = encache__plan_batch(p, st->ops->exists(st, p->keys, p->nu, p->present),
                         "the existence check");
   if (rc == 1)
-    mark_unavailable(p, 0, p->nu);
+    encache__plan_unavailable(p, 0, p->nu);
   return rc;
 }
 
@@ -361,247 +285,6 @@ static void phase_chunk(plan *p) {
   }
 }
 
-/* Allocates (and registers, when the Store needs it) the staging buffer. */
-static int staging_ensure(encache *ec) {
-  if (ec->staging != NULL)
-    return 0;
-  size_t size = (size_t)ec->read_buf_bytes;
-  void *p = encache__aligned_alloc(4096, size);
-  if (p == NULL)
-    return encache__fail(ec, ENCACHE_ENOMEM,
-                         "cannot allocate the %zu-byte staging buffer", size);
-  if (ec->store->ops->register_buffer != NULL) {
-    int rc = ec->store->ops->register_buffer(ec->store, p, size);
-    if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
-      /* Nothing is kept: the next step tries again. */
-      encache__aligned_free(p);
-      return encache__fail(ec, ENCACHE_EUNAVAIL,
-                           "registering the staging buffer failed: %s",
-                           encache_store_errmsg(ec->store));
-    }
-    ec->staging_registered = 1;
-  }
-  ec->staging = p;
-  STAT_ADD(ec, staging_allocations, 1);
-  __atomic_store_n(&ec->stats.staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
-  return 0;
-}
-
-/* ------------------------------------------------------- destinations */
-
-/* Releases every destination handed out (the lookup failed). */
-static void release_all(plan *p) {
-  for (size_t k = 0; k < p->ndest; k++) {
-    encache_result *r = &p->res[p->dest[k]];
-    if (p->a.release != NULL)
-      p->a.release(p->a.ctx, p->dest[k], r->data, r->handle);
-    r->data = r->handle = NULL;
-    r->outcome = ENCACHE_UNAVAILABLE;
-  }
-  p->ndest = 0;
-}
-
-/* Hands out the destination of candidate i (logged for release). */
-static int give_dest(plan *p, size_t i, uint64_t nbytes) {
-  void *data = NULL, *handle = NULL;
-  int rc = p->a.alloc(p->a.ctx, i, caller_cand(p, i), nbytes, &data, &handle);
-  if (rc < 0 || (data == NULL && nbytes > 0)) {
-    if (rc >= 0 && p->a.release != NULL)
-      p->a.release(p->a.ctx, i, data, handle);
-    rc = rc < 0 ? rc : ENCACHE_ENOMEM;
-    release_all(p);
-    return encache__fail(p->ec, rc, "the allocator failed for candidate %zu "
-                                    "(%s): %s", i, p->cand[i].id,
-                         encache_strerror(rc));
-  }
-  p->res[i].data = data;
-  p->res[i].handle = handle;
-  p->res[i].nbytes = nbytes;
-  p->dest[p->ndest++] = i;
-  return 0;
-}
-
-/* Gives candidate i's destination back (its object was not a hit). */
-static void take_dest(plan *p, size_t i) {
-  for (size_t k = 0; k < p->ndest; k++) {
-    if (p->dest[k] != i)
-      continue;
-    if (p->a.release != NULL)
-      p->a.release(p->a.ctx, i, p->res[i].data, p->res[i].handle);
-    p->res[i].data = p->res[i].handle = NULL;
-    p->res[i].nbytes = 0;
-    p->dest[k] = p->dest[--p->ndest];
-    return;
-  }
-}
-
-/* ------------------------------------------------------------- a chunk */
-
-/*
- * Phase read: one batched read of items[from..to).
- *
- * Staged (the Store needs registered memory): into the staging slots.
- * Direct (the Store offers split reads and needs no registration): the
- * destinations first, then each header into a small buffer and each
- * payload straight into its destination; a destination whose object is
- * not a hit is given back after validation.  The direct path saves a
- * whole copy of every payload.  Returns 0, 1 when the batch certainly did
- * not happen (its items are UNAVAILABLE), or a negative code.
- */
-static int phase_read(plan *p, size_t from, size_t to) {
-  encache *ec = p->ec;
-  int rc;
-  for (size_t u = from; u < to; u++) {
-    item *it = &p->items[u];
-    if (p->direct) {
-      if ((rc = give_dest(p, it->first, it->nbytes)) < 0)
-        return rc;
-      p->heads[u] = p->hdrs[u];
-      p->bufs[u] = p->res[it->first].data;
-      p->caps[u] = (size_t)it->nbytes;
-    } else {
-      p->heads[u] = p->bufs[u] = ec->staging + it->off;
-      p->caps[u] = (size_t)it->osize;
-    }
-  }
-  STAT_ADD(ec, batched_reads, 1);
-  const encache__store_ops *ops = ec->store->ops;
-  const char **keys = p->keys + from;
-  int64_t *answers = p->answers + from;
-  rc = p->direct ? ops->read_split(ec->store, keys, to - from,
-                                   ENCACHE_HEADER_SIZE, p->heads + from,
-                                   p->bufs + from, p->caps + from, answers)
-                 : ops->read(ec->store, keys, to - from, p->bufs + from,
-                             p->caps + from, answers);
-  rc = batch_answer(p, rc, "a batched read");
-  if (rc == 1) {
-    mark_unavailable(p, from, to);
-    for (size_t u = from; p->direct && u < to; u++)
-      take_dest(p, p->items[u].first);
-  }
-  return rc;
-}
-
-/* Judges item it's answer r, whose header (when r > 0) is at head. */
-static int validate_one(plan *p, item *it, int64_t r, const void *head) {
-  encache_result *res0 = &p->res[it->first];
-  const encache_candidate *c = &p->cand[it->first];
-  switch (encache_store_classify(r)) {
-  case ENCACHE_ANSWER_OK: {
-    if ((uint64_t)r > it->osize)
-      return encache__poison(p->ec, "the Store answered %" PRId64 " bytes "
-                             "for a %" PRIu64 "-byte slot", r, it->osize);
-    encache_contract ct = {c->dtype, c->rows, c->cols};
-    /* Only the header is read: the length is judged from r. */
-    int v = encache_object_check(head, (size_t)r, &ct, &res0->found);
-    res0->verdict = v;
-    it->outcome = v == ENCACHE_COMPATIBLE ? ENCACHE_HIT : ENCACHE_INCOMPATIBLE;
-    return 0;
-  }
-  case ENCACHE_ANSWER_TOO_LARGE: /* longer than the contract */
-    it->outcome = ENCACHE_INCOMPATIBLE;
-    res0->verdict = ENCACHE_BAD_LENGTH;
-    return 0;
-  case ENCACHE_ANSWER_ABSENT:
-    it->outcome = ENCACHE_MISS;
-    return 0;
-  case ENCACHE_ANSWER_RECOVERABLE:
-    it->outcome = ENCACHE_UNAVAILABLE;
-    return 0;
-  default:
-    return encache__poison(p->ec, "the Store answered an unknown code "
-                           "%" PRId64 " for %s", r, it->key);
-  }
-}
-
-/* Phase validate: every answer of the chunk first (if one leaves the
- * batch unconfirmed, no destination of it may be given back), then the
- * direct path's non-hits give their destinations back. */
-static int phase_validate(plan *p, size_t from, size_t to) {
-  for (size_t u = from; u < to; u++) {
-    int rc = validate_one(p, &p->items[u], p->answers[u], p->heads[u]);
-    if (rc < 0)
-      return rc;
-  }
-  for (size_t u = from; p->direct && u < to; u++)
-    if (p->items[u].outcome != ENCACHE_HIT)
-      take_dest(p, p->items[u].first);
-  return 0;
-}
-
-/* The chunk's hit that candidate i stands for, or NULL. */
-static const item *hit_of(const plan *p, size_t i, size_t from, size_t to) {
-  size_t u = p->unique_of[i];
-  if (u == SIZE_MAX || u < from || u >= to ||
-      p->items[u].outcome != ENCACHE_HIT)
-    return NULL;
-  return &p->items[u];
-}
-
-/* Copies a payload to a destination; a failed (device) copy poisons. */
-static int copy_out(plan *p, size_t i, const void *src, size_t n) {
-  void *dst = p->res[i].data;
-  if (encache__copy_hook != NULL ? encache__copy_hook(dst, src, n) != 0
-                                 : (memcpy(dst, src, n), 0))
-    /* A device copy may still be in flight: keep the staging buffer and
-     * every destination. */
-    return encache__poison(p->ec, "copying candidate %zu (%s) to its "
-                                  "destination failed", i, p->cand[i].id);
-  return 0;
-}
-
-/* Phase deliver: every destination of the chunk before any copy (the
- * direct path's first occurrences hold theirs, filled by the read), then
- * the copies. */
-static int phase_deliver(plan *p, size_t from, size_t to) {
-  int rc;
-  for (size_t i = 0; i < p->n; i++) {
-    const item *it = hit_of(p, i, from, to);
-    if (it != NULL && !(p->direct && i == it->first) &&
-        (rc = give_dest(p, i, it->nbytes)) < 0)
-      return rc;
-  }
-  for (size_t i = 0; i < p->n; i++) {
-    const item *it = hit_of(p, i, from, to);
-    if (it == NULL)
-      continue;
-    if (!(p->direct && i == it->first)) {
-      const void *src = p->direct ? p->res[it->first].data
-                                  : p->ec->staging + it->off + ENCACHE_HEADER_SIZE;
-      if ((rc = copy_out(p, i, src, (size_t)it->nbytes)) < 0)
-        return rc;
-    }
-    STAT_ADD(p->ec, bytes_read, it->nbytes);
-    p->hits++;
-  }
-  return 0;
-}
-
-/* Reads, validates and delivers every chunk. */
-static int read_chunks(plan *p) {
-  /* Payloads go straight to host destinations when the Store can split
-   * its reads and needs no registered memory. */
-  const encache__store_ops *ops = p->ec->store->ops;
-  p->direct = ops->read_split != NULL && ops->register_buffer == NULL;
-  if (p->np == 0)
-    return 0;
-  int rc = p->direct ? 0 : staging_ensure(p->ec);
-  if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
-    mark_unavailable(p, 0, p->np);
-    return 0;
-  }
-  for (size_t from = 0, to; rc == 0 && from < p->np; from = to) {
-    for (to = from + 1; to < p->np && !p->items[to].chunk_start; to++)
-      ;
-    rc = phase_read(p, from, to);
-    if (rc == 0 && (rc = phase_validate(p, from, to)) == 0)
-      rc = phase_deliver(p, from, to);
-    if (rc == 1)
-      rc = 0;
-  }
-  return rc;
-}
-
 static int plan_run(plan *p) {
   int rc = phase_dedupe(p);
   if (rc < 0 || p->nu == 0)
@@ -609,7 +292,7 @@ static int plan_run(plan *p) {
   if ((rc = phase_exists(p)) != 0 || (rc = phase_classify(p)) < 0)
     return rc < 0 ? rc : 0;
   phase_chunk(p);
-  return read_chunks(p);
+  return encache__plan_read(p);
 }
 
 /* --------------------------------------------------------------- finish */
@@ -683,7 +366,7 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
     phase_finish(&p);
     rc = p.hits;
   } else if (!encache__is_poisoned(ec)) {
-    release_all(&p);
+    encache__plan_release_all(&p);
   }
   for (size_t i = 0; i < n; i++)
     result_out(results, i, &p.res[i]);
