@@ -782,8 +782,9 @@ typedef struct encache_result {
  * destination).  Returns the number of hits, or a negative code: the
  * allocator's error (every destination already allocated was released;
  * the handle stays healthy), ENCACHE_EPOISONED (now or before),
- * ENCACHE_ENOMEM (nothing was looked up), ENCACHE_EINVAL (a NULL or a
- * struct of a bad size; the handle's message says which).
+ * ENCACHE_ENOMEM (every destination was released; the handle stays
+ * healthy), ENCACHE_EINVAL (a NULL or a struct of a bad size; the
+ * handle's message says which).
  */
 ENCACHE_EXTERN int encache_lookup(encache_step *step,
                                   const encache_candidate *c, size_t n,

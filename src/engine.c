@@ -343,6 +343,9 @@ int encache_stats_get(const encache *ec, encache_stats *st) {
   const uint64_t *src = &ec->stats.lookups;
   uint64_t *dst = &full.lookups;
   /* Every field from `lookups` up to `poisoned` is a uint64_t counter. */
+  _Static_assert((offsetof(encache_stats, poisoned) -
+                  offsetof(encache_stats, lookups)) % sizeof(uint64_t) == 0,
+                 "encache_stats: the counters are uint64_t, then poisoned");
   size_t n = (offsetof(encache_stats, poisoned) -
               offsetof(encache_stats, lookups)) / sizeof(uint64_t);
   for (size_t i = 0; i < n; i++)
