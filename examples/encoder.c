@@ -49,21 +49,10 @@ static void release_output(void *ctx, size_t i, void *data, void *handle) {
 
 static void free_storage(void *ctx) { free(ctx); }
 
-/* One step: look up, encode the misses, publish them.  Returns hits. */
-static int step(encache *ec, const char *const *ids, size_t n) {
-  encache_candidate cands[8];
-  encache_result results[8];
-  for (size_t i = 0; i < n; i++) {
-    encache_candidate c = {ids[i], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
-                           TOKENS, HIDDEN, ENCACHE_DEVICE_HOST, 0};
-    cands[i] = c;
-  }
-  encache_allocator a = {NULL, alloc_output, release_output};
-  int hits = encache_lookup(ec, cands, n, &a, results);
-  if (hits < 0) {
-    fprintf(stderr, "lookup: %s\n", encache_errmsg(ec));
-    return hits;
-  }
+/* Encodes the misses of a lookup on step and publishes them on it; frees
+ * the hits.  Returns 0, or -1 when a hit is wrong. */
+static int encode_and_publish(encache_step *step, const char *const *ids,
+                              size_t n, const encache_result *results) {
   for (size_t i = 0; i < n; i++) {
     float want[TOKENS * HIDDEN];
     encode(ids[i], want);
@@ -90,35 +79,61 @@ static int step(encache *ec, const char *const *ids, size_t n) {
     }
     int64_t shape[2] = {TOKENS, HIDDEN};
     encache_tensor view = {out, ENCACHE_FLOAT32, 2, shape, NULL};
-    int q = encache_publish(ec, ids[i], &view, s);
+    int q = encache_publish(step, ids[i], &view, s);
     encache_storage_unref(s);
     printf("  %-8s %s, encoded, publication %s\n", ids[i],
            encache_outcome_name(results[i].outcome), encache_skip_name(q));
   }
+  return 0;
+}
+
+/* One encoder step: open it, look up, encode the misses, publish them on
+ * the step, close it.  Returns hits.  (A pipelined server may keep several
+ * steps open, looking up the next before it publishes this one.) */
+static int run_step(encache *ec, const char *const *ids, size_t n) {
+  encache_candidate cands[8];
+  encache_result results[8] = {ENCACHE_RESULT_INIT};
+  for (size_t i = 0; i < n; i++) {
+    encache_candidate c = {sizeof(c), ids[i], ENCACHE_MODALITY_IMAGE,
+                           ENCACHE_FLOAT32, TOKENS, HIDDEN,
+                           ENCACHE_DEVICE_HOST, 0};
+    cands[i] = c;
+  }
+  encache_allocator a = {sizeof(a), NULL, alloc_output, release_output};
+  encache_step *step = NULL;
+  int hits = encache_step_open(ec, &step);
+  if (hits == 0)
+    hits = encache_lookup(step, cands, n, &a, results);
+  if (hits < 0) {
+    fprintf(stderr, "step: %s\n", encache_errmsg(ec));
+    encache_step_close(step);
+    return hits;
+  }
+  if (encode_and_publish(step, ids, n, results) < 0)
+    hits = -1;
+  encache_step_close(step); /* queued publications are not affected */
   return hits;
 }
 
 int main(int argc, char **argv) {
-  encache_options o;
-  memset(&o, 0, sizeof(o));
+  encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = config;
   o.model = "example/vision-model";
   o.model_dtype = ENCACHE_FLOAT32;
   o.store_url = argc > 1 ? argv[1] : "shm://encache-example?size=16MiB";
   encache *ec = NULL;
   if (encache_open(&o, &ec) != 0) {
-    fprintf(stderr, "open: %s\n", encache_errmsg(ec));
-    encache_close(ec);
+    fprintf(stderr, "open: %s\n", encache_errmsg(NULL));
     return 1;
   }
   static const char *const ids[] = {"cat.png", "dog.png", "cat.png"};
   printf("step 1\n");
-  if (step(ec, ids, 3) < 0)
+  if (run_step(ec, ids, 3) < 0)
     return 1;
   encache_flush(ec); /* a real encoder does not wait; the example does */
   printf("step 2\n");
-  int hits = step(ec, ids, 3);
-  encache_stats st;
+  int hits = run_step(ec, ids, 3);
+  encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
   printf("hits %llu, misses %llu, written %llu\n", (unsigned long long)st.hits,
          (unsigned long long)st.misses,

@@ -86,7 +86,8 @@ ENCACHE_EXTERN unsigned encache_version_number(void);
   XX(EBUDGET, -30611, "publication budget exhausted")                        \
   XX(EFORMAT, -30612, "incompatible or corrupted store format")              \
   XX(EURL, -30613, "invalid store URL")                                      \
-  XX(ENOLIB, -30614, "a library the Store needs cannot be loaded")
+  XX(ENOLIB, -30614, "a library the Store needs cannot be loaded")          \
+  XX(ESTEPS, -30615, "too many steps open on the handle (close one first)")
 
 typedef enum encache_errno {
 #define ENCACHE_ERR_ENUM_(name, value, msg) ENCACHE_##name = (value),
@@ -687,20 +688,46 @@ ENCACHE_EXTERN int encache_shm_destroy(const char *name);
 /*
  * The engine: what an encoder calls on every step (docs/engine.md).
  *
- *   encache_open()     once, from the vLLM ec-transfer-config JSON
- *   encache_lookup()   before encoding: which candidates are already in the
- *                      Store; their outputs are loaded into destinations
- *                      the caller's allocator hands out
- *   encache_publish()  after encoding: queue each new output for a
- *                      background write (bounded, best effort)
- *   encache_close()    drain the queue, close the Store
+ *   encache_open()        once, from the vLLM ec-transfer-config JSON (or
+ *                         a typed encache_config)
+ *   encache_step_open()   per encoder step: the step's candidate set
+ *   encache_lookup()      before encoding: which candidates are already in
+ *                         the Store; their outputs are loaded into
+ *                         destinations the caller's allocator hands out;
+ *                         the eligible candidates join the step
+ *   encache_publish()     after encoding: queue each new output of one of
+ *                         the step's candidates for a background write
+ *                         (bounded, best effort)
+ *   encache_step_close()  when the step's outputs are published
+ *   encache_close()       drain the queue, close the Store
  *
- * Threading: lookup, publish and close must not run at the same time on
- * one handle (an encoder step is one thread; serialise them if not).  The
- * publisher's worker thread is internal: it only writes to the Store.
- * encache_stats_get() and encache_errmsg() may be called from any thread.
- * Caller callbacks (allocator, storage release) always run on the thread
- * that called lookup, publish or close, never on the worker.
+ * Steps: a publication names the step it belongs to and is accepted only
+ * for that step's candidates, so a pipelined server may look up step N+1
+ * before it publishes step N.  At most ENCACHE_MAX_STEPS steps are open at
+ * once on a handle (ENCACHE_ESTEPS beyond); a step's pointer is valid
+ * until encache_step_close() or encache_close(), which closes the steps
+ * still open.
+ *
+ * Threading: the calls on one handle and its steps (step open and close,
+ * lookup, publish, flush, close) must not run at the same time (an encoder
+ * step is one thread; serialise them if not).  The publisher's worker
+ * thread is internal: it only writes to the Store.  encache_stats_get()
+ * and encache_errmsg() may be called from any thread.  Caller callbacks
+ * (allocator, storage release) always run on the thread that called
+ * lookup, publish, flush or close, never on the worker.
+ *
+ * Caller-allocated structs (options, candidates, results, allocator,
+ * stats) start with `size_t size`: set it to sizeof the struct (the
+ * ENCACHE_*_INIT initialisers do, e.g.
+ * `encache_options o = ENCACHE_OPTIONS_INIT;`, or `= {.size = sizeof o}`).
+ * A size below this version's is refused (ENCACHE_EINVAL); a larger one
+ * (a newer header) is accepted when the fields this library does not
+ * know are zero.  Arrays are strided by their first element's size.
+ *
+ * Errors: every handle owns its last message (encache_errmsg()); a failed
+ * encache_open() returns no handle and leaves its message in the calling
+ * thread's encache_errmsg(NULL).  Messages live in fixed buffers: recording
+ * one never allocates, so none is lost to an out-of-memory condition.
  *
  * Poisoning: when a Store operation's completion cannot be confirmed, the
  * Store may still write into memory encache handed it.  The handle is
@@ -709,6 +736,10 @@ ENCACHE_EXTERN int encache_shm_destroy(const char *name);
  * The process is expected to exit.
  */
 typedef struct encache encache;
+typedef struct encache_step encache_step;
+
+/* The most steps open at once on one handle. */
+#define ENCACHE_MAX_STEPS 64
 
 /* Where a destination lives.  Only host memory is supported for now;
  * candidates on another device are SKIPPED. */
@@ -724,10 +755,16 @@ typedef enum encache_modality {
 } encache_modality;
 
 typedef struct encache_options {
+  size_t size; /* sizeof(encache_options): set it first */
   /* The producer's vLLM --ec-transfer-config, the whole JSON object
-   * (required).  len 0 = strlen. */
+   * (required unless `config` is set).  len 0 = strlen. */
   const char *ec_transfer_config;
   size_t ec_transfer_config_len;
+  /* Typed options instead of the JSON: a configuration the caller filled
+   * (by its setters or a load); ec_transfer_config must then be NULL.
+   * Read during encache_open() only (which may record a message in it,
+   * encache_config_errmsg()); the caller keeps and frees it. */
+  const encache_config *config;
   /* The namespace (spec/v3-format.md): the model path as given to the
    * encoder (used when embedding_model_identity is unset; required), the
    * revision and multimodal-config hash (NULL = none), the model dtype. */
@@ -746,18 +783,23 @@ typedef struct encache_options {
   void *log_ctx;
 } encache_options;
 
+#define ENCACHE_OPTIONS_INIT {.size = sizeof(encache_options)}
+
 /*
  * Opens a handle.  With cross_encoder_cache false, the handle is a no-op:
- * no Store is opened, no thread started; lookups answer SKIPPED and
- * publications are skipped (ENCACHE_SKIP_DISABLED).
- * On failure *out may hold a handle whose errmsg says why (close it).
- * Errors: ENCACHE_EJSON, ENCACHE_ECONFIG (the message names the field),
- * ENCACHE_EURL, ENCACHE_EFORMAT, ENCACHE_ENOMEM, -errno.
+ * no Store is opened, no thread started; steps open, lookups answer
+ * SKIPPED and publications are skipped (ENCACHE_SKIP_DISABLED).
+ * On failure *out is NULL and encache_errmsg(NULL), on the calling thread,
+ * says why.  Errors: ENCACHE_EINVAL (no options, a bad size, both or
+ * neither of ec_transfer_config and config), ENCACHE_EJSON,
+ * ENCACHE_ECONFIG (the message names the field), ENCACHE_EURL,
+ * ENCACHE_EFORMAT, ENCACHE_ENOMEM, -errno.
  */
 ENCACHE_EXTERN int encache_open(const encache_options *opts, encache **out);
 
 /*
- * Shuts down: refuses later publications, waits for the queued writes (no
+ * Shuts down: closes the steps still open (their pointers die with the
+ * handle), refuses later publications, waits for the queued writes (no
  * cancellation), releases them, unregisters and frees the staging buffer,
  * closes the Store exactly once, frees the handle.  NULL is a no-op.
  * Returns 0, or ENCACHE_EPOISONED when the handle was poisoned: then the
@@ -765,8 +807,11 @@ ENCACHE_EXTERN int encache_open(const encache_options *opts, encache **out);
  */
 ENCACHE_EXTERN int encache_close(encache *ec);
 
-/* Detail of the handle's last failure (open, lookup, publish, close).
- * Valid until the next call on the handle.  Never NULL. */
+/* Detail of the handle's last failure (lookup, publish, step, flush,
+ * close), "" when none.  Valid until the next call on the handle.  With ec
+ * NULL: the message of the calling thread's last failed encache_open()
+ * (thread-local storage, valid until that thread's next open).  Never
+ * NULL. */
 ENCACHE_EXTERN const char *encache_errmsg(const encache *ec);
 
 /* 1 when cross_encoder_cache is on (the handle uses a Store), else 0. */
@@ -775,8 +820,21 @@ ENCACHE_EXTERN int encache_enabled(const encache *ec);
 /* The handle's namespace (keys are NAMESPACE "@id:" ID).  Owned by ec. */
 ENCACHE_EXTERN const char *encache_namespace_of(const encache *ec);
 
+/*
+ * Opens a step of ec in *out: an empty candidate set that lookups fill and
+ * publications consult.  Errors: ENCACHE_ESTEPS (ENCACHE_MAX_STEPS are
+ * open: close one), ENCACHE_EPOISONED, ENCACHE_ENOMEM, ENCACHE_EINVAL;
+ * *out is NULL on failure.
+ */
+ENCACHE_EXTERN int encache_step_open(encache *ec, encache_step **out);
+
+/* Closes a step: releases its candidate set (publications already queued
+ * are not affected).  NULL is a no-op. */
+ENCACHE_EXTERN void encache_step_close(encache_step *step);
+
 /* One input of a step, as the caller describes it. */
 typedef struct encache_candidate {
+  size_t size;          /* sizeof(encache_candidate): set it first */
   const char *id;       /* mm_hash or caller UUID; the key's identifier */
   int modality;         /* encache_modality */
   int dtype;            /* expected output: encache_dtype, rows x cols */
@@ -786,20 +844,25 @@ typedef struct encache_candidate {
   int device_index;
 } encache_candidate;
 
+#define ENCACHE_CANDIDATE_INIT {.size = sizeof(encache_candidate)}
+
 /* The caller's allocator of destinations, so that outputs can be the
  * serving stack's own tensors. */
 typedef struct encache_allocator {
+  size_t size; /* sizeof(encache_allocator): set it first */
   void *ctx;
   /* Allocate nbytes for candidate i (on its device); set *data to the
    * destination and *handle to anything the caller wants back (its tensor).
-   * Return 0, or a negative code (the lookup then fails with that code,
-   * and the handle stays healthy). */
+   * c is the caller's own candidate i.  Return 0, or a negative code (the
+   * lookup then fails with that code, and the handle stays healthy). */
   int (*alloc)(void *ctx, size_t i, const encache_candidate *c,
                uint64_t nbytes, void **data, void **handle);
   /* Release a destination that alloc returned but the lookup does not
    * hand back (the lookup failed).  May be NULL if nothing is needed. */
   void (*release)(void *ctx, size_t i, void *data, void *handle);
 } encache_allocator;
+
+#define ENCACHE_ALLOCATOR_INIT {.size = sizeof(encache_allocator)}
 
 typedef enum encache_outcome {
   ENCACHE_HIT = 0,          /* loaded into data; do not encode */
@@ -814,6 +877,7 @@ typedef enum encache_outcome {
 ENCACHE_EXTERN const char *encache_outcome_name(int outcome);
 
 typedef struct encache_result {
+  size_t size;         /* sizeof(encache_result): set it in results[0] */
   int outcome;         /* encache_outcome */
   int verdict;         /* INCOMPATIBLE: the encache_verdict (what differed) */
   encache_header found;/* INCOMPATIBLE: the header found (zeroed if short) */
@@ -822,17 +886,25 @@ typedef struct encache_result {
   uint64_t nbytes;     /* HIT: payload bytes */
 } encache_result;
 
+#define ENCACHE_RESULT_INIT {.size = sizeof(encache_result)}
+
 /*
- * Looks up candidates c[0..n) and fills results[0..n).  Every HIT's
- * destination comes from the allocator and belongs to the caller; all
- * other outcomes mean "encode it".  Duplicate ids are read once (each gets
- * its own destination).  Returns the number of hits, or a negative code:
- * the allocator's error (every destination already allocated was released;
- * the handle stays healthy), ENCACHE_EPOISONED (now or before), or
- * ENCACHE_EINVAL.
+ * Looks up candidates c[0..n) for step and fills results[0..n); the
+ * eligible candidates join the step (several lookups on one step add to
+ * it).  Every candidate's size is c[0].size; results[0].size is read and
+ * every result is written with it.  Every HIT's destination comes from
+ * the allocator and belongs to the caller; all other outcomes mean
+ * "encode it".  Duplicate ids are read once (each gets its own
+ * destination).  Returns the number of hits, or a negative code: the
+ * allocator's error (every destination already allocated was released;
+ * the handle stays healthy), ENCACHE_EPOISONED (now or before),
+ * ENCACHE_ENOMEM (every destination was released; the handle stays
+ * healthy), ENCACHE_EINVAL (a NULL or a struct of a bad size; the
+ * handle's message says which).
  */
-ENCACHE_EXTERN int encache_lookup(encache *ec, const encache_candidate *c,
-                                  size_t n, const encache_allocator *alloc,
+ENCACHE_EXTERN int encache_lookup(encache_step *step,
+                                  const encache_candidate *c, size_t n,
+                                  const encache_allocator *alloc,
                                   encache_result *results);
 
 /*
@@ -853,7 +925,7 @@ ENCACHE_EXTERN void encache_storage_unref(encache_storage *s);
 /* Why a publication was skipped (encache_publish() returns these > 0). */
 #define ENCACHE_SKIP_MAP(XX)                                                 \
   XX(DISABLED, 1, "cross_encoder_cache is off")                              \
-  XX(NOT_CANDIDATE, 2, "not a candidate of the current step")                \
+  XX(NOT_CANDIDATE, 2, "not a candidate of the step")                        \
   XX(NOT_MATRIX, 3, "not a 2-D matrix")                                      \
   XX(NOT_CONTIGUOUS, 4, "not contiguous")                                    \
   XX(DTYPE, 5, "dtype not float32/float16/bfloat16")                         \
@@ -876,13 +948,14 @@ ENCACHE_EXTERN const char *encache_skip_name(int reason);
 
 /*
  * Queues the output `view` (a 2-D, row-major, contiguous matrix inside
- * `storage`) for publication under `id`.  Nothing is copied here: the
- * worker writes straight from the storage, which stays retained until the
- * job is reaped.  Returns ENCACHE_QUEUED (0), a skip reason (> 0; the
- * storage is not retained), or a negative code: ENCACHE_EPOISONED,
- * ENCACHE_EINVAL.
+ * `storage`) for publication under `id`, which must be an eligible
+ * candidate of a lookup on `step` (else ENCACHE_SKIP_NOT_CANDIDATE).
+ * Nothing is copied here: the worker writes straight from the storage,
+ * which stays retained until the job is reaped.  Returns ENCACHE_QUEUED
+ * (0), a skip reason (> 0; the storage is not retained), or a negative
+ * code: ENCACHE_EPOISONED, ENCACHE_EINVAL, ENCACHE_ENOMEM.
  */
-ENCACHE_EXTERN int encache_publish(encache *ec, const char *id,
+ENCACHE_EXTERN int encache_publish(encache_step *step, const char *id,
                                    const encache_tensor *view,
                                    encache_storage *storage);
 
@@ -891,6 +964,7 @@ ENCACHE_EXTERN int encache_publish(encache *ec, const char *id,
 ENCACHE_EXTERN int encache_flush(encache *ec);
 
 typedef struct encache_stats {
+  size_t size;                 /* sizeof(encache_stats): set it first */
   uint64_t lookups;            /* lookup calls */
   uint64_t candidates;         /* candidates looked at */
   uint64_t hits;
@@ -910,9 +984,13 @@ typedef struct encache_stats {
   uint64_t pending_bytes;      /* charged bytes (per backing storage) */
   uint64_t staging_allocations;/* times the staging buffer was allocated */
   uint64_t staging_bytes;      /* its current size (0 = none) */
+  uint64_t steps_open;         /* steps open now (at most ENCACHE_MAX_STEPS) */
   int poisoned;
 } encache_stats;
 
+#define ENCACHE_STATS_INIT {.size = sizeof(encache_stats)}
+
+/* Fills *st (st->size set by the caller).  Errors: ENCACHE_EINVAL. */
 ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
 
 #ifdef __cplusplus

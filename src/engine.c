@@ -5,6 +5,11 @@
  *
  * A handle opened with cross_encoder_cache false holds nothing but its
  * configuration: no Store, no worker thread, no buffers.
+ *
+ * Messages: a handle records its last failure in its own fixed buffer
+ * (encache__fail never allocates, so no message is lost to an
+ * out-of-memory condition).  A failed open frees its handle and leaves
+ * the message in a thread-local buffer, encache_errmsg(NULL).
  */
 #include "engine.h"
 
@@ -41,8 +46,11 @@ int encache__is_poisoned(const encache *ec) {
   return __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
 }
 
+/* The message of the calling thread's last failed encache_open(). */
+static _Thread_local char open_msg[512];
+
 const char *encache_errmsg(const encache *ec) {
-  return ec != NULL ? ec->errmsg : "no handle";
+  return ec != NULL ? ec->errmsg : open_msg;
 }
 
 int encache_enabled(const encache *ec) { return ec != NULL && ec->enabled; }
@@ -91,20 +99,48 @@ const char *encache_skip_name(int reason) {
   }
 }
 
-/* Everything the configuration decides, checked before any resource. */
-static int configure(encache *ec, const encache_options *o) {
-  encache_config *cfg = NULL;
-  int rc = encache_config_new(&cfg);
+/* Another part's message for rc, or rc's own when that part left none
+ * (the engine's message is never empty). */
+static const char *detail(const char *msg, int rc) {
+  return msg != NULL && msg[0] != '\0' ? msg : encache_strerror(rc);
+}
+
+/* The configuration of o: its typed `config` (the caller's), else a new
+ * one parsed from the JSON (*own, freed by the caller). */
+static int load_config(encache *ec, const encache_options *o,
+                       encache_config **own, encache_config **cfg) {
+  *own = NULL;
+  if (o->config != NULL) {
+    /* The deployment check records its message in the configuration:
+     * the one write encache_open() makes to the caller's (documented at
+     * encache_options.config). */
+    *cfg = (encache_config *)(uintptr_t)o->config;
+    return 0;
+  }
+  int rc = encache_config_new(own);
   if (rc < 0)
     return encache__fail(ec, rc, "out of memory");
+  *cfg = *own;
   size_t len = o->ec_transfer_config_len ? o->ec_transfer_config_len
                                          : strlen(o->ec_transfer_config);
-  rc = encache_config_load_ec(cfg, o->ec_transfer_config, len);
-  if (rc == 0)
-    rc = encache_config_check_deployment(cfg, o->deployment);
+  rc = encache_config_load_ec(*cfg, o->ec_transfer_config, len);
+  return rc < 0 ? encache__fail(ec, rc, "%s",
+                                detail(encache_config_errmsg(*cfg), rc))
+                : 0;
+}
+
+/* Everything the configuration decides, checked before any resource. */
+static int configure(encache *ec, const encache_options *o) {
+  encache_config *own = NULL, *cfg = NULL;
+  int rc = load_config(ec, o, &own, &cfg);
   if (rc < 0) {
-    encache__fail(ec, rc, "%s", encache_config_errmsg(cfg));
-    encache_config_free(cfg);
+    encache_config_free(own);
+    return rc;
+  }
+  rc = encache_config_check_deployment(cfg, o->deployment);
+  if (rc < 0) {
+    encache__fail(ec, rc, "%s", detail(encache_config_errmsg(cfg), rc));
+    encache_config_free(own);
     return rc;
   }
   encache_config_get_bool(cfg, "cross_encoder_cache", &ec->enabled);
@@ -139,23 +175,90 @@ static int configure(encache *ec, const encache_options *o) {
   for (int i = 0; rc == 0 && ec->log != NULL &&
                   i < encache_config_warning_count(cfg); i++)
     ec->log(ec->log_ctx, encache_config_warning_at(cfg, i));
-  encache_config_free(cfg);
+  encache_config_free(own);
   return rc;
 }
 
-static int open_common(const encache_options *o, encache_store *given,
-                       encache **out) {
-  if (out == NULL) {
-    encache_store_close(given);
-    return ENCACHE_EINVAL;
+/* Records a failed open's message for encache_open()'s caller. */
+static int open_refused(int rc, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int open_refused(int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(open_msg, sizeof(open_msg), fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* The caller's options, checked, into *o (this library's struct). */
+static int take_options(const encache_options *in, encache **out,
+                        encache_options *o) {
+  if (out == NULL)
+    return open_refused(ENCACHE_EINVAL, "encache_open: out is NULL");
+  if (in == NULL)
+    return open_refused(ENCACHE_EINVAL, "encache_open: options are NULL");
+  if (encache__struct_in(o, sizeof(*o), in, ENCACHE__OPTIONS_MIN) < 0)
+    return open_refused(ENCACHE_EINVAL,
+                        "encache_open: options.size %zu: not an "
+                        "encache_options of this library (sizeof %zu; a "
+                        "larger one must hold zeros beyond it)",
+                        in->size, sizeof(*o));
+  if ((o->ec_transfer_config == NULL) == (o->config == NULL))
+    return open_refused(ENCACHE_EINVAL,
+                        "encache_open: give exactly one of "
+                        "ec_transfer_config (the vLLM JSON) and config (%s)",
+                        o->config != NULL ? "both are set" : "neither is");
+  return 0;
+}
+
+/* Frees the handle itself, once nothing of it is in use. */
+static void handle_free(encache *ec) {
+  encache__steps_close_all(ec);
+  encache__lookup_free(ec);
+  pthread_mutex_destroy(&ec->mu);
+  pthread_cond_destroy(&ec->work);
+  pthread_cond_destroy(&ec->idle);
+  encache__free(ec->ns);
+  encache__free(ec);
+}
+
+/* Frees what a failed open built (the Store included) and keeps its
+ * message for encache_errmsg(NULL). */
+static int open_failed(encache *ec, int rc) {
+  open_refused(rc, "%s", ec->errmsg);
+  encache_store_close(ec->store);
+  handle_free(ec);
+  return rc;
+}
+
+static int open_store(encache *ec, const char *url, encache_store *given) {
+  if (given != NULL) {
+    ec->store = given;
+    return 0;
   }
-  *out = NULL;
-  encache *ec = encache__calloc(1, sizeof(*ec));
+  int rc = encache_store_open(url, &ec->store);
+  if (rc < 0) {
+    encache__fail(ec, rc, "store: %s",
+                  detail(encache_store_errmsg(ec->store), rc));
+    encache_store_close(ec->store);
+    ec->store = NULL;
+  }
+  return rc;
+}
+
+static int open_common(const encache_options *in, encache_store *given,
+                       encache **out) {
+  encache_options o;
+  if (out != NULL)
+    *out = NULL;
+  int rc = take_options(in, out, &o);
+  encache *ec = rc < 0 ? NULL : encache__calloc(1, sizeof(*ec));
   if (ec == NULL) {
     encache_store_close(given);
-    return ENCACHE_ENOMEM;
+    return rc < 0 ? rc
+                  : open_refused(ENCACHE_ENOMEM,
+                                 "encache_open: out of memory (the handle)");
   }
-  *out = ec;
   pthread_mutex_init(&ec->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -163,29 +266,18 @@ static int open_common(const encache_options *o, encache_store *given,
   pthread_cond_init(&ec->work, &ca);
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&ec->idle, NULL);
-  if (o == NULL || o->ec_transfer_config == NULL) {
+  ec->log = o.log;
+  ec->log_ctx = o.log_ctx;
+  rc = configure(ec, &o);
+  if (rc < 0 || !ec->enabled)
     encache_store_close(given);
-    return encache__fail(ec, ENCACHE_EINVAL,
-                         "ec_transfer_config: required (the vLLM JSON)");
-  }
-  ec->log = o->log;
-  ec->log_ctx = o->log_ctx;
-  int rc = configure(ec, o);
-  if (rc < 0 || !ec->enabled) {
-    encache_store_close(given);
-    return rc;
-  }
-  if (given != NULL) {
-    ec->store = given;
-  } else if ((rc = encache_store_open(o->store_url, &ec->store)) < 0) {
-    encache__fail(ec, rc, "store: %s", encache_store_errmsg(ec->store));
-    encache_store_close(ec->store);
-    ec->store = NULL;
-    return rc;
-  }
-  if ((rc = encache__publisher_start(ec)) < 0)
-    return encache__fail(ec, rc, "cannot start the publisher thread: %s",
-                         encache_strerror(rc));
+  else if ((rc = open_store(ec, o.store_url, given)) == 0 &&
+           (rc = encache__publisher_start(ec)) < 0)
+    encache__fail(ec, rc, "cannot start the publisher thread: %s",
+                  encache_strerror(rc));
+  if (rc < 0)
+    return open_failed(ec, rc);
+  *out = ec;
   return 0;
 }
 
@@ -205,6 +297,7 @@ static encache *graveyard;
 static pthread_mutex_t graveyard_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int bury(encache *ec) {
+  encache__steps_close_all(ec); /* the Store never holds a step's memory */
   pthread_mutex_lock(&graveyard_mu);
   ec->next_buried = graveyard;
   graveyard = ec;
@@ -222,7 +315,7 @@ int encache_close(encache *ec) {
     if (rc == 0 && ec->staging_registered &&
         !encache__is_poisoned(ec) && ec->store->ops->unregister_buffer != NULL) {
       int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
-      if (u < 0)
+      if (encache_store_classify(u) != ENCACHE_ANSWER_OK)
         encache__poison(ec, "unregistering the staging buffer failed: %s",
                         encache_strerror(u));
       else
@@ -238,24 +331,25 @@ int encache_close(encache *ec) {
   } else if (encache__is_poisoned(ec)) {
     return bury(ec);
   }
-  encache__lookup_free(ec);
-  pthread_mutex_destroy(&ec->mu);
-  pthread_cond_destroy(&ec->work);
-  pthread_cond_destroy(&ec->idle);
-  encache__free(ec->ns);
-  encache__free(ec);
+  handle_free(ec);
   return rc;
 }
 
 int encache_stats_get(const encache *ec, encache_stats *st) {
   if (ec == NULL || st == NULL)
     return ENCACHE_EINVAL;
-  const uint64_t *src = (const uint64_t *)&ec->stats;
-  uint64_t *dst = (uint64_t *)st;
-  /* Every field up to `poisoned` is a uint64_t counter. */
-  size_t n = offsetof(encache_stats, poisoned) / sizeof(uint64_t);
+  encache_stats full;
+  memset(&full, 0, sizeof(full));
+  const uint64_t *src = &ec->stats.lookups;
+  uint64_t *dst = &full.lookups;
+  /* Every field from `lookups` up to `poisoned` is a uint64_t counter. */
+  _Static_assert((offsetof(encache_stats, poisoned) -
+                  offsetof(encache_stats, lookups)) % sizeof(uint64_t) == 0,
+                 "encache_stats: the counters are uint64_t, then poisoned");
+  size_t n = (offsetof(encache_stats, poisoned) -
+              offsetof(encache_stats, lookups)) / sizeof(uint64_t);
   for (size_t i = 0; i < n; i++)
     dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
-  st->poisoned = __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
-  return 0;
+  full.poisoned = __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
+  return encache__struct_out(st, &full, sizeof(full), ENCACHE__STATS_MIN);
 }

@@ -4,7 +4,8 @@
  *
  * Locking: `mu` guards the publisher's queue, lists, budgets and closing
  * flag, shared with the worker thread.  Everything else belongs to the
- * caller's thread (lookup/publish/close are not concurrent by contract).
+ * caller's thread (steps, lookup, publish, close are not concurrent by
+ * contract).
  * `poisoned` and the counters are atomics, readable from any thread.
  */
 #ifndef ENCACHE_ENGINE_H
@@ -56,12 +57,11 @@ struct encache {
   /* Read path (caller's thread). */
   unsigned char *staging;
   int staging_registered;
-  char **cand_ids; /* ids of the last lookup's eligible candidates, */
-  uint64_t *cand_hash; /* their hashes, */
-  char *cand_text;     /* and their text; buffers reused step to step */
-  size_t ncand, cand_ids_cap, cand_hash_cap, cand_text_cap; /* caps: bytes */
-  unsigned char *scratch; /* the per-lookup arrays, reused */
+  unsigned char *scratch; /* the lookup plan's arrays, reused */
   size_t scratch_cap;
+  /* Open steps: slots of steps[], nsteps of them in use (NULL = free). */
+  encache_step *steps[ENCACHE_MAX_STEPS];
+  size_t nsteps;
 
   /* Publisher. */
   pthread_mutex_t mu;
@@ -105,6 +105,38 @@ int encache__reap(encache *ec);
 
 /* lookup.c */
 void encache__lookup_free(encache *ec);
+
+/*
+ * step.c: a step's candidate set.  Ids are kept as offsets into one text
+ * buffer (it grows by realloc), with their hashes; caps count elements
+ * (bytes for text).  Owned by the handle's caller thread.
+ */
+struct encache_step {
+  encache *ec;
+  size_t slot;     /* its index in ec->steps */
+  uint64_t *hash;  /* n of them */
+  size_t *off;     /* id k is text + off[k] */
+  char *text;
+  size_t n, cap, text_len, text_cap;
+};
+
+/* Makes room for `more` ids totalling `bytes` bytes (NULs included), so
+ * that the next step_add calls cannot fail.  ENCACHE_ENOMEM otherwise
+ * (the set is unchanged). */
+int encache__step_reserve(encache_step *s, size_t more, size_t bytes);
+/* Adds id (room reserved) unless the set holds it. */
+void encache__step_add(encache_step *s, const char *id, uint64_t hash);
+int encache__step_has(const encache_step *s, const char *id);
+/* Closes every step still open (encache_close()). */
+void encache__steps_close_all(encache *ec);
+
+/* The minimum accepted sizes of the caller's structs: their size at API
+ * 1.0 (see encache__struct_in()). */
+#define ENCACHE__OPTIONS_MIN sizeof(encache_options)
+#define ENCACHE__CANDIDATE_MIN sizeof(encache_candidate)
+#define ENCACHE__RESULT_MIN sizeof(encache_result)
+#define ENCACHE__ALLOCATOR_MIN sizeof(encache_allocator)
+#define ENCACHE__STATS_MIN sizeof(encache_stats)
 
 /* Test hook: replaces the copy of a payload into a destination (a device
  * copy may fail; a host copy cannot).  Non-zero return = failed copy. */

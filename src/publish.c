@@ -68,63 +68,95 @@ static void set_why(job *j, const char *what, encache_store *st) {
   snprintf(j->why, sizeof(j->why), "%s: %s", what, encache_store_errmsg(st));
 }
 
-/* Runs one job against the Store; returns an enum job_result. */
-static int run_job(encache *ec, job *j) {
-  encache_store *st = ec->store;
+/* Registers buffer [p, p + n) for the job's write when the Store needs
+ * it; 0, or -1 (recoverable: the write is not issued). */
+static int register_part(encache_store *st, job *j, const void *p, size_t n,
+                         const char *what, int *registered) {
+  if (st->ops->register_buffer == NULL || n == 0)
+    return 0;
+  int rc = st->ops->register_buffer(st, (void *)(uintptr_t)p, n);
+  if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
+    set_why(j, what, st);
+    return -1;
+  }
+  *registered = 1;
+  return 0;
+}
+
+/* Unregisters a registered part; a failure is fatal (the Store may still
+ * use the memory). */
+static int unregister_part(encache_store *st, job *j, const void *p,
+                           int registered, const char *what) {
+  if (!registered)
+    return 0;
+  int rc = st->ops->unregister_buffer(st, (void *)(uintptr_t)p);
+  if (encache_store_classify(rc) == ENCACHE_ANSWER_OK)
+    return 0;
+  set_why(j, what, st);
+  return -1;
+}
+
+/* The job's existence check: JOB_PRESENT, JOB_FAILED, JOB_FATAL, or -1
+ * (absent: write it). */
+static int job_exists(encache_store *st, job *j) {
   const char *keys[1] = {j->key};
   int present = 0;
   int rc = st->ops->exists(st, keys, 1, &present);
-  if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ENOMEM ||
-      (rc == 0 && (present == ENCACHE_EUNAVAIL || present == ENCACHE_EINVAL))) {
+  int cls = encache_store_classify(rc);
+  if (cls == ENCACHE_ANSWER_OK)
+    cls = encache_store_classify(present);
+  if (cls == ENCACHE_ANSWER_RECOVERABLE) {
     set_why(j, "existence check", st);
     return JOB_FAILED;
   }
-  if (rc < 0 || (present != 0 && present != 1 && present != ENCACHE_ENOENT)) {
-    set_why(j, "existence check unconfirmed", st);
+  if (cls == ENCACHE_ANSWER_ABSENT || (cls == ENCACHE_ANSWER_OK && present == 0))
+    return -1;
+  if (cls == ENCACHE_ANSWER_OK && present == 1)
+    return JOB_PRESENT;
+  set_why(j, "existence check unconfirmed", st);
+  return JOB_FATAL;
+}
+
+/* What the write's answer means for the job. */
+static int write_result(encache_store *st, job *j, int rc) {
+  switch (encache_store_classify(rc)) {
+  case ENCACHE_ANSWER_OK:
+    return JOB_WRITTEN;
+  case ENCACHE_ANSWER_EXISTS:
+    return JOB_PRESENT;
+  case ENCACHE_ANSWER_RECOVERABLE:
+  case ENCACHE_ANSWER_TOO_LARGE:
+    set_why(j, "write", st);
+    return JOB_FAILED;
+  default:
+    set_why(j, "write unconfirmed", st);
     return JOB_FATAL;
   }
-  if (present == 1)
-    return JOB_PRESENT;
+}
 
-  int reg_hdr = 0, reg_data = 0, result;
-  if (st->ops->register_buffer != NULL) {
-    if (st->ops->register_buffer(st, j->hdr, sizeof(j->hdr)) < 0) {
-      set_why(j, "registering the header", st);
-      return JOB_FAILED; /* the write is not issued */
-    }
-    reg_hdr = 1;
-    if (j->nbytes > 0) {
-      if (st->ops->register_buffer(st, (void *)j->data, (size_t)j->nbytes) < 0) {
-        set_why(j, "registering the payload", st);
-        result = JOB_FAILED;
-        goto unregister;
-      }
-      reg_data = 1;
-    }
-  }
-  rc = st->ops->write(st, j->key, j->hdr, sizeof(j->hdr), j->data,
-                      (size_t)j->nbytes);
-  if (rc == 0) {
-    result = JOB_WRITTEN;
-  } else if (rc == ENCACHE_EEXIST) {
-    result = JOB_PRESENT;
-  } else if (rc == ENCACHE_EUNAVAIL || rc == ENCACHE_ETOOLARGE ||
-             rc == ENCACHE_ENOMEM || rc == ENCACHE_EINVAL) {
-    set_why(j, "write", st);
+/* Runs one job against the Store; returns an enum job_result. */
+static int run_job(encache *ec, job *j) {
+  encache_store *st = ec->store;
+  int result = job_exists(st, j);
+  if (result >= 0)
+    return result;
+  int reg_hdr = 0, reg_data = 0;
+  if (register_part(st, j, j->hdr, sizeof(j->hdr), "registering the header",
+                    &reg_hdr) < 0)
+    return JOB_FAILED; /* the write is not issued */
+  if (register_part(st, j, j->data, (size_t)j->nbytes,
+                    "registering the payload", &reg_data) < 0) {
     result = JOB_FAILED;
   } else {
-    set_why(j, "write unconfirmed", st);
-    return JOB_FATAL; /* keep everything registered and retained */
+    result = write_result(st, j,
+                          st->ops->write(st, j->key, j->hdr, sizeof(j->hdr),
+                                         j->data, (size_t)j->nbytes));
+    if (result == JOB_FATAL)
+      return result; /* keep everything registered and retained */
   }
-unregister:
-  if (reg_data && st->ops->unregister_buffer(st, (void *)j->data) < 0) {
-    set_why(j, "unregistering the payload", st);
+  if (unregister_part(st, j, j->data, reg_data, "unregistering the payload") < 0 ||
+      unregister_part(st, j, j->hdr, reg_hdr, "unregistering the header") < 0)
     return JOB_FATAL;
-  }
-  if (reg_hdr && st->ops->unregister_buffer(st, j->hdr) < 0) {
-    set_why(j, "unregistering the header", st);
-    return JOB_FATAL;
-  }
   return result;
 }
 
@@ -280,14 +312,6 @@ static int skip(encache *ec, int reason) {
   return reason;
 }
 
-static int is_candidate(const encache *ec, const char *id) {
-  uint64_t h = encache__hash_id(id);
-  for (size_t i = 0; i < ec->ncand; i++)
-    if (ec->cand_hash[i] == h && strcmp(ec->cand_ids[i], id) == 0)
-      return 1;
-  return 0;
-}
-
 static int key_pending(const encache *ec, const char *key) {
   const job *lists[3] = {ec->queue_head, ec->running, ec->done_head};
   for (int l = 0; l < 3; l++)
@@ -297,57 +321,38 @@ static int key_pending(const encache *ec, const char *key) {
   return 0;
 }
 
-int encache_publish(encache *ec, const char *id, const encache_tensor *view,
-                    encache_storage *storage) {
-  if (ec == NULL || id == NULL || view == NULL || storage == NULL)
-    return ENCACHE_EINVAL;
-  if (encache__is_poisoned(ec))
-    return ENCACHE_EPOISONED;
-  if (!ec->enabled)
-    return skip(ec, ENCACHE_SKIP_DISABLED);
-  int rc = encache__reap(ec);
-  if (rc < 0)
-    return rc;
-
-  if (!is_candidate(ec, id))
-    return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
-  unsigned char hdr[ENCACHE_HEADER_SIZE];
-  rc = encache_header_encode(view, hdr);
+/* Checks the view against its storage: 0 (hdr and *nbytes set) or a skip
+ * reason. */
+static int check_view(const encache_tensor *view, const encache_storage *s,
+                      unsigned char hdr[ENCACHE_HEADER_SIZE],
+                      uint64_t *nbytes) {
+  int rc = encache_header_encode(view, hdr);
   if (rc == ENCACHE_EDTYPE)
-    return skip(ec, ENCACHE_SKIP_DTYPE);
+    return ENCACHE_SKIP_DTYPE;
   if (rc == ENCACHE_ECONTIG)
-    return skip(ec, ENCACHE_SKIP_NOT_CONTIGUOUS);
+    return ENCACHE_SKIP_NOT_CONTIGUOUS;
   if (rc < 0)
-    return skip(ec, ENCACHE_SKIP_NOT_MATRIX);
-  uint64_t nbytes;
+    return ENCACHE_SKIP_NOT_MATRIX;
   encache_payload_size(view->dtype, (uint64_t)view->shape[0],
-                       (uint64_t)view->shape[1], &nbytes);
+                       (uint64_t)view->shape[1], nbytes);
   const unsigned char *data = view->data;
-  if (nbytes > 0 &&
-      (data == NULL || data < storage->base ||
-       (uint64_t)(data - storage->base) > storage->nbytes ||
-       nbytes > storage->nbytes - (uint64_t)(data - storage->base)))
-    return skip(ec, ENCACHE_SKIP_OUTSIDE_STORAGE);
+  if (*nbytes > 0 &&
+      (data == NULL || data < s->base ||
+       (uint64_t)(data - s->base) > s->nbytes ||
+       *nbytes > s->nbytes - (uint64_t)(data - s->base)))
+    return ENCACHE_SKIP_OUTSIDE_STORAGE;
+  return 0;
+}
 
-  job *j = encache__calloc(1, sizeof(*j));
-  char *key = encache__make_key(ec, id);
-  if (j == NULL || key == NULL) {
-    encache__free(j);
-    encache__free(key);
-    return encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
-  }
-  j->key = key;
-  j->storage = storage;
-  j->data = data;
-  j->nbytes = nbytes;
-  memcpy(j->hdr, hdr, sizeof(hdr));
-
+/* Queues j under the budgets: ENCACHE_QUEUED or a skip reason. */
+static int enqueue(encache *ec, job *j) {
+  encache_storage *storage = j->storage;
   pthread_mutex_lock(&ec->mu);
   int reason = ENCACHE_QUEUED;
   uint64_t charge = storage->views_pending == 0 ? storage->nbytes : 0;
   if (ec->closing)
     reason = ENCACHE_SKIP_CLOSED;
-  else if (key_pending(ec, key))
+  else if (key_pending(ec, j->key))
     reason = ENCACHE_SKIP_PENDING;
   else if (ec->pending_items + 1 > ec->max_items)
     reason = ENCACHE_SKIP_OVER_ITEMS;
@@ -370,7 +375,41 @@ int encache_publish(encache *ec, const char *id, const encache_tensor *view,
       pthread_cond_signal(&ec->work);
   }
   pthread_mutex_unlock(&ec->mu);
-  if (reason != ENCACHE_QUEUED) {
+  return reason;
+}
+
+int encache_publish(encache_step *step, const char *id,
+                    const encache_tensor *view, encache_storage *storage) {
+  if (step == NULL || id == NULL || view == NULL || storage == NULL)
+    return ENCACHE_EINVAL;
+  encache *ec = step->ec;
+  if (encache__is_poisoned(ec))
+    return ENCACHE_EPOISONED;
+  if (!ec->enabled)
+    return skip(ec, ENCACHE_SKIP_DISABLED);
+  int rc = encache__reap(ec);
+  if (rc < 0)
+    return rc;
+  if (!encache__step_has(step, id))
+    return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
+  unsigned char hdr[ENCACHE_HEADER_SIZE];
+  uint64_t nbytes;
+  int reason = check_view(view, storage, hdr, &nbytes);
+  if (reason != 0)
+    return skip(ec, reason);
+  job *j = encache__calloc(1, sizeof(*j));
+  char *key = encache__make_key(ec, id);
+  if (j == NULL || key == NULL) {
+    encache__free(j);
+    encache__free(key);
+    return encache__fail(ec, ENCACHE_ENOMEM, "publish: out of memory");
+  }
+  j->key = key;
+  j->storage = storage;
+  j->data = view->data;
+  j->nbytes = nbytes;
+  memcpy(j->hdr, hdr, sizeof(hdr));
+  if ((reason = enqueue(ec, j)) != ENCACHE_QUEUED) {
     encache__free(key);
     encache__free(j);
     return skip(ec, reason);

@@ -92,6 +92,15 @@
   XX(engine_unavailable_store_means_encode)                                  \
   XX(engine_threads_step_and_worker)                                         \
   XX(engine_overlong_identifier_is_recoverable)                                         \
+  XX(engine_steps_publish_independently)                                     \
+  XX(engine_steps_bounded)                                                   \
+  XX(engine_close_with_open_steps)                                           \
+  XX(engine_poison_with_open_steps)                                          \
+  XX(engine_candidates_and_results_strided_by_size)                          \
+  XX(engine_options_and_stats_sizes)                                         \
+  XX(engine_failed_open_returns_no_handle)                                   \
+  XX(engine_typed_config)                                                    \
+  XX(engine_out_of_memory_every_allocation)                                  \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_server_killed_then_restarted)                                     \

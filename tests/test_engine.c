@@ -77,8 +77,7 @@ static void json_for(char *buf, size_t size, uint64_t read_buf, uint64_t items,
 
 
 static encache_options options(const char *json) {
-  encache_options o;
-  memset(&o, 0, sizeof(o));
+  encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = json;
   o.model = "shared/model";
   o.revision = test_revision();
@@ -108,6 +107,15 @@ static encache *open_default(env *e) {
   return open_on(e, 1 << 20, 32, 1 << 30);
 }
 
+/* Opens a step of ec (it dies with the handle if the test leaves it). */
+static encache_step *step_of(encache *ec) {
+  encache_step *step = NULL;
+  int rc = encache_step_open(ec, &step);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "step open: %s", encache_errmsg(ec));
+  return step;
+}
+
 /* The host allocator of the tests: counts, can fail the n-th call. */
 typedef struct talloc {
   int allocs, releases, fail_at;
@@ -134,13 +142,13 @@ static void ta_release(void *ctx, size_t i, void *data, void *handle) {
 }
 
 static encache_allocator allocator(talloc *t) {
-  encache_allocator a = {t, ta_alloc, ta_release};
+  encache_allocator a = {sizeof(a), t, ta_alloc, ta_release};
   return a;
 }
 
 static encache_candidate cand(const char *id) {
-  encache_candidate c = {id, ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, ROWS,
-                         COLS, ENCACHE_DEVICE_HOST, 0};
+  encache_candidate c = {sizeof(c), id, ENCACHE_MODALITY_IMAGE,
+                         ENCACHE_FLOAT32, ROWS, COLS, ENCACHE_DEVICE_HOST, 0};
   return c;
 }
 
@@ -168,13 +176,13 @@ static encache_storage *storage_of(float **data, size_t floats) {
 }
 
 /* Publishes the reference output for id; returns publish()'s answer. */
-static int publish_ref(encache *ec, const char *id) {
+static int publish_ref(encache_step *step, const char *id) {
   float *data;
   encache_storage *s = storage_of(&data, ROWS * COLS);
   encode(id, data);
   int64_t shape[2] = {ROWS, COLS};
   encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
-  int rc = encache_publish(ec, id, &v, s);
+  int rc = encache_publish(step, id, &v, s);
   encache_storage_unref(s);
   return rc;
 }
@@ -227,21 +235,22 @@ TEST(engine_case01_keys_through_the_handle) {
   o.store_url = e.url;
   encache *ec = NULL;
   ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  encache_step *step = step_of(ec);
   ASSERT_EQ_STR(encache_namespace_of(ec),
                 "team@cache@embedding@model:shared/model@revision:rev:1"
                 "@encoder:encoder:default@dtype:torch.float32@protocol:v3");
   /* A published output lands under exactly the vector's key. */
   encache_candidate c = cand("image@1");
-  encache_result r;
+  encache_result r = ENCACHE_RESULT_INIT;
   talloc t = {0};
   encache_allocator a = allocator(&t);
   /* A shared Store may hold it from an earlier run: the vector's key is
    * fixed, and objects are never replaced. */
-  int h = encache_lookup(ec, &c, 1, &a, &r);
+  int h = encache_lookup(step, &c, 1, &a, &r);
   ASSERT(h == 0 || h == 1);
   if (h == 1)
     free(r.data);
-  ASSERT_EQ_INT(publish_ref(ec, "image@1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "image@1"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_close(ec), 0);
   encache_store *st = NULL;
   ASSERT_EQ_INT(encache_store_open(e.url, &st), 0);
@@ -290,14 +299,15 @@ TEST(engine_case02_startup_refusals) {
   o = options("{\"ec_connector_extra_config\": {}}");
   o.store_url = "nosuch://store";
   ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  encache_step *step = step_of(ec);
   ASSERT_EQ_INT(encache_enabled(ec), 0);
   encache_candidate c = cand("x");
-  encache_result r;
+  encache_result r = ENCACHE_RESULT_INIT;
   talloc t = {0};
   encache_allocator a = allocator(&t);
-  ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
+  ASSERT_EQ_INT(encache_lookup(step, &c, 1, &a, &r), 0);
   ASSERT_EQ_INT(r.outcome, ENCACHE_SKIPPED);
-  ASSERT_EQ_INT(publish_ref(ec, "x"), ENCACHE_SKIP_DISABLED);
+  ASSERT_EQ_INT(publish_ref(step, "x"), ENCACHE_SKIP_DISABLED);
   ASSERT_EQ_INT(encache_close(ec), 0);
 }
 
@@ -305,6 +315,7 @@ TEST(engine_case03_roundtrip_every_dtype) {
   env e;
   env_init(&e, 0);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const int dtypes[] = {ENCACHE_FLOAT32, ENCACHE_FLOAT16,
                                ENCACHE_BFLOAT16};
   static const char *const ids[] = {"f32", "f16", "bf16"};
@@ -316,10 +327,10 @@ TEST(engine_case03_roundtrip_every_dtype) {
     c.dtype = dtypes[k];
     c.rows = 2;
     c.cols = 3;
-    encache_result r;
+    encache_result r = ENCACHE_RESULT_INIT;
     talloc t = {0};
     encache_allocator a = allocator(&t);
-    ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
+    ASSERT_EQ_INT(encache_lookup(step, &c, 1, &a, &r), 0);
     ASSERT_EQ_INT(r.outcome, ENCACHE_MISS);
     size_t nbytes = 6 * encache_dtype_size(dtypes[k]);
     unsigned char *copy = malloc(nbytes);
@@ -328,10 +339,10 @@ TEST(engine_case03_roundtrip_every_dtype) {
     encache_storage_new(copy, nbytes, storage_release, copy, &s);
     int64_t shape[2] = {2, 3};
     encache_tensor v = {copy, dtypes[k], 2, shape, NULL};
-    ASSERT_EQ_INT(encache_publish(ec, ids[k], &v, s), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_publish(step, ids[k], &v, s), ENCACHE_QUEUED);
     encache_storage_unref(s);
     ASSERT_EQ_INT(encache_flush(ec), 0);
-    ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 1);
+    ASSERT_EQ_INT(encache_lookup(step, &c, 1, &a, &r), 1);
     ASSERT_EQ_INT(r.outcome, ENCACHE_HIT);
     ASSERT_EQ_U64(r.nbytes, nbytes);
     ASSERT_EQ_MEM(r.data, payload[k], nbytes);
@@ -358,13 +369,14 @@ static void seed(env *e, const char *ns, const char *const *ids, int n) {
   }
 }
 
-static int lookup_ids(encache *ec, const char *const *ids, int n,
+static int lookup_ids(encache_step *step, const char *const *ids, int n,
                       encache_result *r, talloc *t) {
   encache_candidate c[16];
   for (int i = 0; i < n; i++)
     c[i] = cand(ids[i]);
   encache_allocator a = allocator(t);
-  return encache_lookup(ec, c, (size_t)n, &a, r);
+  r[0].size = sizeof(r[0]);
+  return encache_lookup(step, c, (size_t)n, &a, r);
 }
 
 static void free_hits(encache_result *r, int n) {
@@ -379,11 +391,12 @@ TEST(engine_case04_chunking_and_one_registration) {
     env e;
     env_init(&e, 1);
     encache *ec = open_on(&e, pass == 0 ? 80 : 120, 32, 1 << 20);
+    encache_step *step = step_of(ec);
     seed(&e, encache_namespace_of(ec), ids, 3);
     encache_result r[3];
     talloc t = {0};
     for (int round = 0; round < 5; round++) {
-      ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), 3);
+      ASSERT_EQ_INT(lookup_ids(step, ids, 3, r, &t), 3);
       for (int i = 0; i < 3; i++) {
         float want[ROWS * COLS];
         encode(ids[i], want);
@@ -398,7 +411,7 @@ TEST(engine_case04_chunking_and_one_registration) {
     ASSERT_EQ_INT(e.ctl.exists_calls, 5);
     ASSERT_EQ_INT(e.ctl.register_calls, 1);
     ASSERT_EQ_INT(e.ctl.unregister_calls, 0);
-    encache_stats s;
+    encache_stats s = ENCACHE_STATS_INIT;
     encache_stats_get(ec, &s);
     ASSERT_EQ_U64(s.staging_allocations, 1);
     ASSERT_EQ_U64(s.staging_bytes, pass == 0 ? 80 : 120);
@@ -428,19 +441,20 @@ TEST(engine_case05_nothing_allocated_without_hits) {
   env e;
   env_init(&e, 1);
   encache *ec = open_on(&e, 30, 32, 1 << 20); /* every object is oversize */
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"p", "q"};
   encache_result r[2];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0); /* all miss */
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0); /* all miss */
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_MISS);
   seed(&e, encache_namespace_of(ec), ids, 2);
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0); /* all oversize */
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0); /* all oversize */
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_OVERSIZE);
   ASSERT_EQ_INT(r[1].outcome, ENCACHE_OVERSIZE);
   ASSERT_EQ_INT(e.ctl.read_calls, 0);
   ASSERT_EQ_INT(e.ctl.register_calls, 0);
   ASSERT_EQ_INT(t.allocs, 0);
-  encache_stats s;
+  encache_stats s = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &s);
   ASSERT_EQ_U64(s.staging_allocations, 0);
   ASSERT_EQ_U64(s.oversize, 2);
@@ -455,6 +469,7 @@ TEST(engine_case06_malformed_read_answers_poison) {
     env e;
     env_init(&e, k < 3);
     encache *ec = open_default(&e);
+    encache_step *step = step_of(ec);
     seed(&e, encache_namespace_of(ec), ids, 2);
     if (modes[k % 3] == -1) {
       e.ctl.read_rc = ENCACHE_EUNCONFIRMED; /* a wrong-length answer */
@@ -464,15 +479,15 @@ TEST(engine_case06_malformed_read_answers_poison) {
     }
     static encache_result r[6][2]; /* kept destinations stay reachable */
     talloc t = {0};
-    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r[k], &t), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(lookup_ids(step, ids, 2, r[k], &t), ENCACHE_EPOISONED);
     ASSERT_CONTAINS(encache_errmsg(ec), "poisoned");
     int reads = e.ctl.read_calls, exists = e.ctl.exists_calls;
     /* Fails fast, without calling the Store. */
     encache_result again[2];
-    ASSERT_EQ_INT(lookup_ids(ec, ids, 2, again, &t), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(lookup_ids(step, ids, 2, again, &t), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(e.ctl.read_calls, reads);
     ASSERT_EQ_INT(e.ctl.exists_calls, exists);
-    ASSERT_EQ_INT(publish_ref(ec, "m1"), ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(publish_ref(step, "m1"), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(e.ctl.unregister_calls, 0); /* nothing unregistered */
     ASSERT_EQ_INT(e.ctl.registered, k < 3);
@@ -495,12 +510,13 @@ TEST(engine_case07_allocation_failure_and_failed_copy) {
     env e;
     env_init(&e, 0);
     encache *ec = open_default(&e);
+    encache_step *step = step_of(ec);
     seed(&e, encache_namespace_of(ec), ids, 3);
     talloc t = {0, 0, 2};
-    ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), ENCACHE_ENOMEM);
+    ASSERT_EQ_INT(lookup_ids(step, ids, 3, r, &t), ENCACHE_ENOMEM);
     ASSERT_EQ_INT(t.releases, 1);
     talloc ok = {0};
-    ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &ok), 3);
+    ASSERT_EQ_INT(lookup_ids(step, ids, 3, r, &ok), 3);
     free_hits(r, 3);
     ASSERT_EQ_INT(encache_close(ec), 0);
     encache_shm_destroy(e.seg);
@@ -508,22 +524,23 @@ TEST(engine_case07_allocation_failure_and_failed_copy) {
   env e;
   env_init(&e, 1);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   seed(&e, encache_namespace_of(ec), ids, 3);
   talloc t = {0, 0, 2}; /* the second destination fails */
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &t), ENCACHE_ENOMEM);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 3, r, &t), ENCACHE_ENOMEM);
   ASSERT_EQ_INT(t.releases, 1); /* the first was handed back */
-  encache_stats st;
+  encache_stats st = ENCACHE_STATS_INIT;
   ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
   ASSERT_EQ_INT(st.poisoned, 0);
   /* Healthy: the next lookup works. */
   talloc ok = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 3, r, &ok), 3);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 3, r, &ok), 3);
   free_hits(r, 3);
   /* A failed (device) copy poisons and keeps staging and destinations. */
   encache__copy_hook = fail_copy;
   talloc t2 = {0};
   static encache_result kept[3]; /* destinations stay alive, reachable */
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 3, kept, &t2), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 3, kept, &t2), ENCACHE_EPOISONED);
   encache__copy_hook = NULL;
   ASSERT(t2.allocs == 3);
   ASSERT_EQ_INT(t2.releases, 0);
@@ -535,22 +552,23 @@ TEST(engine_case08_3d_output_refused_before_registration) {
   env e;
   env_init(&e, 1);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"three"};
   encache_result r[1];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
   float *data;
   encache_storage *s = storage_of(&data, 8);
   int64_t shape[3] = {2, 2, 2};
   encache_tensor v = {data, ENCACHE_FLOAT32, 3, shape, NULL};
-  ASSERT_EQ_INT(encache_publish(ec, "three", &v, s), ENCACHE_SKIP_NOT_MATRIX);
+  ASSERT_EQ_INT(encache_publish(step, "three", &v, s), ENCACHE_SKIP_NOT_MATRIX);
   int64_t strides[2] = {1, 2};
   int64_t shape2[2] = {2, 2};
   encache_tensor tv = {data, ENCACHE_FLOAT32, 2, shape2, strides};
-  ASSERT_EQ_INT(encache_publish(ec, "three", &tv, s),
+  ASSERT_EQ_INT(encache_publish(step, "three", &tv, s),
                 ENCACHE_SKIP_NOT_CONTIGUOUS);
   encache_tensor iv = {data, 7, 2, shape2, NULL};
-  ASSERT_EQ_INT(encache_publish(ec, "three", &iv, s), ENCACHE_SKIP_DTYPE);
+  ASSERT_EQ_INT(encache_publish(step, "three", &iv, s), ENCACHE_SKIP_DTYPE);
   encache_storage_unref(s);
   ASSERT_EQ_INT(storage_releases, 1); /* not retained */
   ASSERT_EQ_INT(encache_flush(ec), 0);
@@ -566,7 +584,8 @@ static void encoder_step(encache *ec, const char *const *ids, int n,
                          int *encoded) {
   encache_result r[16];
   talloc t = {0};
-  int hits = lookup_ids(ec, ids, n, r, &t);
+  encache_step *step = step_of(ec);
+  int hits = lookup_ids(step, ids, n, r, &t);
   ASSERT(hits >= 0);
   for (int i = 0; i < n; i++) {
     float want[ROWS * COLS];
@@ -577,9 +596,10 @@ static void encoder_step(encache *ec, const char *const *ids, int n,
       continue;
     }
     (*encoded)++;
-    int q = publish_ref(ec, ids[i]);
+    int q = publish_ref(step, ids[i]);
     ASSERT(q == ENCACHE_QUEUED);
   }
+  encache_step_close(step);
   ASSERT_EQ_INT(encache_flush(ec), 0);
 }
 
@@ -647,6 +667,7 @@ TEST(engine_case10_incompatible_objects_are_misses) {
   env e;
   env_init(&e, 0);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   const char *ns = encache_namespace_of(ec);
   unsigned char good[64], obj[64];
   size_t len = ref_object("valid", good);
@@ -682,7 +703,7 @@ TEST(engine_case10_incompatible_objects_are_misses) {
                                 ENCACHE_BAD_LENGTH, ENCACHE_BAD_LENGTH, 0};
   encache_result r[8];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 8, r, &t), 1);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 8, r, &t), 1);
   for (int i = 0; i < 8; i++) {
     if (r[i].outcome != want[i] ||
         (want[i] == ENCACHE_INCOMPATIBLE && r[i].verdict != verdict[i]))
@@ -693,12 +714,12 @@ TEST(engine_case10_incompatible_objects_are_misses) {
   }
   ASSERT_EQ_U64(r[1].found.rows, 4); /* what was found is reported */
   free_hits(r, 8);
-  encache_stats s;
+  encache_stats s = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &s);
   ASSERT_EQ_INT(s.poisoned, 0);
   ASSERT_EQ_U64(s.incompatible, 6);
   /* Incompatible objects are never overwritten by a publication. */
-  ASSERT_EQ_INT(publish_ref(ec, "shape"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "shape"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   encache_stats_get(ec, &s);
   ASSERT_EQ_U64(s.published_present, 1);
@@ -710,17 +731,18 @@ TEST(engine_case11_rejected_header_registration_is_recoverable) {
   env e;
   env_init(&e, 1);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"h"};
   encache_result r[1];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
   e.ctl.fail_register_from = 1; /* the header's registration */
   storage_releases = 0;
-  ASSERT_EQ_INT(publish_ref(ec, "h"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "h"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   ASSERT_EQ_INT(e.ctl.write_calls, 0); /* not issued */
   ASSERT_EQ_INT(storage_releases, 1); /* released at reap */
-  encache_stats s;
+  encache_stats s = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &s);
   ASSERT_EQ_U64(s.published_failed, 1);
   ASSERT_EQ_U64(s.pending_bytes, 0);
@@ -737,10 +759,11 @@ TEST(engine_case12_unregistration_unconfirmed_quota_budget) {
     env e;
     env_init(&e, 1);
     encache *ec = open_default(&e);
-    lookup_ids(ec, ids, 1, r, &t);
+    encache_step *step = step_of(ec);
+    lookup_ids(step, ids, 1, r, &t);
     e.ctl.fail_unregister = 1;
     storage_releases = 0;
-    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_QUEUED);
     ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(storage_releases, 0);
     ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
@@ -751,13 +774,14 @@ TEST(engine_case12_unregistration_unconfirmed_quota_budget) {
     env e;
     env_init(&e, 0);
     encache *ec = open_default(&e);
-    lookup_ids(ec, ids, 1, r, &t);
+    encache_step *step = step_of(ec);
+    lookup_ids(step, ids, 1, r, &t);
     e.ctl.write_rc = ENCACHE_EUNCONFIRMED;
     storage_releases = 0;
-    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_QUEUED);
     ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
     ASSERT_EQ_INT(storage_releases, 0);
-    encache_stats s;
+    encache_stats s = ENCACHE_STATS_INIT;
     encache_stats_get(ec, &s);
     ASSERT_EQ_U64(s.pending_bytes, 16); /* the charge is kept */
     ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
@@ -768,10 +792,11 @@ TEST(engine_case12_unregistration_unconfirmed_quota_budget) {
     env e;
     env_init(&e, 0);
     encache *ec = open_default(&e);
-    lookup_ids(ec, ids, 1, r, &t);
+    encache_step *step = step_of(ec);
+    lookup_ids(step, ids, 1, r, &t);
     e.ctl.write_rc = ENCACHE_EUNAVAIL;
     storage_releases = 0;
-    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_QUEUED);
     ASSERT_EQ_INT(encache_flush(ec), 0);
     ASSERT_EQ_INT(storage_releases, 1);
     ASSERT_EQ_INT(encache_close(ec), 0);
@@ -782,9 +807,10 @@ TEST(engine_case12_unregistration_unconfirmed_quota_budget) {
     env e;
     env_init(&e, 0);
     encache *ec = open_on(&e, 1 << 20, 32, 8); /* 8 bytes < 16 */
-    lookup_ids(ec, ids, 1, r, &t);
+    encache_step *step = step_of(ec);
+    lookup_ids(step, ids, 1, r, &t);
     storage_releases = 0;
-    ASSERT_EQ_INT(publish_ref(ec, "u"), ENCACHE_SKIP_OVER_BYTES);
+    ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_SKIP_OVER_BYTES);
     ASSERT_EQ_INT(storage_releases, 1); /* released at the caller's unref */
     ASSERT_EQ_INT(e.ctl.write_calls, 0);
     ASSERT_EQ_INT(encache_close(ec), 0);
@@ -795,24 +821,25 @@ TEST(engine_case13_view_charges_its_whole_storage) {
   env e;
   env_init(&e, 0);
   encache *ec = open_on(&e, 1 << 20, 1, 1 << 20); /* one item at most */
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"v1", "v2"};
   encache_result r[2];
   talloc t = {0};
-  lookup_ids(ec, ids, 2, r, &t);
+  lookup_ids(step, ids, 2, r, &t);
   e.ctl.hold_writes = 1;
   float *data;
   encache_storage *s = storage_of(&data, 16); /* 64 bytes */
   int64_t shape[2] = {2, 2};
   encache_tensor v = {data + 4, ENCACHE_FLOAT32, 2, shape, NULL};
   storage_releases = 0;
-  ASSERT_EQ_INT(encache_publish(ec, "v1", &v, s), ENCACHE_QUEUED);
-  encache_stats st;
+  ASSERT_EQ_INT(encache_publish(step, "v1", &v, s), ENCACHE_QUEUED);
+  encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.pending_bytes, 64);
   ASSERT_EQ_U64(st.pending_items, 1);
   /* The item limit. */
   encache_tensor v2 = {data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
-  ASSERT_EQ_INT(encache_publish(ec, "v2", &v2, s), ENCACHE_SKIP_OVER_ITEMS);
+  ASSERT_EQ_INT(encache_publish(step, "v2", &v2, s), ENCACHE_SKIP_OVER_ITEMS);
   encache_storage_unref(s);
   ASSERT_EQ_INT(storage_releases, 0);
   fault_wait_held(&e.ctl, 1);
@@ -833,10 +860,11 @@ TEST(engine_case14_two_views_charged_once) {
     env e;
     env_init(&e, 0);
     encache *ec = open_default(&e);
+    encache_step *step = step_of(ec);
     static const char *const ids[] = {"w1", "w2"};
     encache_result r[2];
     talloc t = {0};
-    lookup_ids(ec, ids, 2, r, &t);
+    lookup_ids(step, ids, 2, r, &t);
     if (rejected)
       e.ctl.write_rc = ENCACHE_EUNAVAIL;
     e.ctl.hold_writes = 1;
@@ -846,10 +874,10 @@ TEST(engine_case14_two_views_charged_once) {
     encache_tensor a = {data, ENCACHE_FLOAT32, 2, shape, NULL};
     encache_tensor b = {data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
     storage_releases = 0;
-    ASSERT_EQ_INT(encache_publish(ec, "w1", &a, s), ENCACHE_QUEUED);
-    ASSERT_EQ_INT(encache_publish(ec, "w2", &b, s), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_publish(step, "w1", &a, s), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_publish(step, "w2", &b, s), ENCACHE_QUEUED);
     encache_storage_unref(s);
-    encache_stats st;
+    encache_stats st = ENCACHE_STATS_INIT;
     encache_stats_get(ec, &st);
     ASSERT_EQ_U64(st.pending_bytes, 64);
     ASSERT_EQ_U64(st.pending_items, 2);
@@ -887,26 +915,27 @@ TEST(engine_case15_fatal_after_reaper_looked) {
   env e;
   env_init(&e, 0);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"f1", "f2", "f3"};
   encache_result r[3];
   talloc t = {0};
-  lookup_ids(ec, ids, 3, r, &t);
+  lookup_ids(step, ids, 3, r, &t);
   storage_releases = 0;
-  ASSERT_EQ_INT(publish_ref(ec, "f1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "f1"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0); /* f1 written and released */
   ASSERT_EQ_INT(storage_releases, 1);
   e.ctl.hold_writes = 1;
-  ASSERT_EQ_INT(publish_ref(ec, "f2"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "f2"), ENCACHE_QUEUED);
   fault_wait_held(&e.ctl, 1);
   /* The reaper looks while f2 is in flight: nothing to report yet. */
-  ASSERT_EQ_INT(lookup_ids(ec, ids + 2, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids + 2, 1, r, &t), 0);
   e.ctl.write_rc = ENCACHE_EUNCONFIRMED;
   fault_release_writes(&e.ctl);
   wait_worker_idle(ec);
   /* Caught by the next reap; later publications fail. */
-  ASSERT_EQ_INT(publish_ref(ec, "f3"), ENCACHE_EPOISONED);
-  ASSERT_EQ_INT(publish_ref(ec, "f3"), ENCACHE_EPOISONED);
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 1, r, &t), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(publish_ref(step, "f3"), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(publish_ref(step, "f3"), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), ENCACHE_EPOISONED);
   /* f1's, and the two refused f3's (never retained); f2's is kept. */
   ASSERT_EQ_INT(storage_releases, 3);
   ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
@@ -928,16 +957,17 @@ TEST(engine_case16_shutdown_drains) {
   env e;
   env_init(&e, 1);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"s1", "s2"};
   encache_result r[2];
   talloc t = {0};
   /* A hit first, so that the staging buffer is registered. */
   seed(&e, encache_namespace_of(ec), ids + 1, 1);
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 1);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 1);
   free_hits(r, 2);
   e.ctl.hold_writes = 1;
   storage_releases = 0;
-  ASSERT_EQ_INT(publish_ref(ec, "s1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "s1"), ENCACHE_QUEUED);
   fault_wait_held(&e.ctl, 1);
   closer c = {ec, -1};
   pthread_t th;
@@ -951,7 +981,7 @@ TEST(engine_case16_shutdown_drains) {
       break;
     usleep(1000);
   }
-  ASSERT_EQ_INT(publish_ref(ec, "s2"), ENCACHE_SKIP_CLOSED);
+  ASSERT_EQ_INT(publish_ref(step, "s2"), ENCACHE_SKIP_CLOSED);
   /* The write is held, so close cannot return however long this waits:
    * the sleep only gives a close that wrongly returns early the time to
    * do so; it cannot fail a correct one. */
@@ -990,12 +1020,13 @@ TEST(engine_duplicates_read_once_each_own_output) {
   env e;
   env_init(&e, 0);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const char *const one[] = {"d"};
   seed(&e, encache_namespace_of(ec), one, 1);
   static const char *const ids[] = {"d", "zz", "d", "d"};
   encache_result r[4];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 4, r, &t), 3);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 4, r, &t), 3);
   ASSERT_EQ_INT(e.ctl.read_calls, 1);
   ASSERT(r[0].data != r[2].data && r[2].data != r[3].data);
   ASSERT_EQ_MEM(r[0].data, r[3].data, 16);
@@ -1008,21 +1039,23 @@ TEST(engine_skips_ineligible_and_non_candidates) {
   env e;
   env_init(&e, 0);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   encache_candidate c[4] = {cand("img"), cand("vid"), cand("gpu"), cand("")};
   c[1].modality = ENCACHE_MODALITY_VIDEO;
   c[2].device = ENCACHE_DEVICE_CUDA;
   encache_result r[4];
   talloc t = {0};
   encache_allocator a = allocator(&t);
-  ASSERT_EQ_INT(encache_lookup(ec, c, 4, &a, r), 0);
+  r[0].size = sizeof(r[0]);
+  ASSERT_EQ_INT(encache_lookup(step, c, 4, &a, r), 0);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_MISS);
   ASSERT_EQ_INT(r[1].outcome, ENCACHE_SKIPPED);
   ASSERT_EQ_INT(r[2].outcome, ENCACHE_SKIPPED);
   ASSERT_EQ_INT(r[3].outcome, ENCACHE_SKIPPED);
-  ASSERT_EQ_INT(publish_ref(ec, "vid"), ENCACHE_SKIP_NOT_CANDIDATE);
+  ASSERT_EQ_INT(publish_ref(step, "vid"), ENCACHE_SKIP_NOT_CANDIDATE);
   e.ctl.hold_writes = 1; /* keep the first one pending */
-  ASSERT_EQ_INT(publish_ref(ec, "img"), ENCACHE_QUEUED);
-  ASSERT_EQ_INT(publish_ref(ec, "img"), ENCACHE_SKIP_PENDING);
+  ASSERT_EQ_INT(publish_ref(step, "img"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, "img"), ENCACHE_SKIP_PENDING);
   fault_release_writes(&e.ctl);
   ASSERT_EQ_INT(encache_close(ec), 0);
 }
@@ -1031,23 +1064,24 @@ TEST(engine_unavailable_store_means_encode) {
   env e;
   env_init(&e, 0);
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static const char *const ids[] = {"n1", "n2"};
   seed(&e, encache_namespace_of(ec), ids, 2);
   e.ctl.exists_rc = ENCACHE_EUNAVAIL;
   encache_result r[2];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
   e.ctl.exists_rc = 0;
   e.ctl.read_rc = ENCACHE_EUNAVAIL;
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0);
   ASSERT_EQ_INT(r[1].outcome, ENCACHE_UNAVAILABLE);
   e.ctl.read_rc = 0;
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 2);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 2);
   free_hits(r, 2);
   /* An unknown per-item existence answer is unconfirmed: poison. */
   e.ctl.exists_item = 77;
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), ENCACHE_EPOISONED);
   ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
 }
 
@@ -1061,9 +1095,9 @@ TEST(engine_threads_step_and_worker) {
   char idbuf[64][16];
   const char *ids[8];
   int encoded = 0;
-  for (int step = 0; step < 200; step++) {
+  for (int round = 0; round < 200; round++) {
     for (int k = 0; k < 8; k++) {
-      snprintf(idbuf[k], sizeof(idbuf[k]), "t%d", (step * 3 + k) % 40);
+      snprintf(idbuf[k], sizeof(idbuf[k]), "t%d", (round * 3 + k) % 40);
       ids[k] = idbuf[k];
     }
     encache_result r[8];
@@ -1072,7 +1106,9 @@ TEST(engine_threads_step_and_worker) {
     for (int k = 0; k < 8; k++)
       c[k] = cand(ids[k]);
     encache_allocator a = allocator(&t);
-    int hits = encache_lookup(ec, c, 8, &a, r);
+    encache_step *step = step_of(ec);
+    r[0].size = sizeof(r[0]);
+    int hits = encache_lookup(step, c, 8, &a, r);
     ASSERT(hits >= 0);
     for (int k = 0; k < 8; k++) {
       float want[ROWS * COLS];
@@ -1082,14 +1118,15 @@ TEST(engine_threads_step_and_worker) {
         free(r[k].data);
       } else {
         encoded++;
-        int q = publish_ref(ec, ids[k]);
+        int q = publish_ref(step, ids[k]);
         ASSERT(q >= 0);
       }
     }
-    if (step % 10 == 9)
+    encache_step_close(step);
+    if (round % 10 == 9)
       ASSERT_EQ_INT(encache_flush(ec), 0);
   }
-  encache_stats s;
+  encache_stats s = ENCACHE_STATS_INIT;
   ASSERT_EQ_INT(encache_flush(ec), 0);
   encache_stats_get(ec, &s);
   if (!(s.hits > 0 && s.published_written > 0))
@@ -1112,20 +1149,422 @@ TEST(engine_overlong_identifier_is_recoverable) {
   if (getenv("ENCACHE_TEST_STORE") != NULL) /* the limit is shm's */
     return;
   encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
   static char id[70000];
   memset(id, 'i', sizeof(id) - 1);
   const char *ids[2] = {id, "short"};
   encache_result r[2];
   talloc t = {0};
-  ASSERT_EQ_INT(lookup_ids(ec, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
   ASSERT_EQ_INT(r[1].outcome, ENCACHE_MISS);
-  ASSERT_EQ_INT(publish_ref(ec, id), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(step, id), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0);
-  encache_stats st;
+  encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_failed, 1);
   ASSERT_EQ_INT(st.poisoned, 0);
-  ASSERT_EQ_INT(lookup_ids(ec, ids + 1, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(step, ids + 1, 1, r, &t), 0);
   ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* ---------------------------------------------------------------- steps */
+
+/* A pipelined server: step B is looked up before step A publishes; each
+ * publishes its own candidates, and only those. */
+TEST(engine_steps_publish_independently) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *a = step_of(ec), *b = step_of(ec);
+  static const char *const ida[] = {"pa1", "pa2"};
+  static const char *const idb[] = {"pb1", "pb2"};
+  encache_result r[6];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(a, ida, 2, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(b, idb, 2, r, &t), 0);
+  for (int i = 0; i < 2; i++)
+    ASSERT_EQ_INT(publish_ref(a, ida[i]), ENCACHE_QUEUED);
+  /* An id of A published on B is not B's candidate, nor the reverse. */
+  ASSERT_EQ_INT(publish_ref(b, "pa1"), ENCACHE_SKIP_NOT_CANDIDATE);
+  ASSERT_EQ_INT(publish_ref(a, "pb1"), ENCACHE_SKIP_NOT_CANDIDATE);
+  encache_step_close(a); /* its queued publications are not affected */
+  for (int i = 0; i < 2; i++)
+    ASSERT_EQ_INT(publish_ref(b, idb[i]), ENCACHE_QUEUED);
+  /* Several lookups on one step add to it. */
+  encache_step *c = step_of(ec);
+  static const char *const idc[] = {"pc1", "pc2"};
+  ASSERT_EQ_INT(lookup_ids(c, idc, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(c, idc + 1, 1, r, &t), 0);
+  ASSERT_EQ_INT(publish_ref(c, "pc1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(c, "pc2"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats s = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(ec, &s), 0);
+  ASSERT_EQ_U64(s.published_written, 6);
+  ASSERT_EQ_U64(s.published_skipped[ENCACHE_SKIP_NOT_CANDIDATE], 2);
+  ASSERT_EQ_U64(s.steps_open, 2);
+  /* Everything published loads, bit-exact. */
+  static const char *const all[] = {"pa1", "pa2", "pb1", "pb2", "pc1", "pc2"};
+  encache_step *d = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(d, all, 6, r, &t), 6);
+  for (int i = 0; i < 6; i++) {
+    float want[ROWS * COLS];
+    encode(all[i], want);
+    ASSERT_EQ_MEM(r[i].data, want, sizeof(want));
+  }
+  free_hits(r, 6);
+  encache_step_close(b);
+  encache_step_close(c);
+  encache_step_close(d);
+  encache_step_close(NULL);
+  ASSERT_EQ_INT(encache_stats_get(ec, &s), 0);
+  ASSERT_EQ_U64(s.steps_open, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_steps_bounded) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *s[ENCACHE_MAX_STEPS + 1];
+  for (int i = 0; i < ENCACHE_MAX_STEPS; i++)
+    ASSERT_EQ_INT(encache_step_open(ec, &s[i]), 0);
+  s[ENCACHE_MAX_STEPS] = (encache_step *)ec; /* must be reset */
+  ASSERT_EQ_INT(encache_step_open(ec, &s[ENCACHE_MAX_STEPS]), ENCACHE_ESTEPS);
+  ASSERT(s[ENCACHE_MAX_STEPS] == NULL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "ENCACHE_MAX_STEPS");
+  ASSERT_EQ_STR(encache_err_name(ENCACHE_ESTEPS), "ESTEPS");
+  ASSERT_CONTAINS(encache_strerror(ENCACHE_ESTEPS), "too many steps");
+  encache_stats st = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.steps_open, ENCACHE_MAX_STEPS);
+  /* Closing one makes room; the new step works. */
+  encache_step_close(s[10]);
+  ASSERT_EQ_INT(encache_step_open(ec, &s[10]), 0);
+  static const char *const ids[] = {"bound"};
+  encache_result r[1];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(s[10], ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(publish_ref(s[10], "bound"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(s[11], "bound"), ENCACHE_SKIP_NOT_CANDIDATE);
+  /* Closing the handle closes the 64 steps still open. */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+
+  /* Disabled: steps open (within the same bound), everything is skipped. */
+  encache_options o = options("{\"ec_connector_extra_config\": {}}");
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  encache_step *step = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_INT(publish_ref(step, "bound"), ENCACHE_SKIP_DISABLED);
+  for (int i = 1; i < ENCACHE_MAX_STEPS; i++)
+    ASSERT_EQ_INT(encache_step_open(ec, &s[i]), 0);
+  ASSERT_EQ_INT(encache_step_open(ec, &s[0]), ENCACHE_ESTEPS);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* Close with steps open: the queued writes of every step are drained and
+ * the steps die with the handle (the sanitizer build checks no leak). */
+TEST(engine_close_with_open_steps) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  encache_step *a = step_of(ec), *b = step_of(ec);
+  static const char *const ids[] = {"co1", "co2"};
+  encache_result r[2];
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(a, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(lookup_ids(b, ids + 1, 1, r, &t), 0);
+  e.ctl.hold_writes = 1;
+  ASSERT_EQ_INT(publish_ref(a, "co1"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish_ref(b, "co2"), ENCACHE_QUEUED);
+  fault_pass_writes(&e.ctl, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  ASSERT_EQ_INT(e.ctl.close_calls, 1);
+  fault_ctl_init(&e.ctl);
+  ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 2);
+  free_hits(r, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_poison_with_open_steps) {
+  env e;
+  env_init(&e, 1);
+  encache *ec = open_default(&e);
+  encache_step *a = step_of(ec), *b = step_of(ec);
+  static const char *const ids[] = {"pz1", "pz2"};
+  seed(&e, encache_namespace_of(ec), ids, 1);
+  static encache_result r[2]; /* kept destinations stay reachable */
+  talloc t = {0};
+  ASSERT_EQ_INT(lookup_ids(b, ids + 1, 1, r, &t), 0);
+  e.ctl.read_mode = READ_ITEM_CODE;
+  e.ctl.read_item_code = -12345; /* an unknown code: unconfirmed */
+  ASSERT_EQ_INT(lookup_ids(a, ids, 1, r, &t), ENCACHE_EPOISONED);
+  /* Every step of the handle fails fast now. */
+  ASSERT_EQ_INT(publish_ref(b, "pz2"), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(lookup_ids(b, ids + 1, 1, r + 1, &t), ENCACHE_EPOISONED);
+  encache_step *c = (encache_step *)ec;
+  ASSERT_EQ_INT(encache_step_open(ec, &c), ENCACHE_EPOISONED);
+  ASSERT(c == NULL);
+  encache_step_close(b); /* safe: the Store never holds a step's memory */
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED); /* a dies with it */
+  ASSERT_EQ_INT(e.ctl.unregister_calls, 0);
+}
+
+/* ------------------------------------------------------ caller structs */
+
+typedef struct wide_cand {
+  encache_candidate c;
+  uint64_t newer; /* a field of a newer header */
+} wide_cand;
+
+typedef struct wide_result {
+  encache_result r;
+  uint64_t newer;
+} wide_result;
+
+/* The allocator is handed the caller's own candidate. */
+static int wide_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **handle) {
+  ASSERT_EQ_U64(c->size, sizeof(wide_cand));
+  return ta_alloc(ctx, i, c, nbytes, data, handle);
+}
+
+TEST(engine_candidates_and_results_strided_by_size) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  static const char *const ids[] = {"w0", "w1", "w2"};
+  seed(&e, encache_namespace_of(ec), ids, 2);
+  wide_cand wc[3];
+  wide_result wr[3];
+  memset(wr, 0xab, sizeof(wr));
+  for (int i = 0; i < 3; i++) {
+    wc[i].c = cand(ids[i]);
+    wc[i].c.size = sizeof(wide_cand);
+    wc[i].newer = 0;
+  }
+  wr[0].r.size = sizeof(wide_result);
+  talloc t = {0};
+  encache_allocator a = {sizeof(a), &t, wide_alloc, ta_release};
+  ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r), 2);
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ_U64(wr[i].r.size, sizeof(wide_result));
+    ASSERT_EQ_U64(wr[i].newer, 0); /* a field this library does not know */
+    ASSERT_EQ_INT(wr[i].r.outcome, i < 2 ? ENCACHE_HIT : ENCACHE_MISS);
+  }
+  float want[ROWS * COLS];
+  encode("w1", want);
+  ASSERT_EQ_MEM(wr[1].r.data, want, sizeof(want));
+  free(wr[0].r.data);
+  free(wr[1].r.data);
+  ASSERT_EQ_INT(publish_ref(step, "w2"), ENCACHE_QUEUED);
+  /* A newer field set is refused, naming the candidate. */
+  wc[1].newer = 1;
+  ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r),
+                ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "candidate 1");
+  wc[1].newer = 0;
+  /* Sizes that differ within the array, or an older one. */
+  wc[2].c.size = sizeof(encache_candidate);
+  ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r),
+                ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "candidate 2");
+  encache_candidate old = cand("w0");
+  old.size = sizeof(old) - sizeof(int);
+  encache_result r1 = ENCACHE_RESULT_INIT;
+  ASSERT_EQ_INT(encache_lookup(step, &old, 1, &a, &r1), ENCACHE_EINVAL);
+  old.size = sizeof(old);
+  r1.size = offsetof(encache_result, nbytes);
+  ASSERT_EQ_INT(encache_lookup(step, &old, 1, &a, &r1), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "results[0].size");
+  r1.size = sizeof(r1);
+  encache_allocator olda = a;
+  olda.size = sizeof(olda) - sizeof(void *);
+  ASSERT_EQ_INT(encache_lookup(step, &old, 1, &olda, &r1), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "allocator");
+  ASSERT_EQ_INT(t.allocs, t.releases + 2); /* no refused lookup allocated */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(engine_options_and_stats_sizes) {
+  env e;
+  env_init(&e, 0);
+  static const char json[] =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}";
+  struct {
+    encache_options o;
+    uint64_t newer;
+  } big;
+  memset(&big, 0, sizeof(big));
+  big.o = options(json);
+  big.o.store_url = e.url;
+  encache *ec = (encache *)&big; /* must be reset */
+  /* Older: refused, no handle, the reason on this thread. */
+  big.o.size = offsetof(encache_options, log_ctx);
+  ASSERT_EQ_INT(encache_open(&big.o, &ec), ENCACHE_EINVAL);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "options.size");
+  /* Newer with the unknown field set: refused. */
+  big.o.size = sizeof(big);
+  big.newer = 7;
+  ASSERT_EQ_INT(encache_open(&big.o, &ec), ENCACHE_EINVAL);
+  /* Newer with it zero: accepted. */
+  big.newer = 0;
+  ASSERT_EQ_INT(encache_open(&big.o, &ec), 0);
+  /* Stats: an older size is refused, a newer one's tail is zeroed. */
+  encache_stats old = ENCACHE_STATS_INIT;
+  old.size = offsetof(encache_stats, poisoned);
+  ASSERT_EQ_INT(encache_stats_get(ec, &old), ENCACHE_EINVAL);
+  struct {
+    encache_stats s;
+    uint64_t newer;
+  } bigs;
+  memset(&bigs, 0xee, sizeof(bigs));
+  bigs.s.size = sizeof(bigs);
+  ASSERT_EQ_INT(encache_stats_get(ec, &bigs.s), 0);
+  ASSERT_EQ_U64(bigs.newer, 0);
+  ASSERT_EQ_U64(bigs.s.lookups, 0);
+  ASSERT_EQ_INT(bigs.s.poisoned, 0);
+  ASSERT_EQ_U64(bigs.s.size, sizeof(bigs));
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* ------------------------------------------------------ the error model */
+
+static void *read_errmsg(void *out) {
+  snprintf(out, 64, "%s", encache_errmsg(NULL));
+  return NULL;
+}
+
+TEST(engine_failed_open_returns_no_handle) {
+  encache_options o = options("{\"ec_connector_extra_config\": {");
+  encache *ec = (encache *)&o; /* must be reset */
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EJSON);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "line 1");
+  encache_close(ec); /* NULL: a no-op */
+  /* The message is the calling thread's own. */
+  char other[64] = "x";
+  pthread_t th;
+  pthread_create(&th, NULL, read_errmsg, other);
+  pthread_join(th, NULL);
+  ASSERT_EQ_STR(other, "");
+  ASSERT_CONTAINS(encache_errmsg(NULL), "line 1");
+  /* A Store that cannot open: the Store's reason, no handle. */
+  o = options("{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+              "true}}");
+  o.store_url = "nosuch://x";
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EURL);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "nosuch://x");
+  ASSERT_EQ_INT(encache_open(&o, NULL), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "out is NULL");
+  ASSERT_EQ_INT(encache_open(NULL, &ec), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "options are NULL");
+}
+
+/* Typed options: a configuration the caller filled replaces the JSON. */
+TEST(engine_typed_config) {
+  env e;
+  env_init(&e, 0);
+  encache_config *cfg = NULL;
+  ASSERT_EQ_INT(encache_config_new(&cfg), 0);
+  static const char json[] =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
+      "\"embedding_cache_prefix\": \"typed\", "
+      "\"store_read_buffer_bytes\": 4096}}";
+  ASSERT_EQ_INT(encache_config_load_ec(cfg, json, sizeof(json) - 1), 0);
+  encache_options o = options(json);
+  o.store_url = e.url;
+  o.config = cfg;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EINVAL); /* both given */
+  ASSERT_CONTAINS(encache_errmsg(NULL), "exactly one");
+  o.ec_transfer_config = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  ASSERT_EQ_INT(encache_enabled(ec), 1);
+  ASSERT_EQ_INT(strncmp(encache_namespace_of(ec), "typed@", 6), 0);
+  ASSERT_EQ_U64(ec->read_buf_bytes, 4096);
+  encache_config_free(cfg); /* read during open only */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  o.config = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_EINVAL); /* neither */
+  ASSERT_CONTAINS(encache_errmsg(NULL), "neither");
+  /* The deployment check applies to a typed configuration too. */
+  ASSERT_EQ_INT(encache_config_new(&cfg), 0);
+  ASSERT_EQ_INT(encache_config_load_ec(cfg, json, sizeof(json) - 1), 0);
+  encache_deployment d;
+  encache_deployment_defaults(&d);
+  d.tensor_parallel_size = 2;
+  o.config = cfg;
+  o.deployment = &d;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "tensor_parallel_size");
+  encache_config_free(cfg);
+}
+
+/* Fail each allocation of a whole step in turn (open, step, lookup,
+ * publish): each call either works or fails with ENCACHE_ENOMEM and a
+ * message saying so (never an empty one), no handle is left behind by a
+ * failed open, and nothing leaks (the sanitizer build checks that). */
+TEST(engine_out_of_memory_every_allocation) {
+  env e;
+  env_init(&e, 0);
+  static const char *const ids[] = {"oom1", "oom2"};
+  {
+    encache *ec = open_default(&e);
+    seed(&e, encache_namespace_of(ec), ids, 1);
+    encache_close(ec);
+  }
+  char json[512];
+  json_for(json, sizeof(json), 1 << 20, 32, 1 << 30);
+  int saw_success = 0;
+  for (long n = 1; n < 2000 && !saw_success; n++) {
+    encache_options o = options(json);
+    o.store_url = e.url;
+    encache *ec = NULL;
+    encache_step *step = NULL;
+    encache_result r[2];
+    talloc t = {0};
+    test_alloc_fail_after(n);
+    int rc = encache_open(&o, &ec), q = 0;
+    if (rc < 0) {
+      test_alloc_fail_after(0);
+      ASSERT(ec == NULL);
+      if (strstr(encache_errmsg(NULL), "out of memory") == NULL)
+        test__fail(__FILE__, __LINE__, "allocation %ld: open: %s: \"%s\"", n,
+                   encache_err_name(rc), encache_errmsg(NULL));
+      continue;
+    }
+    static float out[ROWS * COLS]; /* a storage of the caller's own */
+    int64_t shape[2] = {ROWS, COLS};
+    encache_tensor v = {out, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_storage *s = NULL;
+    if ((rc = encache_step_open(ec, &step)) == 0 &&
+        (rc = lookup_ids(step, ids, 2, r, &t)) >= 0) {
+      free_hits(r, 2);
+      /* A storage that cannot be made (no handle, no message): nothing
+       * to publish this time. */
+      q = encache_storage_new(out, sizeof(out), NULL, NULL, &s);
+      if (q == 0)
+        q = encache_publish(step, "oom2", &v, s);
+      encache_storage_unref(s);
+      rc = s != NULL && q < 0 ? q : 0;
+    }
+    test_alloc_fail_after(0);
+    if (rc < 0) {
+      ASSERT_EQ_INT(rc, ENCACHE_ENOMEM);
+      ASSERT_CONTAINS(encache_errmsg(ec), "out of memory");
+    }
+    ASSERT_EQ_INT(encache_flush(ec), 0);
+    saw_success = rc >= 0 && q == ENCACHE_QUEUED;
+    ASSERT_EQ_INT(encache_close(ec), 0);
+  }
+  ASSERT(saw_success);
 }

@@ -156,8 +156,7 @@ static encache *open_wrapped(fault_ctl *ctl, char *seg, size_t seglen) {
   ASSERT_EQ_INT(encache_store_open(url, &inner), 0);
   fault_ctl_init(ctl);
   ctl->registration = 1;
-  encache_options o;
-  memset(&o, 0, sizeof(o));
+  encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config =
       "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}";
   o.model = "mc";
@@ -203,8 +202,11 @@ static int run_code(int op, int64_t code) {
   encache *ec = open_wrapped(&ctl, seg, sizeof(seg));
   int cls = encache__mooncake_classify_op(op, code);
   int ret;
-  encache_allocator a = {NULL, alloc_fn, release_fn};
+  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn};
   static encache_result r; /* a poisoned lookup keeps its destination */
+  r.size = sizeof(r);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   if (op != ENCACHE__MC_WRITE) {
     if (op == ENCACHE__MC_EXISTS) {
       ctl.exists_item = cls;
@@ -212,24 +214,24 @@ static int run_code(int op, int64_t code) {
       ctl.read_mode = READ_ITEM_CODE;
       ctl.read_item_code = cls;
     }
-    encache_candidate c = {"obj", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2, 2,
-                           ENCACHE_DEVICE_HOST, 0};
-    int hits = encache_lookup(ec, &c, 1, &a, &r);
+    encache_candidate c = {sizeof(c), "obj", ENCACHE_MODALITY_IMAGE,
+                           ENCACHE_FLOAT32, 2, 2, ENCACHE_DEVICE_HOST, 0};
+    int hits = encache_lookup(step, &c, 1, &a, &r);
     ret = hits < 0 ? hits : r.outcome;
   } else {
-    encache_candidate c = {"new", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2, 2,
-                           ENCACHE_DEVICE_HOST, 0};
-    ASSERT_EQ_INT(encache_lookup(ec, &c, 1, &a, &r), 0);
+    encache_candidate c = {sizeof(c), "new", ENCACHE_MODALITY_IMAGE,
+                           ENCACHE_FLOAT32, 2, 2, ENCACHE_DEVICE_HOST, 0};
+    ASSERT_EQ_INT(encache_lookup(step, &c, 1, &a, &r), 0);
     ctl.write_rc = cls;
     static float out[4] = {5, 6, 7, 8}; /* a kept storage stays reachable */
     encache_storage *s = NULL;
     encache_storage_new(out, sizeof(out), NULL, NULL, &s);
     int64_t shape[2] = {2, 2};
     encache_tensor v = {out, ENCACHE_FLOAT32, 2, shape, NULL};
-    ASSERT_EQ_INT(encache_publish(ec, "new", &v, s), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(encache_publish(step, "new", &v, s), ENCACHE_QUEUED);
     encache_storage_unref(s);
     ret = encache_flush(ec);
-    encache_stats stt;
+    encache_stats stt = ENCACHE_STATS_INIT;
     encache_stats_get(ec, &stt);
     if (ret == 0)
       ret = stt.published_failed ? 100 : stt.published_present ? 200 : 0;

@@ -137,8 +137,7 @@ static void host_release(void *ctx, size_t i, void *data, void *handle) {
 static void free_ctx(void *p) { free(p); }
 
 static encache *open_engine(const char *url) {
-  encache_options o;
-  memset(&o, 0, sizeof(o));
+  encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config =
       "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}";
   o.model = "redis/test";
@@ -146,21 +145,23 @@ static encache *open_engine(const char *url) {
   o.store_url = url;
   encache *ec = NULL;
   if (encache_open(&o, &ec) != 0)
-    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(ec));
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
   return ec;
 }
 
 /* Looks ids up (2x4 float32); returns hits and fills outcomes. */
-static int look(encache *ec, const char *const *ids, int n, int *outcome) {
+static int look(encache_step *step, const char *const *ids, int n,
+                int *outcome) {
   encache_candidate c[8];
   encache_result r[8];
   for (int i = 0; i < n; i++) {
-    encache_candidate cc = {ids[i], ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2,
-                            4, ENCACHE_DEVICE_HOST, 0};
+    encache_candidate cc = {sizeof(cc), ids[i], ENCACHE_MODALITY_IMAGE,
+                            ENCACHE_FLOAT32, 2, 4, ENCACHE_DEVICE_HOST, 0};
     c[i] = cc;
   }
-  encache_allocator a = {NULL, host_alloc, host_release};
-  int hits = encache_lookup(ec, c, (size_t)n, &a, r);
+  encache_allocator a = {sizeof(a), NULL, host_alloc, host_release};
+  r[0].size = sizeof(r[0]);
+  int hits = encache_lookup(step, c, (size_t)n, &a, r);
   ASSERT(hits >= 0);
   for (int i = 0; i < n; i++) {
     outcome[i] = r[i].outcome;
@@ -173,7 +174,7 @@ static int look(encache *ec, const char *const *ids, int n, int *outcome) {
   return hits;
 }
 
-static int publish(encache *ec, const char *id) {
+static int publish(encache_step *step, const char *id) {
   float *f = malloc(8 * sizeof(float));
   for (int i = 0; i < 8; i++)
     f[i] = (float)i;
@@ -182,7 +183,7 @@ static int publish(encache *ec, const char *id) {
   encache_storage_new(f, 8 * sizeof(float), free_ctx, f, &s);
   int64_t shape[2] = {2, 4};
   encache_tensor v = {f, ENCACHE_FLOAT32, 2, shape, NULL};
-  int q = encache_publish(ec, id, &v, s);
+  int q = encache_publish(step, id, &v, s);
   encache_storage_unref(s);
   return q;
 }
@@ -198,23 +199,25 @@ TEST(redis_server_killed_then_restarted) {
   snprintf(url, sizeof(url),
            "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300", port);
   encache *ec = open_engine(url);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   static const char *const ids[] = {"k1", "k22", "k333"};
   int out[3];
-  ASSERT_EQ_INT(look(ec, ids, 3, out), 0);
+  ASSERT_EQ_INT(look(step, ids, 3, out), 0);
   for (int i = 0; i < 3; i++)
-    ASSERT_EQ_INT(publish(ec, ids[i]), ENCACHE_QUEUED);
+    ASSERT_EQ_INT(publish(step, ids[i]), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0);
-  ASSERT_EQ_INT(look(ec, ids, 3, out), 3);
+  ASSERT_EQ_INT(look(step, ids, 3, out), 3);
 
   kill_wait(pid, SIGKILL);
   /* No crash, nothing poisoned: lookups are UNAVAILABLE, writes skipped. */
   static const char *const more[] = {"k1", "fresh"};
-  ASSERT_EQ_INT(look(ec, more, 2, out), 0);
+  ASSERT_EQ_INT(look(step, more, 2, out), 0);
   ASSERT_EQ_INT(out[0], ENCACHE_UNAVAILABLE);
   ASSERT_EQ_INT(out[1], ENCACHE_UNAVAILABLE);
-  ASSERT_EQ_INT(publish(ec, "fresh"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish(step, "fresh"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0);
-  encache_stats st;
+  encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_failed, 1);
   ASSERT_EQ_INT(st.poisoned, 0);
@@ -223,15 +226,15 @@ TEST(redis_server_killed_then_restarted) {
   pid = spawn_redis(port, NULL);
   int recovered = 0;
   for (int i = 0; i < 300 && !recovered; i++) { /* up to 30 s */
-    look(ec, more, 2, out);
+    look(step, more, 2, out);
     recovered = out[1] == ENCACHE_MISS;
     if (!recovered)
       usleep(100000);
   }
   ASSERT(recovered);
-  ASSERT_EQ_INT(publish(ec, "fresh"), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(publish(step, "fresh"), ENCACHE_QUEUED);
   ASSERT_EQ_INT(encache_flush(ec), 0);
-  ASSERT_EQ_INT(look(ec, more, 2, out), 1);
+  ASSERT_EQ_INT(look(step, more, 2, out), 1);
   ASSERT_EQ_INT(out[1], ENCACHE_HIT);
   ASSERT_EQ_INT(encache_close(ec), 0);
   kill_wait(pid, SIGKILL);
@@ -246,12 +249,14 @@ TEST(redis_stopped_server_lookups_bounded_by_timeout) {
   snprintf(url, sizeof(url),
            "redis://127.0.0.1:%d?timeout_ms=200&connect_timeout_ms=200", port);
   encache *ec = open_engine(url);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   static const char *const ids[] = {"s1", "s22"};
   int out[2];
-  ASSERT_EQ_INT(look(ec, ids, 2, out), 0); /* connected, misses */
+  ASSERT_EQ_INT(look(step, ids, 2, out), 0); /* connected, misses */
   kill(pid, SIGSTOP);
   double t0 = now_s();
-  look(ec, ids, 2, out);
+  look(step, ids, 2, out);
   double took = now_s() - t0;
   ASSERT_EQ_INT(out[0], ENCACHE_UNAVAILABLE);
   /* One 200 ms timeout, not a hang (generous bound for a loaded machine). */
@@ -259,12 +264,12 @@ TEST(redis_stopped_server_lookups_bounded_by_timeout) {
     test__fail(__FILE__, __LINE__, "lookup took %.3f s with a 0.2 s timeout",
                took);
   t0 = now_s();
-  look(ec, ids, 2, out); /* within the backoff: at once */
+  look(step, ids, 2, out); /* within the backoff: at once */
   ASSERT(now_s() - t0 < 1.0);
   kill(pid, SIGCONT);
   int recovered = 0;
   for (int i = 0; i < 300 && !recovered; i++) { /* up to 30 s */
-    look(ec, ids, 2, out);
+    look(step, ids, 2, out);
     recovered = out[0] == ENCACHE_MISS;
     if (!recovered)
       usleep(100000);
@@ -666,6 +671,8 @@ TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
   char url[128];
   snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
   encache *ec = open_engine(url);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   int out[3];
   for (int round = 0; round < 3; round++) {
     char id[3][16];
@@ -676,16 +683,16 @@ TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
     }
     /* The server closed every pooled connection while they were idle. */
     wait_alone(port);
-    ASSERT_EQ_INT(look(ec, ids, 3, out), 0);
+    ASSERT_EQ_INT(look(step, ids, 3, out), 0);
     ASSERT_EQ_INT(out[0], ENCACHE_MISS);
     wait_alone(port);
     for (int i = 0; i < 3; i++)
-      ASSERT_EQ_INT(publish(ec, ids[i]), ENCACHE_QUEUED);
+      ASSERT_EQ_INT(publish(step, ids[i]), ENCACHE_QUEUED);
     ASSERT_EQ_INT(encache_flush(ec), 0);
     wait_alone(port);
-    ASSERT_EQ_INT(look(ec, ids, 3, out), 3);
+    ASSERT_EQ_INT(look(step, ids, 3, out), 3);
   }
-  encache_stats st;
+  encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_failed, 0);
   ASSERT_EQ_U64(st.published_written, 9);

@@ -276,8 +276,7 @@ static void engine_namespace_is(const char *identity_json, const char *want) {
   snprintf(url, sizeof(url), "shm://encache-vllmtest-%d?size=1MiB",
            (int)getpid());
   int logged = 0;
-  encache_options o;
-  memset(&o, 0, sizeof(o));
+  encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = json;
   o.model = "/models/some/path";
   o.model_dtype = ENCACHE_FLOAT32;
@@ -287,7 +286,7 @@ static void engine_namespace_is(const char *identity_json, const char *want) {
   encache *ec = NULL;
   int rc = encache_open(&o, &ec);
   if (rc != 0)
-    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(ec));
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
   ASSERT_EQ_STR(encache_namespace_of(ec), want);
   ASSERT_EQ_INT(logged, 1);
   encache_close(ec);

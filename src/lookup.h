@@ -1,0 +1,78 @@
+/*
+ * lookup.h: the plan of one lookup, shared by lookup.c (the plan, its
+ * scratch memory, the phases up to the chunks, the outcomes) and
+ * lookup_read.c (the staging buffer, the destinations, and the read,
+ * validate and deliver phases of each chunk).  Caller's thread only.
+ */
+#ifndef ENCACHE_LOOKUP_H
+#define ENCACHE_LOOKUP_H
+
+#include "engine.h"
+
+/* Per unique candidate. */
+typedef struct item {
+  size_t first;    /* index of the candidate it stands for */
+  char *key;
+  uint64_t nbytes; /* expected payload */
+  uint64_t osize;  /* 24 + nbytes: the slot */
+  uint64_t off;    /* slot offset in the staging buffer */
+  int present;
+  int chunk_start; /* the first item of a chunk */
+  int outcome;     /* for the unique item; copied to its duplicates */
+} item;
+
+typedef unsigned char header_buf[ENCACHE_HEADER_SIZE];
+
+/* The plan's arrays: X(name, element type, element count), the count an
+ * expression of n (candidates) and text (bytes of the keys). */
+#define PLAN_ARRAYS(X)                                                       \
+  X(cand, encache_candidate, n) /* the caller's candidates, copied */      \
+  X(res, encache_result, n)     /* results, copied out at the end */       \
+  X(unique_of, size_t, n)       /* candidate -> item; SIZE_MAX: skipped */ \
+  X(hash, uint64_t, n)          /* of each candidate's id */               \
+  X(items, item, n)             /* items[0..nu) */                         \
+  X(sorted, item, n)            /* the chunk phase's reordering */         \
+  X(newpos, size_t, n)                                                     \
+  X(keys, const char *, n)      /* per item: its key */                    \
+  X(present, int, n)            /* per item: the existence answer */       \
+  X(dest, size_t, n)            /* candidates holding a destination */     \
+  X(bufs, void *, n)            /* per item: where its read goes */        \
+  X(heads, void *, n)           /* per item: where its header goes */      \
+  X(caps, size_t, n)                                                       \
+  X(answers, int64_t, n)        /* per item: the read's answer */          \
+  X(hdrs, header_buf, n)        /* direct reads: the headers */            \
+  X(keytext, char, text)
+
+typedef struct plan {
+  encache *ec;
+  encache_step *step;
+  const encache_candidate *caller_c; /* strided by caller_c->size */
+  encache_allocator a;
+  size_t n, text;
+  size_t nu;    /* unique items */
+  size_t np;    /* items[0..np) are present and fit the staging buffer */
+  size_t ndest; /* dest[0..ndest) */
+  int direct;   /* payloads read straight into destinations */
+  int hits;
+#define PLAN_FIELD_(name, type, count) type *name;
+  PLAN_ARRAYS(PLAN_FIELD_)
+#undef PLAN_FIELD_
+} plan;
+
+/* The caller's candidate i (its array is strided by its own size). */
+static inline const encache_candidate *encache__plan_cand(const plan *p,
+                                                          size_t i) {
+  return ENCACHE__AT(const encache_candidate, p->caller_c, i);
+}
+
+/* A whole batch's answer: 0 done, 1 certainly not done (the caller marks
+ * its items UNAVAILABLE), or poison. */
+int encache__plan_batch(plan *p, int rc, const char *what);
+/* Marks items[from..to) UNAVAILABLE. */
+void encache__plan_unavailable(plan *p, size_t from, size_t to);
+/* Releases every destination handed out (the lookup failed). */
+void encache__plan_release_all(plan *p);
+/* Reads, validates and delivers every chunk of items[0..np). */
+int encache__plan_read(plan *p);
+
+#endif

@@ -1,0 +1,269 @@
+/*
+ * lookup_read.c: the chunks of a lookup plan (lookup.h): the staging
+ * buffer, the caller's destinations, and per chunk the read, validate and
+ * deliver phases.  Every Store answer goes through
+ * encache_store_classify().
+ */
+#include "lookup.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+int (*encache__copy_hook)(void *dst, const void *src, size_t n);
+
+int encache__plan_batch(plan *p, int rc, const char *what) {
+  switch (encache_store_classify(rc)) {
+  case ENCACHE_ANSWER_OK:
+    return 0;
+  case ENCACHE_ANSWER_RECOVERABLE:
+    return 1;
+  default:
+    return encache__poison(p->ec, "%s's completion is unconfirmed (%s: %s)",
+                           what, encache_err_name(rc),
+                           encache_store_errmsg(p->ec->store));
+  }
+}
+
+void encache__plan_unavailable(plan *p, size_t from, size_t to) {
+  for (size_t u = from; u < to; u++)
+    p->items[u].outcome = ENCACHE_UNAVAILABLE;
+}
+
+/* Allocates (and registers, when the Store needs it) the staging buffer. */
+static int staging_ensure(encache *ec) {
+  if (ec->staging != NULL)
+    return 0;
+  size_t size = (size_t)ec->read_buf_bytes;
+  void *p = encache__aligned_alloc(4096, size);
+  if (p == NULL)
+    return encache__fail(ec, ENCACHE_ENOMEM,
+                         "cannot allocate the %zu-byte staging buffer", size);
+  if (ec->store->ops->register_buffer != NULL) {
+    int rc = ec->store->ops->register_buffer(ec->store, p, size);
+    if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
+      /* Nothing is kept: the next step tries again. */
+      encache__aligned_free(p);
+      return encache__fail(ec, ENCACHE_EUNAVAIL,
+                           "registering the staging buffer failed: %s",
+                           encache_store_errmsg(ec->store));
+    }
+    ec->staging_registered = 1;
+  }
+  ec->staging = p;
+  STAT_ADD(ec, staging_allocations, 1);
+  __atomic_store_n(&ec->stats.staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* ------------------------------------------------------- destinations */
+
+void encache__plan_release_all(plan *p) {
+  for (size_t k = 0; k < p->ndest; k++) {
+    encache_result *r = &p->res[p->dest[k]];
+    if (p->a.release != NULL)
+      p->a.release(p->a.ctx, p->dest[k], r->data, r->handle);
+    r->data = r->handle = NULL;
+    r->outcome = ENCACHE_UNAVAILABLE;
+  }
+  p->ndest = 0;
+}
+
+/* Hands out the destination of candidate i (logged for release). */
+static int give_dest(plan *p, size_t i, uint64_t nbytes) {
+  void *data = NULL, *handle = NULL;
+  int rc = p->a.alloc(p->a.ctx, i, encache__plan_cand(p, i), nbytes, &data, &handle);
+  if (rc < 0 || (data == NULL && nbytes > 0)) {
+    if (rc >= 0 && p->a.release != NULL)
+      p->a.release(p->a.ctx, i, data, handle);
+    rc = rc < 0 ? rc : ENCACHE_ENOMEM;
+    encache__plan_release_all(p);
+    return encache__fail(p->ec, rc, "the allocator failed for candidate %zu "
+                                    "(%s): %s", i, p->cand[i].id,
+                         encache_strerror(rc));
+  }
+  p->res[i].data = data;
+  p->res[i].handle = handle;
+  p->res[i].nbytes = nbytes;
+  p->dest[p->ndest++] = i;
+  return 0;
+}
+
+/* Gives candidate i's destination back (its object was not a hit). */
+static void take_dest(plan *p, size_t i) {
+  for (size_t k = 0; k < p->ndest; k++) {
+    if (p->dest[k] != i)
+      continue;
+    if (p->a.release != NULL)
+      p->a.release(p->a.ctx, i, p->res[i].data, p->res[i].handle);
+    p->res[i].data = p->res[i].handle = NULL;
+    p->res[i].nbytes = 0;
+    p->dest[k] = p->dest[--p->ndest];
+    return;
+  }
+}
+
+/* ------------------------------------------------------------- a chunk */
+
+/*
+ * Phase read: one batched read of items[from..to).
+ *
+ * Staged (the Store needs registered memory): into the staging slots.
+ * Direct (the Store offers split reads and needs no registration): the
+ * destinations first, then each header into a small buffer and each
+ * payload straight into its destination; a destination whose object is
+ * not a hit is given back after validation.  The direct path saves a
+ * whole copy of every payload.  Returns 0, 1 when the batch certainly did
+ * not happen (its items are UNAVAILABLE), or a negative code.
+ */
+static int phase_read(plan *p, size_t from, size_t to) {
+  encache *ec = p->ec;
+  int rc;
+  for (size_t u = from; u < to; u++) {
+    item *it = &p->items[u];
+    if (p->direct) {
+      if ((rc = give_dest(p, it->first, it->nbytes)) < 0)
+        return rc;
+      p->heads[u] = p->hdrs[u];
+      p->bufs[u] = p->res[it->first].data;
+      p->caps[u] = (size_t)it->nbytes;
+    } else {
+      p->heads[u] = p->bufs[u] = ec->staging + it->off;
+      p->caps[u] = (size_t)it->osize;
+    }
+  }
+  STAT_ADD(ec, batched_reads, 1);
+  const encache__store_ops *ops = ec->store->ops;
+  const char **keys = p->keys + from;
+  int64_t *answers = p->answers + from;
+  rc = p->direct ? ops->read_split(ec->store, keys, to - from,
+                                   ENCACHE_HEADER_SIZE, p->heads + from,
+                                   p->bufs + from, p->caps + from, answers)
+                 : ops->read(ec->store, keys, to - from, p->bufs + from,
+                             p->caps + from, answers);
+  rc = encache__plan_batch(p, rc, "a batched read");
+  if (rc == 1) {
+    encache__plan_unavailable(p, from, to);
+    for (size_t u = from; p->direct && u < to; u++)
+      take_dest(p, p->items[u].first);
+  }
+  return rc;
+}
+
+/* Judges item it's answer r, whose header (when r > 0) is at head. */
+static int validate_one(plan *p, item *it, int64_t r, const void *head) {
+  encache_result *res0 = &p->res[it->first];
+  const encache_candidate *c = &p->cand[it->first];
+  switch (encache_store_classify(r)) {
+  case ENCACHE_ANSWER_OK: {
+    if ((uint64_t)r > it->osize)
+      return encache__poison(p->ec, "the Store answered %" PRId64 " bytes "
+                             "for a %" PRIu64 "-byte slot", r, it->osize);
+    encache_contract ct = {c->dtype, c->rows, c->cols};
+    /* Only the header is read: the length is judged from r. */
+    int v = encache_object_check(head, (size_t)r, &ct, &res0->found);
+    res0->verdict = v;
+    it->outcome = v == ENCACHE_COMPATIBLE ? ENCACHE_HIT : ENCACHE_INCOMPATIBLE;
+    return 0;
+  }
+  case ENCACHE_ANSWER_TOO_LARGE: /* longer than the contract */
+    it->outcome = ENCACHE_INCOMPATIBLE;
+    res0->verdict = ENCACHE_BAD_LENGTH;
+    return 0;
+  case ENCACHE_ANSWER_ABSENT:
+    it->outcome = ENCACHE_MISS;
+    return 0;
+  case ENCACHE_ANSWER_RECOVERABLE:
+    it->outcome = ENCACHE_UNAVAILABLE;
+    return 0;
+  default:
+    return encache__poison(p->ec, "the Store answered an unknown code "
+                           "%" PRId64 " for %s", r, it->key);
+  }
+}
+
+/* Phase validate: every answer of the chunk first (if one leaves the
+ * batch unconfirmed, no destination of it may be given back), then the
+ * direct path's non-hits give their destinations back. */
+static int phase_validate(plan *p, size_t from, size_t to) {
+  for (size_t u = from; u < to; u++) {
+    int rc = validate_one(p, &p->items[u], p->answers[u], p->heads[u]);
+    if (rc < 0)
+      return rc;
+  }
+  for (size_t u = from; p->direct && u < to; u++)
+    if (p->items[u].outcome != ENCACHE_HIT)
+      take_dest(p, p->items[u].first);
+  return 0;
+}
+
+/* The chunk's hit that candidate i stands for, or NULL. */
+static const item *hit_of(const plan *p, size_t i, size_t from, size_t to) {
+  size_t u = p->unique_of[i];
+  if (u == SIZE_MAX || u < from || u >= to ||
+      p->items[u].outcome != ENCACHE_HIT)
+    return NULL;
+  return &p->items[u];
+}
+
+/* Copies a payload to a destination; a failed (device) copy poisons. */
+static int copy_out(plan *p, size_t i, const void *src, size_t n) {
+  void *dst = p->res[i].data;
+  if (encache__copy_hook != NULL ? encache__copy_hook(dst, src, n) != 0
+                                 : (memcpy(dst, src, n), 0))
+    /* A device copy may still be in flight: keep the staging buffer and
+     * every destination. */
+    return encache__poison(p->ec, "copying candidate %zu (%s) to its "
+                                  "destination failed", i, p->cand[i].id);
+  return 0;
+}
+
+/* Phase deliver: every destination of the chunk before any copy (the
+ * direct path's first occurrences hold theirs, filled by the read), then
+ * the copies. */
+static int phase_deliver(plan *p, size_t from, size_t to) {
+  int rc;
+  for (size_t i = 0; i < p->n; i++) {
+    const item *it = hit_of(p, i, from, to);
+    if (it != NULL && !(p->direct && i == it->first) &&
+        (rc = give_dest(p, i, it->nbytes)) < 0)
+      return rc;
+  }
+  for (size_t i = 0; i < p->n; i++) {
+    const item *it = hit_of(p, i, from, to);
+    if (it == NULL)
+      continue;
+    if (!(p->direct && i == it->first)) {
+      const void *src = p->direct ? p->res[it->first].data
+                                  : p->ec->staging + it->off + ENCACHE_HEADER_SIZE;
+      if ((rc = copy_out(p, i, src, (size_t)it->nbytes)) < 0)
+        return rc;
+    }
+    STAT_ADD(p->ec, bytes_read, it->nbytes);
+    p->hits++;
+  }
+  return 0;
+}
+
+int encache__plan_read(plan *p) {
+  /* Payloads go straight to host destinations when the Store can split
+   * its reads and needs no registered memory. */
+  const encache__store_ops *ops = p->ec->store->ops;
+  p->direct = ops->read_split != NULL && ops->register_buffer == NULL;
+  if (p->np == 0)
+    return 0;
+  int rc = p->direct ? 0 : staging_ensure(p->ec);
+  if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
+    encache__plan_unavailable(p, 0, p->np);
+    return 0;
+  }
+  for (size_t from = 0, to; rc == 0 && from < p->np; from = to) {
+    for (to = from + 1; to < p->np && !p->items[to].chunk_start; to++)
+      ;
+    rc = phase_read(p, from, to);
+    if (rc == 0 && (rc = phase_validate(p, from, to)) == 0)
+      rc = phase_deliver(p, from, to);
+    if (rc == 1)
+      rc = 0;
+  }
+  return rc;
+}

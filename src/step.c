@@ -1,0 +1,118 @@
+/*
+ * step.c: explicit steps.  A step is the candidate set of one encoder
+ * step: lookups on it add their eligible candidates, and a publication
+ * names the step and is accepted only for one of them (spec/behaviour.md:
+ * "only outputs of inputs that were candidates in the current step").
+ * Several steps may be open at once, so that a pipelined server may look
+ * up step N+1 before it publishes step N.
+ *
+ * The handle holds its open steps in a fixed table of ENCACHE_MAX_STEPS
+ * slots: opening one more is refused (ENCACHE_ESTEPS), never grown, and
+ * encache_close() closes whatever is still open.  A step's memory is the
+ * caller thread's, like the rest of the read path; the worker never sees
+ * it.  Closing a step on a poisoned handle is safe: the Store never holds
+ * a step's memory.
+ */
+#include "engine.h"
+
+#include <string.h>
+
+int encache_step_open(encache *ec, encache_step **out) {
+  if (out != NULL)
+    *out = NULL;
+  if (ec == NULL || out == NULL)
+    return ENCACHE_EINVAL;
+  if (encache__is_poisoned(ec))
+    return ENCACHE_EPOISONED;
+  if (ec->nsteps == ENCACHE_MAX_STEPS)
+    return encache__fail(ec, ENCACHE_ESTEPS,
+                         "encache_step_open: %d steps are open, the most a "
+                         "handle holds (ENCACHE_MAX_STEPS): close one first",
+                         ENCACHE_MAX_STEPS);
+  encache_step *s = encache__calloc(1, sizeof(*s));
+  if (s == NULL)
+    return encache__fail(ec, ENCACHE_ENOMEM,
+                         "encache_step_open: out of memory");
+  size_t slot = 0;
+  while (ec->steps[slot] != NULL)
+    slot++;
+  ENCACHE_ASSERT(slot < ENCACHE_MAX_STEPS);
+  s->ec = ec;
+  s->slot = slot;
+  ec->steps[slot] = s;
+  ec->nsteps++;
+  STAT_ADD(ec, steps_open, 1);
+  *out = s;
+  return 0;
+}
+
+void encache_step_close(encache_step *s) {
+  if (s == NULL)
+    return;
+  encache *ec = s->ec;
+  ENCACHE_ASSERT(ec->steps[s->slot] == s);
+  ec->steps[s->slot] = NULL;
+  ec->nsteps--;
+  __atomic_sub_fetch(&ec->stats.steps_open, 1, __ATOMIC_RELAXED);
+  encache__free(s->hash);
+  encache__free(s->off);
+  encache__free(s->text);
+  encache__free(s);
+}
+
+void encache__steps_close_all(encache *ec) {
+  for (size_t i = 0; i < ENCACHE_MAX_STEPS && ec->nsteps > 0; i++)
+    encache_step_close(ec->steps[i]);
+}
+
+/* Grows *p to hold at least need elements of elem bytes (contents kept). */
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return 0;
+  size_t want = need < SIZE_MAX / 2 ? need + need / 2 + 8 : need;
+  if (want > SIZE_MAX / elem)
+    return ENCACHE_ENOMEM;
+  void *q = encache__realloc(*p, want * elem);
+  if (q == NULL)
+    return ENCACHE_ENOMEM;
+  *p = q;
+  *cap = want;
+  return 0;
+}
+
+int encache__step_reserve(encache_step *s, size_t more, size_t bytes) {
+  if (more > SIZE_MAX - s->n || bytes > SIZE_MAX - s->text_len)
+    return ENCACHE_ENOMEM;
+  size_t cap = s->cap; /* hash and off share one capacity */
+  if (grow((void **)&s->hash, &cap, s->n + more, sizeof(*s->hash)) < 0)
+    return ENCACHE_ENOMEM;
+  if (cap != s->cap) {
+    size_t off_cap = s->cap;
+    if (grow((void **)&s->off, &off_cap, cap, sizeof(*s->off)) < 0)
+      return ENCACHE_ENOMEM; /* hash grew: harmless, cap stays */
+    s->cap = cap;
+  }
+  return grow((void **)&s->text, &s->text_cap, s->text_len + bytes, 1);
+}
+
+static int find(const encache_step *s, const char *id, uint64_t hash) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->hash[i] == hash && strcmp(s->text + s->off[i], id) == 0)
+      return 1;
+  return 0;
+}
+
+int encache__step_has(const encache_step *s, const char *id) {
+  return find(s, id, encache__hash_id(id));
+}
+
+void encache__step_add(encache_step *s, const char *id, uint64_t hash) {
+  if (find(s, id, hash))
+    return;
+  size_t len = strlen(id) + 1;
+  ENCACHE_ASSERT(s->n < s->cap && len <= s->text_cap - s->text_len);
+  memcpy(s->text + s->text_len, id, len);
+  s->hash[s->n] = hash;
+  s->off[s->n++] = s->text_len;
+  s->text_len += len;
+}
