@@ -39,8 +39,7 @@ static inline int bench_open(const char *prog, const char *url,
                              encache_store **st) {
   char model[64];
   snprintf(model, sizeof(model), "bench/%d", (int)getpid());
-  encache_options o;
-  memset(&o, 0, sizeof(o));
+  encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = json;
   o.model = model;
   o.model_dtype = ENCACHE_FLOAT32;
@@ -48,8 +47,8 @@ static inline int bench_open(const char *prog, const char *url,
   *ec = NULL;
   *st = NULL;
   if (encache_open(&o, ec) != 0 || encache_store_open(url, st) != 0) {
-    fprintf(stderr, "%s: %s: %s%s\n", prog, url, encache_errmsg(*ec),
-            encache_store_errmsg(*st));
+    fprintf(stderr, "%s: %s: %s%s\n", prog, url,
+            *ec == NULL ? encache_errmsg(NULL) : "", encache_store_errmsg(NULL));
     encache_close(*ec);
     encache_store_close(*st);
     *ec = NULL;
@@ -59,26 +58,31 @@ static inline int bench_open(const char *prog, const char *url,
   return 0;
 }
 
-static inline int bench_lookup(encache *ec, const encache_candidate *c,
-                               size_t n, const encache_allocator *a,
-                               encache_result *r) {
-  return encache_lookup(ec, c, n, a, r);
+/* Opens a step on *step (the caller closes it) and looks up c[0..n). */
+static inline int bench_lookup(encache *ec, encache_step **step,
+                               const encache_candidate *c, size_t n,
+                               const encache_allocator *a, encache_result *r) {
+  for (size_t i = 0; i < n; i++)
+    r[i].size = sizeof(r[i]);
+  int rc = encache_step_open(ec, step);
+  return rc < 0 ? rc : encache_lookup(*step, c, n, a, r);
 }
 
-static inline int bench_publish(encache *ec, const char *id,
+static inline int bench_publish(encache_step *step, const char *id,
                                 const encache_tensor *v, encache_storage *s) {
-  return encache_publish(ec, id, v, s);
+  return encache_publish(step, id, v, s);
 }
 
 static inline void bench_stats(encache *ec, encache_stats *s) {
+  s->size = sizeof(*s);
   encache_stats_get(ec, s);
 }
 
 /* A float32 candidate of rows x cols on the host. */
 static inline encache_candidate bench_candidate(const char *id, uint64_t rows,
                                                 uint64_t cols) {
-  encache_candidate c = {id,   ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32,
-                         rows, cols, ENCACHE_DEVICE_HOST, 0};
+  encache_candidate c = {sizeof(c), id,   ENCACHE_MODALITY_IMAGE,
+                         ENCACHE_FLOAT32, rows, cols, ENCACHE_DEVICE_HOST, 0};
   return c;
 }
 
@@ -170,7 +174,7 @@ static inline int bench_hits_make(bench_hits *h, encache *ec,
     return -1;
   }
   h->pool.buf = h->dst;
-  encache_allocator a = {&h->pool, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &h->pool, bench_pool_alloc, NULL};
   h->a = a;
   return 0;
 }
@@ -188,7 +192,9 @@ static inline int bench_hits_read(void *ctx) {
 /* measure_fn: an encache lookup of the objects, all hits. */
 static inline int bench_hits_lookup(void *ctx) {
   bench_hits *h = ctx;
-  int hits = bench_lookup(h->ec, h->c, (size_t)h->n, &h->a, h->r);
+  encache_step *step = NULL;
+  int hits = bench_lookup(h->ec, &step, h->c, (size_t)h->n, &h->a, h->r);
+  encache_step_close(step);
   if (hits != h->n)
     fprintf(stderr, "bench: %d of %d hits: %s\n", hits, h->n,
             encache_errmsg(h->ec));

@@ -38,17 +38,21 @@ static int bench_reads(encache *ec, encache_store *st, int iters) {
                           (int)(sizeof(sizes) / sizeof(sizes[0])), bench_hits_read, iters);
 }
 
-/* Looks up n fresh ids (all miss), so that they may be published. */
-static void make_candidates(encache *ec, const char *prefix, int first, int n,
-                            char (*ids)[32], encache_candidate *c,
-                            encache_result *r, uint64_t rows, uint64_t cols) {
+/* Looks up n fresh ids (all miss) in a new step, so that they may be
+ * published on it; the caller closes the step. */
+static encache_step *make_candidates(encache *ec, const char *prefix,
+                                     int first, int n, char (*ids)[32],
+                                     encache_candidate *c, encache_result *r,
+                                     uint64_t rows, uint64_t cols) {
   bench_pool dummy = {NULL};
-  encache_allocator a = {&dummy, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &dummy, bench_pool_alloc, NULL};
   for (int k = 0; k < n; k++) {
     snprintf(ids[k], 32, "%s-%d", prefix, first + k);
     c[k] = bench_candidate(ids[k], rows, cols);
   }
-  bench_lookup(ec, c, (size_t)n, &a, r);
+  encache_step *step = NULL;
+  bench_lookup(ec, &step, c, (size_t)n, &a, r);
+  return step;
 }
 
 /* (b) for one payload size; returns 0 or 1. */
@@ -63,7 +67,8 @@ static int bench_publish_calls(encache *ec, size_t nbytes, int iters,
     char ids[B][32];
     encache_candidate c[B];
     encache_result r[B];
-    make_candidates(ec, "b", *serial, B, ids, c, r, rows, cols);
+    encache_step *step = make_candidates(ec, "b", *serial, B, ids, c, r, rows,
+                                         cols);
     *serial += B;
     encache_storage *stg = NULL;
     encache_storage_new(data, nbytes, no_release, NULL, &stg);
@@ -72,18 +77,20 @@ static int bench_publish_calls(encache *ec, size_t nbytes, int iters,
       /* Views of one storage: the budget charges it once. */
       encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
       double t0 = measure_now();
-      int q = bench_publish(ec, ids[k], &v, stg);
+      int q = bench_publish(step, ids[k], &v, stg);
       double dt = measure_now() - t0;
       measure_add(t, dt);
       if (k == 0)
         measure_add(wake, dt); /* the call that wakes the idle worker */
       if (q != ENCACHE_QUEUED) {
         fprintf(stderr, "bench_engine: publish: %s\n", encache_skip_name(q));
+        encache_step_close(step);
         free(data);
         return 1;
       }
     }
     encache_storage_unref(stg);
+    encache_step_close(step);
     encache_flush(ec);
     if (round >= 9 && nbytes > (1u << 20))
       break; /* 30 MiB objects: enough calls, spare the segment */
@@ -141,13 +148,15 @@ static void bench_sustained(encache *ec, encache_store *st, int iters) {
     char ids[B][32];
     encache_candidate c[B];
     encache_result r[B];
-    make_candidates(ec, "c-eng", i, B, ids, c, r, rows, cols);
+    encache_step *step = make_candidates(ec, "c-eng", i, B, ids, c, r, rows,
+                                         cols);
     for (int k = 0; k < B; k++) {
       encache_storage *stg = NULL;
       encache_storage_new(data, nbytes, no_release, NULL, &stg);
-      bench_publish(ec, ids[k], &v, stg);
+      bench_publish(step, ids[k], &v, stg);
       encache_storage_unref(stg);
     }
+    encache_step_close(step);
     encache_stats now_s;
     bench_stats(ec, &now_s);
     if (now_s.pending_items > 40)

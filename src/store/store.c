@@ -231,7 +231,8 @@ int encache_store_new(const encache_store_backend *b, void *data,
   if (rc < 0)
     return rc;
   encache_store *st = encache__calloc(1, sizeof(*st));
-  st->url = st ? redact_url(url ? url : b->kind) : NULL;
+  if (st != NULL)
+    st->url = redact_url(url ? url : b->kind);
   if (st == NULL || st->url == NULL) {
     encache__free(st);
     return encache_store_fail(NULL, ENCACHE_ENOMEM,

@@ -30,23 +30,29 @@ static void host_release(void *ctx, size_t i, void *data, void *handle) {
   free(data);
 }
 
-const encache_allocator tool_host_allocator = {NULL, host_alloc, host_release};
+const encache_allocator tool_host_allocator = {sizeof(encache_allocator), NULL,
+                                               host_alloc, host_release};
 
 void tool_free(void *p) { free(p); }
 
-/* The engine calls of lookup and publish, each in one place. */
-static int engine_lookup(encache *ec, const encache_candidate *c, size_t n,
+/* The engine calls of lookup and publish, each in one place: one step
+ * (opened on *step, closed by the caller) looks up c[0..n). */
+static int engine_lookup(encache *ec, encache_step **step,
+                         const encache_candidate *c, size_t n,
                          encache_result *res) {
-  encache_allocator a = tool_host_allocator;
-  return encache_lookup(ec, c, n, &a, res);
+  for (size_t i = 0; i < n; i++)
+    res[i].size = sizeof(res[i]);
+  int rc = encache_step_open(ec, step);
+  return rc < 0 ? rc : encache_lookup(*step, c, n, &tool_host_allocator, res);
 }
 
-static int engine_publish(encache *ec, const char *id, const encache_tensor *v,
-                          encache_storage *s) {
-  return encache_publish(ec, id, v, s);
+static int engine_publish(encache_step *step, const char *id,
+                          const encache_tensor *v, encache_storage *s) {
+  return encache_publish(step, id, v, s);
 }
 
 static void engine_stats(encache *ec, encache_stats *st) {
+  st->size = sizeof(*st);
   encache_stats_get(ec, st);
 }
 
@@ -184,12 +190,13 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
     return close_engine("lookup", ec, EXIT_FAIL);
   }
   for (size_t i = 0; i < n; i++) {
-    encache_candidate cc = {a->argv[i], ENCACHE_MODALITY_IMAGE, o.dtype, rows,
-                            cols, ENCACHE_DEVICE_HOST, 0};
+    encache_candidate cc = {sizeof(cc), a->argv[i], ENCACHE_MODALITY_IMAGE,
+                            o.dtype, rows, cols, ENCACHE_DEVICE_HOST, 0};
     cands[i] = cc;
   }
   int exit_code = EXIT_OK;
-  if (engine_lookup(ec, cands, n, res) < 0) {
+  encache_step *step = NULL;
+  if (engine_lookup(ec, &step, cands, n, res) < 0) {
     fprintf(stderr, "encache lookup: %s\n", encache_errmsg(ec));
     exit_code = EXIT_FAIL;
   } else {
@@ -202,6 +209,7 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
     if (g->json)
       printf("\n]\n");
   }
+  encache_step_close(step);
   free(cands);
   free(res);
   return close_engine("lookup", ec, exit_code);
@@ -225,10 +233,11 @@ static const char publish_usage[] =
  * says what became of it. */
 static int publish_one(encache *ec, const char *id, int dtype, uint64_t rows,
                        uint64_t cols, char *data, size_t len) {
-  encache_candidate cand = {id, ENCACHE_MODALITY_IMAGE, dtype, rows, cols,
-                            ENCACHE_DEVICE_HOST, 0};
+  encache_candidate cand = {sizeof(cand), id, ENCACHE_MODALITY_IMAGE, dtype,
+                            rows, cols, ENCACHE_DEVICE_HOST, 0};
   encache_result res;
-  int rc = engine_lookup(ec, &cand, 1, &res);
+  encache_step *step = NULL;
+  int rc = engine_lookup(ec, &step, &cand, 1, &res);
   if (rc > 0)
     free(res.data);
   char key[4096];
@@ -241,9 +250,10 @@ static int publish_one(encache *ec, const char *id, int dtype, uint64_t rows,
   if (rc >= 0) {
     int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
     encache_tensor v = {data, dtype, 2, shape, NULL};
-    rc = engine_publish(ec, id, &v, s);
+    rc = engine_publish(step, id, &v, s);
     encache_storage_unref(s);
   }
+  encache_step_close(step);
   if (rc > 0) { /* a skip reason; ENCACHE_QUEUED is 0 */
     printf("%s skipped: %s\n", key, encache_skip_name(rc));
     return EXIT_OK;

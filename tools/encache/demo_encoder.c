@@ -100,12 +100,12 @@ typedef struct worker {
   uint64_t nbytes;
   report rep;
   double *hit_lat, *miss_lat;
+  encache_step *step; /* the request being served */
 } worker;
 
 /* The engine calls of the demo, each in one place. */
 static encache *engine_open(const worker *w, const char *revision) {
-  encache_options eo;
-  memset(&eo, 0, sizeof(eo));
+  encache_options eo = ENCACHE_OPTIONS_INIT;
   eo.ec_transfer_config =
       "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
       "\"ec_producer\", \"ec_connector_extra_config\": "
@@ -118,17 +118,23 @@ static encache *engine_open(const worker *w, const char *revision) {
   encache *ec = NULL;
   if (encache_open(&eo, &ec) != 0) {
     fprintf(stderr, "encache demo: encoder %d: %s\n", w->index,
-            encache_errmsg(ec));
-    encache_close(ec);
+            encache_errmsg(NULL));
     return NULL;
   }
   return ec;
 }
 
+/* Opens the request's step (closed by engine_step_done) and looks up. */
 static int engine_lookup(worker *w, const encache_candidate *c, size_t n,
                          encache_result *res) {
-  encache_allocator a = {&w->pool, pool_alloc, pool_release};
-  return encache_lookup(w->ec, c, n, &a, res);
+  encache_allocator a = {sizeof(a), &w->pool, pool_alloc, pool_release};
+  int rc = encache_step_open(w->ec, &w->step);
+  return rc < 0 ? rc : encache_lookup(w->step, c, n, &a, res);
+}
+
+static void engine_step_done(worker *w) {
+  encache_step_close(w->step);
+  w->step = NULL;
 }
 
 static int engine_publish(worker *w, const char *id, void *out) {
@@ -140,14 +146,14 @@ static int engine_publish(worker *w, const char *id, void *out) {
   }
   int64_t shape[2] = {w->o->tokens, w->o->hidden};
   encache_tensor v = {out, w->o->dtype, 2, shape, NULL};
-  rc = encache_publish(w->ec, id, &v, s);
+  rc = encache_publish(w->step, id, &v, s);
   encache_storage_unref(s);
   return rc;
 }
 
 /* Flushes, copies the engine's counters into the report, closes. */
 static void engine_finish(worker *w) {
-  encache_stats st;
+  encache_stats st = ENCACHE_STATS_INIT;
   encache_flush(w->ec);
   encache_stats_get(w->ec, &st);
   w->rep.bytes_read = st.bytes_read;
@@ -225,10 +231,12 @@ static void serve_request(worker *w) {
   encache_result res[DEMO_MAX_BATCH];
   for (int k = 0; k < n; k++) {
     pick[k] = demo_zipf_pick(w->cdf, w->set->n, &w->r);
-    encache_candidate cc = {w->set->img[pick[k]].id, ENCACHE_MODALITY_IMAGE,
-                            w->o->dtype, (uint64_t)w->o->tokens,
-                            (uint64_t)w->o->hidden, ENCACHE_DEVICE_HOST, 0};
+    encache_candidate cc = {sizeof(cc), w->set->img[pick[k]].id,
+                            ENCACHE_MODALITY_IMAGE, w->o->dtype,
+                            (uint64_t)w->o->tokens, (uint64_t)w->o->hidden,
+                            ENCACHE_DEVICE_HOST, 0};
     c[k] = cc;
+    res[k].size = sizeof(res[k]);
     res[k].outcome = ENCACHE_MISS;
   }
   double t_lookup = 0;
@@ -241,6 +249,7 @@ static void serve_request(worker *w) {
               encache_errmsg(w->ec));
       w->rep.failed = 1;
       w->rep.poisoned = hits == ENCACHE_EPOISONED;
+      engine_step_done(w);
       return;
     }
   }
@@ -253,6 +262,7 @@ static void serve_request(worker *w) {
     else
       on_miss(w, pick[k], t_lookup);
   }
+  engine_step_done(w);
   w->rep.requests++;
 }
 

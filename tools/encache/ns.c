@@ -107,8 +107,7 @@ encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o) {
   if (cfg == NULL)
     return NULL;
   encache_config_free(cfg);
-  encache_options opts;
-  memset(&opts, 0, sizeof(opts));
+  encache_options opts = ENCACHE_OPTIONS_INIT;
   opts.ec_transfer_config = json;
   opts.ec_transfer_config_len = len;
   opts.model = o->model;
@@ -120,8 +119,7 @@ encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o) {
   int rc = encache_open(&opts, &ec);
   free(json);
   if (rc != 0) {
-    fprintf(stderr, "encache %s: %s\n", cmd, encache_errmsg(ec));
-    encache_close(ec);
+    fprintf(stderr, "encache %s: %s\n", cmd, encache_errmsg(NULL));
     return NULL;
   }
   if (!encache_enabled(ec)) {
