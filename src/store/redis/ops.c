@@ -184,14 +184,8 @@ static void batch_node(batch_run *b, size_t first) {
 static int batch(redis_store *s, enum op op, const char *const *keys, size_t n,
                  size_t split, void *const *heads, void *const *bufs,
                  const size_t *caps, int64_t *results) {
-  batch_run b = {.s = s,
-                 .op = op,
-                 .keys = keys,
-                 .n = n,
-                 .split = split,
-                 .heads = heads,
-                 .bufs = bufs,
-                 .caps = caps,
+  batch_run b = {.s = s, .op = op, .keys = keys, .n = n, .split = split,
+                 .heads = heads, .bufs = bufs, .caps = caps,
                  .results = results};
   int rc = batch_start(&b);
   if (rc < 0)
@@ -483,16 +477,17 @@ static void redis_close(encache_store *st) {
   encache__free(s);
 }
 
-static const encache__store_ops redis_ops = {.kind = "redis",
-                                             .exists = redis_exists,
-                                             .read = redis_read,
-                                             .read_split = redis_read_split,
-                                             .object_size = redis_object_size,
-                                             .write = redis_write,
-                                             .remove = redis_remove,
-                                             .list = redis_list,
-                                             .stats = redis_stats,
-                                             .close = redis_close};
+static const encache__store_ops redis_ops = {
+    .kind = "redis",
+    .exists = redis_exists,
+    .read = redis_read,
+    .read_split = redis_read_split,
+    .object_size = redis_object_size,
+    .write = redis_write,
+    .remove = redis_remove,
+    .list = redis_list,
+    .stats = redis_stats,
+    .close = redis_close};
 
 int encache__redis_open(const char *url, encache_store **out) {
   *out = NULL;
