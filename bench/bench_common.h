@@ -47,7 +47,9 @@ static inline int bench_open(const char *prog, const char *url,
   *ec = NULL;
   *st = NULL;
   if (encache_open(&o, ec) != 0 || encache_store_open(url, st) != 0) {
-    fprintf(stderr, "%s: %s: %s%s\n", prog, url,
+    char shown[256];
+    measure_url_shown(url, shown, sizeof(shown));
+    fprintf(stderr, "%s: %s: %s%s\n", prog, shown,
             *ec == NULL ? encache_errmsg(NULL) : "", encache_store_errmsg(NULL));
     encache_close(*ec);
     encache_store_close(*st);

@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
       encache_shm_destroy(name);
     return 1;
   }
-  printf("store: %s\n\n", url);
+  printf("store: %s\n\n", encache_store_url(st));
   rc = bench_reads(ec, st, iters);
   if (rc == 0)
     rc = bench_publish_per_call(ec, iters);

@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
     redisFree(raw);
     return 1;
   }
-  printf("store: %s\n\n", url);
+  printf("store: %s\n\n", encache_store_url(st));
   rc = bench_reads(ec, st, iters);
   if (rc == 0)
     bench_writes(st, iters);

@@ -119,14 +119,14 @@ static int bench(const char *url, int iters, double rd_gbs[3],
                  double *put_gbs) {
   encache_store *st = NULL;
   if (encache_store_open(url, &st) != 0) {
-    fprintf(stderr, "bench_store: %s\n", encache_store_errmsg(st));
+    fprintf(stderr, "bench_store: %s\n", encache_store_errmsg(NULL));
     return 1;
   }
   static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
   measure mem, rd;
   measure_init(&mem, iters);
   measure_init(&rd, iters);
-  printf("store: %s\n", url);
+  printf("store: %s\n", encache_store_url(st));
   measure_print_header("batch", "memcpy", "store", 1);
   int rc = 0;
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]) && rc == 0; s++) {

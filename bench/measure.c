@@ -1,6 +1,8 @@
 /* measure.c: the measuring core (see measure.h). */
 #include "measure.h"
 
+#include "encache.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -148,4 +150,9 @@ int measure_options(int argc, char **argv, const char *usage, int url_arg,
     }
   }
   return -1;
+}
+
+void measure_url_shown(const char *url, char *buf, size_t size) {
+  if (encache_store_url_redact(url, buf, size) < 0)
+    snprintf(buf, size, "%.*s:...", (int)strcspn(url, ":"), url);
 }

@@ -42,6 +42,9 @@ int measure_pair(measure *base, measure_fn fbase, measure *subject,
 /* GB/s for bytes moved in seconds (0 when seconds is 0). */
 double measure_gbs(double bytes, double seconds);
 
+/* url as output shows it: its password, if any, replaced by "***". */
+void measure_url_shown(const char *url, char *buf, size_t size);
+
 /* "16 KiB", "8 MiB", "100 B". */
 void measure_size_label(char *buf, size_t size, uint64_t bytes);
 

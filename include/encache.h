@@ -441,8 +441,13 @@ ENCACHE_EXTERN int encache_parse_size(const char *text, uint64_t *out);
  *        default 1GiB; later openers use the existing segment whatever its
  *        size).  It outlives processes until encache_shm_destroy().
  *   redis://[user:password@]host:port[/db], unix:///path,
- *   redis-cluster://host:port[,host:port...]   (options: docs/stores.md)
- *        Redis or Valkey, single node or Redis Cluster.
+ *   redis-cluster://[user:password@]host:port[,host:port...]
+ *        Redis or Valkey, single node or Redis Cluster.  Options
+ *        (?k=v&...; docs/stores.md): connect_timeout_ms, timeout_ms,
+ *        ttl_s, db (unix://), password_file=PATH.  The password (AUTH) is
+ *        the URL's (percent-decoded), else the first line of
+ *        password_file, else $ENCACHE_REDIS_PASSWORD: the last two keep
+ *        it out of command lines.  It never appears in a message.
  *   mooncake:  or  mooncake:PATH
  *        Mooncake Store, through libmooncake_store.so loaded at run time
  *        ($ENCACHE_MOONCAKE_LIBRARY); the client JSON is PATH, else the
@@ -506,8 +511,24 @@ ENCACHE_EXTERN void encache_store_close(encache_store *st);
  * thread, so threads sharing a handle never see each other's.  Valid
  * until that thread's next failing Store call.  Never NULL. */
 ENCACHE_EXTERN const char *encache_store_errmsg(const encache_store *st);
-/* The URL the handle was opened with (canonical form).  Owned by st. */
+/* The URL the handle was opened with, its password (if any) redacted as
+ * by encache_store_url_redact().  Owned by st. */
 ENCACHE_EXTERN const char *encache_store_url(const encache_store *st);
+
+/*
+ * Writes url with its password replaced by "***" into buf[0..size):
+ * any scheme://user:password@rest becomes scheme://user:***@rest (and
+ * scheme://:password@rest scheme://:***@rest); a URL without a password
+ * is written as it is.  The credentials end at the last '@' before the
+ * query ('?'), so '@', ':' and '/' may appear raw in a password
+ * (percent-encode '?' as %3F).  Every message of the library, and
+ * encache_store_url(), show URLs in this form; a program that prints a
+ * Store URL should too.  Same return convention as encache_namespace():
+ * the length, ENCACHE_ENOBUFS (buf[0] = 0), a size query with buf NULL
+ * and size 0; ENCACHE_EINVAL for url NULL.  Never allocates; any thread.
+ */
+ENCACHE_EXTERN int encache_store_url_redact(const char *url, char *buf,
+                                            size_t size);
 
 /* For each of keys[0..n): results[i] = 1 present, 0 absent, or a negative
  * classified code.  Returns 0, or a negative code when the whole batch

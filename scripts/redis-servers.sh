@@ -6,6 +6,10 @@
 #   ENCACHE_REDIS_URL=redis://127.0.0.1:PORT
 #   ENCACHE_REDIS_UNIX_URL=unix://DIR/redis.sock (the same server)
 #   ENCACHE_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...
+#   ENCACHE_REDIS_AUTH_URL=redis://127.0.0.1:PORT (a server started with
+#     --requirepass; the URL has no password)
+#   ENCACHE_REDIS_AUTH_PASSWORD='...' (its password, made for the run)
+#   ENCACHE_REDIS_AUTH_FILE=DIR/redis-auth.pw (a file that holds it)
 # "stop DIR" shuts them down.  Needs redis-server and redis-cli (Debian's
 # redis-server package).
 set -eu -o pipefail
@@ -52,7 +56,10 @@ start_server() {
     --daemonize yes --dir "$dir" --logfile "$dir/redis-$p.log" \
     --pidfile "$dir/redis-$p.pid" "$@" || return 1
   i=0
-  until redis-cli -p "$p" ping >/dev/null 2>&1; do
+  # With --requirepass, PING needs the password (redis-cli reads it from
+  # REDISCLI_AUTH, not from its command line).
+  until env ${ping_auth:+"REDISCLI_AUTH=$ping_auth"} redis-cli -p "$p" ping 2>/dev/null |
+    grep -q PONG; do
     i=$((i + 1))
     if [ "$i" -ge 100 ] || grep -q "aborting" "$dir/redis-$p.log" 2>/dev/null; then
       [ -f "$dir/redis-$p.pid" ] && kill "$(cat "$dir/redis-$p.pid")" 2>/dev/null
@@ -109,8 +116,17 @@ start)
       sleep 0.05
     done
   done
+  # A server that requires a password: ':' '@' and '/' in it exercise
+  # the URL parser; the file holds it for password_file=.
+  pw="pw-$RANDOM$RANDOM:p@ss/$$"
+  printf '%s\n' "$pw" >"$dir/redis-auth.pw"
+  chmod 600 "$dir/redis-auth.pw"
+  auth=$(ping_auth=$pw start_any "$p" --requirepass "$pw")
   {
     echo "ENCACHE_REDIS_URL=redis://127.0.0.1:$single"
+    echo "ENCACHE_REDIS_AUTH_URL=redis://127.0.0.1:$auth"
+    echo "ENCACHE_REDIS_AUTH_PASSWORD='$pw'"
+    echo "ENCACHE_REDIS_AUTH_FILE=$dir/redis-auth.pw"
     echo "ENCACHE_REDIS_UNIX_URL=unix://$dir/redis.sock"
     echo "ENCACHE_REDIS_CLUSTER_URL=redis-cluster://$seeds"
   } >"$dir/env"

@@ -103,6 +103,10 @@
   XX(engine_out_of_memory_every_allocation)                                  \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
+  XX(redis_url_redact)                                                       \
+  XX(redis_url_errors_never_show_the_password)                               \
+  XX(redis_auth_password_from_url_file_and_environment)                      \
+  XX(redis_auth_out_of_memory_is_an_error_never_a_connection_without_auth)   \
   XX(redis_server_killed_then_restarted)                                     \
   XX(redis_stopped_server_lookups_bounded_by_timeout)                        \
   XX(redis_cluster_node_killed_others_still_hit)                             \

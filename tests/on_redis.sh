@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # on_redis.sh ENCACHE_TESTS ENCACHE_TOOL: runs the Store conformance suite
 # and the engine's acceptance cases on a real Redis server (over TCP and
-# over its Unix socket) and on a real three-master Redis Cluster, started on free loopback ports for the run
-# and stopped after it, then the tool's Store commands on both.  Exits 77
-# (skipped) without redis-server.
+# over its Unix socket), on a real three-master Redis Cluster and on a
+# server that requires a password, started on free loopback ports for the
+# run and stopped after it, then the tool's Store commands on them (no
+# output may show the password).  Exits 77 (skipped) without redis-server.
 set -u
 tests=$1
 tool=$2
@@ -23,6 +24,15 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   echo "# on $url"
   ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
 done
+# A server that requires a password (AUTH): the Store suite with the
+# password in a file (password_file=), the engine suite with it in the
+# environment (ENCACHE_REDIS_PASSWORD).
+echo "# on $ENCACHE_REDIS_AUTH_URL, password_file"
+ENCACHE_TEST_STORE="$ENCACHE_REDIS_AUTH_URL?password_file=$ENCACHE_REDIS_AUTH_FILE" \
+  "$tests" store_ || rc=1
+echo "# on $ENCACHE_REDIS_AUTH_URL, ENCACHE_REDIS_PASSWORD"
+ENCACHE_REDIS_PASSWORD=$ENCACHE_REDIS_AUTH_PASSWORD \
+  ENCACHE_TEST_STORE=$ENCACHE_REDIS_AUTH_URL "$tests" engine_ || rc=1
 # The tool's Store commands, on both.
 tmp=$(mktemp -d)
 printf 'NOOM\000\000\000\000\001\000\000\000\000\000\000\000\001\000\000\000\000\000\000\000\000\000\200\077' > "$tmp/v3"
@@ -44,6 +54,32 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   "$tool" --store "$url" lookup --model "$m" --dtype float32 --rows 1 --cols 1 img | grep -q "img HIT float32 1 1" || fail lookup
   [ $rc -eq 0 ] && echo "ok - tool commands on $url"
 done
+# The tool with the password in the URL (percent-encoded, as a URL
+# carries it): the commands work and no output shows the password; a
+# wrong one is refused, named redacted.
+pw=$ENCACHE_REDIS_AUTH_PASSWORD
+enc=$(printf '%s' "$pw" | sed 's/%/%25/g; s/:/%3A/g; s/@/%40/g; s,/,%2F,g')
+auth_url="redis://default:$enc@${ENCACHE_REDIS_AUTH_URL#redis://}"
+shown="redis://default:***@${ENCACHE_REDIS_AUTH_URL#redis://}"
+k="tool-auth-$$"
+bad=0
+fail() { echo "not ok - tool with a password: $*"; bad=1; rc=1; }
+{
+  "$tool" --store "$auth_url" put "$k" "$tmp/v3" || fail put
+  "$tool" --store "$auth_url" get "$k" >/dev/null || fail get
+  "$tool" --store "$auth_url" ls "$k" || fail ls
+  "$tool" --store "$auth_url" stats || fail stats
+  "$tool" --store "$auth_url" rm "$k" || fail rm
+  "$tool" --store "redis://default:wrong-pw@${ENCACHE_REDIS_AUTH_URL#redis://}" \
+    stats && fail "a wrong password was accepted"
+} >"$tmp/auth-out" 2>&1
+grep -qF "$shown" "$tmp/auth-out" || fail "stats does not show $shown"
+grep -q "WRONGPASS\|invalid password\|invalid username-password" "$tmp/auth-out" ||
+  fail "the wrong password is not reported"
+grep -qF -e "$pw" -e "$enc" "$tmp/auth-out" && fail "an output shows the password"
+[ $bad -eq 0 ] && echo "ok - tool with a password in the URL, none shown"
+[ $bad -eq 0 ] || sed 's/^/#   /' "$tmp/auth-out"
+
 # Errors the tool must report, not hide (issue 19): an empty --store is
 # not the default Store; stats on a cluster no node answers names the
 # cause; ls of nothing prints nothing (no qsort of NULL under UBSan).

@@ -55,7 +55,13 @@ int encache__query_next(encache__query *q, char *key, size_t ksize, char *val,
 
 /* A copy of url as shown: user kept, password never. */
 static char *redact_url(const char *url) {
-  return encache__strdup(url);
+  int len = encache_store_url_redact(url, NULL, 0);
+  char *s = len < 0 ? NULL : encache__malloc((size_t)len + 1);
+  if (s != NULL && encache_store_url_redact(url, s, (size_t)len + 1) != len) {
+    encache__free(s);
+    s = NULL;
+  }
+  return s;
 }
 
 /* ---------------------------------------------------------------- schemes */
@@ -156,11 +162,15 @@ int encache_store_open(const char *url, encache_store **out) {
                               "default (%s)", ENCACHE_DEFAULT_STORE);
   }
   const scheme *e = find_scheme(url);
-  if (e == NULL)
+  if (e == NULL) {
+    char shown[256];
+    if (encache_store_url_redact(url, shown, sizeof(shown)) < 0)
+      snprintf(shown, sizeof(shown), "%.*s...", (int)strcspn(url, ":"), url);
     return encache_store_fail(NULL, ENCACHE_EURL,
-                              "%.200s: unknown Store URL scheme (known: shm://, "
+                              "%s: unknown Store URL scheme (known: shm://, "
                               "redis://, redis-cluster://, unix://, mooncake:, "
-                              "and those registered)", url);
+                              "and those registered)", shown);
+  }
   encache_store *st = NULL;
   int rc = e->open(url, e->arg, &st);
   if (rc < 0 && st != NULL) {

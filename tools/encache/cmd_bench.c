@@ -57,8 +57,11 @@ static int measure_store(const char *url, uint64_t size, int batch, int iters,
   measure_free(&u);
   encache_close(ec);
   encache_store_close(st);
-  if (rc < 0)
-    fprintf(stderr, "encache bench: %s: measurement failed\n", url);
+  if (rc < 0) {
+    char shown[256];
+    measure_url_shown(url, shown, sizeof(shown));
+    fprintf(stderr, "encache bench: %s: measurement failed\n", shown);
+  }
   return rc;
 }
 
@@ -101,7 +104,7 @@ static double memcpy_gbs(uint64_t size, int batch, int iters) {
 /* An SVG line chart: throughput against object size (log scale), one line
  * per Store's lookup and one for memcpy. */
 static int plot(const char *path, const uint64_t *sizes, int ns,
-                const double *mem, const char *const *urls, int nst,
+                const double *mem, const char (*urls)[256], int nst,
                 figures f[TOOL_MAX_STORES][MAX_SIZES]) {
   FILE *out = fopen(path, "w");
   if (out == NULL) {
@@ -211,6 +214,7 @@ typedef struct bench_table {
   int batch, iters, ns, nst;
   uint64_t sizes[MAX_SIZES];
   const char *urls[TOOL_MAX_STORES];
+  char shown[TOOL_MAX_STORES][256]; /* the URLs as output shows them */
   double mem[MAX_SIZES];
   figures f[TOOL_MAX_STORES][MAX_SIZES];
 } bench_table;
@@ -225,7 +229,7 @@ static void print_json(const bench_table *t) {
              "\"memcpy_gbs\": %.3f, \"raw_gbs\": %.3f, \"lookup_gbs\": %.3f, "
              "\"raw_p50_ms\": %.4f, \"lookup_p50_ms\": %.4f, "
              "\"lookup_vs_memcpy\": %.3f, \"lookup_vs_raw\": %.3f}",
-             s || j ? "," : "", t->urls[s], t->sizes[j], t->mem[j], f->raw_gbs,
+             s || j ? "," : "", t->shown[s], t->sizes[j], t->mem[j], f->raw_gbs,
              f->lookup_gbs, f->raw_p50_ms, f->lookup_p50_ms,
              f->lookup_gbs / t->mem[j],
              f->raw_gbs > 0 ? f->lookup_gbs / f->raw_gbs : 0);
@@ -244,11 +248,11 @@ static void print_table(const bench_table *t) {
       char lab[32];
       measure_size_label(lab, sizeof(lab), t->sizes[j]);
       if (!f->ok) {
-        printf("%-44.44s %8s   (failed)\n", t->urls[s], lab);
+        printf("%-44.44s %8s   (failed)\n", t->shown[s], lab);
         continue;
       }
       printf("%-44.44s %8s %6.2fGB/s %6.2fGB/s %6.2fGB/s %9.3fms %8.2f %8.2f\n",
-             t->urls[s], lab, t->mem[j], f->raw_gbs, f->lookup_gbs,
+             t->shown[s], lab, t->mem[j], f->raw_gbs, f->lookup_gbs,
              f->lookup_p50_ms, f->lookup_gbs / t->mem[j],
              f->lookup_gbs / f->raw_gbs);
     }
@@ -297,6 +301,8 @@ static int run_bench(const tool_globals *g, const tool_args *a) {
     return EXIT_USAGE;
   char own[160] = "", own_name[64] = "";
   pick_stores(g, &t, own, sizeof(own), own_name, sizeof(own_name));
+  for (int s = 0; s < t.nst; s++)
+    measure_url_shown(t.urls[s], t.shown[s], sizeof(t.shown[s]));
   int failed = 0;
   for (int j = 0; j < t.ns; j++)
     t.mem[j] = memcpy_gbs(t.sizes[j], t.batch, t.iters);
@@ -312,7 +318,7 @@ static int run_bench(const tool_globals *g, const tool_args *a) {
   else
     print_table(&t);
   if (plot_path != NULL) {
-    if (plot(plot_path, t.sizes, t.ns, t.mem, t.urls, t.nst, t.f) < 0)
+    if (plot(plot_path, t.sizes, t.ns, t.mem, t.shown, t.nst, t.f) < 0)
       return EXIT_FAIL;
     if (!g->json)
       printf("\nchart: %s\n", plot_path);

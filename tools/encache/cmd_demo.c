@@ -299,7 +299,9 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
   }
   int verified_ok = cached.total.verify_failed == 0 && !cached.total.poisoned;
   figures f = compute(&cached, baseline_ok ? &base : NULL);
-  (g->json ? summary_json : summary_text)(&o, url, &set, &cached.total,
+  char shown[256];
+  measure_url_shown(url, shown, sizeof(shown));
+  (g->json ? summary_json : summary_text)(&o, shown, &set, &cached.total,
                                           baseline_ok ? &base : NULL, &f,
                                           verified_ok);
   fflush(stdout);

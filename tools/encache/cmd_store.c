@@ -11,12 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int store_error(const char *cmd, const char *key, int rc) {
+static int store_error(encache_store *st, const char *cmd, const char *key,
+                       int rc) {
   if (rc == ENCACHE_ENOENT)
     fprintf(stderr, "encache %s: %s: not found\n", cmd, key);
   else
     fprintf(stderr, "encache %s: %s: %s (%s)\n", cmd, key, encache_strerror(rc),
-            encache_store_errmsg(NULL));
+            encache_store_errmsg(st));
   return EXIT_FAIL;
 }
 
@@ -26,7 +27,7 @@ static int fetch(encache_store *st, const char *cmd, const char *key,
   for (int attempt = 0; attempt < 3; attempt++) {
     int rc = encache_store_object_size(st, key, len);
     if (rc < 0)
-      return store_error(cmd, key, rc);
+      return store_error(st, cmd, key, rc);
     if (*len > SIZE_MAX - 1) {
       fprintf(stderr, "encache %s: %s: too large\n", cmd, key);
       return EXIT_FAIL;
@@ -50,7 +51,7 @@ static int fetch(encache_store *st, const char *cmd, const char *key,
     if (rc == 0)
       rc = (int)res[0];
     if (rc != ENCACHE_ETOOLARGE) /* replaced in between: try again */
-      return store_error(cmd, key, rc);
+      return store_error(st, cmd, key, rc);
   }
   fprintf(stderr, "encache %s: %s: keeps changing size\n", cmd, key);
   return EXIT_FAIL;
@@ -77,7 +78,7 @@ static int run_put(const tool_globals *g, const tool_args *a) {
     fprintf(stderr, "encache put: %s: exists (objects are never replaced; "
                     "rm it first)\n", a->argv[0]);
   } else {
-    store_error("put", a->argv[0], r);
+    store_error(a->st, "put", a->argv[0], r);
   }
   free(data);
   return rc;
@@ -236,7 +237,7 @@ static int run_rm(const tool_globals *g, const tool_args *a) {
   for (int i = 0; i < a->argc; i++) {
     int r = encache_store_remove(st, a->argv[i]);
     if (r < 0)
-      rc = store_error("rm", a->argv[i], r);
+      rc = store_error(st, "rm", a->argv[i], r);
   }
   return rc;
 }

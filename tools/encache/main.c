@@ -226,10 +226,9 @@ static encache_store *open_store(const char *cmd, const tool_globals *g) {
   encache_store *st = NULL;
   int rc = encache_store_open(g->store_url, &st);
   if (rc != 0) {
+    const char *why = encache_store_errmsg(NULL); /* no handle on failure */
     fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
-            encache_store_errmsg(st)[0] ? encache_store_errmsg(st)
-                                        : encache_strerror(rc));
-    encache_store_close(st);
+            why[0] ? why : encache_strerror(rc));
     return NULL;
   }
   return st;

@@ -1,0 +1,334 @@
+/*
+ * io.c: our own I/O around the hiredis reader (see redis.h): sends with
+ * sendmsg(MSG_NOSIGNAL), receives under one deadline per exchange, checks
+ * each reply against its bound before its body is read, and the reply
+ * functions that copy values straight into the caller's buffers.
+ */
+#include "redis.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+static rreply dummy_reply; /* for nested elements and stray replies */
+
+static rreply *next_reply(const redisReadTask *task) {
+  rpipe *p = task->privdata;
+  if (p == NULL || task->parent != NULL || p->next >= p->cap)
+    return &dummy_reply;
+  rreply *r = &p->replies[p->next++];
+  memset(r, 0, sizeof(*r));
+  r->type = task->type;
+  return r;
+}
+
+static void *rf_string(const redisReadTask *task, char *str, size_t len) {
+  rreply *r = next_reply(task);
+  rpipe *p = task->privdata;
+  if (r == &dummy_reply)
+    return r;
+  r->len = (int64_t)len;
+  if (task->type == REDIS_REPLY_STRING) {
+    size_t item = p->item ? p->item[p->next - 1] : SIZE_MAX;
+    if (p->bufs != NULL && item != SIZE_MAX) {
+      if (len > p->split && len - p->split > p->caps[item]) {
+        r->too_large = 1;
+      } else {
+        size_t h = len < p->split ? len : p->split;
+        if (h > 0)
+          memcpy(p->heads[item], str, h);
+        if (len > h)
+          memcpy(p->bufs[item], str + h, len - h);
+      }
+    } else {
+      snprintf(r->text, sizeof(r->text), "%.*s", (int)(len < 199 ? len : 199),
+               str);
+    }
+  } else {
+    snprintf(r->text, sizeof(r->text), "%.*s", (int)(len < 199 ? len : 199),
+             str);
+  }
+  return r;
+}
+
+/* None of the commands we pipeline answers an array: refuse it (hiredis
+ * stops with an error and the connection is dropped) rather than read an
+ * array of any size into the dummy. */
+static void *rf_array(const redisReadTask *task, int n) {
+  (void)n;
+  rpipe *p = task->privdata;
+  if (p != NULL)
+    p->bad = "an array where a value was expected";
+  return NULL;
+}
+
+static void *rf_integer(const redisReadTask *task, long long v) {
+  rreply *r = next_reply(task);
+  if (r != &dummy_reply) /* shared by every thread: never written */
+    r->integer = v;
+  return r;
+}
+
+static void *rf_nil(const redisReadTask *task) {
+  rreply *r = next_reply(task);
+  if (r != &dummy_reply)
+    r->type = REDIS_REPLY_NIL; /* the task says STRING for a nil bulk */
+  return r;
+}
+
+static void rf_free(void *obj) { (void)obj; }
+
+static redisReplyObjectFunctions reply_fns = {rf_string, rf_array, rf_integer,
+                                              rf_nil, rf_free};
+
+/* Ordinary replies: hiredis's own functions (taken from a reader it made),
+ * with arrays bounded in elements. */
+static redisReplyObjectFunctions hiredis_fns, plain_fns;
+static pthread_once_t plain_once = PTHREAD_ONCE_INIT;
+
+static void *pl_array(const redisReadTask *task, int n) {
+  if (n > PLAIN_ELEMENTS_MAX) {
+    rpipe *p = task->privdata;
+    if (p != NULL)
+      p->bad = "an array of more than 1048576 elements";
+    return NULL;
+  }
+  return hiredis_fns.createArray(task, n);
+}
+
+static void plain_init(void) {
+  redisReader *r = redisReaderCreate();
+  if (r == NULL)
+    return; /* plain_fns stays empty: encache__redis_replies() says NULL */
+  hiredis_fns = *r->fn;
+  redisReaderFree(r);
+  plain_fns = hiredis_fns;
+  plain_fns.createArray = pl_array;
+}
+
+redisReplyObjectFunctions *encache__redis_replies(int plain) {
+  pthread_once(&plain_once, plain_init);
+  if (plain_fns.createString == NULL)
+    return NULL;
+  return plain ? &plain_fns : &reply_fns;
+}
+
+/* The bounds of an exchange that may move `bytes` bytes. */
+xtime encache__redis_deadline(const redis_store *s, uint64_t bytes) {
+  xtime t = {now_ms() + s->timeout_ms + (bytes >> 20) * MS_PER_MIB, /* < 2^48 */
+             s->timeout_ms};
+  return t;
+}
+
+/* Waits until fd is ready for events, at most until the deadline and for
+ * idle_ms.  Returns 0, or -1 with errno (ETIMEDOUT). */
+static int wait_fd(int fd, short events, xtime t) {
+  uint64_t end = now_ms() + t.idle_ms;
+  if (end > t.deadline)
+    end = t.deadline;
+  for (;;) {
+    uint64_t now = now_ms();
+    if (now >= end) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    uint64_t left = end - now;
+    struct pollfd pfd = {fd, events, 0};
+    int r = poll(&pfd, 1, left > INT_MAX ? INT_MAX : (int)left);
+    if (r > 0)
+      return 0; /* ready, or an error the next call reports */
+    if (r < 0 && errno != EINTR)
+      return -1;
+  }
+}
+
+/* Sends all of iov (modified) before the deadline. */
+static int send_all(int fd, struct iovec *iov, int cnt, xtime deadline) {
+  while (cnt > 0) {
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)(cnt > IOV_MAX ? IOV_MAX : cnt);
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      if ((errno != EAGAIN && errno != EWOULDBLOCK) ||
+          wait_fd(fd, POLLOUT, deadline) < 0)
+        return -1;
+      continue;
+    }
+    while (cnt > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      cnt--;
+    }
+    if (cnt > 0) {
+      iov->iov_base = (char *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+/*
+ * Called when the reader needs more bytes: refuses the reply being parsed
+ * if it already exceeds its bound, before its body is read.  hiredis has
+ * consumed the type byte of the item it is parsing, so a bulk string's
+ * length is at the read position; a value for an item with a buffer may
+ * be split + cap + SLACK_BYTES long (XR_TOOBIG beyond), anything else has
+ * the bounds of its kind.
+ */
+static int check_bounds(redisReader *rd, const rpipe *p, int plain, char *why,
+                        size_t whysize) {
+  size_t buffered = rd->len - rd->pos;
+  if (rd->ridx >= 0 && rd->rstack[rd->ridx].type == REDIS_REPLY_STRING) {
+    const char *h = rd->buf + rd->pos;
+    const char *cr = memchr(h, '\r', buffered);
+    if (cr != NULL) {
+      uint64_t len = 0;
+      int digits = 0;
+      for (const char *d = h; d < cr && *d >= '0' && *d <= '9' && digits < 19;
+           d++, digits++)
+        len = len * 10 + (uint64_t)(*d - '0');
+      size_t item = SIZE_MAX;
+      uint64_t limit = plain ? PLAIN_BULK_MAX : LINE_MAX_BYTES;
+      if (!plain && rd->rstack[rd->ridx].parent == NULL && p->bufs != NULL &&
+          p->item != NULL && p->next < p->cap &&
+          (item = p->item[p->next]) != SIZE_MAX)
+        limit = sat_add(sat_add(p->split, p->caps[item]), SLACK_BYTES);
+      if (digits > 0 && len > limit) {
+        snprintf(why, whysize,
+                 "a %" PRIu64 "-byte value where at most %" PRIu64
+                 " fit: refused unread",
+                 len, limit);
+        return item != SIZE_MAX ? XR_TOOBIG : XR_FAIL;
+      }
+      return XR_OK; /* its body is coming, within bounds */
+    }
+  }
+  if (buffered > LINE_MAX_BYTES) {
+    snprintf(why, whysize, "a reply line longer than %u bytes", LINE_MAX_BYTES);
+    return XR_FAIL;
+  }
+  return XR_OK;
+}
+
+/* Reads nrep replies (ordinary ones into out when out is not NULL) before
+ * the deadline. */
+static int recv_replies(redisContext *c, const rpipe *p, void **out,
+                        size_t nrep, xtime deadline, char *why,
+                        size_t whysize) {
+  redisReader *rd = c->reader;
+  char chunk[16384];
+  uint64_t received = 0;
+  for (size_t got = 0; got < nrep;) {
+    void *reply = NULL;
+    if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
+      snprintf(why, whysize, "protocol error: %s",
+               p->bad ? p->bad : rd->errstr);
+      return XR_FAIL;
+    }
+    if (reply != NULL) {
+      if (out != NULL)
+        out[got] = reply;
+      got++;
+      continue;
+    }
+    int b = check_bounds(rd, p, out != NULL, why, whysize);
+    if (b != XR_OK)
+      return b;
+    ssize_t r = recv(c->fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (r > 0) {
+      received += (uint64_t)r;
+      if (out != NULL && received > PLAIN_TOTAL_MAX) {
+        snprintf(why, whysize, "replies longer than %u bytes", PLAIN_TOTAL_MAX);
+        return XR_FAIL;
+      }
+      if (redisReaderFeed(rd, chunk, (size_t)r) != REDIS_OK) {
+        snprintf(why, whysize, "out of memory");
+        return XR_FAIL;
+      }
+      continue;
+    }
+    if (r == 0) {
+      snprintf(why, whysize, "connection closed by the server%s",
+               received ? " mid-reply" : "");
+      return received ? XR_FAIL : XR_STALE;
+    }
+    if (errno == EINTR)
+      continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
+        wait_fd(c->fd, POLLIN, deadline) == 0)
+      continue;
+    int e = errno;
+    if (e == ETIMEDOUT)
+      snprintf(why, whysize, "timed out (%" PRIu64 " bytes of reply in time)",
+               received);
+    else
+      snprintf(why, whysize, "%s", strerror(e));
+    return received == 0 && (e == ECONNRESET || e == EPIPE) ? XR_STALE
+                                                            : XR_FAIL;
+  }
+  return XR_OK;
+}
+
+/* Sends iov (modified) on c and reads nrep replies: ours into p, or
+ * ordinary ones into out (NULLs on failure).  Returns an XR_ code; why
+ * says what failed. */
+int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
+                            size_t nrep, rpipe *p, void **out, xtime deadline,
+                            char *why, size_t whysize) {
+  int x;
+  if (send_all(c->fd, iov, cnt, deadline) < 0) {
+    int e = errno;
+    snprintf(why, whysize, "%s",
+             e == ETIMEDOUT ? "timed out sending" : strerror(e));
+    x = e == EPIPE || e == ECONNRESET ? XR_STALE : XR_FAIL;
+  } else {
+    c->reader->privdata = p;
+    x = recv_replies(c, p, out, nrep, deadline, why, whysize);
+    c->reader->privdata = NULL;
+  }
+  for (size_t k = 0; x != XR_OK && out != NULL && k < nrep; k++)
+    if (out[k] != NULL) {
+      freeReplyObject(out[k]);
+      out[k] = NULL;
+    }
+  return x;
+}
+
+static void ob_put(obuf *b, const void *d, size_t n) {
+  if (b->oom)
+    return;
+  if (n > b->cap - b->len) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < n && cap < SIZE_MAX / 2)
+      cap *= 2;
+    char *np = cap - b->len < n ? NULL : encache__realloc(b->p, cap);
+    if (np == NULL) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, d, n);
+  b->len += n;
+}
+
+/* Appends a command; lens NULL = C strings. */
+void encache__redis_cmd(obuf *b, int argc, const char *const *argv,
+                        const size_t *lens) {
+  char num[32];
+  ob_put(b, num, (size_t)snprintf(num, sizeof(num), "*%d\r\n", argc));
+  for (int i = 0; i < argc; i++) {
+    size_t n = lens ? lens[i] : strlen(argv[i]);
+    ob_put(b, num, (size_t)snprintf(num, sizeof(num), "$%zu\r\n", n));
+    ob_put(b, argv[i], n);
+    ob_put(b, "\r\n", 2);
+  }
+}

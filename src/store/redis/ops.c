@@ -1,0 +1,514 @@
+/*
+ * ops.c: the Store operations of the Redis backend (see redis.h): batched
+ * EXISTS / GET / STRLEN pipelined per node with redirections followed,
+ * SET NX straight from the caller's buffers, DEL, listings and counters;
+ * the ops table and encache__redis_open().
+ */
+#include "redis.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+enum op { OP_EXISTS, OP_GET, OP_STRLEN };
+
+static const char *const verbs[] = {"EXISTS", "GET", "STRLEN"};
+
+/* A batch in progress: one command per key, pipelined per node, over
+ * rounds that follow redirections.  results[i] is INT64_MIN while key i
+ * is pending. */
+typedef struct batch_run {
+  redis_store *s;
+  enum op op;
+  const char *const *keys;
+  size_t n, split;
+  void *const *heads, *const *bufs;
+  const size_t *caps;
+  int64_t *results;
+  size_t *target;     /* node of each key (NO_NODE: none serves it) */
+  unsigned char *ask; /* send ASKING before the key's command */
+  size_t *order;      /* the keys of one node's pipeline */
+  size_t *item_of;    /* reply index -> key (SIZE_MAX: ASKING) */
+  rreply *replies;
+  rset *set;
+  int extra;     /* extra rounds, one per value refused unread */
+  char why[512]; /* the last failure, for the message */
+} batch_run;
+
+static void batch_free(batch_run *b) {
+  if (b->set != NULL)
+    encache__redis_give_back(b->s, b->set);
+  encache__free(b->target);
+  encache__free(b->ask);
+  encache__free(b->order);
+  encache__free(b->item_of);
+  encache__free(b->replies);
+}
+
+/* Allocates b's scratch and borrows a connection set; routes every key. */
+static int batch_start(batch_run *b) {
+  size_t n = b->n;
+  b->target = encache__calloc(n, sizeof(size_t));
+  b->ask = encache__calloc(n, 1);
+  b->order = encache__calloc(n, sizeof(size_t));
+  b->item_of = encache__calloc(2 * n, sizeof(size_t));
+  b->replies = encache__calloc(2 * n, sizeof(rreply));
+  b->set = encache__redis_borrow(b->s);
+  if (!b->target || !b->ask || !b->order || !b->item_of || !b->replies ||
+      !b->set) {
+    batch_free(b);
+    return encache__store_fail(&b->s->base, ENCACHE_ENOMEM, "out of memory");
+  }
+  encache__redis_ensure_slots(b->s);
+  for (size_t i = 0; i < n; i++) {
+    b->results[i] = INT64_MIN; /* pending */
+    b->target[i] = encache__redis_locate(b->s, b->keys[i]);
+  }
+  return 0;
+}
+
+/* Settles the pending keys no node serves; says whether any is left. */
+static int batch_pending(batch_run *b) {
+  int pending = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    if (b->results[i] != INT64_MIN)
+      continue;
+    if (b->target[i] == NO_NODE) {
+      b->results[i] = ENCACHE_EUNAVAIL;
+      snprintf(b->why, sizeof(b->why), "no node serves the slot of %s",
+               b->keys[i]);
+      continue;
+    }
+    pending = 1;
+  }
+  return pending;
+}
+
+/* The commands for the m keys of order[] into o (ASKING first where
+ * asked); item_of maps each reply to its key.  Returns the reply count;
+ * *want gets the bytes the values may take. */
+static size_t batch_commands(batch_run *b, size_t m, obuf *o, uint64_t *want) {
+  size_t nrep = 0;
+  *want = 0;
+  for (size_t k = 0; k < m; k++) {
+    size_t i = b->order[k];
+    if (b->ask[i]) {
+      const char *a[1] = {"ASKING"};
+      encache__redis_cmd(o, 1, a, NULL);
+      b->item_of[nrep++] = SIZE_MAX;
+    }
+    const char *argv[2] = {verbs[b->op], b->keys[i]};
+    encache__redis_cmd(o, 2, argv, NULL);
+    b->item_of[nrep++] = i;
+    if (b->op == OP_GET)
+      *want = sat_add(*want, sat_add(b->split, b->caps[i]));
+  }
+  return nrep;
+}
+
+/* The result of key i from its reply r; a redirection sends it to
+ * another node for the next round. */
+static void batch_take(batch_run *b, size_t i, const rreply *r) {
+  b->ask[i] = 0;
+  if (is_redirect(r)) {
+    int is_ask;
+    b->target[i] = encache__redis_redirect(b->s, r->text, &is_ask);
+    b->ask[i] = (unsigned char)is_ask;
+    return; /* next round */
+  }
+  int64_t *res = &b->results[i];
+  if (r->type == REDIS_REPLY_ERROR) {
+    snprintf(b->why, sizeof(b->why), "%s %s: %s", verbs[b->op], b->keys[i],
+             r->text);
+    *res = ENCACHE_EUNAVAIL;
+  } else if (b->op == OP_GET) {
+    *res = r->type == REDIS_REPLY_NIL      ? ENCACHE_ENOENT
+           : r->type != REDIS_REPLY_STRING ? ENCACHE_EUNAVAIL
+           : r->too_large                  ? ENCACHE_ETOOLARGE
+                                           : r->len;
+  } else if (r->type == REDIS_REPLY_INTEGER) {
+    *res = b->op == OP_EXISTS ? r->integer > 0 : r->integer;
+  } else {
+    *res = ENCACHE_EUNAVAIL;
+  }
+}
+
+/* One pipeline: the pending keys of the node of key `first`. */
+static void batch_node(batch_run *b, size_t first) {
+  size_t node = b->target[first], m = 0;
+  for (size_t i = first; i < b->n; i++)
+    if (b->results[i] == INT64_MIN && b->target[i] == node)
+      b->order[m++] = i;
+  if (node >= MAX_NODES) { /* a redirection we could not follow */
+    for (size_t k = 0; k < m; k++)
+      b->results[b->order[k]] = ENCACHE_EUNAVAIL;
+    snprintf(b->why, sizeof(b->why), "%s: unusable redirection",
+             b->keys[first]);
+    return;
+  }
+  obuf o = {NULL, 0, 0, 0};
+  uint64_t want;
+  size_t nrep = batch_commands(b, m, &o, &want);
+  rpipe p = {b->replies, 0,        nrep,
+             b->item_of, b->split, b->op == OP_GET ? b->heads : NULL,
+             b->bufs,    b->caps,  NULL};
+  char xwhy[256];
+  struct iovec iov = {o.p, o.len};
+  int x = o.oom ? XR_FAIL
+                : encache__redis_run_on(b->s, b->set, node, &iov, 1, nrep, &p,
+                                        encache__redis_deadline(b->s, want),
+                                        xwhy, sizeof(xwhy));
+  encache__free(o.p);
+  if (x != XR_OK) {
+    snprintf(b->why, sizeof(b->why), "%s: %s", verbs[b->op],
+             o.oom ? "out of memory" : xwhy);
+    if (x == XR_TOOBIG && b->item_of[p.next] != SIZE_MAX) {
+      b->results[b->item_of[p.next]] = ENCACHE_ETOOLARGE;
+      b->extra++;
+    } else {
+      for (size_t k = p.next; k < nrep; k++)
+        if (b->item_of[k] != SIZE_MAX)
+          b->results[b->item_of[k]] = ENCACHE_EUNAVAIL;
+    }
+  }
+  /* The replies that came, whatever happened after them. */
+  for (size_t k = 0; k < p.next; k++)
+    if (b->item_of[k] != SIZE_MAX) /* else ASKING's +OK */
+      batch_take(b, b->item_of[k], &b->replies[k]);
+}
+
+/*
+ * Runs one command per key, pipelined per node, following redirections.
+ * OP_GET copies values into heads/bufs (split at `split`); results[i] gets
+ * the byte count, 1/0 (exists), or a classified code.
+ */
+static int batch(redis_store *s, enum op op, const char *const *keys, size_t n,
+                 size_t split, void *const *heads, void *const *bufs,
+                 const size_t *caps, int64_t *results) {
+  batch_run b = {.s = s, .op = op, .keys = keys, .n = n, .split = split,
+                 .heads = heads, .bufs = bufs, .caps = caps,
+                 .results = results};
+  int rc = batch_start(&b);
+  if (rc < 0)
+    return rc;
+  /* A value refused unread drops its connection: the keys behind it in the
+   * pipeline go again, in an extra round (each refusal settles one key). */
+  for (int round = 0; round < ROUNDS + b.extra && batch_pending(&b); round++)
+    for (size_t first = 0; first < n; first++) /* one pipeline per node */
+      if (results[first] == INT64_MIN)
+        batch_node(&b, first);
+  for (size_t i = 0; i < n; i++)
+    if (results[i] == INT64_MIN) {
+      results[i] = ENCACHE_EUNAVAIL;
+      snprintf(b.why, sizeof(b.why), "%s: still redirected after %d rounds",
+               keys[i], ROUNDS);
+    }
+  batch_free(&b);
+  if (b.why[0])
+    encache__store_fail(&s->base, 0, "%s: %s", s->base.url, b.why);
+  return 0;
+}
+
+static int redis_exists(encache_store *st, const char *const *keys, size_t n,
+                        int *results) {
+  int64_t local[32];
+  int64_t *r = n <= 32 ? local : encache__calloc(n, sizeof(int64_t));
+  if (r == NULL)
+    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+  int rc = batch((redis_store *)st, OP_EXISTS, keys, n, 0, NULL, NULL, NULL, r);
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    results[i] = (int)r[i];
+  if (r != local)
+    encache__free(r);
+  return rc;
+}
+
+static int redis_read(encache_store *st, const char *const *keys, size_t n,
+                      void *const *bufs, const size_t *caps, int64_t *results) {
+  return batch((redis_store *)st, OP_GET, keys, n, 0, bufs, bufs, caps,
+               results);
+}
+
+static int redis_read_split(encache_store *st, const char *const *keys,
+                            size_t n, size_t split, void *const *heads,
+                            void *const *bufs, const size_t *caps,
+                            int64_t *results) {
+  return batch((redis_store *)st, OP_GET, keys, n, split, heads, bufs, caps,
+               results);
+}
+
+static int redis_object_size(encache_store *st, const char *key,
+                             uint64_t *len) {
+  const char *keys[1] = {key};
+  int64_t r[1], e[1];
+  int rc = batch((redis_store *)st, OP_STRLEN, keys, 1, 0, NULL, NULL, NULL, r);
+  if (rc < 0 || r[0] < 0)
+    return rc < 0 ? rc : (int)r[0];
+  if (r[0] == 0) { /* STRLEN says 0 for a missing key too */
+    rc = batch((redis_store *)st, OP_EXISTS, keys, 1, 0, NULL, NULL, NULL, e);
+    if (rc < 0 || e[0] < 0)
+      return rc < 0 ? rc : (int)e[0];
+    if (e[0] == 0)
+      return ENCACHE_ENOENT;
+  }
+  *len = (uint64_t)r[0];
+  return 0;
+}
+
+/* ----------------------------------------------------------------- writes */
+
+/*
+ * SET key hdr+payload NX [EX ttl], straight from the caller's buffers.
+ * Returns 0, ENCACHE_EEXIST, ENCACHE_EUNAVAIL, or 1 with *moved_to set
+ * (and *ask) when redirected.
+ *
+ * A SET sent again on a redialled connection (encache__redis_run_on()) follows
+ * one that got no byte of answer.  A server that closes an idle connection
+ * never read that SET, but one killed or reset just after executing it may have
+ * written the key: then the second SET NX finds it and we answer EEXIST
+ * ("already there"), which is true: the object under the key is complete
+ * and is the one we sent, or another writer's for the same key.
+ */
+static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
+                    const char *key, const void *hdr, size_t hl,
+                    const void *payload, size_t len, size_t *moved_to,
+                    int *ask) {
+  char why[512] = "";
+  char pre[512], ttl[32], post[96];
+  size_t klen = strlen(key);
+  int nargs = s->ttl_s ? 6 : 4;
+  snprintf(ttl, sizeof(ttl), "%u", s->ttl_s);
+  int pl = snprintf(pre, sizeof(pre), "%s*%d\r\n$3\r\nSET\r\n$%zu\r\n",
+                    ask_first ? "*1\r\n$6\r\nASKING\r\n" : "", nargs, klen);
+  int ql =
+      snprintf(pre + pl, sizeof(pre) - (size_t)pl, "\r\n$%zu\r\n", hl + len);
+  int tl = s->ttl_s ? snprintf(post, sizeof(post),
+                               "\r\n$2\r\nNX\r\n$2\r\nEX\r\n$%zu\r\n%s\r\n",
+                               strlen(ttl), ttl)
+                    : snprintf(post, sizeof(post), "\r\n$2\r\nNX\r\n");
+  struct iovec iov[6] = {{pre, (size_t)pl},      {(void *)key, klen},
+                         {pre + pl, (size_t)ql}, {(void *)hdr, hl},
+                         {(void *)payload, len}, {post, (size_t)tl}};
+  rreply r[2];
+  size_t nrep = ask_first ? 2 : 1;
+  rpipe p = {r, 0, nrep, NULL, 0, NULL, NULL, NULL, NULL};
+  if (encache__redis_run_on(s, set, node, iov, 6, nrep, &p,
+                            encache__redis_deadline(s, hl + len), why,
+                            sizeof(why)) != XR_OK)
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
+                               s->base.url, key, why);
+  rreply *res = &r[nrep - 1];
+  if (is_redirect(res)) {
+    *moved_to = encache__redis_redirect(s, res->text, ask);
+    return 1;
+  }
+  if (res->type == REDIS_REPLY_NIL)
+    return encache__store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
+                               s->base.url);
+  if (res->type == REDIS_REPLY_STATUS)
+    return 0;
+  /* OOM, READONLY, ...: the write did not happen. */
+  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
+                             s->base.url, key, res->text);
+}
+
+static int redis_write(encache_store *st, const char *key, const void *hdr,
+                       size_t hl, const void *payload, size_t len) {
+  redis_store *s = (redis_store *)st;
+  if (hl + len > 512ull << 20)
+    return encache__store_fail(st, ENCACHE_ETOOLARGE,
+                               "%s: %zu bytes: Redis values are at most "
+                               "512 MiB",
+                               s->base.url, hl + len);
+  rset *set = encache__redis_borrow(s);
+  if (set == NULL)
+    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+  encache__redis_ensure_slots(s);
+  size_t node = encache__redis_locate(s, key);
+  int rc = ENCACHE_EUNAVAIL, ask = 0;
+  for (int round = 0; round < ROUNDS && node != NO_NODE; round++) {
+    size_t moved = NO_NODE;
+    rc = set_once(s, set, node, ask, key, hdr, hl, payload, len, &moved, &ask);
+    if (rc != 1)
+      break;
+    node = moved;
+    rc = encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: %s still redirected",
+                             s->base.url, key);
+  }
+  if (node == NO_NODE)
+    rc = encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: no node serves %s",
+                             s->base.url, key);
+  encache__redis_give_back(s, set);
+  return rc;
+}
+
+static int redis_remove(encache_store *st, const char *key) {
+  redis_store *s = (redis_store *)st;
+  rset *set = encache__redis_borrow(s);
+  if (set == NULL)
+    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+  encache__redis_ensure_slots(s);
+  size_t node = encache__redis_route(s, key);
+  int rc = ENCACHE_EUNAVAIL;
+  char why[512] = "no node serves the key";
+  for (int round = 0; round < ROUNDS && node != NO_NODE; round++) {
+    rreply r;
+    const char *argv[2] = {"DEL", key};
+    obuf b = {NULL, 0, 0, 0};
+    encache__redis_cmd(&b, 2, argv, NULL);
+    rpipe p = {&r, 0, 1, NULL, 0, NULL, NULL, NULL, NULL};
+    struct iovec iov = {b.p, b.len};
+    int x = b.oom ? XR_FAIL
+                  : encache__redis_run_on(s, set, node, &iov, 1, 1, &p,
+                                          encache__redis_deadline(s, 0), why,
+                                          sizeof(why));
+    encache__free(b.p);
+    if (x != XR_OK) {
+      if (b.oom)
+        snprintf(why, sizeof(why), "out of memory");
+      break;
+    }
+    if (is_redirect(&r)) {
+      int ask;
+      node = encache__redis_redirect(s, r.text, &ask);
+      continue;
+    }
+    rc = r.type == REDIS_REPLY_INTEGER ? (r.integer > 0 ? 0 : ENCACHE_ENOENT)
+                                       : ENCACHE_EUNAVAIL;
+    snprintf(why, sizeof(why), "%s",
+             r.type == REDIS_REPLY_INTEGER ? "no such key" : r.text);
+    break;
+  }
+  encache__redis_give_back(s, set);
+  return rc == 0 ? 0
+                 : encache__store_fail(st, rc, "%s: DEL %s: %s", s->base.url,
+                                       key, why);
+}
+
+/* A short-lived context of ordinary replies to node, for listings and
+ * counters; NULL with the handle's message set. */
+static redisContext *admin_dial(redis_store *s, size_t node) {
+  char why[512];
+  redisContext *c = encache__redis_dial(s, node, 1, why, sizeof(why));
+  if (c == NULL)
+    encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s", s->base.url, why);
+  return c;
+}
+
+static int redis_list(encache_store *st, const char *pattern,
+                      int (*cb)(const char *key, uint64_t len, void *arg),
+                      void *arg) {
+  redis_store *s = (redis_store *)st;
+  size_t nodes[MAX_NODES], m;
+  int rc = encache__redis_masters(s, nodes, &m);
+  for (size_t k = 0; rc == 0 && k < m; k++) {
+    redisContext *c = admin_dial(s, nodes[k]);
+    if (c == NULL)
+      return ENCACHE_EUNAVAIL;
+    rc = encache__redis_list_node(s, c, pattern, cb, arg);
+    redisFree(c);
+  }
+  return rc;
+}
+
+static uint64_t info_field(const char *info, const char *name) {
+  const char *p = strstr(info, name);
+  return p ? strtoull(p + strlen(name), NULL, 10) : 0;
+}
+
+static int redis_stats(encache_store *st, encache_store_stats *out) {
+  redis_store *s = (redis_store *)st;
+  size_t nodes[MAX_NODES], m;
+  out->objects = out->bytes_used = out->evictions = 0;
+  out->capacity = 0;
+  int rc = encache__redis_masters(s, nodes, &m);
+  if (rc < 0)
+    return rc;
+  static const char *const info_cmd[1] = {"INFO"}, *const size_cmd[1] = {
+                                                       "DBSIZE"};
+  for (size_t k = 0; k < m; k++) {
+    char why[512];
+    redisContext *c = admin_dial(s, nodes[k]);
+    if (c == NULL)
+      return ENCACHE_EUNAVAIL;
+    obuf b = {NULL, 0, 0, 0};
+    encache__redis_cmd(&b, 1, info_cmd, NULL);
+    encache__redis_cmd(&b, 1, size_cmd, NULL);
+    void *rep[2];
+    int x = encache__redis_plain(s, c, &b, 2, rep, why, sizeof(why));
+    encache__free(b.p);
+    redisFree(c);
+    redisReply *info = rep[0], *size = rep[1];
+    int ok = x == XR_OK && info->type == REDIS_REPLY_STRING &&
+             size->type == REDIS_REPLY_INTEGER;
+    if (ok) {
+      out->bytes_used += info_field(info->str, "\nused_memory:");
+      out->evictions += info_field(info->str, "\nevicted_keys:");
+      uint64_t max = info_field(info->str, "\nmaxmemory:");
+      out->capacity = max == 0 || out->capacity == UINT64_MAX
+                          ? UINT64_MAX
+                          : out->capacity + max;
+      out->objects += (uint64_t)size->integer;
+    } else if (x == XR_OK) {
+      snprintf(why, sizeof(why), "%s",
+               info->type == REDIS_REPLY_ERROR   ? info->str
+               : size->type == REDIS_REPLY_ERROR ? size->str
+                                                 : "unexpected answer");
+    }
+    if (x == XR_OK) {
+      freeReplyObject(info);
+      freeReplyObject(size);
+    }
+    if (!ok)
+      return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: INFO: %s",
+                                 s->base.url, why);
+  }
+  out->reinsertions = out->repairs = UINT64_MAX;
+  return 0;
+}
+
+static void redis_close(encache_store *st) {
+  redis_store *s = (redis_store *)st;
+  encache__redis_free_pool(s);
+  pthread_mutex_destroy(&s->mu);
+  encache__free(s->slots);
+  encache__free(s->user);
+  encache__free(s->password);
+  encache__free(s->base.url);
+  encache__free(s);
+}
+
+static const encache__store_ops redis_ops = {
+    .size = sizeof(encache__store_ops),
+    .version = ENCACHE_STORE_BACKEND_VERSION,
+    .kind = "redis",
+    .caps = ENCACHE_STORE_CAP_READ_SPLIT | ENCACHE_STORE_CAP_LIST |
+            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED,
+    .exists = redis_exists,
+    .read = redis_read,
+    .read_split = redis_read_split,
+    .object_size = redis_object_size,
+    .write = redis_write,
+    .remove = redis_remove,
+    .list = redis_list,
+    .stats = redis_stats,
+    .close = redis_close};
+
+int encache__redis_open(const char *url, encache_store **out) {
+  *out = NULL;
+  char *shown = NULL;
+  int len = encache_store_url_redact(url, NULL, 0);
+  redis_store *s = len < 0 ? NULL : encache__calloc(1, sizeof(*s));
+  if (s == NULL || (shown = encache__malloc((size_t)len + 1)) == NULL) {
+    encache__free(s);
+    return encache__store_fail(NULL, ENCACHE_ENOMEM,
+                               "out of memory opening a Redis Store");
+  }
+  encache_store_url_redact(url, shown, (size_t)len + 1);
+  s->base.url = shown;
+  s->base.ops = &redis_ops;
+  pthread_mutex_init(&s->mu, NULL);
+  s->connect_timeout_ms = 1000;
+  s->timeout_ms = 1000;
+  *out = &s->base;
+  return encache__redis_parse_url(s, url);
+}

@@ -1,0 +1,278 @@
+/*
+ * redis.h: the private header of the Redis / Valkey Store, single node or
+ * Redis Cluster, on hiredis.  The backend lives in this folder, one file
+ * per concern:
+ *   url.c      the URL, its options and the credentials (AUTH)
+ *   conn.c     dialling (AUTH, SELECT, timeouts), the connection pool,
+ *              node backoff, one exchange on a node with one redial
+ *   io.c       our own I/O around the hiredis reader: deadlines, bounds,
+ *              the reply functions that copy values into caller buffers
+ *   cluster.c  key slots, the slot map (CLUSTER SLOTS), MOVED and ASK
+ *   ops.c      the Store operations (exists, read, write, remove, stats)
+ *              and the ops table
+ *   list.c     listing a node's keys (SCAN, STRLEN), bounded
+ *
+ * URLs (docs/stores.md):
+ *   redis://[user:password@]host:port[/db][?options]
+ *   unix:///path/to/socket[?db=N&options]
+ *   redis-cluster://[user:password@]host:port[,host:port...][?options]
+ * options: connect_timeout_ms, timeout_ms (the deadline of each exchange
+ * with a node), ttl_s (expiry of written objects; 0 = none),
+ * password_file (a file whose first line is the password).  The password
+ * is the URL's, else password_file's, else $ENCACHE_REDIS_PASSWORD.  A
+ * handle keeps the URL with its password redacted
+ * (encache_store_url_redact()): no message ever shows the password.
+ *
+ * Connections.  hiredis contexts are not thread-safe and the engine uses
+ * its Store from two threads, so a handle keeps a pool of connection sets
+ * (one context per node in each set); an operation borrows a set, uses it
+ * and gives it back.  Contexts are made lazily.  A pooled context is
+ * reused only if it is idle and clean (nothing readable: a server that
+ * closed it while idle is noticed before we send); one that the server
+ * closed unanswered anyway (EOF or reset before any byte of reply) is
+ * redialled once, at once, and the exchange sent again.  A node that fails
+ * otherwise (refused, reset mid-reply, deadline, protocol error) has its
+ * contexts dropped and is left alone for a backoff (100 ms doubling to
+ * 2 s), during which its keys answer "unavailable" at once rather than
+ * wait on a connect timeout.
+ *
+ * I/O.  hiredis only connects and parses: we send (sendmsg() with
+ * MSG_NOSIGNAL, so a closed connection is an error and never a SIGPIPE,
+ * whatever the application's signal settings) and we receive and feed its
+ * reader.  Every exchange (one pipeline, or one write) has one deadline,
+ * computed before its first byte is sent: timeout_ms, plus 250 ms per MiB
+ * that the exchange may move; every wait polls with the time left, and
+ * for at most timeout_ms with no byte moving, so a server that trickles
+ * cannot stretch a command and one that stops fails in timeout_ms.
+ * Before each read the reply being parsed is checked against its bound
+ * (check_bounds()): a value larger than the caller's buffer (beyond a small
+ * slack) is refused from its "$<length>" header, before its body is read; any
+ * other line is at most 64 KiB; ordinary replies (CLUSTER SLOTS, SCAN, INFO)
+ * are bounded in strings, elements and total bytes.  A refusal drops the
+ * connection: a context is never reused mid-reply.
+ *
+ * Replies.  Every pooled context reads with our own hiredis reply
+ * functions: a bulk string is copied from hiredis's read buffer straight
+ * into the caller's buffer (header and payload split when asked), or
+ * refused as too large, with no reply object and no other copy.  Writes
+ * send SET key value NX [EX ttl] from the caller's header and payload, so
+ * the value is not copied either.  Commands that answer arrays (CLUSTER
+ * SLOTS, SCAN) use a short-lived context with hiredis's ordinary replies.
+ *
+ * Cluster.  The slot map comes from CLUSTER SLOTS (seeds first); keys are
+ * grouped per node and pipelined; MOVED updates the map (and a full
+ * refresh follows), ASK is followed for that key with ASKING; up to three
+ * rounds, then the key is unavailable.
+ *
+ * Nothing here poisons: Redis never writes into our memory after a call
+ * returns.  Every failure is recoverable (EUNAVAIL) or a plain answer.
+ */
+#ifndef ENCACHE_STORE_REDIS_H
+#define ENCACHE_STORE_REDIS_H
+
+#include "../store.h"
+
+#include <hiredis/hiredis.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#define NSLOTS 16384
+#define NO_NODE 0xffffu
+#define MAX_NODES 1024
+#define ROUNDS 3
+
+/* What a server may send (docs/stores.md, "Misbehaving servers"). */
+#define LINE_MAX_BYTES (64u << 10) /* a status, error or integer line */
+#define SLACK_BYTES                                                            \
+  (64u << 10)                        /* a value at most this much larger than  \
+                                        its buffer is read and discarded; a    \
+                                        larger one is refused unread */
+#define PLAIN_BULK_MAX (4u << 20)    /* one string of an ordinary reply */
+#define PLAIN_ELEMENTS_MAX (1 << 20) /* one array of an ordinary reply */
+#define PLAIN_TOTAL_MAX (64u << 20)  /* the ordinary replies of an exchange */
+#define MS_PER_MIB                                                             \
+  250 /* deadline allowance per MiB moved: 4 MB/s at least                     \
+         (a stall fails sooner: timeout_ms with no byte) */
+/* A listing stops with an error after 64 + DBSIZE/100 SCAN calls or
+ * 2 x DBSIZE + 100000 keys on a node (DBSIZE taken as at most 16 Mi). */
+#define LIST_CALLS_MIN 64
+#define LIST_KEYS_SLACK 100000
+#define LIST_DBSIZE_MAX (16u << 20)
+
+typedef struct rnode {
+  char host[256]; /* or the socket path */
+  int port;       /* 0 = unix socket */
+  uint64_t down_until_ms;
+  unsigned backoff_ms;
+} rnode;
+
+/* One context per node; a set is used by one thread at a time. */
+typedef struct rset {
+  struct rset *next;
+  redisContext *conns[MAX_NODES];
+} rset;
+
+typedef struct redis_store {
+  encache_store base; /* base.url: the URL with its password redacted */
+  int cluster;
+  char *user, *password; /* AUTH [user] password; NULL = none */
+  int db;
+  unsigned connect_timeout_ms, timeout_ms, ttl_s;
+  pthread_mutex_t mu; /* guards everything below */
+  rnode nodes[MAX_NODES];
+  size_t nnodes;
+  size_t nseeds;   /* cluster: nodes[0..nseeds) came from the URL */
+  uint16_t *slots; /* cluster: node per slot */
+  int need_refresh;
+  rset *free_sets;
+} redis_store;
+
+/* One reply of a pipeline, filled by the reply functions of io.c. */
+typedef struct rreply {
+  int type;
+  long long integer;
+  int64_t len;
+  int too_large;
+  char text[200]; /* error or status text, truncated */
+} rreply;
+
+/* The pipeline being read: where each string reply goes. */
+typedef struct rpipe {
+  rreply *replies;
+  size_t next, cap;
+  const size_t *item; /* reply index -> item index (SIZE_MAX: none) */
+  size_t split;
+  void *const *heads; /* NULL: no copy */
+  void *const *bufs;
+  const size_t *caps;
+  const char *bad; /* why a reply function stopped the reader */
+} rpipe;
+
+/* The outcome of an exchange. */
+enum {
+  XR_OK,
+  XR_STALE, /* closed or reset before any byte of reply: nothing answered */
+  XR_FAIL,  /* deadline, reset mid-reply, protocol error, a bound */
+  XR_TOOBIG /* a value over what its item's buffer takes: refused unread */
+};
+
+/* The time bounds of an exchange: its deadline, and how long it may wait
+ * with no byte moving either way (a stopped server fails in idle_ms even
+ * when a large transfer has a later deadline). */
+typedef struct xtime {
+  uint64_t deadline;
+  unsigned idle_ms;
+} xtime;
+
+/* A growing buffer of RESP commands; oom is sticky. */
+typedef struct obuf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} obuf;
+
+static inline uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* a + b, or UINT64_MAX (sizes come from the caller). */
+static inline uint64_t sat_add(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static inline int is_redirect(const rreply *r) {
+  return r->type == REDIS_REPLY_ERROR && (strncmp(r->text, "MOVED ", 6) == 0 ||
+                                          strncmp(r->text, "ASK ", 4) == 0);
+}
+
+/* ------------------------------------------------------ src/store/url.c */
+
+/* Where the credentials of url lie: [*start, *end) is "user:password"
+ * (or ":password", or "user"), *end the offset of the '@' after them.
+ * Returns 1, or 0 when url has none.  The rule that
+ * encache_store_url_redact() applies, so the password the parser reads is
+ * the text the redacted form hides. */
+int encache__url_userinfo(const char *url, size_t *start, size_t *end);
+
+/* ------------------------------------------------------------- url.c */
+
+/* Parses url into s (nodes, db, options, credentials); s->base.url must
+ * already hold the redacted URL, which every message uses.  Returns 0 or
+ * ENCACHE_EURL / ENCACHE_ENOMEM / -errno (password_file) with a message. */
+int encache__redis_parse_url(redis_store *s, const char *url);
+
+/* ------------------------------------------------------------- io.c */
+
+/* hiredis reply functions: ours (values straight into caller buffers) or,
+ * when plain, hiredis's own with arrays bounded.  NULL: out of memory. */
+redisReplyObjectFunctions *encache__redis_replies(int plain);
+/* The bounds of an exchange that may move `bytes` bytes. */
+xtime encache__redis_deadline(const redis_store *s, uint64_t bytes);
+/* Sends iov (modified) on c and reads nrep replies: ours into p, or
+ * ordinary ones into out (NULLs on failure).  Returns an XR_ code; why
+ * says what failed. */
+int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
+                            size_t nrep, rpipe *p, void **out, xtime deadline,
+                            char *why, size_t whysize);
+/* Appends a command to b; lens NULL = C strings. */
+void encache__redis_cmd(obuf *b, int argc, const char *const *argv,
+                        const size_t *lens);
+
+/* ------------------------------------------------------------- conn.c */
+
+void encache__redis_node_failed(redis_store *s, size_t node);
+/* Opens a context to node, with AUTH and SELECT; it reads with our reply
+ * functions, or with ordinary (bounded) ones when plain_replies.  Sets
+ * why on failure. */
+redisContext *encache__redis_dial(redis_store *s, size_t node,
+                                  int plain_replies, char *why, size_t whysize);
+rset *encache__redis_borrow(redis_store *s);
+void encache__redis_give_back(redis_store *s, rset *set);
+/* Closes every pooled context and frees the sets. */
+void encache__redis_free_pool(redis_store *s);
+/* One exchange on the set's context to node, redialled once if the
+ * server closed it unanswered.  Returns XR_OK, XR_TOOBIG or XR_FAIL. */
+int encache__redis_run_on(redis_store *s, rset *set, size_t node,
+                          const struct iovec *iov, int cnt, size_t nrep,
+                          rpipe *p, xtime deadline, char *why, size_t whysize);
+/* Sends b to a context of ordinary replies and reads nrep of them into
+ * out.  Returns an XR_ code. */
+int encache__redis_plain(redis_store *s, redisContext *c, const obuf *b,
+                         size_t nrep, void **out, char *why, size_t whysize);
+/* One command (C-string arguments) on a context of ordinary replies; its
+ * reply in *out (free it) on XR_OK. */
+int encache__redis_plain1(redis_store *s, redisContext *c, int argc,
+                          const char *const *argv, void **out, char *why,
+                          size_t whysize);
+
+/* ------------------------------------------------------------- cluster.c */
+
+/* The node host:port, added if new (caller holds mu, or is opening);
+ * NO_NODE when the table is full. */
+size_t encache__redis_node_index(redis_store *s, const char *host, int port);
+/* Reads CLUSTER SLOTS; returns 0 or ENCACHE_EUNAVAIL. */
+int encache__redis_refresh_slots(redis_store *s);
+/* The node that owns key (single node: 0); NO_NODE when unknown. */
+size_t encache__redis_route(redis_store *s, const char *key);
+/* The node of key, refreshing the slot map first if it is stale or the
+ * key's slot has no node. */
+size_t encache__redis_locate(redis_store *s, const char *key);
+int encache__redis_ensure_slots(redis_store *s);
+/* Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..."; returns the node. */
+size_t encache__redis_redirect(redis_store *s, const char *text, int *ask);
+/* The distinct nodes that own slots (single node: node 0) into out. */
+int encache__redis_masters(redis_store *s, size_t *out, size_t *m);
+
+/* ------------------------------------------------------------- list.c */
+
+int encache__redis_list_node(
+    redis_store *s, redisContext *c, const char *pattern,
+    int (*cb)(const char *key, uint64_t len, void *arg), void *arg);
+
+#endif

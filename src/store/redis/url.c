@@ -1,0 +1,290 @@
+/*
+ * url.c: the Redis URL (see redis.h and docs/stores.md): nodes, database,
+ * options and credentials.  Every message names the URL by s->base.url,
+ * its redacted form, and no message ever quotes the password or the
+ * content of a password file.
+ *
+ * The password is, first of all, the URL's (percent-decoded); else the
+ * first line of the file named by password_file=PATH (as libpq's
+ * PGPASSFILE, it keeps the secret out of command lines and process
+ * listings); else $ENCACHE_REDIS_PASSWORD when set and not empty (as
+ * redis-cli's REDISCLI_AUTH).  The user, when any, comes from the URL.
+ */
+#include "redis.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PASSWORD_MAX 4096 /* the longest password line we read */
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+/* A NUL-terminated copy of [p, p+len) with %XX sequences decoded (a '%'
+ * not followed by two hex digits stays as it is); NULL: out of memory. */
+static char *decoded(const char *p, size_t len) {
+  char *out = encache__malloc(len + 1), *o = out;
+  if (out == NULL)
+    return NULL;
+  for (size_t i = 0; i < len; i++) {
+    int hi = i + 2 < len && p[i] == '%' ? hexval(p[i + 1]) : -1;
+    int lo = hi >= 0 ? hexval(p[i + 2]) : -1;
+    if (lo >= 0) {
+      *o++ = (char)(hi * 16 + lo);
+      i += 2;
+    } else {
+      *o++ = p[i];
+    }
+  }
+  *o = '\0';
+  return out;
+}
+
+/* The user and password of userinfo [p, p+len) ("user:password",
+ * ":password" or "user").  Returns 0 or ENCACHE_ENOMEM: never a silent
+ * connection without AUTH. */
+static int take_userinfo(redis_store *s, const char *p, size_t len) {
+  const char *colon = memchr(p, ':', len);
+  size_t ulen = colon ? (size_t)(colon - p) : len;
+  if (ulen > 0 && (s->user = decoded(p, ulen)) == NULL)
+    goto oom;
+  if (colon != NULL &&
+      (s->password = decoded(colon + 1, len - ulen - 1)) == NULL)
+    goto oom;
+  return 0;
+oom:
+  return encache__store_fail(&s->base, ENCACHE_ENOMEM,
+                             "%s: out of memory copying the credentials",
+                             s->base.url);
+}
+
+/* The first line of path (its newline, and a CR before it, stripped) as
+ * the password.  Returns 0, ENCACHE_EURL (empty or too long), -errno
+ * (unreadable) or ENCACHE_ENOMEM; messages name the file, never what it
+ * holds. */
+static int read_password_file(redis_store *s, const char *path) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    int e = errno;
+    return encache__store_fail(&s->base, -e, "%s: password_file %s: %s",
+                               s->base.url, path, strerror(e));
+  }
+  char *line = encache__malloc(PASSWORD_MAX + 2);
+  if (line == NULL) {
+    fclose(f);
+    return encache__store_fail(&s->base, ENCACHE_ENOMEM,
+                               "%s: out of memory reading password_file %s",
+                               s->base.url, path);
+  }
+  int rc = 0;
+  if (fgets(line, PASSWORD_MAX + 2, f) == NULL) {
+    rc = ferror(f) ? -EIO : ENCACHE_EURL;
+    encache__store_fail(&s->base, rc, "%s: password_file %s: %s", s->base.url,
+                        path, rc == -EIO ? strerror(EIO) : "the file is empty");
+  } else {
+    size_t n = strcspn(line, "\n");
+    int whole = line[n] == '\n' || feof(f);
+    if (n > 0 && line[n - 1] == '\r')
+      n--;
+    line[n] = '\0';
+    if (!whole || n == 0)
+      rc = encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: password_file %s: %s", s->base.url, path,
+                               n == 0 ? "the first line is empty"
+                                      : "the first line is longer than "
+                                        "4096 bytes");
+  }
+  fclose(f);
+  if (rc == 0)
+    s->password = line;
+  else
+    encache__free(line);
+  return rc;
+}
+
+/* The password when the URL has none: password_file (when given), else
+ * $ENCACHE_REDIS_PASSWORD. */
+static int default_password(redis_store *s, const char *password_file) {
+  if (s->password != NULL)
+    return 0; /* the URL's comes first */
+  if (password_file != NULL)
+    return read_password_file(s, password_file);
+  const char *env = getenv("ENCACHE_REDIS_PASSWORD");
+  if (env == NULL || env[0] == '\0')
+    return 0;
+  if ((s->password = encache__strdup(env)) == NULL)
+    return encache__store_fail(&s->base, ENCACHE_ENOMEM,
+                               "%s: out of memory copying "
+                               "ENCACHE_REDIS_PASSWORD",
+                               s->base.url);
+  return 0;
+}
+
+/* Adds "host:port" as a node; returns 0 or -1. */
+static int add_hostport(redis_store *s, const char *hp, size_t len) {
+  char buf[300];
+  if (len == 0 || len >= sizeof(buf))
+    return -1;
+  memcpy(buf, hp, len);
+  buf[len] = '\0';
+  char *colon = strrchr(buf, ':');
+  if (colon == NULL || colon == buf)
+    return -1;
+  *colon = '\0';
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535)
+    return -1;
+  return encache__redis_node_index(s, buf, (int)port) == NO_NODE ? -1 : 0;
+}
+
+/* unix:///path: the socket path is [rest, rest+hlen). */
+static int take_socket(redis_store *s, const char *rest, size_t hlen) {
+  if (hlen == 0 || rest[0] != '/' || hlen >= sizeof(s->nodes[0].host))
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: expected unix:///path/to/socket",
+                               s->base.url);
+  memcpy(s->nodes[0].host, rest, hlen);
+  s->nodes[0].host[hlen] = '\0';
+  s->nnodes = 1;
+  return 0;
+}
+
+/* redis-cluster://: the seeds host:port,host:port... */
+static int take_seeds(redis_store *s, const char *rest, size_t hlen) {
+  for (const char *p = rest; p < rest + hlen;) {
+    const char *comma = memchr(p, ',', (size_t)(rest + hlen - p));
+    size_t l = comma ? (size_t)(comma - p) : (size_t)(rest + hlen - p);
+    if (add_hostport(s, p, l) < 0)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: seed '%.*s' is not host:port",
+                                 s->base.url, (int)l, p);
+    p += l + (comma ? 1 : 0);
+  }
+  s->nseeds = s->nnodes;
+  if (s->nseeds == 0)
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: expected host:port[,host:port...]",
+                               s->base.url);
+  if ((s->slots = encache__malloc(NSLOTS * sizeof(uint16_t))) == NULL)
+    return encache__store_fail(&s->base, ENCACHE_ENOMEM, "%s: out of memory",
+                               s->base.url);
+  for (size_t k = 0; k < NSLOTS; k++)
+    s->slots[k] = NO_NODE;
+  s->need_refresh = 1;
+  return 0;
+}
+
+/* redis://: host:port[/db]. */
+static int take_host(redis_store *s, const char *rest, size_t hlen) {
+  const char *slash = memchr(rest, '/', hlen);
+  size_t hp = slash ? (size_t)(slash - rest) : hlen;
+  if (add_hostport(s, rest, hp) < 0)
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: expected redis://[user:password@]host:"
+                               "port[/db]",
+                               s->base.url);
+  if (slash != NULL) {
+    char *end;
+    long db = strtol(slash + 1, &end, 10);
+    if (end != rest + hlen || end == slash + 1 || db < 0 || db > 65535)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: the database must be a number",
+                                 s->base.url);
+    s->db = (int)db;
+  }
+  return 0;
+}
+
+/* One numeric option k=v. */
+static int take_number(redis_store *s, int unix_sock, const char *k,
+                       const char *v) {
+  char *end;
+  unsigned long val = strtoul(v, &end, 10);
+  int number = end != v && *end == '\0' && val <= 86400000ul;
+  unsigned *field = strcmp(k, "connect_timeout_ms") == 0
+                        ? &s->connect_timeout_ms
+                    : strcmp(k, "timeout_ms") == 0 ? &s->timeout_ms
+                    : strcmp(k, "ttl_s") == 0      ? &s->ttl_s
+                                                   : NULL;
+  if (field == NULL && !(unix_sock && strcmp(k, "db") == 0))
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: unknown option '%s' (known: "
+                               "connect_timeout_ms, timeout_ms, ttl_s, "
+                               "password_file%s)",
+                               s->base.url, k, unix_sock ? ", db" : "");
+  if (!number || (field != &s->ttl_s && val == 0) ||
+      (field == NULL && val > 65535))
+    return encache__store_fail(
+        &s->base, ENCACHE_EURL, "%s: %s=%s: must be a %s number", s->base.url,
+        k, v, field == &s->ttl_s ? "non-negative" : "positive");
+  if (field != NULL)
+    *field = (unsigned)val;
+  else
+    s->db = (int)val;
+  return 0;
+}
+
+/* The options ?k=v&..., then the password when the URL has none. */
+static int take_options(redis_store *s, int unix_sock, const char *query) {
+  encache__query qs = {query};
+  char k[64], v[PASSWORD_MAX];
+  char *password_file = NULL;
+  int rc, more;
+  while ((more = encache__query_next(&qs, k, sizeof(k), v, sizeof(v))) > 0) {
+    if (strcmp(k, "password_file") == 0) {
+      encache__free(password_file);
+      rc = (password_file = encache__strdup(v)) != NULL
+               ? 0
+               : encache__store_fail(&s->base, ENCACHE_ENOMEM,
+                                     "%s: out of memory", s->base.url);
+    } else {
+      rc = take_number(s, unix_sock, k, v);
+    }
+    if (rc < 0) {
+      encache__free(password_file);
+      return rc;
+    }
+  }
+  rc = more < 0 ? encache__store_fail(&s->base, ENCACHE_EURL,
+                                      "%s: malformed query (use "
+                                      "?key=value&...)",
+                                      s->base.url)
+                : 0;
+  if (rc == 0)
+    rc = default_password(s, password_file);
+  encache__free(password_file);
+  return rc;
+}
+
+int encache__redis_parse_url(redis_store *s, const char *url) {
+  const char *rest;
+  int unix_sock = 0;
+  if (strncmp(url, "redis-cluster://", 16) == 0) {
+    s->cluster = 1;
+    rest = url + 16;
+  } else if (strncmp(url, "redis://", 8) == 0) {
+    rest = url + 8;
+  } else {
+    unix_sock = 1;
+    rest = url + 7; /* unix:// */
+  }
+  size_t start, end;
+  if (!unix_sock && encache__url_userinfo(url, &start, &end)) {
+    int rc = take_userinfo(s, url + start, end - start);
+    if (rc < 0)
+      return rc;
+    rest = url + end + 1;
+  }
+  const char *q = strchr(rest, '?');
+  size_t hlen = q ? (size_t)(q - rest) : strlen(rest);
+  int rc = unix_sock    ? take_socket(s, rest, hlen)
+           : s->cluster ? take_seeds(s, rest, hlen)
+                        : take_host(s, rest, hlen);
+  return rc < 0 ? rc : take_options(s, unix_sock, q ? q + 1 : NULL);
+}
