@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     __builtin_trap(); /* every refusal says why */
   int n = encache_config_item_count(cfg);
   for (int i = 0; i < n; i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     if (encache_config_item_at(cfg, i, &it) != 0 || it.value == NULL)
       __builtin_trap();
   }

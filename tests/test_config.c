@@ -67,12 +67,12 @@ TEST(config_defaults) {
   int n = encache_config_item_count(cfg);
   ASSERT(n >= 6);
   for (int i = 0; i < n; i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     ASSERT_EQ_INT(encache_config_item_at(cfg, i, &it), 0);
     ASSERT_EQ_INT(it.is_default, 1);
     ASSERT(strcmp(it.section, "mooncake") != 0);
   }
-  encache_config_item it;
+  encache_config_item it = {.size = sizeof(it)};
   ASSERT_EQ_INT(encache_config_item_at(cfg, n, &it), ENCACHE_EINVAL);
   ASSERT_EQ_INT(encache_config_unknown_count(cfg), 0);
   /* Typed access refuses unknown names and wrong types. */
@@ -116,7 +116,7 @@ TEST(config_reference_options_accepted) {
   /* Given options are not defaults; values render as JSON. */
   int found = 0;
   for (int i = 0; i < encache_config_item_count(cfg); i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     encache_config_item_at(cfg, i, &it);
     if (strcmp(it.name, "embedding_cache_prefix") == 0) {
       ASSERT_EQ_STR(it.section, "ec_connector_extra_config");
@@ -283,7 +283,7 @@ TEST(config_mooncake_accepted) {
   /* Listed once loaded. */
   int mooncake_items = 0;
   for (int i = 0; i < encache_config_item_count(cfg); i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     encache_config_item_at(cfg, i, &it);
     mooncake_items += strcmp(it.section, "mooncake") == 0;
   }
