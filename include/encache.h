@@ -483,6 +483,12 @@ ENCACHE_EXTERN int encache_config_double(const encache_config *cfg,
 ENCACHE_EXTERN int encache_config_string(const encache_config *cfg,
                                          encache_option id, const char **out);
 
+/* 1 when option id has a value (given, or a default), 0 when it is unset
+ * (no default and not given: its getter reads 0, false or NULL).
+ * ENCACHE_EINVAL for a NULL cfg or an id out of range. */
+ENCACHE_EXTERN int encache_config_is_set(const encache_config *cfg,
+                                         encache_option id);
+
 /* The same by name ("store_read_buffer_bytes", or "section.name").
  * Errors: ENCACHE_ENOENT for an unknown name, ENCACHE_EINVAL when the
  * option has another kind. */

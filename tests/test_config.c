@@ -22,27 +22,26 @@ static int load_mc(encache_config *cfg, const char *json) {
   return encache_config_load_mooncake(cfg, json, strlen(json), "test.json");
 }
 
-/* Loads `json` expecting `rc`, with a message containing `needle`. */
-static void expect_ec_error(const char *json, int rc, const char *needle) {
+/* Loads `json` (an ec-transfer-config, or with mooncake set a Mooncake
+ * JSON) expecting `rc`, with a message containing `needle`. */
+static void expect_error(int mooncake, const char *json, int rc,
+                         const char *needle) {
   encache_config *cfg = new_cfg();
-  int got = load_ec(cfg, json);
+  int got = mooncake ? load_mc(cfg, json) : load_ec(cfg, json);
   if (got != rc)
-    test__fail(__FILE__, __LINE__, "load_ec(%s) = %d (%s), expected %d: %s",
-               json, got, encache_err_name(got), rc,
+    test__fail(__FILE__, __LINE__, "load_%s(%s) = %d (%s), expected %d: %s",
+               mooncake ? "mc" : "ec", json, got, encache_err_name(got), rc,
                encache_config_errmsg(cfg));
   ASSERT_CONTAINS(encache_config_errmsg(cfg), needle);
   encache_config_free(cfg);
 }
 
+static void expect_ec_error(const char *json, int rc, const char *needle) {
+  expect_error(0, json, rc, needle);
+}
+
 static void expect_mc_error(const char *json, int rc, const char *needle) {
-  encache_config *cfg = new_cfg();
-  int got = load_mc(cfg, json);
-  if (got != rc)
-    test__fail(__FILE__, __LINE__, "load_mc(%s) = %d (%s), expected %d: %s",
-               json, got, encache_err_name(got), rc,
-               encache_config_errmsg(cfg));
-  ASSERT_CONTAINS(encache_config_errmsg(cfg), needle);
-  encache_config_free(cfg);
+  expect_error(1, json, rc, needle);
 }
 
 TEST(config_defaults) {

@@ -53,11 +53,8 @@ void encache_config_free(encache_config *cfg) {
     return;
   for (int i = 0; i < NOPTS; i++)
     encache__value_clear(&cfg->vals[i]);
-  for (int s = 0; s < SEC_COUNT; s++) {
-    for (int i = 0; i < cfg->nunknown[s]; i++)
-      encache__free(cfg->unknown[s][i]);
-    encache__free(cfg->unknown[s]);
-  }
+  for (int s = 0; s < SEC_COUNT; s++)
+    encache__unknown_clear(&cfg->unknown[s], &cfg->nunknown[s]);
   encache__free(cfg->errmsg);
   encache__free(cfg);
 }

@@ -122,6 +122,8 @@ int encache__load_section(encache_config *cfg, scratch *s, enum section sec,
 void encache__commit_section(encache_config *cfg, scratch *s,
                              enum section sec);
 void encache__scratch_free(scratch *s);
+/* Frees the names in *unknown and empties it. */
+void encache__unknown_clear(char ***unknown, int *n);
 /* The rules between options of section sec, on vals. */
 int encache__section_check(encache_config *cfg, const value *vals,
                            enum section sec);

@@ -181,14 +181,19 @@ static int value_from_json(encache_config *cfg, const opt_def *o,
 
 /* --------------------------------------------------------------- loads */
 
+void encache__unknown_clear(char ***unknown, int *n) {
+  for (int i = 0; i < *n; i++)
+    encache__free((*unknown)[i]);
+  encache__free(*unknown);
+  *unknown = NULL;
+  *n = 0;
+}
+
 void encache__scratch_free(scratch *s) {
   for (int i = 0; i < NOPTS; i++)
     encache__value_clear(&s->vals[i]);
-  for (int k = 0; k < SEC_COUNT; k++) {
-    for (int i = 0; i < s->nunknown[k]; i++)
-      encache__free(s->unknown[k][i]);
-    encache__free(s->unknown[k]);
-  }
+  for (int k = 0; k < SEC_COUNT; k++)
+    encache__unknown_clear(&s->unknown[k], &s->nunknown[k]);
 }
 
 static int add_unknown(scratch *s, enum section sec, const char *name) {
@@ -265,9 +270,7 @@ void encache__commit_section(encache_config *cfg, scratch *s,
     cfg->vals[i] = s->vals[i];
     memset(&s->vals[i], 0, sizeof(s->vals[i]));
   }
-  for (int i = 0; i < cfg->nunknown[sec]; i++)
-    encache__free(cfg->unknown[sec][i]);
-  encache__free(cfg->unknown[sec]);
+  encache__unknown_clear(&cfg->unknown[sec], &cfg->nunknown[sec]);
   cfg->unknown[sec] = s->unknown[sec];
   cfg->nunknown[sec] = s->nunknown[sec];
   s->unknown[sec] = NULL;

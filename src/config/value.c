@@ -215,29 +215,18 @@ static int store(encache_config *cfg, const opt_def *o, value *v) {
   return 0;
 }
 
-int encache_config_set_bool(encache_config *cfg, encache_option id,
-                            int value_) {
-  int rc;
-  const opt_def *o = settable(cfg, id, C_BOOL, &rc);
-  value v = {.b = value_ != 0};
-  return o == NULL ? rc : store(cfg, o, &v);
-}
-
-int encache_config_set_u64(encache_config *cfg, encache_option id,
-                           uint64_t value_) {
-  int rc;
-  const opt_def *o = settable(cfg, id, C_U64, &rc);
-  value v = {.u = value_};
-  return o == NULL ? rc : store(cfg, o, &v);
-}
-
-int encache_config_set_double(encache_config *cfg, encache_option id,
-                              double value_) {
-  int rc;
-  const opt_def *o = settable(cfg, id, C_DOUBLE, &rc);
-  value v = {.d = value_};
-  return o == NULL ? rc : store(cfg, o, &v);
-}
+/* The setter of one C type: a typed value, then store(). */
+#define SETTER_(fn, ctype, cls, field, expr)                                  \
+  int fn(encache_config *cfg, encache_option id, ctype value_) {              \
+    int rc;                                                                   \
+    const opt_def *o = settable(cfg, id, cls, &rc);                           \
+    value v = {.field = (expr)};                                              \
+    return o == NULL ? rc : store(cfg, o, &v);                                \
+  }
+SETTER_(encache_config_set_bool, int, C_BOOL, b, value_ != 0)
+SETTER_(encache_config_set_u64, uint64_t, C_U64, u, value_)
+SETTER_(encache_config_set_double, double, C_DOUBLE, d, value_)
+#undef SETTER_
 
 int encache_config_set_string(encache_config *cfg, encache_option id,
                               const char *value_) {
@@ -282,40 +271,25 @@ static const value *get_typed(const encache_config *cfg, int i,
   return &cfg->vals[i];
 }
 
-int encache_config_bool(const encache_config *cfg, encache_option id,
-                        int *out) {
-  int rc;
-  const value *v = get_typed(cfg, (int)id, C_BOOL, &rc);
-  if (v != NULL && out != NULL)
-    *out = v->b;
-  return rc;
-}
+/* The getter by id of one C type: the value, or EINVAL. */
+#define GETTER_(fn, ctype, cls, expr)                                         \
+  int fn(const encache_config *cfg, encache_option id, ctype *out) {          \
+    int rc;                                                                   \
+    const value *v = get_typed(cfg, (int)id, cls, &rc);                       \
+    if (v != NULL && out != NULL)                                             \
+      *out = (expr);                                                          \
+    return rc;                                                                \
+  }
+GETTER_(encache_config_bool, int, C_BOOL, v->b)
+GETTER_(encache_config_u64, uint64_t, C_U64, v->u)
+GETTER_(encache_config_double, double, C_DOUBLE, v->d)
+GETTER_(encache_config_string, const char *, C_STRING, v->set ? v->s : NULL)
+#undef GETTER_
 
-int encache_config_u64(const encache_config *cfg, encache_option id,
-                       uint64_t *out) {
-  int rc;
-  const value *v = get_typed(cfg, (int)id, C_U64, &rc);
-  if (v != NULL && out != NULL)
-    *out = v->u;
-  return rc;
-}
-
-int encache_config_double(const encache_config *cfg, encache_option id,
-                          double *out) {
-  int rc;
-  const value *v = get_typed(cfg, (int)id, C_DOUBLE, &rc);
-  if (v != NULL && out != NULL)
-    *out = v->d;
-  return rc;
-}
-
-int encache_config_string(const encache_config *cfg, encache_option id,
-                          const char **out) {
-  int rc;
-  const value *v = get_typed(cfg, (int)id, C_STRING, &rc);
-  if (v != NULL && out != NULL)
-    *out = v->set ? v->s : NULL;
-  return rc;
+int encache_config_is_set(const encache_config *cfg, encache_option id) {
+  if (cfg == NULL || (unsigned)id >= ENCACHE_OPT_COUNT)
+    return ENCACHE_EINVAL;
+  return cfg->vals[id].set;
 }
 
 /* By name: the id, then the getter by id. */
