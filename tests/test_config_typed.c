@@ -35,54 +35,73 @@ static void expect_fail(encache_config *cfg, int rc, int want,
     test__fail(__FILE__, line, "message \"%s\" lacks \"%s\"",
                encache_config_errmsg(cfg), needle);
 }
-#define EXPECT_FAIL(cfg, call, want, needle)                                 \
+#define EXPECT_FAIL(cfg, call, want, needle)                                   \
   expect_fail((cfg), (call), (want), (needle), __LINE__)
 
 TEST(config_setters_refuse_bad_values_naming_the_option) {
   encache_config *cfg = new_cfg();
-  ASSERT_EQ_INT(encache_config_set_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS,
-                                       7), 0);
-  EXPECT_FAIL(cfg, encache_config_set_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, 0),
-              ENCACHE_ECONFIG, "ec_connector_extra_config.store_max_pending_items: "
-                               "must be a positive integer, got 0");
+  ASSERT_EQ_INT(
+      encache_config_set_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, 7), 0);
+  EXPECT_FAIL(
+      cfg, encache_config_set_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, 0),
+      ENCACHE_ECONFIG,
+      "ec_connector_extra_config.store_max_pending_items: "
+      "must be a positive integer, got 0");
   uint64_t u = 0;
-  ASSERT_EQ_INT(encache_config_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, &u), 0);
+  ASSERT_EQ_INT(
+      encache_config_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, &u), 0);
   ASSERT_EQ_U64(u, 7); /* a refused value leaves the option as it was */
-  EXPECT_FAIL(cfg, encache_config_set_string(cfg, ENCACHE_OPT_EC_ROLE, "ec_encoder"),
-              ENCACHE_ECONFIG, "ec_transfer_config.ec_role: must be one of "
-                               "ec_producer|ec_consumer|ec_both, got \"ec_encoder\"");
-  EXPECT_FAIL(cfg, encache_config_set_double(cfg, ENCACHE_OPT_EC_BUFFER_SIZE, -1),
-              ENCACHE_ECONFIG, "ec_transfer_config.ec_buffer_size: must be a "
-                               "non-negative number, got -1");
-  EXPECT_FAIL(cfg, encache_config_set_double(cfg, ENCACHE_OPT_EC_BUFFER_SIZE, NAN),
+  EXPECT_FAIL(cfg,
+              encache_config_set_string(cfg, ENCACHE_OPT_EC_ROLE, "ec_encoder"),
+              ENCACHE_ECONFIG,
+              "ec_transfer_config.ec_role: must be one of "
+              "ec_producer|ec_consumer|ec_both, got \"ec_encoder\"");
+  EXPECT_FAIL(cfg,
+              encache_config_set_double(cfg, ENCACHE_OPT_EC_BUFFER_SIZE, -1),
+              ENCACHE_ECONFIG,
+              "ec_transfer_config.ec_buffer_size: must be a "
+              "non-negative number, got -1");
+  EXPECT_FAIL(cfg,
+              encache_config_set_double(cfg, ENCACHE_OPT_EC_BUFFER_SIZE, NAN),
               ENCACHE_ECONFIG, "ec_buffer_size: must be a non-negative number");
-  EXPECT_FAIL(cfg, encache_config_set_u64(cfg, ENCACHE_OPT_LOCAL_BUFFER_SIZE, 0),
-              ENCACHE_ECONFIG, "mooncake.local_buffer_size: must be > 0, got 0 "
-                               "(vLLM refuses it too)");
+  EXPECT_FAIL(cfg,
+              encache_config_set_u64(cfg, ENCACHE_OPT_LOCAL_BUFFER_SIZE, 0),
+              ENCACHE_ECONFIG,
+              "mooncake.local_buffer_size: must be > 0, got 0 "
+              "(vLLM refuses it too)");
   EXPECT_FAIL(cfg, encache_config_set_string(cfg, ENCACHE_OPT_MODE, "local"),
-              ENCACHE_ECONFIG, "mooncake.mode: must be one of "
-                               "embedded|standalone-store, got \"local\" (vLLM "
-                               "refuses it too)");
+              ENCACHE_ECONFIG,
+              "mooncake.mode: must be one of "
+              "embedded|standalone-store, got \"local\" (vLLM "
+              "refuses it too)");
   EXPECT_FAIL(cfg, encache_config_set_bool(cfg, ENCACHE_OPT_ENABLE_OFFLOAD, 2),
-              ENCACHE_ECONFIG, "mooncake.enable_offload: must not be true (got "
-                               "true): encache requires a RAM Store");
-  EXPECT_FAIL(cfg, encache_config_set_string(cfg, ENCACHE_OPT_TENANT_ID, " team "),
-              ENCACHE_ECONFIG, "mooncake.tenant_id: \"team\" cannot be honoured");
+              ENCACHE_ECONFIG,
+              "mooncake.enable_offload: must not be true (got "
+              "true): encache requires a RAM Store");
+  EXPECT_FAIL(
+      cfg, encache_config_set_string(cfg, ENCACHE_OPT_TENANT_ID, " team "),
+      ENCACHE_ECONFIG, "mooncake.tenant_id: \"team\" cannot be honoured");
   /* The wrong setter, a derived option, an id out of range. */
-  EXPECT_FAIL(cfg, encache_config_set_bool(cfg, ENCACHE_OPT_STORE_READ_BUFFER_BYTES, 1),
-              ENCACHE_EINVAL, "ec_connector_extra_config.store_read_buffer_bytes: "
-                              "a positive integer option: set it with "
-                              "encache_config_set_u64");
-  EXPECT_FAIL(cfg, encache_config_set_string(cfg, ENCACHE_OPT_GLOBAL_SEGMENT_SIZE, "4GB"),
-              ENCACHE_EINVAL, "mooncake.global_segment_size: a size option");
-  EXPECT_FAIL(cfg, encache_config_set_string(cfg, ENCACHE_OPT_LOCAL_HOSTNAME, "h"),
+  EXPECT_FAIL(
+      cfg, encache_config_set_bool(cfg, ENCACHE_OPT_STORE_READ_BUFFER_BYTES, 1),
+      ENCACHE_EINVAL,
+      "ec_connector_extra_config.store_read_buffer_bytes: "
+      "a positive integer option: set it with "
+      "encache_config_set_u64");
+  EXPECT_FAIL(
+      cfg,
+      encache_config_set_string(cfg, ENCACHE_OPT_GLOBAL_SEGMENT_SIZE, "4GB"),
+      ENCACHE_EINVAL, "mooncake.global_segment_size: a size option");
+  EXPECT_FAIL(cfg,
+              encache_config_set_string(cfg, ENCACHE_OPT_LOCAL_HOSTNAME, "h"),
               ENCACHE_EINVAL, "mooncake.local_hostname: derived, not set");
   EXPECT_FAIL(cfg, encache_config_set_u64(cfg, ENCACHE_OPT_COUNT, 1),
               ENCACHE_EINVAL, "no such option");
   EXPECT_FAIL(cfg, encache_config_set_u64(cfg, (encache_option)-1, 1),
               ENCACHE_EINVAL, "no such option");
-  ASSERT_EQ_INT(encache_config_set_bool(NULL, ENCACHE_OPT_CROSS_ENCODER_CACHE, 1),
-                ENCACHE_EINVAL);
+  ASSERT_EQ_INT(
+      encache_config_set_bool(NULL, ENCACHE_OPT_CROSS_ENCODER_CACHE, 1),
+      ENCACHE_EINVAL);
   /* None of those put the mooncake section in use. */
   for (int i = 0; i < encache_config_item_count(cfg); i++) {
     encache_config_item it = {.size = sizeof(it)};
@@ -91,8 +110,9 @@ TEST(config_setters_refuse_bad_values_naming_the_option) {
   }
   /* Getters of another kind refuse. */
   int b;
-  ASSERT_EQ_INT(encache_config_bool(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, &b),
-                ENCACHE_EINVAL);
+  ASSERT_EQ_INT(
+      encache_config_bool(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, &b),
+      ENCACHE_EINVAL);
   ASSERT_EQ_INT(encache_config_u64(cfg, ENCACHE_OPT_COUNT, &u), ENCACHE_EINVAL);
   encache_config_free(cfg);
 }
@@ -100,24 +120,30 @@ TEST(config_setters_refuse_bad_values_naming_the_option) {
 TEST(config_validate_rules_between_options) {
   encache_config *cfg = new_cfg();
   ASSERT_EQ_INT(encache_config_validate(cfg), 0);
-  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_EC_CONNECTOR, "X"), 0);
+  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_EC_CONNECTOR, "X"),
+                0);
   EXPECT_FAIL(cfg, encache_config_validate(cfg), ENCACHE_ECONFIG,
               "ec_transfer_config.ec_role: required when ec_connector is set");
-  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_EC_ROLE, "ec_both"), 0);
+  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_EC_ROLE, "ec_both"),
+                0);
   ASSERT_EQ_INT(encache_config_validate(cfg), 0);
   /* A mooncake option puts the section in use: its rules apply. */
-  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_MODE,
-                                          "standalone-store"), 0);
+  ASSERT_EQ_INT(
+      encache_config_set_string(cfg, ENCACHE_OPT_MODE, "standalone-store"), 0);
   EXPECT_FAIL(cfg, encache_config_validate(cfg), ENCACHE_ECONFIG,
               "mooncake.metadata_server: required, but missing");
   ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_METADATA_SERVER,
-                                          "P2PHANDSHAKE"), 0);
-  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_MASTER_SERVER_ADDRESS,
-                                          "h:1"), 0);
-  EXPECT_FAIL(cfg, encache_config_validate(cfg), ENCACHE_ECONFIG,
-              "mooncake.global_segment_size: mode \"standalone-store\" needs an "
-              "explicit global_segment_size of 0, got none (default 4294967296)");
-  ASSERT_EQ_INT(encache_config_set_u64(cfg, ENCACHE_OPT_GLOBAL_SEGMENT_SIZE, 0), 0);
+                                          "P2PHANDSHAKE"),
+                0);
+  ASSERT_EQ_INT(
+      encache_config_set_string(cfg, ENCACHE_OPT_MASTER_SERVER_ADDRESS, "h:1"),
+      0);
+  EXPECT_FAIL(
+      cfg, encache_config_validate(cfg), ENCACHE_ECONFIG,
+      "mooncake.global_segment_size: mode \"standalone-store\" needs an "
+      "explicit global_segment_size of 0, got none (default 4294967296)");
+  ASSERT_EQ_INT(encache_config_set_u64(cfg, ENCACHE_OPT_GLOBAL_SEGMENT_SIZE, 0),
+                0);
   setenv("MOONCAKE_REQUESTER_LOCAL_HOSTNAME", " 10.1.2.3 ", 1);
   ASSERT_EQ_INT(encache_config_validate(cfg), 0);
   ASSERT_EQ_STR(encache_config_errmsg(cfg), "");
@@ -128,10 +154,12 @@ TEST(config_validate_rules_between_options) {
   /* Reset: back to the default, as if never given. */
   ASSERT_EQ_INT(encache_config_reset(cfg, ENCACHE_OPT_MODE), 0);
   ASSERT_EQ_STR(op->mode, "embedded");
-  EXPECT_FAIL(cfg, encache_config_validate(cfg), ENCACHE_ECONFIG,
-              "mode \"embedded\" (the default mode) needs a global_segment_size > 0");
+  EXPECT_FAIL(
+      cfg, encache_config_validate(cfg), ENCACHE_ECONFIG,
+      "mode \"embedded\" (the default mode) needs a global_segment_size > 0");
   ASSERT_EQ_INT(encache_config_is_set(cfg, ENCACHE_OPT_EC_CONNECTOR), 1);
-  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_EC_CONNECTOR, NULL), 0);
+  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_EC_CONNECTOR, NULL),
+                0);
   ASSERT(op->ec_connector == NULL);
   ASSERT_EQ_INT(encache_config_is_set(cfg, ENCACHE_OPT_EC_CONNECTOR), 0);
   ASSERT_EQ_INT(encache_config_is_set(cfg, ENCACHE_OPT_EC_PARALLEL_SIZE), 0);
@@ -156,15 +184,20 @@ typedef struct typed_case {
 
 static int set_case(encache_config *cfg, const typed_case *c) {
   switch (c->setter) {
-  case B: return encache_config_set_bool(cfg, c->id, c->b);
-  case U: return encache_config_set_u64(cfg, c->id, c->u);
-  case D: return encache_config_set_double(cfg, c->id, c->d);
-  default: return encache_config_set_string(cfg, c->id, c->s);
+  case B:
+    return encache_config_set_bool(cfg, c->id, c->b);
+  case U:
+    return encache_config_set_u64(cfg, c->id, c->u);
+  case D:
+    return encache_config_set_double(cfg, c->id, c->d);
+  default:
+    return encache_config_set_string(cfg, c->id, c->s);
   }
 }
 
 /* Every option's typed value in a and b is the same. */
-static void expect_same_values(const encache_config *a, const encache_config *b) {
+static void expect_same_values(const encache_config *a,
+                               const encache_config *b) {
   for (int i = 0; i < ENCACHE_OPT_COUNT; i++) {
     encache_option id = (encache_option)i;
     int ba, bb;
@@ -179,8 +212,8 @@ static void expect_same_values(const encache_config *a, const encache_config *b)
     } else if (encache_config_u64(a, id, &ua) == 0) {
       encache_config_u64(b, id, &ub);
       if (ua != ub)
-        test__fail(__FILE__, __LINE__, "%s: %" PRIu64 " != %" PRIu64, name,
-                   ua, ub);
+        test__fail(__FILE__, __LINE__, "%s: %" PRIu64 " != %" PRIu64, name, ua,
+                   ub);
     } else if (encache_config_double(a, id, &da) == 0) {
       encache_config_double(b, id, &db);
       if (da != db)
@@ -202,8 +235,9 @@ static void json_against_setters(const typed_case *cases, size_t n) {
   encache_config *byset = new_cfg();
   for (size_t i = 0; i < n; i++) {
     const char *sec = encache_option_section(cases[i].id);
-    char *dst = strcmp(sec, "mooncake") == 0 ? mc
-                : strcmp(sec, "ec_transfer_config") == 0 ? ec : extra;
+    char *dst = strcmp(sec, "mooncake") == 0             ? mc
+                : strcmp(sec, "ec_transfer_config") == 0 ? ec
+                                                         : extra;
     snprintf(dst + strlen(dst), 2048 - strlen(dst), "%s\"%s\": %s",
              dst[0] && strcmp(dst, "{") != 0 ? ", " : "",
              encache_option_name(cases[i].id), cases[i].json);
@@ -234,7 +268,8 @@ static void json_against_setters(const typed_case *cases, size_t n) {
 TEST(config_json_and_setters_give_the_same_values) {
   setenv("MOONCAKE_REQUESTER_LOCAL_HOSTNAME", "10.0.0.7", 1);
   static const typed_case plain[] = {
-      {ENCACHE_OPT_EC_CONNECTOR, "\"ECMooncakeStorageConnector\"", S, .s = "ECMooncakeStorageConnector"},
+      {ENCACHE_OPT_EC_CONNECTOR, "\"ECMooncakeStorageConnector\"", S,
+       .s = "ECMooncakeStorageConnector"},
       {ENCACHE_OPT_EC_ROLE, "\"ec_producer\"", S, .s = "ec_producer"},
       {ENCACHE_OPT_ENGINE_ID, "\"e1\"", S, .s = "e1"},
       {ENCACHE_OPT_EC_CONNECTOR_MODULE_PATH, "\"m.p\"", S, .s = "m.p"},
@@ -297,12 +332,15 @@ TEST(config_setter_warns_as_json_does) {
   const char *json = "{\"ec_connector_extra_config\": "
                      "{\"embedding_model_identity\": \"\"}}";
   ASSERT_EQ_INT(encache_config_load_ec(a, json, strlen(json)), 0);
-  ASSERT_EQ_INT(encache_config_set_string(b, ENCACHE_OPT_EMBEDDING_MODEL_IDENTITY,
-                                          ""), 0);
+  ASSERT_EQ_INT(
+      encache_config_set_string(b, ENCACHE_OPT_EMBEDDING_MODEL_IDENTITY, ""),
+      0);
   ASSERT_EQ_INT(encache_config_warning_count(a), 1);
   ASSERT_EQ_INT(encache_config_warning_count(b), 1);
-  ASSERT_EQ_STR(encache_config_warning_at(a, 0), encache_config_warning_at(b, 0));
-  ASSERT_CONTAINS(encache_config_warning_at(b, 0), "gives the key field model:,");
+  ASSERT_EQ_STR(encache_config_warning_at(a, 0),
+                encache_config_warning_at(b, 0));
+  ASSERT_CONTAINS(encache_config_warning_at(b, 0),
+                  "gives the key field model:,");
   char na[256], nb[256];
   ASSERT(encache_config_namespace(a, "m", NULL, NULL, ENCACHE_FLOAT16, na,
                                   sizeof(na)) > 0);
@@ -343,7 +381,7 @@ static void view_string(const encache_config *cfg, encache_option id,
 /* Every field of the typed view is what the getter by id says. */
 static void expect_view(const encache_config *cfg) {
   const encache__opts *op = encache__config_opts(cfg);
-#define VIEW_(id, sec, name, ...)                                            \
+#define VIEW_(id, sec, name, ...)                                              \
   _Generic(op->name, int: view_bool, uint64_t: view_u64, double: view_double, \
            const char *: view_string)(cfg, ENCACHE_OPT_##id, &op->name);
   ENCACHE_OPTION_MAP(VIEW_)
@@ -357,16 +395,19 @@ TEST(config_typed_view_follows_every_change) {
   ASSERT_EQ_U64(op->store_read_buffer_bytes, 134217728);
   ASSERT_EQ_STR(op->protocol, "rdma");
   ASSERT(op->embedding_model_identity == NULL);
-  const char *json = "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
-                     "true, \"store_read_buffer_bytes\": 65536}}";
+  const char *json =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+      "true, \"store_read_buffer_bytes\": 65536}}";
   ASSERT_EQ_INT(encache_config_load_ec(cfg, json, strlen(json)), 0);
   expect_view(cfg);
   ASSERT_EQ_INT(op->cross_encoder_cache, 1);
   ASSERT_EQ_U64(op->store_read_buffer_bytes, 65536);
-  ASSERT_EQ_INT(encache_config_set_u64(cfg, ENCACHE_OPT_STORE_READ_BUFFER_BYTES,
-                                       1 << 20), 0);
+  ASSERT_EQ_INT(
+      encache_config_set_u64(cfg, ENCACHE_OPT_STORE_READ_BUFFER_BYTES, 1 << 20),
+      0);
   ASSERT_EQ_U64(op->store_read_buffer_bytes, 1 << 20);
-  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_DEVICE_NAME, "d0"), 0);
+  ASSERT_EQ_INT(encache_config_set_string(cfg, ENCACHE_OPT_DEVICE_NAME, "d0"),
+                0);
   expect_view(cfg);
   ASSERT_EQ_STR(op->device_name, "d0");
   encache_config_free(cfg);
@@ -390,7 +431,8 @@ TEST(config_option_metadata) {
   ASSERT(encache_option_doc((encache_option)-1) == NULL);
   ASSERT_EQ_INT(encache_option_find("protocol"), ENCACHE_OPT_PROTOCOL);
   ASSERT_EQ_INT(encache_option_find("mooncake.protocol"), ENCACHE_OPT_PROTOCOL);
-  ASSERT_EQ_INT(encache_option_find("ec_transfer_config.protocol"), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(encache_option_find("ec_transfer_config.protocol"),
+                ENCACHE_ENOENT);
   ASSERT_EQ_INT(encache_option_find("nope"), ENCACHE_ENOENT);
   ASSERT_EQ_INT(encache_option_find(NULL), ENCACHE_ENOENT);
   /* Each id is its name in capitals, and each default obeys its own rule:
@@ -414,12 +456,16 @@ TEST(config_option_metadata) {
     encache_config *cfg = new_cfg();
     int rc;
     if (strcmp(encache_option_section((encache_option)i), "mooncake") == 0) {
-      snprintf(json, sizeof(json), "{\"metadata_server\": \"x\", "
-               "\"master_server_address\": \"h:1\", \"%s\": %s}", name, def);
+      snprintf(json, sizeof(json),
+               "{\"metadata_server\": \"x\", "
+               "\"master_server_address\": \"h:1\", \"%s\": %s}",
+               name, def);
       rc = encache_config_load_mooncake(cfg, json, strlen(json), NULL);
     } else {
-      snprintf(json, sizeof(json), "{\"ec_connector_extra_config\": "
-               "{\"%s\": %s}}", name, def);
+      snprintf(json, sizeof(json),
+               "{\"ec_connector_extra_config\": "
+               "{\"%s\": %s}}",
+               name, def);
       rc = encache_config_load_ec(cfg, json, strlen(json));
     }
     if (rc != 0)
@@ -433,19 +479,34 @@ TEST(config_option_metadata) {
 
 static int set_everything(encache_config *cfg) {
   int rc = 0;
-  if (rc == 0) rc = encache_config_set_string(cfg, ENCACHE_OPT_EC_CONNECTOR, "C");
-  if (rc == 0) rc = encache_config_set_string(cfg, ENCACHE_OPT_EC_ROLE, "ec_producer");
-  if (rc == 0) rc = encache_config_set_double(cfg, ENCACHE_OPT_EC_BUFFER_SIZE, 1e9);
-  if (rc == 0) rc = encache_config_set_u64(cfg, ENCACHE_OPT_EC_PORT, 1);
-  if (rc == 0) rc = encache_config_set_bool(cfg, ENCACHE_OPT_CROSS_ENCODER_CACHE, 1);
-  if (rc == 0) rc = encache_config_set_string(cfg, ENCACHE_OPT_EMBEDDING_MODEL_IDENTITY, "");
-  if (rc == 0) rc = encache_config_set_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, 4);
-  if (rc == 0) rc = encache_config_set_string(cfg, ENCACHE_OPT_METADATA_SERVER, "m");
-  if (rc == 0) rc = encache_config_set_string(cfg, ENCACHE_OPT_MASTER_SERVER_ADDRESS, "h:1");
-  if (rc == 0) rc = encache_config_set_string(cfg, ENCACHE_OPT_TENANT_ID, "");
-  if (rc == 0) rc = encache_config_set_u64(cfg, ENCACHE_OPT_LOCAL_BUFFER_SIZE, 1 << 20);
-  if (rc == 0) rc = encache_config_reset(cfg, ENCACHE_OPT_EC_PORT);
-  if (rc == 0) rc = encache_config_validate(cfg);
+  if (rc == 0)
+    rc = encache_config_set_string(cfg, ENCACHE_OPT_EC_CONNECTOR, "C");
+  if (rc == 0)
+    rc = encache_config_set_string(cfg, ENCACHE_OPT_EC_ROLE, "ec_producer");
+  if (rc == 0)
+    rc = encache_config_set_double(cfg, ENCACHE_OPT_EC_BUFFER_SIZE, 1e9);
+  if (rc == 0)
+    rc = encache_config_set_u64(cfg, ENCACHE_OPT_EC_PORT, 1);
+  if (rc == 0)
+    rc = encache_config_set_bool(cfg, ENCACHE_OPT_CROSS_ENCODER_CACHE, 1);
+  if (rc == 0)
+    rc = encache_config_set_string(cfg, ENCACHE_OPT_EMBEDDING_MODEL_IDENTITY,
+                                   "");
+  if (rc == 0)
+    rc = encache_config_set_u64(cfg, ENCACHE_OPT_STORE_MAX_PENDING_ITEMS, 4);
+  if (rc == 0)
+    rc = encache_config_set_string(cfg, ENCACHE_OPT_METADATA_SERVER, "m");
+  if (rc == 0)
+    rc = encache_config_set_string(cfg, ENCACHE_OPT_MASTER_SERVER_ADDRESS,
+                                   "h:1");
+  if (rc == 0)
+    rc = encache_config_set_string(cfg, ENCACHE_OPT_TENANT_ID, "");
+  if (rc == 0)
+    rc = encache_config_set_u64(cfg, ENCACHE_OPT_LOCAL_BUFFER_SIZE, 1 << 20);
+  if (rc == 0)
+    rc = encache_config_reset(cfg, ENCACHE_OPT_EC_PORT);
+  if (rc == 0)
+    rc = encache_config_validate(cfg);
   return rc;
 }
 
@@ -572,9 +633,11 @@ TEST(config_docs_table_matches_the_table) {
       doc = next;
     } else if (strlen(want) != (size_t)(e - b) ||
                memcmp(want, b, (size_t)(e - b)) != 0) {
-      test__fail(__FILE__, __LINE__, "%s: the %s table differs from "
+      test__fail(__FILE__, __LINE__,
+                 "%s: the %s table differs from "
                  "ENCACHE_OPTION_MAP; regenerate it (docs/development.md):"
-                 "\n%s", path, sections[k], want);
+                 "\n%s",
+                 path, sections[k], want);
     }
     free(want);
   }

@@ -83,10 +83,9 @@ int encache_parse_size(const char *text, uint64_t *out) {
   static const struct {
     const char *unit;
     unsigned shift;
-  } units[] = {{"b", 0},    {"kb", 10},  {"kib", 10}, {"k", 10},
-               {"mb", 20},  {"mib", 20}, {"m", 20},   {"gb", 30},
-               {"gib", 30}, {"g", 30},   {"tb", 40},  {"tib", 40},
-               {"t", 40}};
+  } units[] = {{"b", 0},    {"kb", 10},  {"kib", 10}, {"k", 10},   {"mb", 20},
+               {"mib", 20}, {"m", 20},   {"gb", 30},  {"gib", 30}, {"g", 30},
+               {"tb", 40},  {"tib", 40}, {"t", 40}};
   if (text == NULL || out == NULL)
     return ENCACHE_EINVAL;
   const char *p = text;
@@ -134,8 +133,8 @@ int encache_config_check_deployment(encache_config *cfg,
   if (given != NULL && encache__struct_in(&d, sizeof(d), given, sizeof(d)) < 0)
     return encache__config_fail(cfg, ENCACHE_EINVAL,
                                 "encache_deployment: size %zu is not one this "
-                                "library knows (at least %zu)", given->size,
-                                sizeof(d));
+                                "library knows (at least %zu)",
+                                given->size, sizeof(d));
   encache__config_clear_error(cfg);
   if (!cfg->opts.cross_encoder_cache)
     return 0;
@@ -144,7 +143,8 @@ int encache_config_check_deployment(encache_config *cfg,
                                 "mm_processor_cache_gb: is %g, so identifiers "
                                 "would not be stable content hashes; "
                                 "cross_encoder_cache needs the processor "
-                                "cache on", d.mm_processor_cache_gb);
+                                "cache on",
+                                d.mm_processor_cache_gb);
   const struct {
     const char *name;
     int v;
@@ -155,7 +155,8 @@ int encache_config_check_deployment(encache_config *cfg,
     if (sizes[i].v != 1)
       return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                   "%s: is %d; cross_encoder_cache supports "
-                                  "only 1", sizes[i].name, sizes[i].v);
+                                  "only 1",
+                                  sizes[i].name, sizes[i].v);
   if (d.dynamic_lora)
     return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                 "dynamic_lora: is on; cross_encoder_cache does "

@@ -26,16 +26,31 @@
 enum section { SEC_EC, SEC_EXTRA, SEC_MOONCAKE, SEC_COUNT };
 
 enum kind {
-  K_BOOL, K_TRUTHY, K_POSINT, K_UINT, K_SIZE, K_NUMBER,
-  K_STRING, K_ENUM, K_PYSTR, K_TENANT, K_DERIVED
+  K_BOOL,
+  K_TRUTHY,
+  K_POSINT,
+  K_UINT,
+  K_SIZE,
+  K_NUMBER,
+  K_STRING,
+  K_ENUM,
+  K_PYSTR,
+  K_TENANT,
+  K_DERIVED
 };
 
 /* The C type a kind is held in, and so the setter that takes it. */
 enum kclass { C_BOOL, C_U64, C_DOUBLE, C_STRING };
 
 enum rule {
-  R_ANY, R_REQUIRED, R_NONZERO, R_ONE_OF, R_RAM_STORE, R_DEFAULT_TENANT,
-  R_KEY_PREFIX, R_KEY_MODEL
+  R_ANY,
+  R_REQUIRED,
+  R_NONZERO,
+  R_ONE_OF,
+  R_RAM_STORE,
+  R_DEFAULT_TENANT,
+  R_KEY_PREFIX,
+  R_KEY_MODEL
 };
 
 typedef struct opt_def {
@@ -74,8 +89,8 @@ typedef struct value {
 
 struct encache_config {
   value vals[NOPTS];
-  encache__opts opts;  /* the typed view of vals (encache__config_sync) */
-  int mooncake_loaded; /* the mooncake section is in use */
+  encache__opts opts;        /* the typed view of vals (encache__config_sync) */
+  int mooncake_loaded;       /* the mooncake section is in use */
   char **unknown[SEC_COUNT]; /* owned strings, "section.name" */
   int nunknown[SEC_COUNT];
   char *errmsg; /* owned; NULL = "" */
@@ -101,8 +116,8 @@ int encache__value_render(const opt_def *o, value *v);
 int encache__value_default(const opt_def *o, value *v);
 /* Checks v (typed, rendered) against o's kind and rule; `got` is the
  * value as given, for the message. */
-int encache__value_check(encache_config *cfg, const opt_def *o,
-                         const value *v, const char *got);
+int encache__value_check(encache_config *cfg, const opt_def *o, const value *v,
+                         const char *got);
 /* A key field's warning: `odd` says what vLLM made of a non-string
  * value (NULL for a string). */
 int encache__value_note(encache_config *cfg, const opt_def *o, value *v,
@@ -110,17 +125,15 @@ int encache__value_note(encache_config *cfg, const opt_def *o, value *v,
 
 /* JSON: decodes j into v for option o (kind only; no rule); got is j as
  * short text.  *odd as for encache__value_note. */
-int encache__json_decode(encache_config *cfg, const opt_def *o,
-                         const json_t *j, value *v, const char *got,
-                         const char **odd);
+int encache__json_decode(encache_config *cfg, const opt_def *o, const json_t *j,
+                         value *v, const char *got, const char **odd);
 const char *encache__json_kind(const json_t *j);
 void encache__json_brief(const json_t *j, char *buf, size_t size);
-json_t *encache__json_object(encache_config *cfg, const char *json,
-                             size_t len, const char *what, int *rc);
+json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
+                             const char *what, int *rc);
 int encache__load_section(encache_config *cfg, scratch *s, enum section sec,
                           const json_t *obj, const char *skip);
-void encache__commit_section(encache_config *cfg, scratch *s,
-                             enum section sec);
+void encache__commit_section(encache_config *cfg, scratch *s, enum section sec);
 void encache__scratch_free(scratch *s);
 /* Frees the names in *unknown and empties it. */
 void encache__unknown_clear(char ***unknown, int *n);
@@ -134,8 +147,7 @@ int encache__derive_hostname(encache_config *cfg, value *vals);
 void encache__py_strip(const char **a, const char **e);
 /* vLLM's _parse_size: 0, or -1 (vLLM refuses it too) / -2 (only encache
  * does) with why. */
-int encache__vllm_size(const json_t *j, uint64_t *out, char *why,
-                       size_t wsize);
+int encache__vllm_size(const json_t *j, uint64_t *out, char *why, size_t wsize);
 /* vLLM's _normalize_tenant_id of a string: stripped, blank = "default".
  * An allocation, NULL when out of memory. */
 char *encache__tenant_normalize(const char *t);

@@ -15,14 +15,21 @@
 
 const char *encache__json_kind(const json_t *j) {
   switch (json_typeof(j)) {
-  case JSON_OBJECT: return "an object";
-  case JSON_ARRAY: return "an array";
-  case JSON_STRING: return "a string";
-  case JSON_INTEGER: return "an integer";
-  case JSON_REAL: return "a float";
+  case JSON_OBJECT:
+    return "an object";
+  case JSON_ARRAY:
+    return "an array";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+    return "an integer";
+  case JSON_REAL:
+    return "a float";
   case JSON_TRUE:
-  case JSON_FALSE: return "a boolean";
-  case JSON_NULL: return "null";
+  case JSON_FALSE:
+    return "a boolean";
+  case JSON_NULL:
+    return "null";
   }
   return "a value";
 }
@@ -44,13 +51,20 @@ void encache__json_brief(const json_t *j, char *buf, size_t size) {
 /* Python's bool(): null, false, 0, 0.0, "", [] and {} are false. */
 static int truthy(const json_t *j) {
   switch (json_typeof(j)) {
-  case JSON_TRUE: return 1;
-  case JSON_INTEGER: return json_integer_value(j) != 0;
-  case JSON_REAL: return json_real_value(j) != 0;
-  case JSON_STRING: return json_string_length(j) != 0;
-  case JSON_ARRAY: return json_array_size(j) != 0;
-  case JSON_OBJECT: return json_object_size(j) != 0;
-  default: return 0;
+  case JSON_TRUE:
+    return 1;
+  case JSON_INTEGER:
+    return json_integer_value(j) != 0;
+  case JSON_REAL:
+    return json_real_value(j) != 0;
+  case JSON_STRING:
+    return json_string_length(j) != 0;
+  case JSON_ARRAY:
+    return json_array_size(j) != 0;
+  case JSON_OBJECT:
+    return json_object_size(j) != 0;
+  default:
+    return 0;
   }
 }
 
@@ -64,14 +78,16 @@ static char *string_member(encache_config *cfg, const opt_def *o,
   if (o->kind == K_PYSTR) {
     if (encache__py_str(j, num, &py, odd) < 0) {
       *rc = json_is_real(j)
-                ? encache__config_fail(cfg, ENCACHE_ECONFIG, "%s.%s: %s cannot "
-                                       "be written as Python writes it", sec,
-                                       o->name, got)
+                ? encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                       "%s.%s: %s cannot "
+                                       "be written as Python writes it",
+                                       sec, o->name, got)
                 : encache__config_fail(
                       cfg, ENCACHE_ECONFIG,
                       "%s.%s: must be a string, got %s %s (vLLM would write "
                       "Python's str() of it into every key, which no one "
-                      "intends)", sec, o->name, encache__json_kind(j), got);
+                      "intends)",
+                      sec, o->name, encache__json_kind(j), got);
       return NULL;
     }
   } else if (o->kind == K_TENANT && json_is_null(j)) {
@@ -79,17 +95,15 @@ static char *string_member(encache_config *cfg, const opt_def *o,
   } else if (json_is_string(j)) {
     py = json_string_value(j);
   } else {
-    *rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
-                               "%s.%s: must be a %s, got %s %s%s", sec, o->name,
-                               o->kind == K_TENANT ? "string or null"
-                                                   : "string",
-                               encache__json_kind(j), got,
-                               o->kind == K_TENANT ? " (vLLM refuses it too)"
-                                                   : "");
+    *rc = encache__config_fail(
+        cfg, ENCACHE_ECONFIG, "%s.%s: must be a %s, got %s %s%s", sec, o->name,
+        o->kind == K_TENANT ? "string or null" : "string",
+        encache__json_kind(j), got,
+        o->kind == K_TENANT ? " (vLLM refuses it too)" : "");
     return NULL;
   }
-  char *s = o->kind == K_TENANT ? encache__tenant_normalize(py)
-                                : encache__strdup(py);
+  char *s =
+      o->kind == K_TENANT ? encache__tenant_normalize(py) : encache__strdup(py);
   *rc = s == NULL ? encache__config_oom(cfg) : 0;
   return s;
 }
@@ -108,19 +122,15 @@ static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
     return 0;
   }
   if (!json_is_integer(j) || json_integer_value(j) < 0)
-    return encache__config_fail(cfg, ENCACHE_ECONFIG,
-                                "%s.%s: must be a %s integer, got %s", sec,
-                                o->name,
-                                o->kind == K_POSINT ? "positive"
-                                                    : "non-negative",
-                                got);
+    return encache__config_fail(
+        cfg, ENCACHE_ECONFIG, "%s.%s: must be a %s integer, got %s", sec,
+        o->name, o->kind == K_POSINT ? "positive" : "non-negative", got);
   v->u = (uint64_t)json_integer_value(j);
   return 0;
 }
 
-int encache__json_decode(encache_config *cfg, const opt_def *o,
-                         const json_t *j, value *v, const char *got,
-                         const char **odd) {
+int encache__json_decode(encache_config *cfg, const opt_def *o, const json_t *j,
+                         value *v, const char *got, const char **odd) {
   const char *sec = encache__section_names[o->sec];
   memset(v, 0, sizeof(*v));
   v->given = v->set = 1;
@@ -140,7 +150,8 @@ int encache__json_decode(encache_config *cfg, const opt_def *o,
     if (!json_is_number(j))
       return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                   "%s.%s: must be a non-negative number, got "
-                                  "%s", sec, o->name, got);
+                                  "%s",
+                                  sec, o->name, got);
     v->d = json_number_value(j);
     return 0;
   case C_STRING: {
@@ -223,8 +234,8 @@ static int load_member(encache_config *cfg, scratch *s, enum section sec,
     encache__free(v->warn);
     v->warn = encache__asprintf(
         "%s.%s: ignored, as vLLM ignores it (the client's hostname is "
-        "derived: see docs/configuration.md)", encache__section_names[sec],
-        name);
+        "derived: see docs/configuration.md)",
+        encache__section_names[sec], name);
     return v->warn == NULL ? encache__config_oom(cfg) : 0;
   }
   encache__value_clear(v);
@@ -279,8 +290,8 @@ void encache__commit_section(encache_config *cfg, scratch *s,
 }
 
 /* Parses json[0..len) as one JSON object, or fails with line and column. */
-json_t *encache__json_object(encache_config *cfg, const char *json,
-                             size_t len, const char *what, int *rc) {
+json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
+                             const char *what, int *rc) {
   json_error_t err;
   json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err);
   if (root == NULL) {
@@ -289,8 +300,8 @@ json_t *encache__json_object(encache_config *cfg, const char *json,
                                      what)
               : encache__config_fail(cfg, ENCACHE_EJSON,
                                      "%s: malformed JSON at line %d, column "
-                                     "%d: %s", what, err.line, err.column,
-                                     err.text);
+                                     "%d: %s",
+                                     what, err.line, err.column, err.text);
     return NULL;
   }
   if (!json_is_object(root)) {
@@ -313,7 +324,8 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
   if (json == NULL)
     return encache__config_fail(cfg, ENCACHE_EINVAL,
                                 "ec_transfer_config: no JSON given");
-  json_t *root = encache__json_object(cfg, json, len, "ec_transfer_config", &rc);
+  json_t *root =
+      encache__json_object(cfg, json, len, "ec_transfer_config", &rc);
   if (root == NULL)
     return rc;
   scratch s;
@@ -325,8 +337,8 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
     encache__json_brief(extra, got, sizeof(got));
     rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
                               "ec_transfer_config.%s: must be an object, got "
-                              "%s %s", extra_name, encache__json_kind(extra),
-                              got);
+                              "%s %s",
+                              extra_name, encache__json_kind(extra), got);
   } else if (extra == NULL && empty == NULL) {
     rc = encache__config_oom(cfg);
   }

@@ -29,7 +29,8 @@
 #define ENCACHE__CTYPE_DERIVED const char *
 
 typedef struct encache__opts {
-#define ENCACHE__OPT_FIELD_(id, sec, name, kind, ...) ENCACHE__CTYPE_##kind name;
+#define ENCACHE__OPT_FIELD_(id, sec, name, kind, ...)                          \
+  ENCACHE__CTYPE_##kind name;
   ENCACHE_OPTION_MAP(ENCACHE__OPT_FIELD_)
 #undef ENCACHE__OPT_FIELD_
 } encache__opts;

@@ -104,12 +104,13 @@ static int size_text(const char *t, double *num, double *mult, char *why,
   static const struct {
     const char *unit;
     double mult;
-  } units[] = {{"gb", 1073741824.0}, {"mb", 1048576.0}, {"kb", 1024.0},
-               {"b", 1.0}};
+  } units[] = {
+      {"gb", 1073741824.0}, {"mb", 1048576.0}, {"kb", 1024.0}, {"b", 1.0}};
   const char *e = t + strlen(t);
   encache__py_strip(&t, &e);
   if (t == e) {
-    snprintf(why, wsize, "an empty size (vLLM refuses it: \"Size cannot be "
+    snprintf(why, wsize,
+             "an empty size (vLLM refuses it: \"Size cannot be "
              "empty\")");
     return -1;
   }
@@ -130,13 +131,15 @@ static int size_text(const char *t, double *num, double *mult, char *why,
       known = 1;
     }
   if (nend == t || !known) {
-    snprintf(why, wsize, "not a size vLLM accepts (a number with an "
+    snprintf(why, wsize,
+             "not a size vLLM accepts (a number with an "
              "optional unit B, KB, MB or GB, powers of 1024; vLLM refuses "
              "anything else, GiB and TB included)");
     return -1;
   }
   if (ndig == 0 || ndot > 1) {
-    snprintf(why, wsize, "not a number vLLM accepts (Python's float() "
+    snprintf(why, wsize,
+             "not a number vLLM accepts (Python's float() "
              "refuses it)");
     return -1;
   }
@@ -163,8 +166,10 @@ int encache__vllm_size(const json_t *j, uint64_t *out, char *why,
     return 0;
   }
   if (json_is_boolean(j)) {
-    snprintf(why, wsize, "a boolean is not a size (vLLM would take it as %d "
-             "bytes)", json_is_true(j) ? 1 : 0);
+    snprintf(why, wsize,
+             "a boolean is not a size (vLLM would take it as %d "
+             "bytes)",
+             json_is_true(j) ? 1 : 0);
     return -2;
   }
   if (json_is_real(j)) {
@@ -174,8 +179,10 @@ int encache__vllm_size(const json_t *j, uint64_t *out, char *why,
     if (r < 0)
       return r;
   } else {
-    snprintf(why, wsize, "not a size (vLLM refuses %s: \"Unsupported type "
-             "for size\")", encache__json_kind(j));
+    snprintf(why, wsize,
+             "not a size (vLLM refuses %s: \"Unsupported type "
+             "for size\")",
+             encache__json_kind(j));
     return -1;
   }
   double v = num * mult; /* as Python: float * int, then int() */

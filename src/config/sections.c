@@ -42,13 +42,11 @@ int encache__section_check(encache_config *cfg, const value *vals,
   for (int i = 0; i < NOPTS; i++)
     if (encache__opt_defs[i].sec == sec &&
         encache__opt_defs[i].rule == R_REQUIRED && !vals[i].set)
-      return encache__config_fail(cfg, ENCACHE_ECONFIG,
-                                  "%s.%s: required, but missing",
-                                  encache__section_names[sec],
-                                  encache__opt_defs[i].name);
+      return encache__config_fail(
+          cfg, ENCACHE_ECONFIG, "%s.%s: required, but missing",
+          encache__section_names[sec], encache__opt_defs[i].name);
   /* vLLM's ECTransferConfig.__post_init__: a connector needs a role. */
-  if (sec == SEC_EC && VAL(vals, EC_CONNECTOR)->set &&
-      !VAL(vals, EC_ROLE)->set)
+  if (sec == SEC_EC && VAL(vals, EC_CONNECTOR)->set && !VAL(vals, EC_ROLE)->set)
     return encache__config_fail(
         cfg, ENCACHE_ECONFIG,
         "ec_transfer_config.ec_role: required when ec_connector is set (one "
@@ -70,9 +68,10 @@ static char *outbound_address(int family, const void *addr, size_t alen) {
   close(fd);
   if (!ok)
     return NULL;
-  const void *a = family == AF_INET
-                      ? (const void *)&((struct sockaddr_in *)&local)->sin_addr
-                      : (const void *)&((struct sockaddr_in6 *)&local)->sin6_addr;
+  const void *a =
+      family == AF_INET
+          ? (const void *)&((struct sockaddr_in *)&local)->sin_addr
+          : (const void *)&((struct sockaddr_in6 *)&local)->sin6_addr;
   if (inet_ntop(family, a, text, sizeof(text)) == NULL)
     return NULL;
   return encache__strdup(text);
@@ -170,14 +169,16 @@ int encache_config_load_mooncake_file(encache_config *cfg, const char *path) {
   if (path == NULL) {
     path = getenv("MOONCAKE_CONFIG_PATH");
     if (path == NULL || path[0] == '\0')
-      return encache__config_fail(cfg, ENCACHE_ECONFIG,
-                  "MOONCAKE_CONFIG_PATH: not set (it must name the Mooncake "
-                  "client JSON file)");
+      return encache__config_fail(
+          cfg, ENCACHE_ECONFIG,
+          "MOONCAKE_CONFIG_PATH: not set (it must name the Mooncake "
+          "client JSON file)");
   }
   FILE *f = fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
-    return encache__config_fail(cfg, -e, "mooncake config %s: %s", path, strerror(e));
+    return encache__config_fail(cfg, -e, "mooncake config %s: %s", path,
+                                strerror(e));
   }
   char *buf = NULL;
   size_t len = 0, cap = 0;
@@ -186,7 +187,8 @@ int encache_config_load_mooncake_file(encache_config *cfg, const char *path) {
     if (len == cap) {
       if (cap >= (size_t)64 << 20) {
         rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
-                  "mooncake config %s: larger than 64 MiB", path);
+                                  "mooncake config %s: larger than 64 MiB",
+                                  path);
         break;
       }
       cap = cap ? cap * 2 : 4096;
@@ -201,7 +203,8 @@ int encache_config_load_mooncake_file(encache_config *cfg, const char *path) {
     len += n;
     if (n == 0) {
       if (ferror(f))
-        rc = encache__config_fail(cfg, ENCACHE_EIO, "mooncake config %s: read error", path);
+        rc = encache__config_fail(cfg, ENCACHE_EIO,
+                                  "mooncake config %s: read error", path);
       break;
     }
   }

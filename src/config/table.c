@@ -22,11 +22,13 @@ const char *const encache__section_names[SEC_COUNT] = {
 #define RULE_TEXT_KEY_MODEL(arg) "key model field: \"model:\" + str(value)"
 
 const opt_def encache__opt_defs[ENCACHE_OPT_COUNT] = {
-#define ROW_(id, sec, name, kind, def, rule, arg, doc)                        \
-  [ENCACHE_OPT_##id] = {SEC_##sec,       #name, K_##kind,                     \
-                        def,             R_##rule, arg,                       \
-                        doc,             RULE_TEXT_##rule(arg),               \
-                        offsetof(encache__opts, name)},
+/* clang-format off */
+#define ROW_(ID, SEC, NAME, KIND, DEF, RULE, ARG, DOC)                         \
+  [ENCACHE_OPT_##ID] = {.sec = SEC_##SEC, .name = #NAME, .kind = K_##KIND,     \
+                        .def = DEF, .rule = R_##RULE, .arg = ARG, .doc = DOC,  \
+                        .rule_text = RULE_TEXT_##RULE(ARG),                    \
+                        .off = offsetof(encache__opts, NAME)},
+/* clang-format on */
     ENCACHE_OPTION_MAP(ROW_)
 #undef ROW_
 };

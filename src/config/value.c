@@ -73,8 +73,8 @@ static int one_of(const char *choices, const char *s) {
   return 0;
 }
 
-int encache__value_check(encache_config *cfg, const opt_def *o,
-                         const value *v, const char *got) {
+int encache__value_check(encache_config *cfg, const opt_def *o, const value *v,
+                         const char *got) {
   const char *sec = encache__section_names[o->sec];
   if (!v->set)
     return 0;
@@ -98,7 +98,8 @@ int encache__value_check(encache_config *cfg, const opt_def *o,
     if (v->u == 0)
       return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                   "%s.%s: must be > 0, got %s (vLLM refuses "
-                                  "it too)", sec, o->name, got);
+                                  "it too)",
+                                  sec, o->name, got);
     break;
   case R_RAM_STORE:
     /* Offloading objects to SSD would let a read complete from a tier
@@ -107,8 +108,8 @@ int encache__value_check(encache_config *cfg, const opt_def *o,
       return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                   "%s.%s: must not be true (got %s): encache "
                                   "requires a RAM Store, as vLLM's "
-                                  "cross_encoder_cache does", sec, o->name,
-                                  got);
+                                  "cross_encoder_cache does",
+                                  sec, o->name, got);
     break;
   case R_DEFAULT_TENANT:
     /* Mooncake's C ABI (store_c.h) setup takes no tenant: a client would
@@ -119,8 +120,8 @@ int encache__value_check(encache_config *cfg, const opt_def *o,
           "%s.%s: \"%s\" cannot be honoured: the Mooncake C ABI encache "
           "loads (store_c.h setup) takes no tenant, so encache would join "
           "the default tenant while vLLM joins \"%s\" (and they would share "
-          "no objects); remove tenant_id or use the default tenant", sec,
-          o->name, v->s, v->s);
+          "no objects); remove tenant_id or use the default tenant",
+          sec, o->name, v->s, v->s);
     break;
   default:
     break;
@@ -152,10 +153,18 @@ void encache__config_sync(encache_config *cfg) {
     const value *v = &cfg->vals[i];
     void *f = (char *)&cfg->opts + o->off;
     switch (encache__kind_class(o->kind)) {
-    case C_BOOL: *(int *)f = v->b; break;
-    case C_U64: *(uint64_t *)f = v->u; break;
-    case C_DOUBLE: *(double *)f = v->d; break;
-    case C_STRING: *(const char **)f = v->set ? v->s : NULL; break;
+    case C_BOOL:
+      *(int *)f = v->b;
+      break;
+    case C_U64:
+      *(uint64_t *)f = v->u;
+      break;
+    case C_DOUBLE:
+      *(double *)f = v->d;
+      break;
+    case C_STRING:
+      *(const char **)f = v->set ? v->s : NULL;
+      break;
     }
   }
 }
@@ -175,19 +184,24 @@ static const opt_def *settable(encache_config *cfg, encache_option id,
   if (cfg == NULL)
     return NULL;
   if ((unsigned)id >= ENCACHE_OPT_COUNT) {
-    *rc = encache__config_fail(cfg, ENCACHE_EINVAL, "option id %d: no such "
-                               "option", (int)id);
+    *rc = encache__config_fail(cfg, ENCACHE_EINVAL,
+                               "option id %d: no such "
+                               "option",
+                               (int)id);
     return NULL;
   }
   const opt_def *o = &encache__opt_defs[id];
   const char *sec = encache__section_names[o->sec];
   if (o->kind == K_DERIVED)
-    *rc = encache__config_fail(cfg, ENCACHE_EINVAL, "%s.%s: derived, not "
-                               "set (see docs/configuration.md)", sec, o->name);
+    *rc = encache__config_fail(cfg, ENCACHE_EINVAL,
+                               "%s.%s: derived, not "
+                               "set (see docs/configuration.md)",
+                               sec, o->name);
   else if (encache__kind_class(o->kind) != cls)
-    *rc = encache__config_fail(cfg, ENCACHE_EINVAL, "%s.%s: a %s option: set "
-                               "it with encache_config_set_%s", sec, o->name,
-                               encache__kind_name(o->kind),
+    *rc = encache__config_fail(cfg, ENCACHE_EINVAL,
+                               "%s.%s: a %s option: set "
+                               "it with encache_config_set_%s",
+                               sec, o->name, encache__kind_name(o->kind),
                                setter_names[encache__kind_class(o->kind)]);
   else
     *rc = 0;
@@ -216,12 +230,12 @@ static int store(encache_config *cfg, const opt_def *o, value *v) {
 }
 
 /* The setter of one C type: a typed value, then store(). */
-#define SETTER_(fn, ctype, cls, field, expr)                                  \
-  int fn(encache_config *cfg, encache_option id, ctype value_) {              \
-    int rc;                                                                   \
-    const opt_def *o = settable(cfg, id, cls, &rc);                           \
-    value v = {.field = (expr)};                                              \
-    return o == NULL ? rc : store(cfg, o, &v);                                \
+#define SETTER_(fn, ctype, cls, field, expr)                                   \
+  int fn(encache_config *cfg, encache_option id, ctype value_) {               \
+    int rc;                                                                    \
+    const opt_def *o = settable(cfg, id, cls, &rc);                            \
+    value v = {.field = (expr)};                                               \
+    return o == NULL ? rc : store(cfg, o, &v);                                 \
   }
 SETTER_(encache_config_set_bool, int, C_BOOL, b, value_ != 0)
 SETTER_(encache_config_set_u64, uint64_t, C_U64, u, value_)
@@ -245,8 +259,10 @@ int encache_config_reset(encache_config *cfg, encache_option id) {
   if (cfg == NULL)
     return ENCACHE_EINVAL;
   if ((unsigned)id >= ENCACHE_OPT_COUNT)
-    return encache__config_fail(cfg, ENCACHE_EINVAL, "option id %d: no such "
-                                "option", (int)id);
+    return encache__config_fail(cfg, ENCACHE_EINVAL,
+                                "option id %d: no such "
+                                "option",
+                                (int)id);
   value v;
   if (encache__value_default(&encache__opt_defs[id], &v) < 0) {
     encache__value_clear(&v);
@@ -261,8 +277,8 @@ int encache_config_reset(encache_config *cfg, encache_option id) {
 
 /* -------------------------------------------------------------- getters */
 
-static const value *get_typed(const encache_config *cfg, int i,
-                              enum kclass cls, int *rc) {
+static const value *get_typed(const encache_config *cfg, int i, enum kclass cls,
+                              int *rc) {
   *rc = ENCACHE_EINVAL;
   if (cfg == NULL || i < 0 || i >= NOPTS ||
       encache__kind_class(encache__opt_defs[i].kind) != cls)
@@ -272,13 +288,13 @@ static const value *get_typed(const encache_config *cfg, int i,
 }
 
 /* The getter by id of one C type: the value, or EINVAL. */
-#define GETTER_(fn, ctype, cls, expr)                                         \
-  int fn(const encache_config *cfg, encache_option id, ctype *out) {          \
-    int rc;                                                                   \
-    const value *v = get_typed(cfg, (int)id, cls, &rc);                       \
-    if (v != NULL && out != NULL)                                             \
-      *out = (expr);                                                          \
-    return rc;                                                                \
+#define GETTER_(fn, ctype, cls, expr)                                          \
+  int fn(const encache_config *cfg, encache_option id, ctype *out) {           \
+    int rc;                                                                    \
+    const value *v = get_typed(cfg, (int)id, cls, &rc);                        \
+    if (v != NULL && out != NULL)                                              \
+      *out = (expr);                                                           \
+    return rc;                                                                 \
   }
 GETTER_(encache_config_bool, int, C_BOOL, v->b)
 GETTER_(encache_config_u64, uint64_t, C_U64, v->u)
