@@ -11,7 +11,8 @@
  *
  * Files: table.c (the rows and their metadata), value.c (values, setters,
  * getters), json.c (JSON members and the ec sections), python.c (what
- * vLLM's Python does to a value), mooncake.c (the Mooncake section),
+ * vLLM's Python does to a value), sections.c (the rules between options,
+ * the Mooncake JSON, validate()),
  * config.c (the handle, listings, deployment, namespace).
  */
 #ifndef ENCACHE_CONFIG_CONFIG_H
