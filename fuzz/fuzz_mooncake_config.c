@@ -1,5 +1,8 @@
-/* Fuzzes the Mooncake client JSON parser (sizes, modes, required fields). */
+/* Fuzzes the Mooncake client JSON parser (sizes, modes, required fields)
+ * and the typed setters against it (config_roundtrip.h). */
 #include "encache.h"
+
+#include "config_roundtrip.h"
 
 #include <stdint.h>
 
@@ -15,12 +18,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (rc == 0) {
     uint64_t seg;
     const char *mode;
-    encache_config_get_u64(cfg, "global_segment_size", &seg);
-    encache_config_get_string(cfg, "mode", &mode);
+    encache_config_u64(cfg, ENCACHE_OPT_GLOBAL_SEGMENT_SIZE, &seg);
+    encache_config_string(cfg, ENCACHE_OPT_MODE, &mode);
     /* The standalone rule holds for everything accepted. */
     if (mode != NULL && __builtin_strcmp(mode, "standalone-store") == 0 &&
         seg != 0)
       __builtin_trap();
+    config_roundtrip(cfg, "mooncake");
   }
   encache_config_free(cfg);
   return 0;

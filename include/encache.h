@@ -306,13 +306,115 @@ ENCACHE_EXTERN int encache_object_describe(const void *obj, size_t len,
  * The configuration of an encoder: the producer's vLLM
  * --ec-transfer-config JSON (options under ec_connector_extra_config) and,
  * optionally, the Mooncake Store client JSON named by MOONCAKE_CONFIG_PATH.
- * Defaults and rules are those of spec/behaviour.md; see docs/configuration.md.
+ * Both are conveniences: every option can also be set by its id with the
+ * typed setters below, which fill the same fields through the same checks
+ * (and give the same messages).  See docs/configuration.md.
  *
  * Lifetime: encache_config_new() creates an empty configuration holding
  * every default; each load replaces the section it reads, atomically: on
  * failure the handle keeps its previous values and errmsg() says why.
  */
 typedef struct encache_config encache_config;
+
+/*
+ * Every option, once: XX(ID, SECTION, name, KIND, default, RULE, arg, doc).
+ * SECTION is EC (vLLM's ec_transfer_config object), EXTRA (its
+ * ec_connector_extra_config) or MOONCAKE (the Mooncake client JSON).
+ * KIND says how a value is read and which setter takes it:
+ *   BOOL    a JSON boolean                          set_bool
+ *   TRUTHY  any JSON value, as Python's bool()      set_bool
+ *   POSINT  an integer > 0                          set_u64
+ *   UINT    an integer >= 0                         set_u64
+ *   SIZE    bytes, or a string such as "4GB", as vLLM's _parse_size reads
+ *           it                                      set_u64
+ *   NUMBER  a number >= 0                           set_double
+ *   STRING  a string                                set_string
+ *   ENUM    a string among RULE ONE_OF's arg        set_string
+ *   PYSTR   a key field: a string, or a null, boolean or number written
+ *           as Python's str() writes it             set_string
+ *   TENANT  a string or null, stripped, blank = "default"  set_string
+ *   DERIVED not read: computed at load (no setter)
+ * default is the value as JSON text (NULL = unset).  RULE is ANY,
+ * REQUIRED, NONZERO (> 0), ONE_OF (arg: the '|'-separated choices),
+ * RAM_STORE (false: a RAM Store is required), DEFAULT_TENANT (only
+ * "default"), KEY_PREFIX or KEY_MODEL (the key field the value becomes).
+ * The ids are ENCACHE_OPT_ID; new options are appended, so an id keeps
+ * its value within a major version.
+ */
+#define ENCACHE_OPTION_MAP(XX)                                               \
+  XX(EC_CONNECTOR, EC, ec_connector, STRING, NULL, ANY, NULL,                \
+     "the connector vLLM loads (encache checks the type only)")              \
+  XX(EC_ROLE, EC, ec_role, ENUM, NULL, ONE_OF,                               \
+     "ec_producer|ec_consumer|ec_both",                                      \
+     "the instance's role; required when ec_connector is set, as vLLM "      \
+     "requires it")                                                          \
+  XX(ENGINE_ID, EC, engine_id, STRING, NULL, ANY, NULL,                      \
+     "vLLM's engine identifier")                                             \
+  XX(EC_CONNECTOR_MODULE_PATH, EC, ec_connector_module_path, STRING, NULL,   \
+     ANY, NULL, "the module vLLM imports the connector from")                \
+  XX(EC_BUFFER_DEVICE, EC, ec_buffer_device, STRING, NULL, ANY, NULL,        \
+     "vLLM's transfer buffer device")                                        \
+  XX(EC_BUFFER_SIZE, EC, ec_buffer_size, NUMBER, NULL, ANY, NULL,            \
+     "vLLM's transfer buffer size")                                          \
+  XX(EC_IP, EC, ec_ip, STRING, NULL, ANY, NULL, "vLLM's connector address")  \
+  XX(EC_PORT, EC, ec_port, UINT, NULL, ANY, NULL, "vLLM's connector port")   \
+  XX(EC_RANK, EC, ec_rank, UINT, NULL, ANY, NULL, "vLLM's connector rank")   \
+  XX(EC_PARALLEL_SIZE, EC, ec_parallel_size, POSINT, NULL, ANY, NULL,        \
+     "vLLM's connector parallel size")                                       \
+  XX(CROSS_ENCODER_CACHE, EXTRA, cross_encoder_cache, BOOL, "false", ANY,    \
+     NULL,                                                                   \
+     "reuse encoder outputs across encoders; when false nothing is "         \
+     "created: no Store client, no publisher")                               \
+  XX(EMBEDDING_CACHE_PREFIX, EXTRA, embedding_cache_prefix, PYSTR, "\"\"",   \
+     KEY_PREFIX, NULL,                                                       \
+     "the namespace prefix, as vLLM writes it: Python's str() of the JSON "  \
+     "value (null gives None@; true, 7, 1.5 as Python prints them); "        \
+     "objects and arrays are refused")                                       \
+  XX(EMBEDDING_MODEL_IDENTITY, EXTRA, embedding_model_identity, PYSTR, NULL, \
+     KEY_MODEL, NULL,                                                        \
+     "replaces the key's model field (unset: the model path), written the "  \
+     "same way: null gives model:None, \"\" gives model:")                   \
+  XX(STORE_MAX_PENDING_ITEMS, EXTRA, store_max_pending_items, POSINT, "32",  \
+     ANY, NULL, "outputs queued for the background writer at most")          \
+  XX(STORE_MAX_PENDING_BYTES, EXTRA, store_max_pending_bytes, POSINT,        \
+     "2147483648", ANY, NULL,                                                \
+     "bytes queued for the background writer at most")                       \
+  XX(STORE_READ_BUFFER_BYTES, EXTRA, store_read_buffer_bytes, POSINT,        \
+     "134217728", ANY, NULL, "the staging buffer a lookup reads into")       \
+  XX(LOCAL_HOSTNAME, MOONCAKE, local_hostname, DERIVED, NULL, ANY, NULL,     \
+     "not read, as vLLM does not read it: "                                  \
+     "MOONCAKE_REQUESTER_LOCAL_HOSTNAME, else VLLM_HOST_IP, else the "       \
+     "local address of the route to 8.8.8.8")                                \
+  XX(METADATA_SERVER, MOONCAKE, metadata_server, STRING, NULL, REQUIRED,     \
+     NULL, "\"P2PHANDSHAKE\" or an http URL")                                \
+  XX(MASTER_SERVER_ADDRESS, MOONCAKE, master_server_address, STRING, NULL,   \
+     REQUIRED, NULL, "the Mooncake master, host:port")                       \
+  XX(PROTOCOL, MOONCAKE, protocol, STRING, "\"rdma\"", ANY, NULL,            \
+     "the transfer protocol (vLLM's default; \"tcp\" over TCP)")             \
+  XX(DEVICE_NAME, MOONCAKE, device_name, STRING, "\"\"", ANY, NULL,          \
+     "the RDMA device(s)")                                                   \
+  XX(MODE, MOONCAKE, mode, ENUM, "\"embedded\"", ONE_OF,                     \
+     "embedded|standalone-store",                                            \
+     "embedded contributes global_segment_size > 0; standalone-store is a "  \
+     "pure client and needs global_segment_size 0")                          \
+  XX(GLOBAL_SEGMENT_SIZE, MOONCAKE, global_segment_size, SIZE,               \
+     "4294967296", ANY, NULL,                                                \
+     "RAM this process contributes to the Store (see mode)")                 \
+  XX(LOCAL_BUFFER_SIZE, MOONCAKE, local_buffer_size, SIZE, "4294967296",     \
+     NONZERO, NULL, "the client's transfer buffer")                          \
+  XX(ENABLE_OFFLOAD, MOONCAKE, enable_offload, TRUTHY, "false", RAM_STORE,   \
+     NULL, "offload to SSD; refused: encache requires a RAM Store")          \
+  XX(TENANT_ID, MOONCAKE, tenant_id, TENANT, "\"default\"", DEFAULT_TENANT,  \
+     NULL,                                                                   \
+     "another tenant is refused: the Mooncake C ABI encache loads takes no " \
+     "tenant, so the client would join the default one")
+
+typedef enum encache_option {
+#define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,
+  ENCACHE_OPTION_MAP(ENCACHE_OPT_ENUM_)
+#undef ENCACHE_OPT_ENUM_
+  ENCACHE_OPT_COUNT
+} encache_option;
 
 /* Creates a configuration with all defaults.  Free with
  * encache_config_free().  Errors: ENCACHE_ENOMEM. */
@@ -337,10 +439,88 @@ ENCACHE_EXTERN int encache_config_load_mooncake(encache_config *cfg,
 ENCACHE_EXTERN int encache_config_load_mooncake_file(encache_config *cfg,
                                                      const char *path);
 
-/* Deployment facts that decide whether reuse may start (spec/behaviour.md):
+/*
+ * Typed setters: set option `id` as the JSON member would (same kind
+ * checks, same rule, same message in errmsg(), same warnings), without
+ * JSON.  set_bool takes BOOL and TRUTHY options (any non-zero is true),
+ * set_u64 POSINT, UINT and SIZE, set_double NUMBER, set_string the string
+ * kinds (copied; NULL = as if absent, the default).  A call either sets
+ * the option or leaves cfg unchanged.  Setting a MOONCAKE option puts the
+ * mooncake section in use (listed, and checked by validate()).
+ * Errors: ENCACHE_EINVAL (id out of range, a setter of another kind, a
+ * DERIVED option), ENCACHE_ECONFIG (the value breaks the rule; the message
+ * names "section.option"), ENCACHE_ENOMEM.
+ */
+ENCACHE_EXTERN int encache_config_set_bool(encache_config *cfg,
+                                           encache_option id, int value);
+ENCACHE_EXTERN int encache_config_set_u64(encache_config *cfg,
+                                          encache_option id, uint64_t value);
+ENCACHE_EXTERN int encache_config_set_double(encache_config *cfg,
+                                             encache_option id, double value);
+ENCACHE_EXTERN int encache_config_set_string(encache_config *cfg,
+                                             encache_option id,
+                                             const char *value);
+/* Returns option `id` to its default, as if it were absent. */
+ENCACHE_EXTERN int encache_config_reset(encache_config *cfg,
+                                        encache_option id);
+
+/* The rules between options, for a configuration built with the setters
+ * (a load checks them itself): ec_role with ec_connector; with the mooncake
+ * section in use, its required options and mode against
+ * global_segment_size; then the derived local_hostname.  Errors:
+ * ENCACHE_ECONFIG naming the option, ENCACHE_ENOMEM. */
+ENCACHE_EXTERN int encache_config_validate(encache_config *cfg);
+
+/* Typed getters by id: the option's value (a default when not given).
+ * Strings are owned by cfg, valid until the option changes or cfg is
+ * freed, NULL when unset.  Errors: ENCACHE_EINVAL (id out of range, or
+ * an option of another kind: the kinds are those of the setters). */
+ENCACHE_EXTERN int encache_config_bool(const encache_config *cfg,
+                                       encache_option id, int *out);
+ENCACHE_EXTERN int encache_config_u64(const encache_config *cfg,
+                                      encache_option id, uint64_t *out);
+ENCACHE_EXTERN int encache_config_double(const encache_config *cfg,
+                                         encache_option id, double *out);
+ENCACHE_EXTERN int encache_config_string(const encache_config *cfg,
+                                         encache_option id, const char **out);
+
+/* 1 when option id has a value (given, or a default), 0 when it is unset
+ * (no default and not given: its getter reads 0, false or NULL).
+ * ENCACHE_EINVAL for a NULL cfg or an id out of range. */
+ENCACHE_EXTERN int encache_config_is_set(const encache_config *cfg,
+                                         encache_option id);
+
+/* The same by name ("store_read_buffer_bytes", or "section.name").
+ * Errors: ENCACHE_ENOENT for an unknown name, ENCACHE_EINVAL when the
+ * option has another kind. */
+ENCACHE_EXTERN int encache_config_get_bool(const encache_config *cfg,
+                                           const char *name, int *out);
+ENCACHE_EXTERN int encache_config_get_u64(const encache_config *cfg,
+                                          const char *name, uint64_t *out);
+ENCACHE_EXTERN int encache_config_get_string(const encache_config *cfg,
+                                             const char *name,
+                                             const char **out);
+
+/* Metadata of option `id`, from ENCACHE_OPTION_MAP, for listings: static
+ * strings, NULL for an id out of range.  section: "ec_transfer_config",
+ * "ec_connector_extra_config" or "mooncake"; type: the kind in words
+ * ("positive integer", "size", ...); default: JSON text, NULL when the
+ * option has none; rule: in words, "" when there is none. */
+ENCACHE_EXTERN const char *encache_option_name(encache_option id);
+ENCACHE_EXTERN const char *encache_option_section(encache_option id);
+ENCACHE_EXTERN const char *encache_option_type(encache_option id);
+ENCACHE_EXTERN const char *encache_option_default(encache_option id);
+ENCACHE_EXTERN const char *encache_option_rule(encache_option id);
+ENCACHE_EXTERN const char *encache_option_doc(encache_option id);
+/* The id of "name" or "section.name", or ENCACHE_ENOENT. */
+ENCACHE_EXTERN int encache_option_find(const char *name);
+
+/* Deployment facts that decide whether reuse may start (docs/configuration.md):
  * the processor cache size (identifiers are content hashes only when it is
- * on), and the parallelism the encoder runs with. */
+ * on), and the parallelism the encoder runs with.  Fill it with
+ * encache_deployment_defaults(), which sets size. */
 typedef struct encache_deployment {
+  size_t size;                  /* sizeof(encache_deployment) */
   double mm_processor_cache_gb; /* vLLM's default is 4; 0 = off */
   int tensor_parallel_size;     /* must be 1 */
   int pipeline_parallel_size;   /* must be 1 */
@@ -348,12 +528,23 @@ typedef struct encache_deployment {
   int dynamic_lora;             /* must be 0 */
 } encache_deployment;
 
-/* Fills *d with vLLM's defaults (4 GB cache, no parallelism, no LoRA). */
-ENCACHE_EXTERN void encache_deployment_defaults(encache_deployment *d);
+/* Fills *d with vLLM's defaults (4 GB cache, no parallelism, no LoRA) and
+ * its size.  Inline, so that size is the one the caller compiled with. */
+static inline void encache_deployment_defaults(encache_deployment *d) {
+  if (d == NULL)
+    return;
+  d->size = sizeof(*d);
+  d->mm_processor_cache_gb = 4;
+  d->tensor_parallel_size = 1;
+  d->pipeline_parallel_size = 1;
+  d->data_parallel_size = 1;
+  d->dynamic_lora = 0;
+}
 
 /* Checks that reuse may start for deployment d (NULL = defaults).  When
  * cross_encoder_cache is false there is nothing to check and it returns 0.
- * Errors: ENCACHE_ECONFIG naming the setting that forbids it. */
+ * Errors: ENCACHE_ECONFIG naming the setting that forbids it,
+ * ENCACHE_EINVAL for a d->size this library does not know. */
 ENCACHE_EXTERN int encache_config_check_deployment(
     encache_config *cfg, const encache_deployment *d);
 
@@ -373,10 +564,10 @@ ENCACHE_EXTERN int encache_config_namespace(const encache_config *cfg,
                                             const char *encoder_hash,
                                             int dtype, char *buf, size_t size);
 
-/* Warnings about what was loaded (a key field vLLM writes in a surprising
- * way, a member vLLM ignores), one sentence each, naming the field and
- * what resulted.  Strings owned by cfg, valid until the next load or
- * free; warning_at returns NULL for an index out of range. */
+/* Warnings about what was loaded or set (a key field vLLM writes in a
+ * surprising way, a member vLLM ignores), one sentence each, naming the
+ * field and what resulted.  Strings owned by cfg, valid until the next
+ * load, set or free; warning_at returns NULL for an index out of range. */
 ENCACHE_EXTERN int encache_config_warning_count(const encache_config *cfg);
 ENCACHE_EXTERN const char *encache_config_warning_at(const encache_config *cfg,
                                                      int i);
@@ -385,8 +576,10 @@ ENCACHE_EXTERN const char *encache_config_warning_at(const encache_config *cfg,
  * Valid until the next call on cfg. */
 ENCACHE_EXTERN const char *encache_config_errmsg(const encache_config *cfg);
 
-/* One effective option, for display (the check command). */
+/* One effective option, for display (the check command).  The caller sets
+ * size = sizeof(encache_config_item) before item_at fills the rest. */
 typedef struct encache_config_item {
+  size_t size;
   const char *section; /* "ec_transfer_config",
                           "ec_connector_extra_config" or "mooncake" */
   const char *name;
@@ -394,11 +587,12 @@ typedef struct encache_config_item {
   int is_default;      /* 1 when the value was not given */
 } encache_config_item;
 
-/* Number of items: every known option of every section loaded so far
- * (the ec sections always; mooncake once loaded). */
+/* Number of items: every known option of every section in use (the ec
+ * sections always; mooncake once loaded or set). */
 ENCACHE_EXTERN int encache_config_item_count(const encache_config *cfg);
 /* Fills *item for index i (0-based).  Strings are owned by cfg and valid
- * until the next load or free.  Errors: ENCACHE_EINVAL (index). */
+ * until the next load, set or free.  Errors: ENCACHE_EINVAL (index, or an
+ * item->size this library does not know). */
 ENCACHE_EXTERN int encache_config_item_at(const encache_config *cfg, int i,
                                           encache_config_item *item);
 
@@ -408,18 +602,6 @@ ENCACHE_EXTERN int encache_config_item_at(const encache_config *cfg, int i,
 ENCACHE_EXTERN int encache_config_unknown_count(const encache_config *cfg);
 ENCACHE_EXTERN const char *encache_config_unknown_at(const encache_config *cfg,
                                                      int i);
-
-/* Typed accessors for the engine and for callers.  `name` is the option's
- * name in its section (e.g. "store_read_buffer_bytes", "protocol").
- * Errors: ENCACHE_ENOENT for an unknown name, ENCACHE_EINVAL when the
- * option has another type.  Strings: owned by cfg, NULL when unset. */
-ENCACHE_EXTERN int encache_config_get_bool(const encache_config *cfg,
-                                           const char *name, int *out);
-ENCACHE_EXTERN int encache_config_get_u64(const encache_config *cfg,
-                                          const char *name, uint64_t *out);
-ENCACHE_EXTERN int encache_config_get_string(const encache_config *cfg,
-                                             const char *name,
-                                             const char **out);
 
 /*
  * Parses a size: a plain integer of bytes, or a number with a unit

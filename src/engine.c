@@ -12,6 +12,7 @@
  * the message in a thread-local buffer, encache_errmsg(NULL).
  */
 #include "engine.h"
+#include "config/opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,10 +144,11 @@ static int configure(encache *ec, const encache_options *o) {
     encache_config_free(own);
     return rc;
   }
-  encache_config_get_bool(cfg, "cross_encoder_cache", &ec->enabled);
-  encache_config_get_u64(cfg, "store_max_pending_items", &ec->max_items);
-  encache_config_get_u64(cfg, "store_max_pending_bytes", &ec->max_bytes);
-  encache_config_get_u64(cfg, "store_read_buffer_bytes", &ec->read_buf_bytes);
+  const encache__opts *opt = encache__config_opts(cfg);
+  ec->enabled = opt->cross_encoder_cache;
+  ec->max_items = opt->store_max_pending_items;
+  ec->max_bytes = opt->store_max_pending_bytes;
+  ec->read_buf_bytes = opt->store_read_buffer_bytes;
 
   /* The namespace as vLLM writes it (encache_config_namespace): an
    * identity of "" or null gives "model:" or "model:None", with a warning

@@ -75,7 +75,7 @@ int encache__mooncake_classify_op(int op, int64_t code);
 int encache__mooncake_code_count(void);
 int64_t encache__mooncake_code_at(int i);
 
-/* The hostname a vLLM encoder gives Mooncake (src/config.c); an
+/* The hostname a vLLM encoder gives Mooncake (src/config/sections.c); an
  * allocation, NULL when out of memory. */
 char *encache__mooncake_local_hostname(void);
 /* Python's str() of a float into buf (size >= 32); ENCACHE_EINVAL for a

@@ -37,7 +37,8 @@ static int staging_ensure(encache *ec) {
   void *p = encache__aligned_alloc(4096, size);
   if (p == NULL)
     return encache__fail(ec, ENCACHE_ENOMEM,
-                         "cannot allocate the %zu-byte staging buffer", size);
+                         "out of memory: cannot allocate the %zu-byte "
+                         "staging buffer", size);
   if (ec->store->ops->register_buffer != NULL) {
     int rc = ec->store->ops->register_buffer(ec->store, p, size);
     if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {

@@ -39,6 +39,14 @@
   XX(backend_user_store_round_trip_and_messages)                             \
   XX(backend_answers_classified_once)                                        \
   XX(backend_allocator_hook_sees_every_block)                                \
+  XX(config_setters_refuse_bad_values_naming_the_option)                     \
+  XX(config_validate_rules_between_options)                                  \
+  XX(config_json_and_setters_give_the_same_values)                           \
+  XX(config_setter_warns_as_json_does)                                       \
+  XX(config_typed_view_follows_every_change)                                 \
+  XX(config_option_metadata)                                                 \
+  XX(config_setters_out_of_memory_every_allocation)                          \
+  XX(config_docs_table_matches_the_table)                                    \
   XX(store_roundtrip_sizes)                                                  \
   XX(store_never_replaces)                                                   \
   XX(store_batches_mix_present_and_absent)                                   \

@@ -22,27 +22,26 @@ static int load_mc(encache_config *cfg, const char *json) {
   return encache_config_load_mooncake(cfg, json, strlen(json), "test.json");
 }
 
-/* Loads `json` expecting `rc`, with a message containing `needle`. */
-static void expect_ec_error(const char *json, int rc, const char *needle) {
+/* Loads `json` (an ec-transfer-config, or with mooncake set a Mooncake
+ * JSON) expecting `rc`, with a message containing `needle`. */
+static void expect_error(int mooncake, const char *json, int rc,
+                         const char *needle) {
   encache_config *cfg = new_cfg();
-  int got = load_ec(cfg, json);
+  int got = mooncake ? load_mc(cfg, json) : load_ec(cfg, json);
   if (got != rc)
-    test__fail(__FILE__, __LINE__, "load_ec(%s) = %d (%s), expected %d: %s",
-               json, got, encache_err_name(got), rc,
+    test__fail(__FILE__, __LINE__, "load_%s(%s) = %d (%s), expected %d: %s",
+               mooncake ? "mc" : "ec", json, got, encache_err_name(got), rc,
                encache_config_errmsg(cfg));
   ASSERT_CONTAINS(encache_config_errmsg(cfg), needle);
   encache_config_free(cfg);
 }
 
+static void expect_ec_error(const char *json, int rc, const char *needle) {
+  expect_error(0, json, rc, needle);
+}
+
 static void expect_mc_error(const char *json, int rc, const char *needle) {
-  encache_config *cfg = new_cfg();
-  int got = load_mc(cfg, json);
-  if (got != rc)
-    test__fail(__FILE__, __LINE__, "load_mc(%s) = %d (%s), expected %d: %s",
-               json, got, encache_err_name(got), rc,
-               encache_config_errmsg(cfg));
-  ASSERT_CONTAINS(encache_config_errmsg(cfg), needle);
-  encache_config_free(cfg);
+  expect_error(1, json, rc, needle);
 }
 
 TEST(config_defaults) {
@@ -67,12 +66,12 @@ TEST(config_defaults) {
   int n = encache_config_item_count(cfg);
   ASSERT(n >= 6);
   for (int i = 0; i < n; i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     ASSERT_EQ_INT(encache_config_item_at(cfg, i, &it), 0);
     ASSERT_EQ_INT(it.is_default, 1);
     ASSERT(strcmp(it.section, "mooncake") != 0);
   }
-  encache_config_item it;
+  encache_config_item it = {.size = sizeof(it)};
   ASSERT_EQ_INT(encache_config_item_at(cfg, n, &it), ENCACHE_EINVAL);
   ASSERT_EQ_INT(encache_config_unknown_count(cfg), 0);
   /* Typed access refuses unknown names and wrong types. */
@@ -116,7 +115,7 @@ TEST(config_reference_options_accepted) {
   /* Given options are not defaults; values render as JSON. */
   int found = 0;
   for (int i = 0; i < encache_config_item_count(cfg); i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     encache_config_item_at(cfg, i, &it);
     if (strcmp(it.name, "embedding_cache_prefix") == 0) {
       ASSERT_EQ_STR(it.section, "ec_connector_extra_config");
@@ -283,7 +282,7 @@ TEST(config_mooncake_accepted) {
   /* Listed once loaded. */
   int mooncake_items = 0;
   for (int i = 0; i < encache_config_item_count(cfg); i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     encache_config_item_at(cfg, i, &it);
     mooncake_items += strcmp(it.section, "mooncake") == 0;
   }

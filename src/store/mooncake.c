@@ -26,6 +26,7 @@
  * (../shared/notes): a program's own handlers for those never run.
  */
 #include "store.h"
+#include "config/opts.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -444,18 +445,14 @@ int encache__mooncake_open(const char *url, encache_store **out) {
   memcpy(&s->register_buffer, &sym[9], sizeof(s->register_buffer));
   memcpy(&s->unregister_buffer, &sym[10], sizeof(s->unregister_buffer));
 
-  const char *host, *meta, *proto, *dev, *master;
-  uint64_t seg, lbuf;
-  encache_config_get_string(cfg, "local_hostname", &host);
-  encache_config_get_string(cfg, "metadata_server", &meta);
-  encache_config_get_string(cfg, "protocol", &proto);
-  encache_config_get_string(cfg, "device_name", &dev);
-  encache_config_get_string(cfg, "master_server_address", &master);
-  encache_config_get_u64(cfg, "global_segment_size", &seg);
-  encache_config_get_u64(cfg, "local_buffer_size", &lbuf);
+  const encache__opts *opt = encache__config_opts(cfg);
+  const char *meta = opt->metadata_server, *proto = opt->protocol;
+  const char *master = opt->master_server_address;
   s->h = create();
   int r = s->h == NULL ? -1
-                       : setup(s->h, host, meta, seg, lbuf, proto, dev, master);
+                       : setup(s->h, opt->local_hostname, meta,
+                               opt->global_segment_size, opt->local_buffer_size,
+                               proto, opt->device_name, master);
   if (r != 0) {
     encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                         "%s: Mooncake setup (master %s, metadata %s, protocol "

@@ -72,14 +72,14 @@ static void print_config(encache_config *cfg) {
   int n = encache_config_item_count(cfg);
   int width = 0;
   for (int i = 0; i < n; i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     encache_config_item_at(cfg, i, &it);
     int w = (int)(strlen(it.section) + 1 + strlen(it.name));
     if (w > width)
       width = w;
   }
   for (int i = 0; i < n; i++) {
-    encache_config_item it;
+    encache_config_item it = {.size = sizeof(it)};
     char name[256];
     encache_config_item_at(cfg, i, &it);
     snprintf(name, sizeof(name), "%s.%s", it.section, it.name);

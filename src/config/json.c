@@ -1,0 +1,358 @@
+/*
+ * config/json.c: JSON members into values, a section loaded atomically
+ * (parsed into a scratch copy, swapped in only when the whole section is
+ * valid), and the vLLM ec-transfer-config.
+ *
+ * Unknown members are collected, never refused: vLLM ignores them too,
+ * and a fleet may run a newer encache beside an older one.
+ */
+#include "config/config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *encache__json_kind(const json_t *j) {
+  switch (json_typeof(j)) {
+  case JSON_OBJECT:
+    return "an object";
+  case JSON_ARRAY:
+    return "an array";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+    return "an integer";
+  case JSON_REAL:
+    return "a float";
+  case JSON_TRUE:
+  case JSON_FALSE:
+    return "a boolean";
+  case JSON_NULL:
+    return "null";
+  }
+  return "a value";
+}
+
+/* The input value as short JSON text, for messages. */
+void encache__json_brief(const json_t *j, char *buf, size_t size) {
+  char *s = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+  if (s == NULL) {
+    snprintf(buf, size, "%s", encache__json_kind(j));
+    return;
+  }
+  if (strlen(s) > 60)
+    snprintf(buf, size, "%.57s...", s);
+  else
+    snprintf(buf, size, "%s", s);
+  free(s);
+}
+
+/* Python's bool(): null, false, 0, 0.0, "", [] and {} are false. */
+static int truthy(const json_t *j) {
+  switch (json_typeof(j)) {
+  case JSON_TRUE:
+    return 1;
+  case JSON_INTEGER:
+    return json_integer_value(j) != 0;
+  case JSON_REAL:
+    return json_real_value(j) != 0;
+  case JSON_STRING:
+    return json_string_length(j) != 0;
+  case JSON_ARRAY:
+    return json_array_size(j) != 0;
+  case JSON_OBJECT:
+    return json_object_size(j) != 0;
+  default:
+    return 0;
+  }
+}
+
+/* A string member for a string kind; NULL with *rc set otherwise. */
+static char *string_member(encache_config *cfg, const opt_def *o,
+                           const json_t *j, const char *got, int *rc,
+                           const char **odd) {
+  const char *sec = encache__section_names[o->sec];
+  char num[64];
+  const char *py = NULL;
+  if (o->kind == K_PYSTR) {
+    if (encache__py_str(j, num, &py, odd) < 0) {
+      *rc = json_is_real(j)
+                ? encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                       "%s.%s: %s cannot "
+                                       "be written as Python writes it",
+                                       sec, o->name, got)
+                : encache__config_fail(
+                      cfg, ENCACHE_ECONFIG,
+                      "%s.%s: must be a string, got %s %s (vLLM would write "
+                      "Python's str() of it into every key, which no one "
+                      "intends)",
+                      sec, o->name, encache__json_kind(j), got);
+      return NULL;
+    }
+  } else if (o->kind == K_TENANT && json_is_null(j)) {
+    py = ""; /* vLLM's _normalize_tenant_id: null is "default" */
+  } else if (json_is_string(j)) {
+    py = json_string_value(j);
+  } else {
+    *rc = encache__config_fail(
+        cfg, ENCACHE_ECONFIG, "%s.%s: must be a %s, got %s %s%s", sec, o->name,
+        o->kind == K_TENANT ? "string or null" : "string",
+        encache__json_kind(j), got,
+        o->kind == K_TENANT ? " (vLLM refuses it too)" : "");
+    return NULL;
+  }
+  char *s =
+      o->kind == K_TENANT ? encache__tenant_normalize(py) : encache__strdup(py);
+  *rc = s == NULL ? encache__config_oom(cfg) : 0;
+  return s;
+}
+
+static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
+                      value *v, const char *got) {
+  const char *sec = encache__section_names[o->sec];
+  if (o->kind == K_SIZE) {
+    char why[256];
+    int r = encache__vllm_size(j, &v->u, why, sizeof(why));
+    if (r < 0)
+      return encache__config_fail(
+          cfg, ENCACHE_ECONFIG, "%s.%s: %s: %s%s", sec, o->name, got, why,
+          r == -1 ? "; vLLM would refuse this configuration too"
+                  : " (encache refuses it before Mooncake does)");
+    return 0;
+  }
+  if (!json_is_integer(j) || json_integer_value(j) < 0)
+    return encache__config_fail(
+        cfg, ENCACHE_ECONFIG, "%s.%s: must be a %s integer, got %s", sec,
+        o->name, o->kind == K_POSINT ? "positive" : "non-negative", got);
+  v->u = (uint64_t)json_integer_value(j);
+  return 0;
+}
+
+int encache__json_decode(encache_config *cfg, const opt_def *o, const json_t *j,
+                         value *v, const char *got, const char **odd) {
+  const char *sec = encache__section_names[o->sec];
+  memset(v, 0, sizeof(*v));
+  v->given = v->set = 1;
+  *odd = NULL;
+  switch (encache__kind_class(o->kind)) {
+  case C_BOOL:
+    if (o->kind == K_BOOL && !json_is_boolean(j))
+      return encache__config_fail(
+          cfg, ENCACHE_ECONFIG,
+          "%s.%s: must be a boolean (true or false), got %s %s", sec, o->name,
+          encache__json_kind(j), got);
+    v->b = truthy(j);
+    return 0;
+  case C_U64:
+    return u64_member(cfg, o, j, v, got);
+  case C_DOUBLE:
+    if (!json_is_number(j))
+      return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                  "%s.%s: must be a non-negative number, got "
+                                  "%s",
+                                  sec, o->name, got);
+    v->d = json_number_value(j);
+    return 0;
+  case C_STRING: {
+    int rc;
+    v->s = string_member(cfg, o, j, got, &rc, odd);
+    return rc;
+  }
+  }
+  return ENCACHE_EINVAL;
+}
+
+/* Sets v from member j of option o, or fails naming the option. */
+static int value_from_json(encache_config *cfg, const opt_def *o,
+                           const json_t *j, value *v) {
+  char got[80];
+  const char *odd;
+  encache__json_brief(j, got, sizeof(got));
+  int rc = encache__json_decode(cfg, o, j, v, got, &odd);
+  if (rc < 0)
+    return rc;
+  if (encache__value_render(o, v) < 0)
+    return encache__config_oom(cfg);
+  if ((rc = encache__value_check(cfg, o, v, got)) < 0 ||
+      (rc = encache__value_note(cfg, o, v, got, odd)) < 0)
+    return rc;
+  if ((o->kind == K_PYSTR && !json_is_string(j)) ||
+      (o->kind == K_TRUTHY && !json_is_boolean(j))) {
+    /* Shown as given, not as read. */
+    char *t = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+    encache__free(v->text);
+    v->text = t ? encache__strdup(t) : NULL;
+    free(t);
+    if (v->text == NULL)
+      return encache__config_oom(cfg);
+  }
+  return 0;
+}
+
+/* --------------------------------------------------------------- loads */
+
+void encache__unknown_clear(char ***unknown, int *n) {
+  for (int i = 0; i < *n; i++)
+    encache__free((*unknown)[i]);
+  encache__free(*unknown);
+  *unknown = NULL;
+  *n = 0;
+}
+
+void encache__scratch_free(scratch *s) {
+  for (int i = 0; i < NOPTS; i++)
+    encache__value_clear(&s->vals[i]);
+  for (int k = 0; k < SEC_COUNT; k++)
+    encache__unknown_clear(&s->unknown[k], &s->nunknown[k]);
+}
+
+static int add_unknown(scratch *s, enum section sec, const char *name) {
+  char **u = encache__realloc(s->unknown[sec],
+                              sizeof(char *) * (size_t)(s->nunknown[sec] + 1));
+  if (u == NULL)
+    return ENCACHE_ENOMEM;
+  s->unknown[sec] = u;
+  u[s->nunknown[sec]] =
+      encache__asprintf("%s.%s", encache__section_names[sec], name);
+  if (u[s->nunknown[sec]] == NULL)
+    return ENCACHE_ENOMEM;
+  s->nunknown[sec]++;
+  return 0;
+}
+
+/* Reads member `name` = j of section sec into s. */
+static int load_member(encache_config *cfg, scratch *s, enum section sec,
+                       const char *name, const json_t *j) {
+  int i = encache__opt_find(sec, name);
+  if (i < 0)
+    return add_unknown(s, sec, name) < 0 ? encache__config_oom(cfg) : 0;
+  const opt_def *o = &encache__opt_defs[i];
+  value *v = &s->vals[i];
+  if (o->kind == K_DERIVED) {
+    /* vLLM does not read it either: say so once. */
+    encache__free(v->warn);
+    v->warn = encache__asprintf(
+        "%s.%s: ignored, as vLLM ignores it (the client's hostname is "
+        "derived: see docs/configuration.md)",
+        encache__section_names[sec], name);
+    return v->warn == NULL ? encache__config_oom(cfg) : 0;
+  }
+  encache__value_clear(v);
+  /* A null member of an option without a default leaves it unset, as
+   * Python's dict.get would in vLLM (a key field is str(None) there). */
+  if (json_is_null(j) && o->def == NULL && o->rule != R_REQUIRED &&
+      o->kind != K_PYSTR) {
+    if (encache__value_default(o, v) < 0)
+      return encache__config_oom(cfg);
+    v->given = 1;
+    return 0;
+  }
+  return value_from_json(cfg, o, j, v);
+}
+
+/* Reads the members of object `obj` as section `sec` into s.  A member
+ * named `skip` (may be NULL) is the caller's. */
+int encache__load_section(encache_config *cfg, scratch *s, enum section sec,
+                          const json_t *obj, const char *skip) {
+  const char *name;
+  json_t *j;
+  for (int i = 0; i < NOPTS; i++)
+    if (encache__opt_defs[i].sec == sec &&
+        encache__value_default(&encache__opt_defs[i], &s->vals[i]) < 0)
+      return encache__config_oom(cfg);
+  json_object_foreach((json_t *)obj, name, j) {
+    if (skip != NULL && strcmp(name, skip) == 0)
+      continue;
+    int rc = load_member(cfg, s, sec, name, j);
+    if (rc < 0)
+      return rc;
+  }
+  return encache__section_check(cfg, s->vals, sec);
+}
+
+/* Moves the scratch values and unknowns of section `sec` into cfg. */
+void encache__commit_section(encache_config *cfg, scratch *s,
+                             enum section sec) {
+  for (int i = 0; i < NOPTS; i++) {
+    if (encache__opt_defs[i].sec != sec)
+      continue;
+    encache__value_clear(&cfg->vals[i]);
+    cfg->vals[i] = s->vals[i];
+    memset(&s->vals[i], 0, sizeof(s->vals[i]));
+  }
+  encache__unknown_clear(&cfg->unknown[sec], &cfg->nunknown[sec]);
+  cfg->unknown[sec] = s->unknown[sec];
+  cfg->nunknown[sec] = s->nunknown[sec];
+  s->unknown[sec] = NULL;
+  s->nunknown[sec] = 0;
+  encache__config_sync(cfg);
+}
+
+/* Parses json[0..len) as one JSON object, or fails with line and column. */
+json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
+                             const char *what, int *rc) {
+  json_error_t err;
+  json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err);
+  if (root == NULL) {
+    *rc = json_error_code(&err) == json_error_out_of_memory
+              ? encache__config_fail(cfg, ENCACHE_ENOMEM, "%s: out of memory",
+                                     what)
+              : encache__config_fail(cfg, ENCACHE_EJSON,
+                                     "%s: malformed JSON at line %d, column "
+                                     "%d: %s",
+                                     what, err.line, err.column, err.text);
+    return NULL;
+  }
+  if (!json_is_object(root)) {
+    char got[80];
+    encache__json_brief(root, got, sizeof(got));
+    *rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
+                               "%s: must be a JSON object, got %s %s", what,
+                               encache__json_kind(root), got);
+    json_decref(root);
+    return NULL;
+  }
+  return root;
+}
+
+int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
+  static const char extra_name[] = "ec_connector_extra_config";
+  int rc = 0;
+  if (cfg == NULL)
+    return ENCACHE_EINVAL;
+  if (json == NULL)
+    return encache__config_fail(cfg, ENCACHE_EINVAL,
+                                "ec_transfer_config: no JSON given");
+  json_t *root =
+      encache__json_object(cfg, json, len, "ec_transfer_config", &rc);
+  if (root == NULL)
+    return rc;
+  scratch s;
+  memset(&s, 0, sizeof(s));
+  json_t *extra = json_object_get(root, extra_name);
+  json_t *empty = extra != NULL ? NULL : json_object();
+  if (extra != NULL && !json_is_object(extra)) {
+    char got[80];
+    encache__json_brief(extra, got, sizeof(got));
+    rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
+                              "ec_transfer_config.%s: must be an object, got "
+                              "%s %s",
+                              extra_name, encache__json_kind(extra), got);
+  } else if (extra == NULL && empty == NULL) {
+    rc = encache__config_oom(cfg);
+  }
+  if (rc == 0)
+    rc = encache__load_section(cfg, &s, SEC_EC, root, extra_name);
+  if (rc == 0)
+    rc = encache__load_section(cfg, &s, SEC_EXTRA, extra ? extra : empty, NULL);
+  if (rc == 0) {
+    encache__commit_section(cfg, &s, SEC_EC);
+    encache__commit_section(cfg, &s, SEC_EXTRA);
+    encache__config_clear_error(cfg);
+  }
+  json_decref(empty);
+  encache__scratch_free(&s);
+  json_decref(root);
+  return rc;
+}
