@@ -195,13 +195,3 @@ shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
   }
   return corrupt ? NULL : e;
 }
-
-/* Checks a key's length (returned in *klen); the message says the bounds. */
-int encache__shm_key_ok(shm_store *s, const char *key, size_t *klen) {
-  *klen = strlen(key);
-  if (*klen == 0 || *klen > SHM_MAX_KEY)
-    return encache__store_fail(&s->base, ENCACHE_EINVAL,
-                               "key length %zu: must be 1 to %u bytes", *klen,
-                               SHM_MAX_KEY);
-  return 0;
-}

@@ -95,7 +95,7 @@ static int lock_refused(shm_store *s) {
     return encache__store_fail(&s->base, ENCACHE_EINVAL,
                                "%s: handle used in a child after fork(): "
                                "open a new one", s->base.url);
-  if (!encache__shm_identity_ok(s))
+  if (!identity_ok(s))
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                                "%s: the segment header is damaged (magic, "
                                "format or geometry changed): " DESTROY_HINT,

@@ -34,7 +34,7 @@ static int shm_exists(encache_store *st, const char *const *keys, size_t n,
   if (rc < 0)
     return rc;
   for (size_t i = 0; i < n; i++) {
-    if (encache__shm_key_ok(s, keys[i], &klen) < 0) {
+    if (key_ok(s, keys[i], &klen) < 0) {
       results[i] = ENCACHE_EINVAL;
       continue;
     }
@@ -66,7 +66,7 @@ static void read_lookup(shm_store *s, const char *const *keys, size_t n,
     size_t klen;
     shm_entry c;
     snap[i].e = NULL;
-    if (encache__shm_key_ok(s, keys[i], &klen) < 0) {
+    if (key_ok(s, keys[i], &klen) < 0) {
       results[i] = ENCACHE_EINVAL;
       continue;
     }
@@ -191,7 +191,7 @@ static int shm_read_split(encache_store *st, const char *const *keys,
 static int lock_find_ready(shm_store *s, const char *key, shm_entry **ep,
                            shm_entry *c) {
   size_t klen;
-  int rc = encache__shm_key_ok(s, key, &klen);
+  int rc = key_ok(s, key, &klen);
   if (rc < 0 || (rc = encache__shm_lock(s)) < 0)
     return rc;
   *ep = encache__shm_find(s, key, (uint32_t)klen, hash_key(key, klen), c);
@@ -220,7 +220,7 @@ static int shm_object_size(encache_store *st, const char *key,
  * held, a handle after fork(), a handle with no writer slot. */
 static int write_refused(shm_store *s, const char *key, uint64_t obj_len,
                          size_t *klen) {
-  int rc = encache__shm_key_ok(s, key, klen);
+  int rc = key_ok(s, key, klen);
   if (rc < 0)
     return rc;
   if (obj_len > s->data_size || rec_size(*klen, obj_len) > s->data_size)

@@ -167,13 +167,6 @@ static void bind_geometry(shm_store *s, const shm_header *g) {
   s->nslots = SHM_SLOTS;
 }
 
-int encache__shm_identity_ok(shm_store *s) {
-  const shm_header *h = s->h;
-  return h->magic == SHM_MAGIC && h->format == SHM_FORMAT &&
-         h->total_size == s->total_size && h->data_size == s->data_size &&
-         h->nentries == s->nentries && h->nbuckets == s->nbuckets;
-}
-
 int encache__shm_test_layout(encache_store *st, encache__shm_layout *out) {
   shm_store *s = encache__shm_handle(st);
   if (s == NULL || s->h == NULL)

@@ -70,6 +70,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(__has_feature)
@@ -341,8 +342,15 @@ static inline uint64_t mono_ms(void) {
 /* Creates (when empty or unfinished) or checks the segment on s->fd, maps
  * it and binds the handle to its checked geometry. */
 int encache__shm_attach(shm_store *s, uint64_t create_size);
-/* Whether the header's immutable part still says what attach checked. */
-int encache__shm_identity_ok(shm_store *s);
+
+/* Whether the header's immutable part still says what attach checked
+ * (every lock asks: inline). */
+static inline int identity_ok(const shm_store *s) {
+  const shm_header *h = s->h;
+  return h->magic == SHM_MAGIC && h->format == SHM_FORMAT &&
+         h->total_size == s->total_size && h->data_size == s->data_size &&
+         h->nentries == s->nentries && h->nbuckets == s->nbuckets;
+}
 
 /* ------------------------------------------------- index.c: the entries */
 
@@ -365,7 +373,17 @@ void encache__shm_entry_free(shm_store *s, shm_entry *e);
  * chain that does not validate. */
 shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
                              uint64_t hash, shm_entry *c);
-int encache__shm_key_ok(shm_store *s, const char *key, size_t *klen);
+
+/* Checks a key's length (returned in *klen); the message says the bounds.
+ * (Every key of every operation asks: inline.) */
+static inline int key_ok(shm_store *s, const char *key, size_t *klen) {
+  *klen = strlen(key);
+  if (*klen == 0 || *klen > SHM_MAX_KEY)
+    return encache__store_fail(&s->base, ENCACHE_EINVAL,
+                               "key length %zu: must be 1 to %u bytes", *klen,
+                               SHM_MAX_KEY);
+  return 0;
+}
 
 /* ----------------------------------------- ring.c: allocation, eviction */
 
