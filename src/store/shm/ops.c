@@ -23,8 +23,6 @@ void (*encache__shm_write_hook)(void);
 
 #define SHM_DEFAULT_LOCK_MS 500u
 
-static const encache__store_ops shm_ops;
-
 static int shm_exists(encache_store *st, const char *const *keys, size_t n,
                       int *results) {
   shm_store *s = (shm_store *)st;
