@@ -3,12 +3,13 @@
  * check word, the hash chains that find an entry by key, the FIFO list
  * that keeps live entries in ring order, and the free list.
  *
- * Everything here runs under the segment lock (lock.c).  An entry is
- * never used where it lies in shared memory: load_entry() copies it out
- * once and the copy must pass its check word and range checks; what the
- * lock writes back goes through store_entry(), which seals the private
- * values, never what the shared entry holds by then.  A chain or list
- * that does not validate is repaired (repair.c) and walked again.
+ * Everything here runs under the segment lock (lock.c).  What an
+ * operation trusts of an entry is never read where it lies in shared
+ * memory: load_entry() copies the entry out once and the copy must pass
+ * its check word and range checks; what the lock writes back goes through
+ * store_entry(), which seals the private values, never what the shared
+ * entry holds by then.  A chain that does not validate is repaired
+ * (repair.c) and walked again.
  */
 #include "shm.h"
 

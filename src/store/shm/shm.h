@@ -18,6 +18,9 @@
  *   slots_off    nslots x u64: the token of each writer slot's holder
  *   data_off     data_size bytes: a ring of records, one per object:
  *                the key, padding to 64 bytes, then the object bytes
+ *                (rec_obj_off() and rec_size() below)
+ *   total_size   past the end of the file: one byte per writer slot, for
+ *                its holder's lock (slot_range() in repair.c)
  *
  * Concurrency.  All structure (entries, chains, lists, ring head,
  * counters) changes under the one robust mutex.  Data does not:
