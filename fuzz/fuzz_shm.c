@@ -82,11 +82,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     close(fd);
     return 0;
   }
-  /* Geometry of the segment, from its own header (see shm.c). */
-  uint64_t entries_off, buckets_off, data_off;
-  memcpy(&entries_off, map + 24, 8);
-  memcpy(&buckets_off, map + 32, 8);
-  memcpy(&data_off, map + 40, 8);
+  /* Geometry of the segment, as the Store laid it out. */
+  uint64_t entries_off = lay.entries_off, buckets_off = lay.buckets_off,
+           data_off = lay.data_off;
   for (size_t i = 0; i + 4 <= size; i += 4) {
     uint16_t off = (uint16_t)(data[i + 1] | data[i + 2] << 8);
     uint64_t at;

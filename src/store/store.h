@@ -67,7 +67,7 @@ const char *encache__mooncake_code_name(int64_t code);
 int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
                          encache_store **out);
 
-/* Test hooks of the shm backend (see shm.c). */
+/* Test hooks of the shm backend (src/store/shm/). */
 extern void (*encache__shm_read_hook)(void);
 extern void (*encache__shm_write_hook)(void);
 /* Takes the segment lock and returns holding it (to test a holder's death). */

@@ -1,0 +1,181 @@
+/*
+ * open.c: opening an shm Store (its URL: the segment name and the
+ * options), opening one on a file descriptor (tests, the fuzzer),
+ * destroying a segment, and the process's registry of open handles that
+ * fork() needs.
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define SHM_DEFAULT_SIZE (1ull << 30)
+#define SHM_MIN_SIZE (1ull << 20)
+#define SHM_MAX_SIZE (1ull << 46)
+
+/*
+ * The process's open handles.  A child made by fork() shares each
+ * handle's open file description (through the descriptor and through the
+ * mapping), and with it the writer-slot lock: a parent killed mid-write
+ * would look alive for as long as its children live.  So the child drops
+ * both at once (the lock stays with the parent's); in the child the
+ * handles answer EINVAL until closed.
+ */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static shm_store *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void reg_child(void) {
+  for (shm_store *s = reg_head; s != NULL; s = s->reg_next) {
+    if (s->map != NULL)
+      munmap(s->map, s->map_size);
+    if (s->fd >= 0)
+      close(s->fd);
+    s->map = NULL;
+    s->h = NULL;
+    s->fd = -1;
+    s->slot = -1;
+  }
+  pthread_mutex_unlock(&reg_mu);
+}
+static void reg_init(void) {
+  pthread_atfork(reg_prepare, reg_parent, reg_child);
+}
+
+void encache__shm_reg_add(shm_store *s) {
+  pthread_once(&reg_once, reg_init);
+  pthread_mutex_lock(&reg_mu);
+  s->reg_next = reg_head;
+  reg_head = s;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+void encache__shm_reg_remove(shm_store *s) {
+  pthread_mutex_lock(&reg_mu);
+  for (shm_store **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
+    if (*p == s) {
+      *p = s->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
+}
+
+/* ---------------------------------------------------------------- opening */
+
+int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
+                         encache_store **out) {
+  shm_store *s;
+  if (out == NULL)
+    return ENCACHE_EINVAL;
+  *out = NULL;
+  int rc = encache__shm_alloc(label, out, &s);
+  if (rc < 0)
+    return rc;
+  s->lock_timeout_ms = 1000;
+  snprintf(s->name, sizeof(s->name), "%s", label);
+  if ((s->fd = dup(fd)) < 0)
+    return encache__store_fail(&s->base, -errno, "dup: %s", strerror(errno));
+  return encache__shm_attach(
+      s, create_size < SHM_MIN_SIZE ? SHM_MIN_SIZE : create_size);
+}
+
+static int name_ok(const char *name, size_t len) {
+  if (len == 0 || len > SHM_MAX_NAME)
+    return 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+      return 0;
+  }
+  return name[0] != '.';
+}
+
+/* One option of the URL's query (k=v) into the handle, or *size. */
+static int parse_option(shm_store *s, const char *k, const char *v,
+                        uint64_t *size) {
+  const char *url = s->base.url;
+  if (strcmp(k, "size") == 0) {
+    if (encache_parse_size(v, size) < 0 || *size < SHM_MIN_SIZE ||
+        *size > SHM_MAX_SIZE)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: size=%s: must be a size from 1MiB to "
+                                 "64TiB (e.g. 4GiB, 512MB)", url, v);
+  } else if (strcmp(k, "lock_timeout_ms") == 0) {
+    char *end;
+    unsigned long ms = strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || ms == 0 || ms > 3600000)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: lock_timeout_ms=%s: must be 1 to "
+                                 "3600000", url, v);
+    s->lock_timeout_ms = (unsigned)ms;
+  } else if (strcmp(k, "checksum") == 0) {
+    if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: checksum=%s: must be on or off", url, v);
+    s->checksum = strcmp(v, "on") == 0;
+  } else {
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: unknown option '%s' (known: size, "
+                               "lock_timeout_ms, checksum)", url, k);
+  }
+  return 0;
+}
+
+/* The URL's query (NULL: none) into the handle's options and *size. */
+static int parse_query(shm_store *s, const char *query, uint64_t *size) {
+  encache__query qs = {query};
+  char k[64], v[64];
+  int rc;
+  while ((rc = encache__query_next(&qs, k, sizeof(k), v, sizeof(v))) > 0)
+    if ((rc = parse_option(s, k, v, size)) < 0)
+      return rc;
+  if (rc < 0)
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: malformed query (use ?key=value&...)",
+                               s->base.url);
+  return 0;
+}
+
+int encache__shm_open(const char *url, encache_store **out) {
+  shm_store *s;
+  *out = NULL;
+  int rc = encache__shm_alloc(url, out, &s);
+  if (rc < 0)
+    return rc;
+  const char *name = url + 6, *q = strchr(name, '?');
+  size_t nlen = q ? (size_t)(q - name) : strlen(name);
+  if (!name_ok(name, nlen))
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: the segment name must be 1 to %d of "
+                               "A-Z a-z 0-9 . _ - (not starting with '.')",
+                               url, SHM_MAX_NAME);
+  uint64_t size = SHM_DEFAULT_SIZE;
+  if ((rc = parse_query(s, q ? q + 1 : NULL, &size)) < 0)
+    return rc;
+  char path[SHM_MAX_NAME + 16];
+  snprintf(path, sizeof(path), "/encache-%.*s", (int)nlen, name);
+  snprintf(s->name, sizeof(s->name), "%.*s", (int)nlen, name);
+  s->fd = shm_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (s->fd < 0)
+    return encache__store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,
+                               path, strerror(errno));
+  return encache__shm_attach(s, size);
+}
+
+int encache_shm_destroy(const char *name) {
+  if (name == NULL || !name_ok(name, strlen(name)))
+    return ENCACHE_EURL;
+  char path[SHM_MAX_NAME + 16];
+  snprintf(path, sizeof(path), "/encache-%s", name);
+  if (shm_unlink(path) != 0)
+    return errno == ENOENT ? ENCACHE_ENOENT : -errno;
+  return 0;
+}
