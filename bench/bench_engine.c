@@ -75,7 +75,7 @@ static int bench_publish_calls(encache *ec, size_t nbytes, int iters,
     int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
     for (int k = 0; k < B; k++) {
       /* Views of one storage: the budget charges it once. */
-      encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+      encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
       double t0 = measure_now();
       int q = bench_publish(step, ids[k], &v, stg);
       double dt = measure_now() - t0;
@@ -128,7 +128,7 @@ static void bench_sustained(encache *ec, encache_store *st, int iters) {
   int total = iters * 16;
   void *data = calloc(1, nbytes);
   int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-  encache_tensor v = {data, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
   double t0 = measure_now();
   for (int i = 0; i < total; i++) {
     char key[256], id[32];

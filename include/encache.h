@@ -161,6 +161,7 @@ ENCACHE_EXTERN int encache_dtype_parse(const char *name);
  * protocol:v3 (spec/v3-format.md).  Nothing is escaped or hashed.
  */
 typedef struct encache_namespace_params {
+  size_t size;              /* sizeof(encache_namespace_params): set it */
   const char *prefix;       /* embedding_cache_prefix; NULL or "" = none */
   const char *model;        /* model identity, or the model path as given;
                                required (NULL is refused; "" is written
@@ -219,6 +220,7 @@ ENCACHE_EXTERN int encache_vllm_encoder_hash(const char *tp_mode,
  * are in elements (as PyTorch and DLPack count them); NULL strides mean
  * row-major contiguous. */
 typedef struct encache_tensor {
+  size_t size; /* sizeof(encache_tensor): set it first */
   const void *data;
   int dtype; /* an encache_dtype; anything else is refused */
   int ndim;  /* only 2 is accepted */

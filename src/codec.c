@@ -55,10 +55,13 @@ static void header_write(unsigned char *out, uint32_t dtype, uint64_t rows,
   encache__put_le64(out + 16, cols);
 }
 
-int encache_header_encode(const encache_tensor *t,
+int encache_header_encode(const encache_tensor *given,
                           unsigned char out[ENCACHE_HEADER_SIZE]) {
-  if (t == NULL || out == NULL)
+  encache_tensor full;
+  if (given == NULL || out == NULL ||
+      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
     return ENCACHE_EINVAL;
+  const encache_tensor *t = &full;
   if (encache_dtype_size(t->dtype) == 0)
     return ENCACHE_EDTYPE;
   if (t->ndim != 2 || t->shape == NULL || t->shape[0] < 0 || t->shape[1] < 0)

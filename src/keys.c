@@ -45,9 +45,14 @@ static int finish(out_t *o) {
 
 static int nonempty(const char *s) { return s != NULL && s[0] != '\0'; }
 
-int encache_namespace(const encache_namespace_params *p, char *buf,
+int encache_namespace(const encache_namespace_params *given, char *buf,
                       size_t size) {
-  if (p == NULL || p->model == NULL || (buf == NULL && size != 0))
+  encache_namespace_params full;
+  if (given == NULL ||
+      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
+    return ENCACHE_EINVAL;
+  const encache_namespace_params *p = &full;
+  if (p->model == NULL || (buf == NULL && size != 0))
     return ENCACHE_EINVAL;
   const char *torch = encache_dtype_torch_name(p->dtype);
   if (torch == NULL)

@@ -379,9 +379,12 @@ static int enqueue(encache *ec, job *j) {
 }
 
 int encache_publish(encache_step *step, const char *id,
-                    const encache_tensor *view, encache_storage *storage) {
-  if (step == NULL || id == NULL || view == NULL || storage == NULL)
+                    const encache_tensor *given, encache_storage *storage) {
+  encache_tensor full;
+  if (step == NULL || id == NULL || given == NULL || storage == NULL ||
+      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
     return ENCACHE_EINVAL;
+  const encache_tensor *view = &full;
   encache *ec = step->ec;
   if (encache__is_poisoned(ec))
     return ENCACHE_EPOISONED;

@@ -14,8 +14,8 @@ int main(void) {
             ENCACHE_VERSION_STRING);
     return 1;
   }
-  encache_namespace_params p = {"team@cache", "shared/model", "rev:1", NULL,
-                                ENCACHE_FLOAT32};
+  encache_namespace_params p = {sizeof p, "team@cache", "shared/model",
+                                "rev:1",  NULL,         ENCACHE_FLOAT32};
   char ns[256], key[300];
   if (encache_namespace(&p, ns, sizeof(ns)) < 0 ||
       encache_key(ns, "image@1", key, sizeof(key)) < 0 ||

@@ -39,6 +39,7 @@
   XX(backend_user_store_round_trip_and_messages)                             \
   XX(backend_answers_classified_once)                                        \
   XX(backend_allocator_hook_sees_every_block)                                \
+  XX(abi_sizes_of_key_and_object_structs)                                    \
   XX(config_setters_refuse_bad_values_naming_the_option)                     \
   XX(config_validate_rules_between_options)                                  \
   XX(config_json_and_setters_give_the_same_values)                           \

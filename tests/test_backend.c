@@ -172,3 +172,32 @@ TEST(backend_allocator_hook_sees_every_block) {
   ASSERT(counted[0] > 0);
   ASSERT_EQ_INT(counted[2], counted[0]); /* every block came back */
 }
+
+/* The struct-size rule on the structs of keys and objects: a struct
+ * older than 1.0 is refused, a newer one is read when what this library
+ * does not know is zero, and refused when it is set. */
+TEST(abi_sizes_of_key_and_object_structs) {
+  struct {
+    encache_namespace_params p;
+    uint64_t future;
+  } np = {{sizeof np, NULL, "m", NULL, NULL, ENCACHE_FLOAT32}, 0};
+  char ns[256];
+  ASSERT(encache_namespace(&np.p, ns, sizeof(ns)) > 0);
+  np.future = 1;
+  ASSERT_EQ_INT(encache_namespace(&np.p, ns, sizeof(ns)), ENCACHE_EINVAL);
+  np.future = 0;
+  np.p.size = sizeof(np.p) - 1;
+  ASSERT_EQ_INT(encache_namespace(&np.p, ns, sizeof(ns)), ENCACHE_EINVAL);
+
+  int64_t shape[2] = {2, 3};
+  struct {
+    encache_tensor t;
+    uint64_t future;
+  } tv = {{sizeof tv, NULL, ENCACHE_FLOAT32, 2, shape, NULL}, 0};
+  unsigned char hdr[ENCACHE_HEADER_SIZE];
+  ASSERT_EQ_INT(encache_header_encode(&tv.t, hdr), 0);
+  tv.future = 7;
+  ASSERT_EQ_INT(encache_header_encode(&tv.t, hdr), ENCACHE_EINVAL);
+  encache_tensor zero = {0, NULL, ENCACHE_FLOAT32, 2, shape, NULL};
+  ASSERT_EQ_INT(encache_header_encode(&zero, hdr), ENCACHE_EINVAL);
+}

@@ -14,8 +14,8 @@ static const char vector_key_plain[] =
     "@dtype:torch.float32@protocol:v3@id:image@1";
 
 TEST(keys_vector_prefixed) {
-  encache_namespace_params p = {"team@cache", "shared/model", "rev:1", NULL,
-                                ENCACHE_FLOAT32};
+  encache_namespace_params p = {sizeof p, "team@cache", "shared/model",
+                                "rev:1",  NULL,         ENCACHE_FLOAT32};
   char ns[512], key[512];
   int n = encache_namespace(&p, ns, sizeof(ns));
   ASSERT_EQ_INT(n, strlen(vector_ns_prefixed));
@@ -29,8 +29,8 @@ TEST(keys_vector_plain) {
   /* No prefix and revision unset: NULL and "" mean the same. */
   const char *unset[] = {NULL, ""};
   for (int i = 0; i < 2; i++) {
-    encache_namespace_params p = {unset[i], "shared/model", unset[i],
-                                  unset[i], ENCACHE_FLOAT32};
+    encache_namespace_params p = {sizeof p, unset[i], "shared/model",
+                                  unset[i], unset[i], ENCACHE_FLOAT32};
     char ns[512], key[512];
     ASSERT(encache_namespace(&p, ns, sizeof(ns)) > 0);
     ASSERT(encache_key(ns, "image@1", key, sizeof(key)) > 0);
@@ -39,7 +39,8 @@ TEST(keys_vector_plain) {
 }
 
 TEST(keys_encoder_hash_and_dtypes) {
-  encache_namespace_params p = {NULL, "m", NULL, "3f2a", ENCACHE_BFLOAT16};
+  encache_namespace_params p = {sizeof p, NULL,   "m",
+                                NULL,     "3f2a", ENCACHE_BFLOAT16};
   char ns[256];
   ASSERT(encache_namespace(&p, ns, sizeof(ns)) > 0);
   ASSERT_EQ_STR(ns, "embedding@model:m@revision:default@encoder:3f2a"
@@ -50,8 +51,8 @@ TEST(keys_encoder_hash_and_dtypes) {
 }
 
 TEST(keys_size_query_and_short_buffer) {
-  encache_namespace_params p = {"team@cache", "shared/model", "rev:1", NULL,
-                                ENCACHE_FLOAT32};
+  encache_namespace_params p = {sizeof p, "team@cache", "shared/model",
+                                "rev:1",  NULL,         ENCACHE_FLOAT32};
   int need = encache_namespace(&p, NULL, 0);
   ASSERT_EQ_INT(need, strlen(vector_ns_prefixed));
   char buf[256];
@@ -68,7 +69,7 @@ TEST(keys_size_query_and_short_buffer) {
 }
 
 TEST(keys_refuse_bad_input) {
-  encache_namespace_params p = {NULL, "m", NULL, NULL, 99};
+  encache_namespace_params p = {sizeof p, NULL, "m", NULL, NULL, 99};
   char buf[256];
   ASSERT_EQ_INT(encache_namespace(&p, buf, sizeof(buf)), ENCACHE_EDTYPE);
   p.dtype = ENCACHE_FLOAT32;
@@ -140,7 +141,8 @@ TEST(keys_vector_default_encoder_hash) {
   char h[33], ns[256];
   ASSERT_EQ_INT(encache_vllm_encoder_hash("weights", NULL, h, sizeof(h)), 32);
   ASSERT_EQ_STR(h, "37a439e484856856b929daf9ace244bc");
-  encache_namespace_params p = {NULL, "org/model", NULL, h, ENCACHE_BFLOAT16};
+  encache_namespace_params p = {sizeof p, NULL, "org/model",
+                                NULL,     h,    ENCACHE_BFLOAT16};
   ASSERT(encache_namespace(&p, ns, sizeof(ns)) > 0);
   ASSERT_EQ_STR(ns, "embedding@model:org/model@revision:default"
                     "@encoder:37a439e484856856b929daf9ace244bc"

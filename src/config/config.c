@@ -247,7 +247,8 @@ int encache_config_namespace(const encache_config *cfg, const char *model,
   const char *m = ident->set ? ident->s : model;
   if (m == NULL || (!ident->set && m[0] == '\0'))
     return ENCACHE_EINVAL;
-  encache_namespace_params p = {prefix->set ? prefix->s : NULL, m, revision,
-                                encoder_hash, dtype};
+  encache_namespace_params p = {
+      sizeof p, prefix->set ? prefix->s : NULL, m, revision, encoder_hash,
+      dtype};
   return encache_namespace(&p, buf, size);
 }
