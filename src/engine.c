@@ -314,8 +314,7 @@ int encache_close(encache *ec) {
   if (ec->enabled && ec->store != NULL) {
     encache__publisher_stop(ec);
     rc = encache__reap(ec);
-    if (rc == 0 && ec->staging_registered &&
-        !encache__is_poisoned(ec) && ec->store->ops->unregister_buffer != NULL) {
+    if (rc == 0 && ec->staging_registered && !encache__is_poisoned(ec)) {
       int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
       if (encache_store_classify(u) != ENCACHE_ANSWER_OK)
         encache__poison(ec, "unregistering the staging buffer failed: %s",

@@ -39,7 +39,7 @@ static int staging_ensure(encache *ec) {
     return encache__fail(ec, ENCACHE_ENOMEM,
                          "out of memory: cannot allocate the %zu-byte "
                          "staging buffer", size);
-  if (ec->store->ops->register_buffer != NULL) {
+  if (ec->store->ops->caps & ENCACHE_STORE_CAP_REGISTER) {
     int rc = ec->store->ops->register_buffer(ec->store, p, size);
     if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
       /* Nothing is kept: the next step tries again. */
@@ -249,7 +249,8 @@ int encache__plan_read(plan *p) {
   /* Payloads go straight to host destinations when the Store can split
    * its reads and needs no registered memory. */
   const encache__store_ops *ops = p->ec->store->ops;
-  p->direct = ops->read_split != NULL && ops->register_buffer == NULL;
+  p->direct = (ops->caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
+              !(ops->caps & ENCACHE_STORE_CAP_REGISTER);
   if (p->np == 0)
     return 0;
   int rc = p->direct ? 0 : staging_ensure(p->ec);

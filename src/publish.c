@@ -72,7 +72,7 @@ static void set_why(job *j, const char *what, encache_store *st) {
  * it; 0, or -1 (recoverable: the write is not issued). */
 static int register_part(encache_store *st, job *j, const void *p, size_t n,
                          const char *what, int *registered) {
-  if (st->ops->register_buffer == NULL || n == 0)
+  if (!(st->ops->caps & ENCACHE_STORE_CAP_REGISTER) || n == 0)
     return 0;
   int rc = st->ops->register_buffer(st, (void *)(uintptr_t)p, n);
   if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {

@@ -439,6 +439,8 @@ TEST(config_out_of_memory_every_allocation) {
     }
     test_alloc_fail_after(0);
     ASSERT(rc == 0 || rc == ENCACHE_ENOMEM);
+    if (rc == ENCACHE_ENOMEM && cfg != NULL) /* the reason is never lost */
+      ASSERT_CONTAINS(encache_config_errmsg(cfg), "out of memory");
     saw_success = rc == 0;
     encache_config_free(cfg);
   }

@@ -23,13 +23,10 @@
 int encache__config_fail(encache_config *cfg, int rc, const char *fmt, ...) {
   if (cfg == NULL)
     return rc;
-  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
+  vsnprintf(cfg->errmsg, sizeof(cfg->errmsg), fmt, ap);
   va_end(ap);
-  encache__free(cfg->errmsg);
-  cfg->errmsg = encache__strdup(buf); /* NULL on OOM: errmsg() says "" */
   return rc;
 }
 
@@ -37,13 +34,10 @@ int encache__config_oom(encache_config *cfg) {
   return encache__config_fail(cfg, ENCACHE_ENOMEM, "out of memory");
 }
 
-void encache__config_clear_error(encache_config *cfg) {
-  encache__free(cfg->errmsg);
-  cfg->errmsg = NULL;
-}
+void encache__config_clear_error(encache_config *cfg) { cfg->errmsg[0] = '\0'; }
 
 const char *encache_config_errmsg(const encache_config *cfg) {
-  return cfg != NULL && cfg->errmsg != NULL ? cfg->errmsg : "";
+  return cfg != NULL ? cfg->errmsg : "";
 }
 
 /* --------------------------------------------------------------- handle */
@@ -55,7 +49,6 @@ void encache_config_free(encache_config *cfg) {
     encache__value_clear(&cfg->vals[i]);
   for (int s = 0; s < SEC_COUNT; s++)
     encache__unknown_clear(&cfg->unknown[s], &cfg->nunknown[s]);
-  encache__free(cfg->errmsg);
   encache__free(cfg);
 }
 

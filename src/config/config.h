@@ -94,7 +94,7 @@ struct encache_config {
   int mooncake_loaded;       /* the mooncake section is in use */
   char **unknown[SEC_COUNT]; /* owned strings, "section.name" */
   int nunknown[SEC_COUNT];
-  char *errmsg; /* owned; NULL = "" */
+  char errmsg[1024]; /* never allocated: kept on out of memory too */
 };
 
 /* Parse state for one load: scratch values of every option (only the
