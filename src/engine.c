@@ -61,10 +61,7 @@ const char *encache_namespace_of(const encache *ec) {
 }
 
 uint64_t encache__hash_id(const char *id) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (; *id; id++)
-    h = (h ^ (unsigned char)*id) * 0x100000001b3ull;
-  return h;
+  return encache__fnv1a(id, strlen(id));
 }
 
 char *encache__make_key(const encache *ec, const char *id) {

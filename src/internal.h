@@ -82,6 +82,17 @@ char *encache__mooncake_local_hostname(void);
  * value JSON cannot hold. */
 int encache__py_float_str(double d, char *buf, size_t size);
 
+/* FNV-1a (64 bits) of p[0..len): the one string hash of the library (the
+ * shm index finalizes it; the engine's steps use it as is).  The shm
+ * index's buckets depend on it: never change it. */
+static inline uint64_t encache__fnv1a(const void *p, size_t len) {
+  const unsigned char *b = p;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
 /* Little-endian loads and stores, correct on any host. */
 static inline void encache__put_le32(unsigned char *p, uint32_t v) {
   p[0] = (unsigned char)v;

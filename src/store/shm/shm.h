@@ -323,11 +323,7 @@ static inline uint64_t mix64(uint64_t h) {
 
 static inline uint64_t hash_key(const char *key, size_t len) {
   /* FNV-1a, then a finalizer so that the low bits (the bucket) mix well. */
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < len; i++) {
-    h ^= (unsigned char)key[i];
-    h *= 0x100000001b3ull;
-  }
+  uint64_t h = encache__fnv1a(key, len);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
