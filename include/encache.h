@@ -134,7 +134,7 @@ ENCACHE_EXTERN int encache_set_allocators(const encache_allocfuncs *fns,
 /* ----------------------------------------------------------------- dtypes */
 
 /* Element types of an embedding matrix.  The values are the v3 wire codes
- * (spec/v3-format.md): keep them. */
+ * (docs/format.md): keep them. */
 typedef enum encache_dtype {
   ENCACHE_FLOAT32 = 0,
   ENCACHE_FLOAT16 = 11,
@@ -158,7 +158,7 @@ ENCACHE_EXTERN int encache_dtype_parse(const char *name);
 /*
  * A Store key is NAMESPACE "@id:" IDENTIFIER.  The namespace is computed
  * once per encoder from the components below, byte-exact with vLLM's
- * protocol:v3 (spec/v3-format.md).  Nothing is escaped or hashed.
+ * protocol:v3 (docs/format.md).  Nothing is escaped or hashed.
  */
 typedef struct encache_namespace_params {
   size_t size;              /* sizeof(encache_namespace_params): set it */
@@ -243,7 +243,7 @@ typedef struct encache_contract {
   uint64_t cols;
 } encache_contract;
 
-/* Why an object is not a hit for a contract (spec/v3-format.md, in the
+/* Why an object is not a hit for a contract (docs/format.md, in the
  * order they are checked). */
 typedef enum encache_verdict {
   ENCACHE_COMPATIBLE = 0,
@@ -970,7 +970,7 @@ typedef struct encache_options {
    * Read during encache_open() only (which may record a message in it,
    * encache_config_errmsg()); the caller keeps and frees it. */
   const encache_config *config;
-  /* The namespace (spec/v3-format.md): the model path as given to the
+  /* The namespace (docs/format.md): the model path as given to the
    * encoder (used when embedding_model_identity is unset; required), the
    * revision and multimodal-config hash (NULL = none), the model dtype. */
   const char *model;

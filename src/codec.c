@@ -1,5 +1,5 @@
 /*
- * codec.c: the 24-byte protocol:v3 object header (spec/v3-format.md).
+ * codec.c: the 24-byte protocol:v3 object header (docs/format.md).
  *
  * All fields are little-endian and are read and written byte by byte, so
  * the code is correct on any host whatever its byte order or alignment

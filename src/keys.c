@@ -1,5 +1,5 @@
 /*
- * keys.c: the protocol:v3 namespace and key (spec/v3-format.md).
+ * keys.c: the protocol:v3 namespace and key (docs/format.md).
  *
  * The namespace is the components below joined by '@', in this order:
  * [prefix] "embedding" "model:M" "revision:R" "encoder:E" "dtype:torch.T"

@@ -1,5 +1,5 @@
 /*
- * lookup.c: the read path of one encoder step (spec/behaviour.md, Lookup),
+ * lookup.c: the read path of one encoder step (docs/behaviour.md, Lookup),
  * as a plan that phases fill in turn, each a function over one `plan`:
  *
  *   dedupe    eligibility (modality, dtype, shape, device); duplicate ids

@@ -1,5 +1,5 @@
 /*
- * publish.c: the bounded asynchronous publisher (spec/behaviour.md,
+ * publish.c: the bounded asynchronous publisher (docs/behaviour.md,
  * Publication).
  *
  * encache_publish() runs on the caller's thread and copies nothing: it

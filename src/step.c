@@ -1,7 +1,7 @@
 /*
  * step.c: explicit steps.  A step is the candidate set of one encoder
  * step: lookups on it add their eligible candidates, and a publication
- * names the step and is accepted only for one of them (spec/behaviour.md:
+ * names the step and is accepted only for one of them (docs/behaviour.md:
  * "only outputs of inputs that were candidates in the current step").
  * Several steps may be open at once, so that a pipelined server may look
  * up step N+1 before it publishes step N.

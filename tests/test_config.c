@@ -1,4 +1,4 @@
-/* Configuration: spec/behaviour.md's options and rules (acceptance case 2),
+/* Configuration: docs/behaviour.md's options and rules (acceptance case 2),
  * the Mooncake client JSON, and every refusal naming its field. */
 #include "runner.h"
 

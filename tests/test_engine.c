@@ -1,5 +1,5 @@
 /*
- * The engine against the 16 acceptance cases of spec/behaviour.md, on the
+ * The engine against the 16 acceptance cases of docs/behaviour.md, on the
  * real shm Store, with a fault-injecting wrapper for the error cases.
  * Case 1 (keys), 2 (configuration), 3 (codec), 8 and 10 (header
  * validation) also have unit tests of their own parts; here they run

@@ -46,7 +46,7 @@ exact() {
   fi
 }
 
-# --- key: both normative vectors of spec/v3-format.md
+# --- key: both normative vectors of docs/format.md
 exact "key vector with prefix" \
   "team@cache@embedding@model:shared/model@revision:rev:1@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:image@1" \
   -- key --prefix team@cache --model shared/model --revision rev:1 --dtype float32 --id image@1

@@ -23,7 +23,7 @@
  *
  * Mooncake's first client creation in a process blocks SIGINT, SIGTERM,
  * SIGHUP and SIGUSR1 and handles them on a thread of its own
- * (../shared/notes): a program's own handlers for those never run.
+ * (docs/stores.md): a program's own handlers for those never run.
  */
 #include "store.h"
 #include "config/opts.h"
