@@ -374,6 +374,89 @@ static const encache__store_ops mooncake_ops = {
     .stats = mc_stats,
     .close = mc_close};
 
+/* Reads the client JSON (PATH of "mooncake:PATH", else
+ * $MOONCAKE_CONFIG_PATH): a bad one is reported whatever the library. */
+static int load_config(mooncake_store *s, const char *url,
+                       encache_config **cfg) {
+  const char *path = url[9] != '\0' ? url + 9 : NULL; /* "mooncake:" */
+  int rc = encache_config_new(cfg);
+  if (rc == 0)
+    rc = encache_config_load_mooncake_file(*cfg, path);
+  if (rc < 0) {
+    rc = rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG;
+    encache__store_fail(&s->base, rc, "%s: %s", url,
+                        encache_config_errmsg(*cfg));
+  }
+  return rc;
+}
+
+/* Loads Mooncake's store C ABI ($ENCACHE_MOONCAKE_LIBRARY) into s; the
+ * create and setup functions go to *create and *setup. */
+static int load_library(mooncake_store *s, const char *url,
+                        mc_create_fn *create, mc_setup_fn *setup) {
+  const char *lib = getenv("ENCACHE_MOONCAKE_LIBRARY");
+  if (lib == NULL || lib[0] == '\0')
+    lib = "libmooncake_store.so";
+  s->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (s->lib == NULL)
+    return encache__store_fail(&s->base, ENCACHE_ENOLIB,
+                               "%s: cannot load %s (%s). Build Mooncake with "
+                               "-DWITH_STORE_C_SHARED=ON and point "
+                               "ENCACHE_MOONCAKE_LIBRARY at its "
+                               "libmooncake_store.so (or put its directory on "
+                               "LD_LIBRARY_PATH)", url, lib, dlerror());
+  static const char *const names[] = {
+      "mooncake_store_create",         "mooncake_store_destroy",
+      "mooncake_store_setup",          "mooncake_store_health_check",
+      "mooncake_store_put_from",       "mooncake_store_batch_get_into",
+      "mooncake_store_batch_is_exist", "mooncake_store_get_size",
+      "mooncake_store_remove",         "mooncake_store_register_buffer",
+      "mooncake_store_unregister_buffer"};
+  void *sym[sizeof(names) / sizeof(names[0])];
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if ((sym[i] = dlsym(s->lib, names[i])) == NULL)
+      return encache__store_fail(&s->base, ENCACHE_ENOLIB,
+                                 "%s: %s has no symbol %s: it is not "
+                                 "Mooncake's store C ABI (build with "
+                                 "-DWITH_STORE_C_SHARED=ON)", url, lib,
+                                 names[i]);
+  memcpy(create, &sym[0], sizeof(*create));
+  memcpy(&s->destroy, &sym[1], sizeof(s->destroy));
+  memcpy(setup, &sym[2], sizeof(*setup));
+  memcpy(&s->health, &sym[3], sizeof(s->health));
+  memcpy(&s->put_from, &sym[4], sizeof(s->put_from));
+  memcpy(&s->batch_get_into, &sym[5], sizeof(s->batch_get_into));
+  memcpy(&s->batch_is_exist, &sym[6], sizeof(s->batch_is_exist));
+  memcpy(&s->get_size, &sym[7], sizeof(s->get_size));
+  memcpy(&s->remove, &sym[8], sizeof(s->remove));
+  memcpy(&s->register_buffer, &sym[9], sizeof(s->register_buffer));
+  memcpy(&s->unregister_buffer, &sym[10], sizeof(s->unregister_buffer));
+  return 0;
+}
+
+/* Creates the client and sets it up as the configuration says. */
+static int setup_client(mooncake_store *s, const char *url,
+                        const encache_config *cfg, mc_create_fn create,
+                        mc_setup_fn setup) {
+  const encache__opts *opt = encache__config_opts(cfg);
+  const char *meta = opt->metadata_server, *proto = opt->protocol;
+  const char *master = opt->master_server_address;
+  s->h = create();
+  int r = s->h == NULL ? -1
+                       : setup(s->h, opt->local_hostname, meta,
+                               opt->global_segment_size, opt->local_buffer_size,
+                               proto, opt->device_name, master);
+  if (r == 0)
+    return 0;
+  if (s->h != NULL)
+    s->destroy(s->h);
+  s->h = NULL;
+  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                             "%s: Mooncake setup (master %s, metadata %s, "
+                             "protocol %s) answered %d", url, master, meta,
+                             proto, r);
+}
+
 int encache__mooncake_open(const char *url, encache_store **out) {
   *out = NULL;
   mooncake_store *s = encache__calloc(1, sizeof(*s));
@@ -384,85 +467,14 @@ int encache__mooncake_open(const char *url, encache_store **out) {
   s->base.ops = &mooncake_ops;
   pthread_mutex_init(&s->wmu, NULL);
   *out = &s->base;
-
-  /* The configuration first: a bad one is reported whatever the library. */
-  const char *path = url[9] != '\0' ? url + 9 : NULL; /* "mooncake:" */
   encache_config *cfg = NULL;
-  int rc = encache_config_new(&cfg);
+  mc_create_fn create = NULL;
+  mc_setup_fn setup = NULL;
+  int rc = load_config(s, url, &cfg);
   if (rc == 0)
-    rc = encache_config_load_mooncake_file(cfg, path);
-  if (rc < 0) {
-    encache__store_fail(&s->base, rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG,
-                        "%s: %s", url, encache_config_errmsg(cfg));
-    encache_config_free(cfg);
-    return rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG;
-  }
-
-  const char *lib = getenv("ENCACHE_MOONCAKE_LIBRARY");
-  if (lib == NULL || lib[0] == '\0')
-    lib = "libmooncake_store.so";
-  s->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (s->lib == NULL) {
-    encache__store_fail(&s->base, ENCACHE_ENOLIB,
-                        "%s: cannot load %s (%s). Build Mooncake with "
-                        "-DWITH_STORE_C_SHARED=ON and point "
-                        "ENCACHE_MOONCAKE_LIBRARY at its libmooncake_store.so "
-                        "(or put its directory on LD_LIBRARY_PATH)",
-                        url, lib, dlerror());
-    encache_config_free(cfg);
-    return ENCACHE_ENOLIB;
-  }
-  static const char *const names[] = {
-      "mooncake_store_create",         "mooncake_store_destroy",
-      "mooncake_store_setup",          "mooncake_store_health_check",
-      "mooncake_store_put_from",       "mooncake_store_batch_get_into",
-      "mooncake_store_batch_is_exist", "mooncake_store_get_size",
-      "mooncake_store_remove",         "mooncake_store_register_buffer",
-      "mooncake_store_unregister_buffer"};
-  void *sym[sizeof(names) / sizeof(names[0])];
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-    sym[i] = dlsym(s->lib, names[i]);
-    if (sym[i] == NULL) {
-      encache__store_fail(&s->base, ENCACHE_ENOLIB,
-                          "%s: %s has no symbol %s: it is not Mooncake's "
-                          "store C ABI (build with -DWITH_STORE_C_SHARED=ON)",
-                          url, lib, names[i]);
-      encache_config_free(cfg);
-      return ENCACHE_ENOLIB;
-    }
-  }
-  mc_create_fn create;
-  mc_setup_fn setup;
-  memcpy(&create, &sym[0], sizeof(create));
-  memcpy(&s->destroy, &sym[1], sizeof(s->destroy));
-  memcpy(&setup, &sym[2], sizeof(setup));
-  memcpy(&s->health, &sym[3], sizeof(s->health));
-  memcpy(&s->put_from, &sym[4], sizeof(s->put_from));
-  memcpy(&s->batch_get_into, &sym[5], sizeof(s->batch_get_into));
-  memcpy(&s->batch_is_exist, &sym[6], sizeof(s->batch_is_exist));
-  memcpy(&s->get_size, &sym[7], sizeof(s->get_size));
-  memcpy(&s->remove, &sym[8], sizeof(s->remove));
-  memcpy(&s->register_buffer, &sym[9], sizeof(s->register_buffer));
-  memcpy(&s->unregister_buffer, &sym[10], sizeof(s->unregister_buffer));
-
-  const encache__opts *opt = encache__config_opts(cfg);
-  const char *meta = opt->metadata_server, *proto = opt->protocol;
-  const char *master = opt->master_server_address;
-  s->h = create();
-  int r = s->h == NULL ? -1
-                       : setup(s->h, opt->local_hostname, meta,
-                               opt->global_segment_size, opt->local_buffer_size,
-                               proto, opt->device_name, master);
-  if (r != 0) {
-    encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                        "%s: Mooncake setup (master %s, metadata %s, protocol "
-                        "%s) answered %d", url, master, meta, proto, r);
-    encache_config_free(cfg);
-    if (s->h != NULL)
-      s->destroy(s->h);
-    s->h = NULL;
-    return ENCACHE_EUNAVAIL;
-  }
+    rc = load_library(s, url, &create, &setup);
+  if (rc == 0)
+    rc = setup_client(s, url, cfg, create, setup);
   encache_config_free(cfg);
-  return 0;
+  return rc;
 }
