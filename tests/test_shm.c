@@ -342,20 +342,22 @@ TEST(shm_killed_writer_loses_only_its_object) {
 TEST(shm_repairs_corrupted_index) {
   char url[128];
   encache_store *st = seg_open("4MiB", url, sizeof(url));
+  encache__shm_layout lay;
+  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
   for (int i = 0; i < 40; i++) {
     char key[32];
     snprintf(key, sizeof(key), "c-%d", i);
     put(st, key, 20000, (uint64_t)i);
   }
   encache_store_close(st);
-  /* Garbage over part of the entry table (it starts at 4096). */
+  /* Garbage over part of the entry table, from its sixth entry on. */
   unsigned char junk[2048];
   uint64_t r = 42;
   for (size_t i = 0; i < sizeof(junk); i++) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
     junk[i] = (unsigned char)(r >> 56);
   }
-  poke(seg_name, 4096 + 5 * 72, junk, sizeof(junk));
+  poke(seg_name, lay.entries_off + 5 * lay.entry_size, junk, sizeof(junk));
   st = reopen(url);
   encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
