@@ -22,8 +22,20 @@
  *   - Strings returned by the library are owned by it; their lifetime is
  *     given at each function.
  *   - `*_free(NULL)` is a no-op.
+ *   - Errors: each handle keeps the message of its last failure
+ *     (encache_errmsg(), encache_store_errmsg(), encache_config_errmsg());
+ *     a failed open returns no handle, and its reason is the calling
+ *     thread's encache_errmsg(NULL) / encache_store_errmsg(NULL).
+ *     Messages live in fixed buffers: out of memory never empties one.
  *
- * Versioning: same major version = same ABI.
+ * Versioning: same major version = same ABI.  Every struct the caller
+ * allocates starts with `size_t size`, which the caller sets to sizeof()
+ * of the struct it was compiled with (the ENCACHE_*_INIT initialisers do
+ * it); the library reads and writes only that many bytes, refuses a size
+ * below API 1.0's, and refuses a larger struct whose fields unknown to it
+ * are not zero.  Arrays of such structs are strided by the first element's
+ * size.  tests/abi/1.0/encache.h is this header as 1.0 froze it; the tests
+ * run a program built against it on every later library.
  */
 #ifndef ENCACHE_H
 #define ENCACHE_H
