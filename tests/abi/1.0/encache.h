@@ -22,8 +22,22 @@
  *   - Strings returned by the library are owned by it; their lifetime is
  *     given at each function.
  *   - `*_free(NULL)` is a no-op.
+ *   - Errors: each handle keeps the message of its last failure
+ *     (encache_errmsg(), encache_store_errmsg(), encache_config_errmsg());
+ *     a failed open returns no handle, and its reason is the calling
+ *     thread's encache_errmsg(NULL) / encache_store_errmsg(NULL).
+ *     Messages live in fixed buffers: out of memory never empties one.
  *
- * Versioning: same major version = same ABI.
+ * Versioning: same major version = same ABI.  Every struct the caller
+ * allocates starts with `size_t size`, which the caller sets to sizeof()
+ * of the struct it was compiled with (the ENCACHE_*_INIT initialisers do
+ * it); the library reads and writes only that many bytes, refuses a size
+ * below API 1.0's, and refuses a larger struct whose fields unknown to it
+ * are not zero.  Arrays of such structs are strided by the first element's
+ * size.  encache_header and encache_contract carry no size: they are the
+ * fields of the v3 wire header, which never grows (a new format would
+ * get structs of its own).  tests/abi/1.0/encache.h is this header as 1.0 froze it; the tests
+ * run a program built against it on every later library.
  */
 #ifndef ENCACHE_H
 #define ENCACHE_H
@@ -917,15 +931,16 @@ ENCACHE_EXTERN int encache_shm_destroy(const char *name);
  * lookup, publish, flush, close) must not run at the same time (an encoder
  * step is one thread; serialise them if not).  The publisher's worker
  * thread is internal: it only writes to the Store.  encache_stats_get()
- * and encache_errmsg() may be called from any thread.  Caller callbacks
+ * may be called from any thread; encache_errmsg(ec) from the thread that
+ * makes the calls (its message changes with each of them).  Caller callbacks
  * (allocator, storage release) always run on the thread that called
  * lookup, publish, flush or close, never on the worker.
  *
  * Caller-allocated structs (options, candidates, results, allocator,
- * stats) start with `size_t size`: set it to sizeof the struct (the
+ * stats, tensors) start with `size_t size`: set it to sizeof the struct (the
  * ENCACHE_*_INIT initialisers do, e.g.
  * `encache_options o = ENCACHE_OPTIONS_INIT;`, or `= {.size = sizeof o}`).
- * A size below this version's is refused (ENCACHE_EINVAL); a larger one
+ * A size below API 1.0's is refused (ENCACHE_EINVAL); a larger one
  * (a newer header) is accepted when the fields this library does not
  * know are zero.  Arrays are strided by their first element's size.
  *
@@ -967,6 +982,8 @@ typedef struct encache_options {
   size_t ec_transfer_config_len;
   /* Typed options instead of the JSON: a configuration the caller filled
    * (by its setters or a load); ec_transfer_config must then be NULL.
+   * Run encache_config_validate() on one built with the setters first:
+   * encache_open() takes the values as they are.
    * Read during encache_open() only (which may record a message in it,
    * encache_config_errmsg()); the caller keeps and frees it. */
   const encache_config *config;
@@ -1063,7 +1080,8 @@ typedef struct encache_allocator {
   int (*alloc)(void *ctx, size_t i, const encache_candidate *c,
                uint64_t nbytes, void **data, void **handle);
   /* Release a destination that alloc returned but the lookup does not
-   * hand back (the lookup failed).  May be NULL if nothing is needed. */
+   * hand back (its object turned out not to be a hit, or the lookup
+   * failed).  May be NULL if nothing is needed. */
   void (*release)(void *ctx, size_t i, void *data, void *handle);
 } encache_allocator;
 
