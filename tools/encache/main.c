@@ -7,6 +7,7 @@
  * --store may also follow the command name (for the commands that use a
  * Store); every command has --help.
  */
+#include "man.h"
 #include "tool.h"
 
 #include "encache.h"
@@ -262,6 +263,8 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
       printf("encache %s (protocol:v3)\n", encache_version());
       return EXIT_OK;
+    } else if (strcmp(a, "--man") == 0) { /* hidden: the build's encache.1 */
+      return tool_man(stdout, help, commands, NCOMMANDS);
     } else if (strcmp(a, "--store") == 0 || strncmp(a, "--store=", 8) == 0) {
       const char *url = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
       if (url == NULL)
