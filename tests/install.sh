@@ -8,8 +8,8 @@
 #     targets (encache::encache, encache::encache_static) and runs; asking
 #     for version 2.0 is refused; without jansson's .pc the package says so;
 #   - the same program builds with pkg-config, shared and static, and runs;
-#   - `man -l` and `MANPATH=... man encache` render the page, without
-#     warnings, options in ASCII;
+#   - `man -l`, `MANPATH=... man encache` and `man encache` with PREFIX/bin
+#     on PATH render the page, without warnings, options in ASCII;
 #   - cmake/uninstall.cmake (the `uninstall` target) leaves no file.
 # CFLAGS (a sanitizer build's -fsanitize=...) go to every program built.
 set -eu
@@ -143,6 +143,12 @@ render() {
 }
 render -l "$prefix/share/man/man1/encache.1"
 MANPATH=$prefix/share/man render encache
+# With PREFIX/bin on PATH, man-db finds PREFIX/share/man by itself.
+(
+  unset MANPATH
+  PATH=$prefix/bin:$PATH
+  render encache
+)
 # The page and --help come from the same texts: every line of `encache
 # --help` (but the usage line, the SYNOPSIS) and of a command's --help.
 {
