@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # install-deps.sh: installs, from Debian's packages, what encache needs to
 # build and test.  Does nothing for packages already installed; needs root
 # (or sudo) only when something is missing.  Nothing is downloaded from

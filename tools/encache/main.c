@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c: the encache command-line tool: the table of commands, the
  * option parsing every command shares, dispatch and help.
