@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_common.h: what the benchmark programs and `encache bench` share
  * besides the measuring core (measure.h): destinations from a fixed pool

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_redis: the Redis Store against raw hiredis, in one run.
  *

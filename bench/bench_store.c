@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_store: a batched Store read against a plain memcpy of the same
  * bytes, measured in one run, and put throughput.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* measure.c: the measuring core (see measure.h). */
 #include "measure.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * measure.h: the measuring core of the benchmark programs (bench_engine,
  * bench_store, bench_redis) and of `encache bench`: a clock, series of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * encoder.c: a minimal encoder step loop over encache, using only the
  * public header.

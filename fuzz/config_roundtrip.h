@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config_roundtrip.h: a property of every configuration the JSON parser
  * accepts: each option's typed value, given to its typed setter in a fresh

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzzes the vLLM ec-transfer-config parser, the listing built from it,
  * and the typed setters against it (config_roundtrip.h). */
 #include "encache.h"

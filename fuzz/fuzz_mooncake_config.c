@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzzes the Mooncake client JSON parser (sizes, modes, required fields)
  * and the typed setters against it (config_roundtrip.h). */
 #include "encache.h"

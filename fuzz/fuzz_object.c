@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzzes the v3 object decoder: header decode, contract check, describe.
  * The contract comes from the first bytes so that every verdict is
  * reachable. */

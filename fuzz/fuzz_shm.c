@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Fuzzes the shm Store's checks of a segment it did not write: a valid
  * segment with a few objects is built in a memory file, then the input

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzzes the size parser ("4GB", "512MiB", plain integers). */
 #include "encache.h"
 

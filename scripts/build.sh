@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # build.sh [CMAKE ARGS...]: installs missing dependencies (Debian packages)
 # and builds encache in $BUILD_DIR (default build/) with warnings as errors.
 set -eu

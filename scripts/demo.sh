@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # demo.sh [DEMO OPTIONS...]: the README's first command.  Installs missing
 # dependencies, builds encache, and runs `encache demo` (a fleet of encoder
 # processes sharing the embedded shared-memory Store; no server needed).

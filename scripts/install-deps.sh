@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # install-deps.sh: installs, from Debian's packages, what encache needs to
 # build and test.  Does nothing for packages already installed; needs root
 # (or sudo) only when something is missing.  Nothing is downloaded from
@@ -8,7 +9,8 @@ set -eu
 # redis-server (with redis-cli): the tests run the Stores' suites on real
 # Redis servers and a Redis Cluster they start themselves.
 # libstb-dev lets the demo load real PNG/JPEG images.
-packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev redis-server libstb-dev"
+# man-db (man, with groff) reads the installed manual page (tests/install.sh).
+packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev redis-server libstb-dev man-db"
 # valgrind checks for leaks in CI.
 if [ "${CI:-}" = true ]; then
   packages="$packages valgrind"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # redis-servers.sh start DIR | stop DIR
 #
 # Starts, on free loopback ports, one Redis server and a Redis Cluster of

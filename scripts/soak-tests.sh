@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # soak-tests.sh [CMAKE ARGS...]: finds timing-dependent tests.  Builds as
 # scripts/test.sh does, then runs the whole ctest suite SOAK_RUNS times in
 # a row with CPU hogs beside it, and stops at the first failing run.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test.sh: the test command of the README and of CI.  Installs missing
 # dependencies, builds encache with warnings as errors in build/, and runs
 # every test (ctest).  Extra arguments go to cmake (e.g.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * codec.c: the 24-byte protocol:v3 object header (docs/format.md).
  *

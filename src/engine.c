@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * engine.c: opening and closing the engine handle, its messages, poison
  * and statistics.  The read path is in lookup.c, the publisher in

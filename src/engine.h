@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * engine.h: the engine handle shared by engine.c (open, close, stats),
  * lookup.c (the read path) and publish.c (the bounded publisher).

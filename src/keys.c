@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * keys.c: the protocol:v3 namespace and key (docs/format.md).
  *

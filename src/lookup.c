@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lookup.c: the read path of one encoder step (docs/behaviour.md, Lookup),
  * as a plan that phases fill in turn, each a function over one `plan`:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lookup.h: the plan of one lookup, shared by lookup.c (the plan, its
  * scratch memory, the phases up to the chunks, the outcomes) and

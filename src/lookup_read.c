@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lookup_read.c: the chunks of a lookup plan (lookup.h): the staging
  * buffer, the caller's destinations, and per chunk the read, validate and

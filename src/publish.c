@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * publish.c: the bounded asynchronous publisher (docs/behaviour.md,
  * Publication).

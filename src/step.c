@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * step.c: explicit steps.  A step is the candidate set of one encoder
  * step: lookups on it add their eligible candidates, and a publication

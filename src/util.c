@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * util.c: version, error names, dtypes, the allocation wrapper.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * abi_check.c: the promise "same major = same ABI", tested.
  *

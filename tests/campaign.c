@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * campaign.c: a randomized adversarial campaign against the shm Store.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dir_store.c: a Store of a user's own, written against the public header
  * only and registered for the URL scheme testdir://PATH: each object is a

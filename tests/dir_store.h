@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dir_store.h: a Store of a user's own in a directory (tests/dir_store.c),
  * made with the public backend interface only.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fault_store.h: a Store that wraps a real one and injects faults: chosen
  * result codes, malformed batch answers, failed (un)registrations, writes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The declared list of tests, in the order they run. */
 #define TEST_LIST(XX)                                                        \
   XX(errors_every_code_named)                                                \

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # on_mooncake.sh ENCACHE_TESTS ENCACHE_TOOL: with a real Mooncake Store
 # (ENCACHE_TEST_MOONCAKE=1, ENCACHE_MOONCAKE_LIBRARY naming its
 # libmooncake_store.so, MOONCAKE_CONFIG_PATH its client JSON, and a running

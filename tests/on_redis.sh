@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # on_redis.sh ENCACHE_TESTS ENCACHE_TOOL: runs the Store conformance suite
 # and the engine's acceptance cases on a real Redis server (over TCP and
 # over its Unix socket), on a real three-master Redis Cluster and on a

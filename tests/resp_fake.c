@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * resp_fake.c: a misbehaving RESP server (see resp_fake.h).  The parent
  * binds a loopback socket on port 0 and forks the acceptor; the acceptor

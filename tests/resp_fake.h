@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * resp_fake.h: a misbehaving RESP server for the Redis Store's tests.  It
  * listens on a free loopback port in a child process and answers every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * runner.c: runs every test of tests/list.h in a child process.
  *

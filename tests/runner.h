@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * runner.h: a small test runner in the manner of libuv's: a declared list
  * of tests (tests/list.h), each run in its own forked process so that a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # secrets.sh ENCACHE_TOOL: no output of the tool ever shows a Store
 # password (issue 11, item 6).  Runs every subcommand that `encache --help`
 # lists with the Store redis://u:secret@127.0.0.1:1 (nothing listens

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_util.h: what the Store tests share: opening the Store under test,
  * and payloads derived from (key, version) so that any byte out of place

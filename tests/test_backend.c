@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The Store door (src/store/store.c): users' backends and their checks,
  * scheme registration, messages scoped to handles, the one classification

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The v3 object header: the vectors of docs/format.md, acceptance cases 3, 8
  * and 10 of docs/behaviour.md. */
 #include "runner.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Configuration: docs/behaviour.md's options and rules (acceptance case 2),
  * the Mooncake client JSON, and every refusal naming its field. */
 #include "runner.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Typed options: the setters and getters by id, the metadata of
  * ENCACHE_OPTION_MAP, the typed view the library reads, and the options

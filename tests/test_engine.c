@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The engine against the 16 acceptance cases of docs/behaviour.md, on the
  * real shm Store, with a fault-injecting wrapper for the error cases.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Error table, version and dtype helpers. */
 #include "runner.h"
 

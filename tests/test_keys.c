@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Keys: the vectors of docs/format.md (acceptance case 1 of behaviour.md). */
 #include "runner.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The Mooncake backend without Mooncake: clear errors for a missing
  * library or symbol and a bad configuration, the result-code table, and

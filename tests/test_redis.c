@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Redis Store against real servers that each test starts itself (so that
  * it can kill, stop and restart them): a killed and restarted server, a

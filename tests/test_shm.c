@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The shm Store beyond the conformance suite: format checks, eviction and
  * its second chance, reads racing evictions, dead lock holders, killed

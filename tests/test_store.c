@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The Store conformance suite: every backend must pass it.  It runs on the
  * Store named by $ENCACHE_TEST_STORE, or on a fresh shm segment.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * vLLM's own vectors, as data (tests/vllm_vectors.json): keys, encoder
  * fields, Python's str() of floats, Mooncake sizes, option errors,

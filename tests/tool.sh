@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # tool.sh ENCACHE SOURCE_DIR: end-to-end checks of the encache tool as a
 # user runs it: outputs, messages and exit codes.
 set -u

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/config.c: the configuration handle: creation, messages, the
  * listing of effective options, unknown members and warnings, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/config.h: what the configuration's files share (src/config/).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/json.c: JSON members into values, a section loaded atomically
  * (parsed into a scratch copy, swapped in only when the whole section is

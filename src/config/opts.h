@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/opts.h: the options as the library reads them: one typed field
  * per row of ENCACHE_OPTION_MAP (include/encache.h), named as the option.

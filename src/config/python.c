@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/python.c: what vLLM's Python does to a configuration value, so
  * that encache reads the JSON as a vLLM encoder does: str.strip(), str()

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/sections.c: the rules between options of a section (required
  * options, ec_role with ec_connector, Mooncake's mode against its

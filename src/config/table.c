@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/table.c: ENCACHE_OPTION_MAP expanded into the rows every other
  * part reads (section, name, kind, default, rule, doc, and where the

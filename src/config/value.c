@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config/value.c: one option's value: its default, its rendering, the
  * checks of its kind and rule, and the typed setters and getters by id.

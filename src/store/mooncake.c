@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mooncake.c: Mooncake Store, loaded at run time through its C ABI.
  *

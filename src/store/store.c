@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store.c: the one door to every Store: the scheme table (built-in and
  * registered backends), handles of users' backends, the calling thread's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store.h: the interface every Store backend implements (one file per
  * backend in src/store/), and the only way the engine and the public

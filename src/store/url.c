@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * url.c: Store URLs as messages show them.  encache_store_url_redact()
  * replaces the password of scheme://user:password@host by "***", so that

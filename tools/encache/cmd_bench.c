@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * encache bench: the machine's memcpy bandwidth, each Store's raw batched
  * read, and an encache lookup of the same hits, in one run, for several

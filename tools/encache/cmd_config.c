@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* encache config check: validates and prints the effective configuration. */
 #include "tool.h"
 

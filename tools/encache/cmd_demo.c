@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * encache demo: a fleet of encoder processes sharing one Store.
  *

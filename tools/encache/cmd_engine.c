@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Commands that drive the engine through the public API, for operators
  * debugging a deployment: lookup and publish.

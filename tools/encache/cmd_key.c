@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* encache key: prints the protocol:v3 Store key of an identifier. */
 #include "tool.h"
 

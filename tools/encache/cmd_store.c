@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Store commands: put, get, inspect, ls, stats, rm, shm destroy.  They work
  * on any Store URL (--store, $ENCACHE_STORE, else the default shm Store).

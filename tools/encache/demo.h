@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo.h: the parts of `encache demo` (cmd_demo.c):
  *

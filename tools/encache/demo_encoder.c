@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo_encoder.c: one encoder process of the demo.  It serves its stream
  * of requests as a real encoder does: look the batch up, encode the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo_fleet.c: the demo's fleet of encoder processes: forks one child per
  * encoder (each runs demo_encoder_run and writes its report to a pipe),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo_images.c: the demo's image loader: the PNG and JPEG files of a
  * folder, decoded by stb_image (Debian's libstb-dev) and resized (nearest

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo_reference.c: the demo's reference encoder, a deterministic CPU
  * stand-in for a vision tower: patchify, a projection with seeded weights,

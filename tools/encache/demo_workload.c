@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo_workload.c: what the demo's encoders are asked to encode: a set of
  * images (procedural, or files loaded by demo_images.c), each identified

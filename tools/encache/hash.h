@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hash.h: the tool's one hash function, for the demo's seeded generators
  * and its content identifiers.  The library has its own copy inside (the

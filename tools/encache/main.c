@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c: the encache command-line tool: the table of commands, the
  * option parsing every command shares, dispatch and help.
@@ -7,6 +8,7 @@
  * --store may also follow the command name (for the commands that use a
  * Store); every command has --help.
  */
+#include "man.h"
 #include "tool.h"
 
 #include "encache.h"
@@ -262,6 +264,8 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
       printf("encache %s (protocol:v3)\n", encache_version());
       return EXIT_OK;
+    } else if (strcmp(a, "--man") == 0) { /* hidden: the build's encache.1 */
+      return tool_man(stdout, help, commands, NCOMMANDS);
     } else if (strcmp(a, "--store") == 0 || strncmp(a, "--store=", 8) == 0) {
       const char *url = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
       if (url == NULL)

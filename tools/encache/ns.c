@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ns.c: the namespace options shared by key, lookup and publish (model,
  * prefix or vLLM config, revision, encoder field, dtype), and the engine

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tool.h: what the subcommands of the encache tool share.  The tool uses
  * the public header only, like any other program would.

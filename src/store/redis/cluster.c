@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cluster.c: Redis Cluster's key slots, the slot map read from CLUSTER
  * SLOTS, and the MOVED / ASK redirections that update it (see redis.h).

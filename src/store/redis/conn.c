@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * conn.c: connections to Redis nodes (see redis.h): dialling with AUTH
  * and SELECT, node backoff, the pool of connection sets, and one exchange

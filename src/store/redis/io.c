@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * io.c: our own I/O around the hiredis reader (see redis.h): sends with
  * sendmsg(MSG_NOSIGNAL), receives under one deadline per exchange, checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * list.c: listing a node's keys with SCAN and their sizes with pipelined
  * STRLEN, on a short-lived context of ordinary (bounded) replies.  A

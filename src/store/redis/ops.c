@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ops.c: the Store operations of the Redis backend (see redis.h): batched
  * EXISTS / GET / STRLEN pipelined per node with redirections followed,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * redis.h: the private header of the Redis / Valkey Store, single node or
  * Redis Cluster, on hiredis.  The backend lives in this folder, one file

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * url.c: the Redis URL (see redis.h and docs/stores.md): nodes, database,
  * options and credentials.  Every message names the URL by s->base.url,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * index.c: the shm Store's index: the entries (one per object) and their
  * check word, the hash chains that find an entry by key, the FIFO list

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lock.c: the shm Store's segment lock: taking it (with a timeout, and
  * brief waits after a stall), what every lock does first (refuse a

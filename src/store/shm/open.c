@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * open.c: opening an shm Store (its URL: the segment name and the
  * options), opening one on a file descriptor (tests, the fuzzer),

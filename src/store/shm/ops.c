@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ops.c: the shm Store's operations (exists, read, read_split,
  * object_size, write, remove, list, stats, close) and their table.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * repair.c: the shm Store's writer liveness, its structure check and its
  * repair.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ring.c: the shm Store's data ring: allocating a record at its head and
  * making room by eviction or a second chance at its tail.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * segment.c: the shm Store's segment as a whole: the layout formula, the
  * format and identity checks, and creating or attaching to a segment.

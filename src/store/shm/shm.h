@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * shm.h: what the files of the embedded shared-memory Store (URL
  * shm://NAME?size=SIZE) share, and nothing else includes: the layout of
