@@ -110,6 +110,8 @@
   XX(engine_failed_open_returns_no_handle)                                   \
   XX(engine_typed_config)                                                    \
   XX(engine_out_of_memory_every_allocation)                                  \
+  XX(engine_results_say_why)                                                 \
+  XX(engine_results_why_not_written_for_10_callers)                          \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_url_redact)                                                       \

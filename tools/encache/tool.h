@@ -136,8 +136,12 @@ encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
                           size_t *len);
 
 /* Opens an engine handle for the namespace options on the global Store.
- * Prints why and returns NULL on failure. */
-encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o);
+ * Prints why and returns NULL on failure, with *exit_code EXIT_USAGE (bad
+ * options or configuration) or EXIT_FAIL (the Store cannot be opened). */
+encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
+                     int *exit_code);
+/* The latest message the engine of open_engine() logged ("" if none). */
+const char *engine_last_log(void);
 
 /* Lookup destinations from malloc (the caller frees each hit's data), and
  * free() as a storage release callback. */
