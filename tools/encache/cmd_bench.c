@@ -173,7 +173,8 @@ static const char bench_usage[] =
     "                [--iterations N] [--json] [--plot FILE.svg]\n"
     "\n"
     "Measures, in one run, the machine's memcpy bandwidth and, for each Store\n"
-    "(--store may be given several times; default: a private shm segment)\n"
+    "(--store may be given several times; default: $ENCACHE_STORE, else a\n"
+    "private shm segment, removed at the end)\n"
     "and object size, the raw batched read of BATCH objects and an encache\n"
     "lookup of the same hits; prints GB/s with the ratios lookup/memcpy and\n"
     "lookup/raw.  --plot draws throughput against object size as SVG.\n"
@@ -258,12 +259,15 @@ static void print_table(const bench_table *t) {
     }
 }
 
-/* The Stores to measure: those given, or a private shm segment sized for
- * the largest batch (its name in own_name). */
+/* The Stores to measure: those given (--store, else $ENCACHE_STORE, as
+ * every command reads it), or a private shm segment sized for the largest
+ * batch (its name in own_name). */
 static void pick_stores(const tool_globals *g, bench_table *t, char *own,
                         size_t own_size, char *own_name, size_t name_size) {
   for (int i = 0; i < g->nstores; i++)
     t->urls[t->nst++] = g->stores[i];
+  if (t->nst == 0 && g->store_url != NULL)
+    t->urls[t->nst++] = g->store_url;
   if (t->nst > 0)
     return;
   uint64_t need = 64u << 20;

@@ -161,7 +161,7 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
   if (engine_args("lookup", a, &o, &rows, &cols) < 0)
     return EXIT_USAGE;
   int exit_code = EXIT_OK;
-  encache *ec = open_engine("lookup", g, &o, &exit_code);
+  encache *ec = open_engine("lookup", g, &o, 1, &exit_code);
   if (ec == NULL)
     return exit_code;
   size_t n = (size_t)a->argc;
@@ -291,7 +291,7 @@ static int run_publish(const tool_globals *g, const tool_args *a) {
                        encache_dtype_name(o.dtype), nbytes);
   }
   int exit_code;
-  encache *ec = open_engine("publish", g, &o, &exit_code);
+  encache *ec = open_engine("publish", g, &o, 0, &exit_code);
   if (ec == NULL) {
     free(data);
     return exit_code;

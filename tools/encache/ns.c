@@ -111,8 +111,19 @@ static void keep_log(void *ctx, const char *message) {
 
 const char *engine_last_log(void) { return engine_log; }
 
+const char *tool_existing_url(const tool_globals *g, char *buf, size_t size) {
+  const char *url = g->store_url ? g->store_url : ENCACHE_DEFAULT_STORE;
+  const char *q = strchr(url, '?');
+  if (strncmp(url, "shm://", 6) != 0 ||
+      (q != NULL && (strncmp(q + 1, "create=", 7) == 0 ||
+                     strstr(q, "&create=") != NULL)))
+    return url;
+  snprintf(buf, size, "%s%screate=no", url, q ? "&" : "?");
+  return buf;
+}
+
 encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
-                     int *exit_code) {
+                     int existing, int *exit_code) {
   char *json;
   size_t len;
   *exit_code = EXIT_USAGE;
@@ -127,7 +138,9 @@ encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
   opts.revision = o->revision;
   opts.encoder_hash = o->encoder_hash;
   opts.model_dtype = o->dtype;
-  opts.store_url = g->store_url;
+  char url[4096];
+  opts.store_url = existing ? tool_existing_url(g, url, sizeof(url))
+                            : g->store_url;
   opts.log = keep_log;
   encache *ec = NULL;
   int rc = encache_open(&opts, &ec);
