@@ -80,6 +80,7 @@
   XX(shm_stopped_writer_does_not_stall_the_ring)                               \
   XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(shm_concurrent_opens_of_a_large_new_segment)                              \
+  XX(shm_create_no_never_creates)                                              \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \
