@@ -12,6 +12,11 @@
  * caller thread's, like the rest of the read path; the worker never sees
  * it.  Closing a step on a poisoned handle is safe: the Store never holds
  * a step's memory.
+ *
+ * A step also keeps the causes its lookups gave (encache_result.why), as
+ * a list of notes freed when it closes, so that a result's text outlives
+ * the lookup and later lookups on the step: pointers into a growing
+ * buffer would not.
  */
 #include "engine.h"
 
