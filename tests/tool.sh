@@ -255,7 +255,7 @@ for c in stats "lookup --model m --dtype float32 --rows 2 --cols 2 img1" \
   # shellcheck disable=SC2086
   check "${c%% *} unknown scheme" 1 "unknown Store URL scheme" -- --store "ftp://x" $c
 done
-check "help is in --help" 0 "help this help" -- --help
+check "help is in --help" 0 "Run 'encache help COMMAND'" -- --help
 check "config check tensor parallel not a number" 2 "--tensor-parallel-size: must be an integer from 1 to 1048576, got \"x\"" -- config check --ec-transfer-config '{}' --tensor-parallel-size x
 echo "1..$n"
 echo "# $n checks, $fails failed"

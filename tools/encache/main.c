@@ -39,8 +39,6 @@ static void help(FILE *out) {
           "Commands:\n");
   for (size_t i = 0; i < NCOMMANDS; i++)
     fprintf(out, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
-  fprintf(out, "  %-10s %s\n", "help", "this help, or 'help COMMAND': a "
-          "command's options");
   fprintf(out,
           "\n"
           "Global options (--store may also follow a command that uses a\n"
@@ -53,7 +51,8 @@ static void help(FILE *out) {
           "  --help        show this help\n"
           "  --version     show the version\n"
           "\n"
-          "Run 'encache COMMAND --help' for a command's options.\n"
+          "Run 'encache help COMMAND' (or 'encache COMMAND --help') for a\n"
+          "command's options; 'encache help' prints this help.\n"
           "Exit status: 0 success; 1 the operation failed (a Store that\n"
           "cannot be opened or answers an error, a lookup with an UNAVAILABLE\n"
           "outcome, a publication not written); 2 bad usage or input.\n");
