@@ -194,6 +194,7 @@ check "demo bad option" 2 "--encoders: must be an integer from 1 to 64" -- demo 
 check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help
 check "bench bad size" 2 "--sizes: \"huge\" is not a size" -- bench --sizes huge
 check "bench plot must be svg" 2 "only SVG" -- bench --plot x.png
+check "bench honours ENCACHE_STORE" 0 "shm://$seg?size=4MiB" -- bench --sizes 16KiB --iterations 1 --batch 1
 check "shm destroy" 0 "destroyed $seg" -- shm destroy "$seg"
 check "shm destroy missing" 1 "no such segment" -- shm destroy "$seg"
 check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"

@@ -305,8 +305,19 @@ static int run_bench(const tool_globals *g, const tool_args *a) {
     return EXIT_USAGE;
   char own[160] = "", own_name[64] = "";
   pick_stores(g, &t, own, sizeof(own), own_name, sizeof(own_name));
-  for (int s = 0; s < t.nst; s++)
+  for (int s = 0; s < t.nst; s++) {
     measure_url_shown(t.urls[s], t.shown[s], sizeof(t.shown[s]));
+    /* A Store that cannot be opened stops the run before any figure. */
+    encache_store *st = NULL;
+    if (encache_store_open(t.urls[s], &st) != 0) {
+      fprintf(stderr, "encache bench: cannot open the Store %s: %s\n",
+              t.shown[s], encache_store_errmsg(NULL));
+      if (own_name[0])
+        encache_shm_destroy(own_name);
+      return EXIT_FAIL;
+    }
+    encache_store_close(st);
+  }
   int failed = 0;
   for (int j = 0; j < t.ns; j++)
     t.mem[j] = memcpy_gbs(t.sizes[j], t.batch, t.iters);
