@@ -1633,6 +1633,16 @@ TEST(engine_results_say_why) {
                           "staging buffer: raise store_read_buffer_bytes to "
                           "at least 40");
   ASSERT_EQ_INT(encache_close(ec), 0);
+
+  /* Off: every candidate SKIPPED, and the rule says so. */
+  encache_options off = options("{\"ec_connector_extra_config\": "
+                                "{\"cross_encoder_cache\": false}}");
+  ASSERT_EQ_INT(encache_open(&off, &ec), 0);
+  step = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_STR(r[0].why, "cross_encoder_cache is off");
+  ASSERT_EQ_INT(encache_close(ec), 0);
 }
 
 /* A caller compiled against 1.0 (no why) gets its results written as far
