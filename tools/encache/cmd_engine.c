@@ -112,8 +112,9 @@ static const char lookup_usage[] =
     "(both sizes), UNAVAILABLE (the Store's message: a wrong password, a\n"
     "refused connection, ...), SKIPPED (the rule).  --json adds the cause as\n"
     "\"why\".  --config takes the vLLM ec-transfer-config (its prefix, model\n"
-    "identity and limits) in place of --prefix.  Exit 0 when it ran, even if\n"
-    "nothing was a hit; 1 when the lookup itself failed.\n";
+    "identity and limits) in place of --prefix.  Exit 0 when the Store\n"
+    "answered, even if nothing was a hit; 1 when it could not be opened, an\n"
+    "outcome is UNAVAILABLE or the lookup failed.\n";
 
 /* Prints one result (as a JSON object when json is set): a non-HIT with
  * the library's cause (result.why). */
