@@ -8,7 +8,8 @@
  * It opens a handle from a vLLM ec-transfer-config, then runs two steps
  * over the same images: the first misses, encodes and publishes; the
  * second loads every output from the Store.  The "encoder" is a toy
- * function standing in for a vision tower.
+ * function standing in for a vision tower.  Its own default segment is
+ * removed at the end; a STORE_URL given is left as it is.
  */
 #include <encache.h>
 
@@ -139,9 +140,14 @@ int main(int argc, char **argv) {
   printf("hits %llu, misses %llu, written %llu\n", (unsigned long long)st.hits,
          (unsigned long long)st.misses,
          (unsigned long long)st.published_written);
-  if (encache_close(ec) != 0) {
+  int rc = encache_close(ec) != 0;
+  if (rc)
     fprintf(stderr, "close: poisoned\n");
-    return 1;
-  }
-  return hits == 3 ? 0 : 1;
+  /* A segment outlives its processes (that is how encoders share it):
+   * remove the example's own, so that it leaves nothing behind and a
+   * second run starts empty.  A Store given on the command line is the
+   * caller's, and is left as it is. */
+  if (argc <= 1)
+    encache_shm_destroy("encache-example");
+  return rc || hits != 3 ? 1 : 0;
 }

@@ -60,12 +60,12 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define ENCACHE_VERSION_MAJOR 1
-#define ENCACHE_VERSION_MINOR 0
+#define ENCACHE_VERSION_MINOR 1
 #define ENCACHE_VERSION_PATCH 0
 #define ENCACHE_VERSION_HEX                                                  \
   ((ENCACHE_VERSION_MAJOR << 16) | (ENCACHE_VERSION_MINOR << 8) |            \
    (ENCACHE_VERSION_PATCH))
-#define ENCACHE_VERSION_STRING "1.0.0"
+#define ENCACHE_VERSION_STRING "1.1.0"
 
 /* The version of the library actually loaded, as "MAJOR.MINOR.PATCH".
  * Static storage; never free it. */
@@ -1001,7 +1001,8 @@ typedef struct encache_options {
    * it cannot be correct (see encache_config_check_deployment()). */
   const encache_deployment *deployment;
   /* Optional: warnings (an object too large for the staging buffer, with
-   * both sizes) go here; called on the caller's thread.  NULL = none. */
+   * both sizes; a publication the Store failed to write, with the Store's
+   * reason) go here; called on the caller's thread.  NULL = none. */
   void (*log)(void *ctx, const char *message);
   void *log_ctx;
 } encache_options;
@@ -1108,6 +1109,15 @@ typedef struct encache_result {
   void *data;          /* HIT: the destination, filled */
   void *handle;        /* HIT: what alloc returned with it */
   uint64_t nbytes;     /* HIT: payload bytes */
+  /* Added after 1.0.  Why the outcome is not a HIT, in words, NULL for a HIT:
+   * MISS "not in the Store"; INCOMPATIBLE what differed ("shape 2x2
+   * (expected 4x1)"); OVERSIZE both sizes and the option to raise;
+   * UNAVAILABLE the Store's own message ("the existence check failed:
+   * ...: AUTH: WRONGPASS ...", "...: Connection refused"); SKIPPED the
+   * rule that made the candidate ineligible.  Owned by the step: valid
+   * until encache_step_close() (or encache_close()).  A caller compiled
+   * against 1.0 has no such field, and none is written for it. */
+  const char *why;
 } encache_result;
 
 #define ENCACHE_RESULT_INIT {.size = sizeof(encache_result)}

@@ -42,7 +42,7 @@ typedef struct job {
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   int done;
   int result; /* enum job_result */
-  char why[160];
+  char why[384]; /* JOB_FAILED, JOB_FATAL: the Store's reason */
 } job;
 
 struct encache {
@@ -119,6 +119,7 @@ struct encache_step {
   size_t *off;     /* id k is text + off[k] */
   char *text;
   size_t n, cap, text_len, text_cap;
+  struct step_note *notes; /* the causes its lookups gave (result.why) */
 };
 
 /* Makes room for `more` ids totalling `bytes` bytes (NULs included), so
@@ -128,6 +129,12 @@ int encache__step_reserve(encache_step *s, size_t more, size_t bytes);
 /* Adds id (room reserved) unless the set holds it. */
 void encache__step_add(encache_step *s, const char *id, uint64_t hash);
 int encache__step_has(const encache_step *s, const char *id);
+/* Keeps the text fmt formats in the step until it closes (one copy per
+ * distinct text among the latest few) and returns it: an
+ * encache_result.why.  Out of memory, returns fallback (a literal). */
+const char *encache__step_note(encache_step *s, const char *fallback,
+                               const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Closes every step still open (encache_close()). */
 void encache__steps_close_all(encache *ec);
 
@@ -135,7 +142,7 @@ void encache__steps_close_all(encache *ec);
  * 1.0 (see encache__struct_in()). */
 #define ENCACHE__OPTIONS_MIN sizeof(encache_options)
 #define ENCACHE__CANDIDATE_MIN sizeof(encache_candidate)
-#define ENCACHE__RESULT_MIN sizeof(encache_result)
+#define ENCACHE__RESULT_MIN offsetof(encache_result, why) /* 1.0 had no why */
 #define ENCACHE__ALLOCATOR_MIN sizeof(encache_allocator)
 #define ENCACHE__STATS_MIN sizeof(encache_stats)
 

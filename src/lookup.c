@@ -152,13 +152,23 @@ static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
   return 0;
 }
 
-static int eligible_candidate(const encache_candidate *c) {
+/* NULL when c is eligible, or the rule it breaks (SKIPPED's why). */
+static const char *ineligible(const encache_candidate *c) {
   uint64_t nbytes;
-  return c->id != NULL && c->id[0] != '\0' &&
-         c->modality == ENCACHE_MODALITY_IMAGE &&
-         c->device == ENCACHE_DEVICE_HOST && c->rows > 0 && c->cols > 0 &&
-         encache_payload_size(c->dtype, c->rows, c->cols, &nbytes) == 0 &&
-         nbytes <= SIZE_MAX - ENCACHE_HEADER_SIZE;
+  if (c->id == NULL || c->id[0] == '\0')
+    return "no id (NULL or empty)";
+  if (c->modality != ENCACHE_MODALITY_IMAGE)
+    return "not an image (only image outputs are cached)";
+  if (c->device != ENCACHE_DEVICE_HOST)
+    return "the destination is not host memory";
+  if (c->rows == 0 || c->cols == 0)
+    return "rows or cols is 0";
+  if (encache_dtype_size(c->dtype) == 0)
+    return "dtype not float32/float16/bfloat16";
+  if (encache_payload_size(c->dtype, c->rows, c->cols, &nbytes) != 0 ||
+      nbytes > SIZE_MAX - ENCACHE_HEADER_SIZE)
+    return "rows x cols too large";
+  return NULL;
 }
 
 /* The item candidate i duplicates (same id, same contract), or SIZE_MAX. */
@@ -179,7 +189,7 @@ static int phase_dedupe(plan *p) {
   char *keytext = p->keytext;
   for (size_t i = 0; i < p->n; i++) {
     const encache_candidate *ci = &p->cand[i];
-    if (!eligible_candidate(ci))
+    if ((p->res[i].why = ineligible(ci)) != NULL)
       continue;
     p->hash[i] = encache__hash_id(ci->id);
     if ((p->unique_of[i] = duplicate_of(p, i)) != SIZE_MAX)
@@ -188,6 +198,7 @@ static int phase_dedupe(plan *p) {
     memset(it, 0, sizeof(*it));
     it->first = i;
     it->outcome = ENCACHE_MISS;
+    it->why = "not in the Store";
     encache_payload_size(ci->dtype, ci->rows, ci->cols, &it->nbytes);
     it->osize = ENCACHE_HEADER_SIZE + it->nbytes;
     size_t idlen = strlen(ci->id);
@@ -212,10 +223,12 @@ static int phase_dedupe(plan *p) {
 /* Phase exists: one batched existence check.  1: stop (recoverable). */
 static int phase_exists(plan *p) {
   encache_store *st = p->ec->store;
-  int rc = encache__plan_batch(p, st->ops->exists(st, p->keys, p->nu, p->present),
-                        "the existence check");
+  int answer = st->ops->exists(st, p->keys, p->nu, p->present);
+  int rc = encache__plan_batch(p, answer, "the existence check");
   if (rc == 1)
-    encache__plan_unavailable(p, 0, p->nu);
+    encache__plan_unavailable(p, 0, p->nu,
+                              encache__plan_store_why(p, "the existence check",
+                                                      answer, 0));
   return rc;
 }
 
@@ -240,6 +253,8 @@ static int phase_classify(plan *p) {
     int cls = encache_store_classify(ans);
     if (cls == ENCACHE_ANSWER_RECOVERABLE) { /* e.g. a key it refuses */
       it->outcome = ENCACHE_UNAVAILABLE;
+      it->why = encache__plan_store_why(p, "the existence check of this "
+                                        "key", ans, 1);
       continue;
     }
     if (cls == ENCACHE_ANSWER_ABSENT)
@@ -250,6 +265,11 @@ static int phase_classify(plan *p) {
     it->present = ans == 1;
     if (it->present && it->osize > p->ec->read_buf_bytes) {
       it->outcome = ENCACHE_OVERSIZE;
+      it->why = encache__step_note(
+          p->step, "larger than store_read_buffer_bytes",
+          "the object is %" PRIu64 " bytes, larger than the %" PRIu64
+          "-byte staging buffer: raise store_read_buffer_bytes to at least "
+          "%" PRIu64, it->osize, p->ec->read_buf_bytes, it->osize);
       warn_oversize(p, it);
     } else if (it->present) {
       p->np++;
@@ -321,6 +341,7 @@ static void phase_finish(plan *p) {
         r->found = p->res[it->first].found;
       }
       r->outcome = it->outcome;
+      r->why = it->outcome == ENCACHE_HIT ? NULL : it->why;
     }
     count_outcome(p->ec, r->outcome);
   }
@@ -343,14 +364,15 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
     return ENCACHE_EPOISONED;
   if (n > 0 && results->size < ENCACHE__RESULT_MIN)
     return encache__fail(ec, ENCACHE_EINVAL,
-                         "lookup: results[0].size %zu is below "
-                         "sizeof(encache_result) %zu", results->size,
-                         sizeof(encache_result));
+                         "lookup: results[0].size %zu is below %zu, the "
+                         "size of encache_result at API 1.0",
+                         results->size, (size_t)ENCACHE__RESULT_MIN);
   STAT_ADD(ec, lookups, 1);
   STAT_ADD(ec, candidates, n);
   if (!ec->enabled) {
-    static const encache_result skipped = {.size = sizeof(encache_result),
-                                           .outcome = ENCACHE_SKIPPED};
+    static const encache_result skipped = {
+        .size = sizeof(encache_result), .outcome = ENCACHE_SKIPPED,
+        .why = "cross_encoder_cache is off"};
     for (size_t i = 0; i < n; i++)
       result_out(results, i, &skipped);
     STAT_ADD(ec, skipped, n);
@@ -366,8 +388,14 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
   if (rc == 0) {
     phase_finish(&p);
     rc = p.hits;
-  } else if (!encache__is_poisoned(ec)) {
-    encache__plan_release_all(&p);
+  } else {
+    if (!encache__is_poisoned(ec))
+      encache__plan_release_all(&p);
+    const char *why = encache__step_note(step, "the lookup failed",
+                                         "the lookup failed (%s): %s",
+                                         encache_err_name(rc), ec->errmsg);
+    for (size_t i = 0; i < n; i++)
+      p.res[i].why = p.res[i].outcome == ENCACHE_HIT ? NULL : why;
   }
   for (size_t i = 0; i < n; i++)
     result_out(results, i, &p.res[i]);

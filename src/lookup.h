@@ -20,6 +20,7 @@ typedef struct item {
   int present;
   int chunk_start; /* the first item of a chunk */
   int outcome;     /* for the unique item; copied to its duplicates */
+  const char *why; /* its cause when not a HIT (kept by the step) */
 } item;
 
 typedef unsigned char header_buf[ENCACHE_HEADER_SIZE];
@@ -69,8 +70,14 @@ static inline const encache_candidate *encache__plan_cand(const plan *p,
 /* A whole batch's answer: 0 done, 1 certainly not done (the caller marks
  * its items UNAVAILABLE), or poison. */
 int encache__plan_batch(plan *p, int rc, const char *what);
-/* Marks items[from..to) UNAVAILABLE. */
-void encache__plan_unavailable(plan *p, size_t from, size_t to);
+/* Marks items[from..to) UNAVAILABLE because of why. */
+void encache__plan_unavailable(plan *p, size_t from, size_t to,
+                               const char *why);
+/* The cause of a Store call `what` that answered code rc (for the whole
+ * batch, or per_key for one key): its name and the Store's message, kept
+ * by the step. */
+const char *encache__plan_store_why(plan *p, const char *what, int64_t rc,
+                                    int per_key);
 /* Releases every destination handed out (the lookup failed). */
 void encache__plan_release_all(plan *p);
 /* Reads, validates and delivers every chunk of items[0..np). */

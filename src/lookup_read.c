@@ -25,9 +25,25 @@ int encache__plan_batch(plan *p, int rc, const char *what) {
   }
 }
 
-void encache__plan_unavailable(plan *p, size_t from, size_t to) {
-  for (size_t u = from; u < to; u++)
+void encache__plan_unavailable(plan *p, size_t from, size_t to,
+                               const char *why) {
+  for (size_t u = from; u < to; u++) {
     p->items[u].outcome = ENCACHE_UNAVAILABLE;
+    p->items[u].why = why;
+  }
+}
+
+const char *encache__plan_store_why(plan *p, const char *what, int64_t rc,
+                                    int per_key) {
+  const char *msg = encache_store_errmsg(p->ec->store);
+  const char *name = rc >= INT32_MIN ? encache_err_name((int)rc) : NULL;
+  /* A batch's failure has one message; a key's answer has none of its
+   * own, and the Store's latest message may name another key. */
+  return encache__step_note(p->step, "the Store failed (no room to say why)",
+                            "%s failed (%s)%s%s", what,
+                            name ? name : "unknown code",
+                            !msg[0] ? "" : per_key ? "; the Store said: " : ": ",
+                            msg);
 }
 
 /* Allocates (and registers, when the Store needs it) the staging buffer. */
@@ -142,13 +158,42 @@ static int phase_read(plan *p, size_t from, size_t to) {
                                    p->bufs + from, p->caps + from, answers)
                  : ops->read(ec->store, keys, to - from, p->bufs + from,
                              p->caps + from, answers);
+  int answer = rc;
   rc = encache__plan_batch(p, rc, "a batched read");
   if (rc == 1) {
-    encache__plan_unavailable(p, from, to);
+    encache__plan_unavailable(p, from, to,
+                              encache__plan_store_why(p, "the read", answer, 0));
     for (size_t u = from; p->direct && u < to; u++)
       take_dest(p, p->items[u].first);
   }
   return rc;
+}
+
+/* What differed between the object found (r bytes, header found) and
+ * item it's contract, kept by the step. */
+static const char *incompatible_why(plan *p, const item *it, int verdict,
+                                    const encache_header *found, uint64_t r) {
+  const encache_candidate *c = &p->cand[it->first];
+  const char *fallback = encache_verdict_name(verdict);
+  switch (verdict) {
+  case ENCACHE_BAD_SHAPE:
+    return encache__step_note(p->step, fallback, "shape %" PRIu64 "x%" PRIu64
+                              " (expected %" PRIu64 "x%" PRIu64 ")",
+                              found->rows, found->cols, c->rows, c->cols);
+  case ENCACHE_BAD_DTYPE: {
+    const char *n = encache_dtype_name((int)found->dtype);
+    return encache__step_note(p->step, fallback, "dtype %s (expected %s)",
+                              n ? n : "unknown", encache_dtype_name(c->dtype));
+  }
+  case ENCACHE_BAD_MAGIC:
+    return encache__step_note(p->step, fallback, "magic 0x%08" PRIx32
+                              " (expected 0x%08x)", found->magic,
+                              ENCACHE_MAGIC);
+  default:
+    return encache__step_note(p->step, fallback, "length %" PRIu64 " bytes "
+                              "(expected 24 + %" PRIu64 ")", r,
+                              it->nbytes);
+  }
 }
 
 /* Judges item it's answer r, whose header (when r > 0) is at head. */
@@ -165,17 +210,23 @@ static int validate_one(plan *p, item *it, int64_t r, const void *head) {
     int v = encache_object_check(head, (size_t)r, &ct, &res0->found);
     res0->verdict = v;
     it->outcome = v == ENCACHE_COMPATIBLE ? ENCACHE_HIT : ENCACHE_INCOMPATIBLE;
+    if (v != ENCACHE_COMPATIBLE)
+      it->why = incompatible_why(p, it, v, &res0->found, (uint64_t)r);
     return 0;
   }
   case ENCACHE_ANSWER_TOO_LARGE: /* longer than the contract */
     it->outcome = ENCACHE_INCOMPATIBLE;
     res0->verdict = ENCACHE_BAD_LENGTH;
+    it->why = encache__step_note(p->step, "length", "length (more than "
+                                 "24 + %" PRIu64 " bytes)", it->nbytes);
     return 0;
   case ENCACHE_ANSWER_ABSENT:
     it->outcome = ENCACHE_MISS;
+    it->why = "not in the Store (gone before the read)";
     return 0;
   case ENCACHE_ANSWER_RECOVERABLE:
     it->outcome = ENCACHE_UNAVAILABLE;
+    it->why = encache__plan_store_why(p, "the read of this key", r, 1);
     return 0;
   default:
     return encache__poison(p->ec, "the Store answered an unknown code "
@@ -256,7 +307,10 @@ int encache__plan_read(plan *p) {
     return 0;
   int rc = p->direct ? 0 : staging_ensure(p->ec);
   if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
-    encache__plan_unavailable(p, 0, p->np);
+    encache__plan_unavailable(p, 0, p->np,
+                              encache__step_note(p->step, "registering the "
+                                                 "staging buffer failed",
+                                                 "%s", p->ec->errmsg));
     return 0;
   }
   for (size_t from = 0, to; rc == 0 && from < p->np; from = to) {

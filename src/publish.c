@@ -282,7 +282,15 @@ int encache__reap(encache *ec) {
     switch (j->result) {
     case JOB_WRITTEN: STAT_ADD(ec, published_written, 1); break;
     case JOB_PRESENT: STAT_ADD(ec, published_present, 1); break;
-    default: STAT_ADD(ec, published_failed, 1); break;
+    default:
+      STAT_ADD(ec, published_failed, 1);
+      if (ec->log != NULL) { /* the Store's reason, on the caller's thread */
+        char msg[512];
+        snprintf(msg, sizeof(msg), "encache: %s not written: %s", j->key,
+                 j->why);
+        ec->log(ec->log_ctx, msg);
+      }
+      break;
     }
     encache_storage_unref(j->storage);
     encache__free(j->key);

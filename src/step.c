@@ -13,10 +13,27 @@
  * caller thread's, like the rest of the read path; the worker never sees
  * it.  Closing a step on a poisoned handle is safe: the Store never holds
  * a step's memory.
+ *
+ * A step also keeps the causes its lookups gave (encache_result.why), as
+ * a list of notes freed when it closes, so that a result's text outlives
+ * the lookup and later lookups on the step: pointers into a growing
+ * buffer would not.
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <string.h>
+
+/* A cause kept for the step's results (encache_result.why). */
+struct step_note {
+  struct step_note *next;
+  char text[];
+};
+
+/* How many of the latest notes a new one is compared with: a lookup's
+ * causes repeat (one Store message for a whole batch) but need not be
+ * found among hundreds of distinct ones. */
+#define NOTE_REUSE_ 16
 
 int encache_step_open(encache *ec, encache_step **out) {
   if (out != NULL)
@@ -58,7 +75,34 @@ void encache_step_close(encache_step *s) {
   encache__free(s->hash);
   encache__free(s->off);
   encache__free(s->text);
+  while (s->notes != NULL) {
+    struct step_note *next = s->notes->next;
+    encache__free(s->notes);
+    s->notes = next;
+  }
   encache__free(s);
+}
+
+const char *encache__step_note(encache_step *s, const char *fallback,
+                               const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  size_t k = 0;
+  for (struct step_note *n = s->notes; n != NULL && k < NOTE_REUSE_;
+       n = n->next, k++)
+    if (strcmp(n->text, buf) == 0)
+      return n->text;
+  size_t len = strlen(buf) + 1;
+  struct step_note *n = encache__malloc(sizeof(*n) + len);
+  if (n == NULL)
+    return fallback;
+  memcpy(n->text, buf, len);
+  n->next = s->notes;
+  s->notes = n;
+  return n->text;
 }
 
 void encache__steps_close_all(encache *ec) {

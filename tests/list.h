@@ -81,6 +81,7 @@
   XX(shm_stopped_writer_does_not_stall_the_ring)                               \
   XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(shm_concurrent_opens_of_a_large_new_segment)                              \
+  XX(shm_create_no_never_creates)                                              \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \
@@ -111,6 +112,8 @@
   XX(engine_failed_open_returns_no_handle)                                   \
   XX(engine_typed_config)                                                    \
   XX(engine_out_of_memory_every_allocation)                                  \
+  XX(engine_results_say_why)                                                 \
+  XX(engine_results_why_not_written_for_10_callers)                          \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_url_redact)                                                       \

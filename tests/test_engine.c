@@ -1569,3 +1569,106 @@ TEST(engine_out_of_memory_every_allocation) {
   }
   ASSERT(saw_success);
 }
+
+/* ------------------------------------------------ results say why (issue 18) */
+
+/* Every outcome that is not a HIT carries its cause (result.why), kept by
+ * the step until it closes; a HIT's is NULL. */
+TEST(engine_results_say_why) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_on(&e, 1 << 20, 32, 1 << 30);
+  encache_step *step = step_of(ec);
+  static const char *const ids[] = {"y0", "y1"};
+  seed(&e, encache_namespace_of(ec), ids, 1);
+  encache_candidate c[5] = {cand("y0"), cand("y1"), cand("vid"), cand("gpu"),
+                            cand("y0")};
+  c[2].modality = ENCACHE_MODALITY_VIDEO;
+  c[3].device = ENCACHE_DEVICE_CUDA;
+  c[4].rows = ROWS * COLS; /* same bytes, another shape */
+  c[4].cols = 1;
+  encache_result r[5];
+  memset(r, 0x5a, sizeof(r)); /* every why must be written */
+  r[0].size = sizeof(r[0]);
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(step, c, 5, &a, r), 1);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT);
+  ASSERT(r[0].why == NULL);
+  free(r[0].data);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_MISS);
+  ASSERT_EQ_STR(r[1].why, "not in the Store");
+  ASSERT_EQ_INT(r[2].outcome, ENCACHE_SKIPPED);
+  ASSERT_CONTAINS(r[2].why, "not an image");
+  ASSERT_EQ_INT(r[3].outcome, ENCACHE_SKIPPED);
+  ASSERT_CONTAINS(r[3].why, "not host memory");
+  ASSERT_EQ_INT(r[4].outcome, ENCACHE_INCOMPATIBLE);
+  ASSERT_EQ_STR(r[4].why, "shape 2x2 (expected 4x1)");
+  const char *kept = r[4].why;
+  /* UNAVAILABLE: the failed call and its code, batch by batch. */
+  e.ctl.exists_rc = ENCACHE_EUNAVAIL;
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+  ASSERT_CONTAINS(r[0].why, "the existence check failed (EUNAVAIL)");
+  ASSERT(r[1].why == r[0].why); /* one copy per distinct cause */
+  e.ctl.exists_rc = 0;
+  e.ctl.read_rc = ENCACHE_EUNAVAIL;
+  ASSERT_EQ_INT(lookup_ids(step, ids, 2, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+  ASSERT_CONTAINS(r[0].why, "the read failed (EUNAVAIL)");
+  ASSERT_EQ_STR(r[1].why, "not in the Store");
+  e.ctl.read_rc = 0;
+  /* An earlier lookup's causes stay valid until the step closes. */
+  ASSERT_EQ_STR(kept, "shape 2x2 (expected 4x1)");
+  encache_step_close(step);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+
+  /* OVERSIZE: both sizes and the option to raise. */
+  env_init(&e, 0);
+  ec = open_on(&e, 30, 32, 1 << 20);
+  step = step_of(ec);
+  seed(&e, encache_namespace_of(ec), ids, 1);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_OVERSIZE);
+  ASSERT_EQ_STR(r[0].why, "the object is 40 bytes, larger than the 30-byte "
+                          "staging buffer: raise store_read_buffer_bytes to "
+                          "at least 40");
+  ASSERT_EQ_INT(encache_close(ec), 0);
+
+  /* Off: every candidate SKIPPED, and the rule says so. */
+  encache_options off = options("{\"ec_connector_extra_config\": "
+                                "{\"cross_encoder_cache\": false}}");
+  ASSERT_EQ_INT(encache_open(&off, &ec), 0);
+  step = step_of(ec);
+  ASSERT_EQ_INT(lookup_ids(step, ids, 1, r, &t), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_SKIPPED);
+  ASSERT_EQ_STR(r[0].why, "cross_encoder_cache is off");
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* A caller compiled against 1.0 (no why) gets its results written as far
+ * as its size holds, never beyond. */
+TEST(engine_results_why_not_written_for_10_callers) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  size_t old = offsetof(encache_result, why);
+  unsigned char buf[2 * sizeof(encache_result)];
+  memset(buf, 0x77, sizeof(buf));
+  encache_result *r0 = (encache_result *)(void *)buf;
+  r0->size = old;
+  encache_candidate c[2] = {cand("o0"), cand("o1")};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(step, c, 2, &a, r0), 0);
+  encache_result *r1 = (encache_result *)(void *)(buf + old);
+  ASSERT_EQ_INT(r1->outcome, ENCACHE_MISS);
+  ASSERT_EQ_U64(r1->size, old);
+  for (size_t k = 2 * old; k < sizeof(buf); k++)
+    ASSERT_EQ_INT(buf[k], 0x77);
+  r0->size = old - 1; /* below 1.0: refused */
+  ASSERT_EQ_INT(encache_lookup(step, c, 2, &a, r0), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "results[0].size");
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}

@@ -1102,3 +1102,47 @@ TEST(shm_concurrent_opens_of_a_large_new_segment) {
   put(st, "k", 100, 1);
   encache_store_close(st);
 }
+
+/* create=no (issue 18): an absent segment is "no such segment", and none
+ * appears; an existing one opens; an empty file (a creator that died
+ * before writing) is refused and left alone; a bad value is named. */
+TEST(shm_create_no_never_creates) {
+  char name[64], url[160], path[96];
+  snprintf(name, sizeof(name), "encache-nocreate-%d", (int)getpid());
+  snprintf(path, sizeof(path), "/dev/shm/encache-%s", name);
+  encache_shm_destroy(name);
+  snprintf(url, sizeof(url), "shm://%s?size=2MiB&create=no", name);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), ENCACHE_ENOENT);
+  ASSERT(st == NULL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "no such segment");
+  ASSERT(access(path, F_OK) != 0);
+  /* Made by a writer, then opened without creating. */
+  snprintf(url, sizeof(url), "shm://%s?size=2MiB", name);
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "k", NULL, 0, "v", 1), 0);
+  encache_store_close(st);
+  snprintf(url, sizeof(url), "shm://%s?create=no", name);
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  uint64_t got = 0;
+  ASSERT_EQ_INT(encache_store_object_size(st, "k", &got), 0);
+  ASSERT_EQ_U64(got, 1);
+  encache_store_close(st);
+  ASSERT_EQ_INT(encache_shm_destroy(name), 0);
+  /* An empty file: not a segment yet, and create=no does not make one. */
+  char shm_path[96];
+  snprintf(shm_path, sizeof(shm_path), "/encache-%s", name);
+  int fd = shm_open(shm_path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT(fd >= 0);
+  close(fd);
+  ASSERT_EQ_INT(encache_store_open(url, &st), ENCACHE_ENOENT);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "empty or unfinished");
+  struct stat sb;
+  ASSERT_EQ_INT(stat(path, &sb), 0);
+  ASSERT_EQ_INT((int)sb.st_size, 0);
+  ASSERT_EQ_INT(encache_shm_destroy(name), 0);
+  snprintf(url, sizeof(url), "shm://%s?create=maybe", name);
+  ASSERT_EQ_INT(encache_store_open(url, &st), ENCACHE_EURL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "create=maybe: must be yes or no");
+  ASSERT(access(path, F_OK) != 0);
+}

@@ -81,7 +81,7 @@ check "key --help" 0 "usage: encache key" -- key --help
 
 # --- global
 check "--help" 0 "Commands:" -- --help
-check "--version" 0 "encache 1.0.0" -- --version
+check "--version" 0 "encache 1.1.0" -- --version
 check "no command" 2 "usage: encache" --
 check "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate
 check "unknown global option" 2 "unknown global option '--nope'" -- --nope key
@@ -157,7 +157,7 @@ n=$((n + 1))
 if [ "$("$tool" ls 'emb*' | wc -l)" -eq 1 ]; then echo "ok $n - ls filters"
 else echo "not ok $n - ls filters"; fails=$((fails + 1)); fi
 check "stats" 0 "objects 2" -- stats
-check "--store overrides ENCACHE_STORE" 0 "objects 0" -- --store "shm://$seg-b?size=2MiB" stats
+check "--store overrides ENCACHE_STORE" 0 "objects 0" -- --store "shm://$seg-b?size=2MiB&create=yes" stats
 check "--store after the command" 0 "objects 0" -- stats --store "shm://$seg-b?size=2MiB"
 "$tool" shm destroy "$seg-b" >/dev/null
 check "get missing" 1 "nope: not found" -- get nope
@@ -195,6 +195,7 @@ check "demo bad option" 2 "--encoders: must be an integer from 1 to 64" -- demo 
 check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help
 check "bench bad size" 2 "--sizes: \"huge\" is not a size" -- bench --sizes huge
 check "bench plot must be svg" 2 "only SVG" -- bench --plot x.png
+check "bench honours ENCACHE_STORE" 0 "shm://$seg?size=4MiB" -- bench --sizes 16KiB --iterations 1 --batch 1
 check "shm destroy" 0 "destroyed $seg" -- shm destroy "$seg"
 check "shm destroy missing" 1 "no such segment" -- shm destroy "$seg"
 check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"
@@ -227,6 +228,36 @@ check "several --store only for bench" 2 "only bench takes several Stores" -- --
 check "bench --iterations range" 2 "--iterations: must be an integer from 1 to 100000" -- bench --iterations 0
 check "demo --verify" 2 "--verify: all, sample or none" -- demo --verify most
 check "demo --baseline and --no-baseline" 2 "give one" -- demo --baseline --no-baseline
+# --- read-only commands never create a segment (issue 18): "no such
+# segment", exit 1 as for any Store that cannot be opened
+none="$seg-none"
+for c in stats ls "get k" "inspect k" "rm k" \
+  "lookup --model m --dtype float32 --rows 2 --cols 2 img1"; do
+  # shellcheck disable=SC2086
+  check "$c on a missing segment" 1 "no such segment \"$none\"" -- --store "shm://$none?size=2MiB" $c
+done
+n=$((n + 1))
+if [ -e "/dev/shm/encache-$none" ]; then echo "not ok $n - read-only commands created no segment"; fails=$((fails + 1))
+else echo "ok $n - read-only commands created no segment"; fi
+check "create=no is checked" 1 "create=maybe: must be yes or no" -- --store "shm://$none?create=maybe" put k "$tmp/payload"
+# The default Store too, when this machine has none (never touched if it has).
+if [ ! -e /dev/shm/encache-encache ]; then
+  saved=$ENCACHE_STORE
+  ENCACHE_STORE="" # empty: the default Store
+  check "stats on the default Store, absent" 1 "no such segment \"encache\"" -- stats
+  ENCACHE_STORE=$saved
+  n=$((n + 1))
+  if [ -e /dev/shm/encache-encache ]; then echo "not ok $n - stats created the default segment"; fails=$((fails + 1)); "$tool" shm destroy encache >/dev/null
+  else echo "ok $n - stats created no default segment"; fi
+fi
+# --- the same failure, the same exit status (docs/tool.md): a Store that
+# cannot be opened is 1 for every command; an unknown scheme says which
+for c in stats "lookup --model m --dtype float32 --rows 2 --cols 2 img1" \
+  "publish --model m --dtype float32 --rows 2 --cols 2 --id img1 $tmp/payload" demo bench; do
+  # shellcheck disable=SC2086
+  check "${c%% *} unknown scheme" 1 "unknown Store URL scheme" -- --store "ftp://x" $c
+done
+check "help is in --help" 0 "Run 'encache help COMMAND'" -- --help
 check "config check tensor parallel not a number" 2 "--tensor-parallel-size: must be an integer from 1 to 1048576, got \"x\"" -- config check --ec-transfer-config '{}' --tensor-parallel-size x
 echo "1..$n"
 echo "# $n checks, $fails failed"

@@ -174,7 +174,8 @@ static const char bench_usage[] =
     "                [--iterations N] [--json] [--plot FILE.svg]\n"
     "\n"
     "Measures, in one run, the machine's memcpy bandwidth and, for each Store\n"
-    "(--store may be given several times; default: a private shm segment)\n"
+    "(--store may be given several times; default: $ENCACHE_STORE, else a\n"
+    "private shm segment, removed at the end)\n"
     "and object size, the raw batched read of BATCH objects and an encache\n"
     "lookup of the same hits; prints GB/s with the ratios lookup/memcpy and\n"
     "lookup/raw.  --plot draws throughput against object size as SVG.\n"
@@ -259,12 +260,15 @@ static void print_table(const bench_table *t) {
     }
 }
 
-/* The Stores to measure: those given, or a private shm segment sized for
- * the largest batch (its name in own_name). */
+/* The Stores to measure: those given (--store, else $ENCACHE_STORE, as
+ * every command reads it), or a private shm segment sized for the largest
+ * batch (its name in own_name). */
 static void pick_stores(const tool_globals *g, bench_table *t, char *own,
                         size_t own_size, char *own_name, size_t name_size) {
   for (int i = 0; i < g->nstores; i++)
     t->urls[t->nst++] = g->stores[i];
+  if (t->nst == 0 && g->store_url != NULL)
+    t->urls[t->nst++] = g->store_url;
   if (t->nst > 0)
     return;
   uint64_t need = 64u << 20;
@@ -302,8 +306,19 @@ static int run_bench(const tool_globals *g, const tool_args *a) {
     return EXIT_USAGE;
   char own[160] = "", own_name[64] = "";
   pick_stores(g, &t, own, sizeof(own), own_name, sizeof(own_name));
-  for (int s = 0; s < t.nst; s++)
+  for (int s = 0; s < t.nst; s++) {
     measure_url_shown(t.urls[s], t.shown[s], sizeof(t.shown[s]));
+    /* A Store that cannot be opened stops the run before any figure. */
+    encache_store *st = NULL;
+    if (encache_store_open(t.urls[s], &st) != 0) {
+      fprintf(stderr, "encache bench: cannot open the Store %s: %s\n",
+              t.shown[s], encache_store_errmsg(NULL));
+      if (own_name[0])
+        encache_shm_destroy(own_name);
+      return EXIT_FAIL;
+    }
+    encache_store_close(st);
+  }
   int failed = 0;
   for (int j = 0; j < t.ns; j++)
     t.mem[j] = memcpy_gbs(t.sizes[j], t.batch, t.iters);

@@ -19,11 +19,13 @@
 
 #include "encache.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The figures of the report, computed once for both formats. */
@@ -260,6 +262,108 @@ static int demo_args(const tool_args *a, demo_opts *o) {
   return 0;
 }
 
+/* Opens the Store at url and asks it about one key, in a child process
+ * (a Store's library may start threads, and the encoders are forked
+ * later).  Returns 0, or -1 with the Store's reason in why: a Store that
+ * cannot be opened or answers nothing stops the demo before it starts. */
+static int store_probe(const char *url, char *why, size_t size) {
+  int p[2];
+  if (pipe(p) != 0)
+    return snprintf(why, size, "pipe: %s", strerror(errno)), -1;
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    char msg[1024] = "";
+    encache_store *st = NULL;
+    int rc = encache_store_open(url, &st);
+    const char *key = "encache-demo-probe";
+    int present = 0;
+    if (rc == 0 && (rc = encache_store_exists(st, &key, 1, &present)) == 0 &&
+        present < 0)
+      rc = present;
+    if (rc < 0) {
+      const char *m = encache_store_errmsg(st);
+      snprintf(msg, sizeof(msg), "%s", m[0] ? m : encache_strerror(rc));
+    }
+    encache_store_close(st);
+    if (write(p[1], msg, strlen(msg)) < 0) { /* the parent sees nothing */
+    }
+    _exit(rc < 0 ? 1 : 0);
+  }
+  close(p[1]);
+  if (pid < 0) {
+    close(p[0]);
+    return snprintf(why, size, "fork: %s", strerror(errno)), -1;
+  }
+  size_t len = 0;
+  ssize_t r;
+  while (len + 1 < size && (r = read(p[0], why + len, size - 1 - len)) > 0)
+    len += (size_t)r;
+  why[len] = '\0';
+  close(p[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    return 0;
+  if (why[0] == '\0')
+    snprintf(why, size, "the probe process failed (status %d)", status);
+  return -1;
+}
+
+/* The keys of a run's namespace, collected before any is removed (a
+ * listing is not promised to survive removals). */
+typedef struct key_list {
+  char **keys;
+  size_t n, cap;
+  int oom;
+} key_list;
+
+static int collect_key(const char *key, uint64_t len, void *arg) {
+  (void)len;
+  key_list *l = arg;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    char **k = realloc(l->keys, cap * sizeof(*k));
+    if (k == NULL)
+      return l->oom = 1;
+    l->keys = k;
+    l->cap = cap;
+  }
+  if ((l->keys[l->n] = strdup(key)) == NULL)
+    return l->oom = 1;
+  l->n++;
+  return 0;
+}
+
+/* Removes the run's objects (its revision) from a Store the user gave,
+ * so that a demo leaves nothing behind; says so when it cannot. */
+static void clean_namespace(const char *url, const char *shown,
+                            const char *revision) {
+  char pattern[128];
+  snprintf(pattern, sizeof(pattern), "*@revision:%s@*", revision);
+  encache_store *st = NULL;
+  key_list l = {NULL, 0, 0, 0};
+  int rc = encache_store_open(url, &st);
+  if (rc == 0)
+    rc = encache_store_list(st, pattern, collect_key, &l);
+  size_t removed = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    if (rc == 0 && encache_store_remove(st, l.keys[i]) == 0)
+      removed++;
+    free(l.keys[i]);
+  }
+  free(l.keys);
+  if (rc != 0 || l.oom || removed < l.n)
+    fprintf(stderr, "encache demo: the run's objects (keys '%s') may be left "
+            "in %s: %s\n", pattern, shown,
+            rc == 0 ? "some could not be removed"
+            : rc == ENCACHE_EINVAL ? "this Store cannot list its keys"
+                                   : encache_store_errmsg(st));
+  encache_store_close(st);
+}
+
 static int run_demo(const tool_globals *g, const tool_args *a) {
   demo_opts o;
   image_set set;
@@ -284,24 +388,41 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
     url = own_url;
   }
   o.store_url = url;
+  char why[1024], shown[256];
+  measure_url_shown(url, shown, sizeof(shown));
+  if (store_probe(url, why, sizeof(why)) < 0) {
+    fprintf(stderr, "encache demo: cannot use the Store %s: %s\n", shown, why);
+    if (own_name[0])
+      encache_shm_destroy(own_name);
+    demo_images_free(&set);
+    return EXIT_FAIL;
+  }
   /* A namespace of this run's own, so that hits are this run's. */
   snprintf(revision, sizeof(revision), "run-%d-%ld", (int)getpid(),
            (long)time(NULL));
   phase cached, base;
   int rc = demo_fleet_run(&o, &set, 1, revision, &cached);
+  if (rc == 0 && cached.failed) {
+    /* An encoder said why (above); a baseline and a summary would only
+     * hide it. */
+    fprintf(stderr, "encache demo: an encoder failed (see above): stopped\n");
+    demo_phase_free(&cached);
+    rc = 1;
+  }
   int baseline_ok =
       rc == 0 && o.baseline && demo_fleet_run(&o, &set, 0, revision, &base) == 0;
   if (own_name[0])
     encache_shm_destroy(own_name);
+  else
+    clean_namespace(url, shown, revision);
   if (rc != 0) {
-    fprintf(stderr, "encache demo: could not start the encoders\n");
+    if (rc < 0)
+      fprintf(stderr, "encache demo: could not start the encoders\n");
     demo_images_free(&set);
     return EXIT_FAIL;
   }
   int verified_ok = cached.total.verify_failed == 0 && !cached.total.poisoned;
   figures f = compute(&cached, baseline_ok ? &base : NULL);
-  char shown[256];
-  measure_url_shown(url, shown, sizeof(shown));
   (g->json ? summary_json : summary_text)(&o, shown, &set, &cached.total,
                                           baseline_ok ? &base : NULL, &f,
                                           verified_ok);

@@ -108,43 +108,24 @@ static const char lookup_usage[] =
     "\n"
     "Looks the identifiers up as an encoder would (one batched existence\n"
     "check, chunked reads, validation against DTYPE ROWSxCOLS) and prints one\n"
-    "line per identifier: 'ID HIT DTYPE ROWS COLS', or ID and why it is not a\n"
-    "hit: MISS, INCOMPATIBLE (and what did not match), OVERSIZE, UNAVAILABLE,\n"
-    "SKIPPED.  --config takes the vLLM ec-transfer-config (its prefix, model\n"
-    "identity and limits) in place of --prefix.  Exit 0 when it ran.\n";
+    "line per identifier: 'ID HIT DTYPE ROWS COLS', or 'ID OUTCOME CAUSE' when\n"
+    "it is not a hit: MISS, INCOMPATIBLE (and what did not match), OVERSIZE\n"
+    "(both sizes), UNAVAILABLE (the Store's message: a wrong password, a\n"
+    "refused connection, ...), SKIPPED (the rule).  --json adds the cause as\n"
+    "\"why\".  --config takes the vLLM ec-transfer-config (its prefix, model\n"
+    "identity and limits) in place of --prefix.  Exit 0 when the Store\n"
+    "answered, even if nothing was a hit; 1 when it could not be opened, an\n"
+    "outcome is UNAVAILABLE or the lookup failed.\n";
 
-static void describe_incompat(char *buf, size_t size, const encache_result *r,
-                              const encache_candidate *c) {
-  switch (r->verdict) {
-  case ENCACHE_BAD_SHAPE:
-    snprintf(buf, size, "shape %" PRIu64 "x%" PRIu64 " (expected %" PRIu64
-                        "x%" PRIu64 ")", r->found.rows, r->found.cols, c->rows,
-             c->cols);
-    break;
-  case ENCACHE_BAD_DTYPE: {
-    const char *n = encache_dtype_name((int)r->found.dtype);
-    snprintf(buf, size, "dtype %s (expected %s)", n ? n : "unknown",
-             encache_dtype_name(c->dtype));
-    break;
-  }
-  case ENCACHE_BAD_MAGIC:
-    snprintf(buf, size, "magic 0x%08" PRIx32 " (expected 0x%08x)",
-             r->found.magic, ENCACHE_MAGIC);
-    break;
-  default:
-    snprintf(buf, size, "length (not 24 + %" PRIu64 " bytes)",
-             c->rows * c->cols * encache_dtype_size(c->dtype));
-    break;
-  }
-}
-
-/* Prints one result (as a JSON object when json is set). */
+/* Prints one result (as a JSON object when json is set): a non-HIT with
+ * the library's cause (result.why). */
 static void print_result(const encache_candidate *c, const encache_result *r,
                          int json, size_t i) {
-  char why[160] = "", id[1024];
+  char id[1024], why[1024];
   const char *dt = encache_dtype_name(c->dtype);
-  if (r->outcome == ENCACHE_INCOMPATIBLE)
-    describe_incompat(why, sizeof(why), r, c);
+  const char *cause = r->outcome == ENCACHE_HIT ? NULL
+                      : r->why != NULL         ? r->why
+                                               : "no cause given";
   if (json) {
     json_escape(id, sizeof(id), c->id);
     printf("%s\n {\"id\": \"%s\", \"outcome\": \"%s\"", i ? "," : "", id,
@@ -152,15 +133,18 @@ static void print_result(const encache_candidate *c, const encache_result *r,
     if (r->outcome == ENCACHE_HIT)
       printf(", \"dtype\": \"%s\", \"rows\": %" PRIu64 ", \"cols\": %" PRIu64
              ", \"bytes\": %" PRIu64, dt, c->rows, c->cols, r->nbytes);
-    if (why[0])
+    if (cause != NULL) {
+      json_escape(why, sizeof(why), cause);
+      printf(", \"why\": \"%s\"", why);
+    }
+    if (r->outcome == ENCACHE_INCOMPATIBLE)
       printf(", \"mismatch\": \"%s\", \"verdict\": \"%s\"", why,
              encache_verdict_name(r->verdict));
     printf("}");
   } else if (r->outcome == ENCACHE_HIT) {
     printf("%s HIT %s %" PRIu64 " %" PRIu64 "\n", c->id, dt, c->rows, c->cols);
   } else {
-    printf("%s %s%s%s\n", c->id, encache_outcome_name(r->outcome),
-           why[0] ? " " : "", why);
+    printf("%s %s %s\n", c->id, encache_outcome_name(r->outcome), cause);
   }
 }
 
@@ -178,9 +162,10 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
   uint64_t rows, cols;
   if (engine_args("lookup", a, &o, &rows, &cols) < 0)
     return EXIT_USAGE;
-  encache *ec = open_engine("lookup", g, &o);
+  int exit_code = EXIT_OK;
+  encache *ec = open_engine("lookup", g, &o, 1, &exit_code);
   if (ec == NULL)
-    return EXIT_USAGE;
+    return exit_code;
   size_t n = (size_t)a->argc;
   encache_candidate *cands = calloc(n, sizeof(*cands));
   encache_result *res = calloc(n, sizeof(*res));
@@ -195,7 +180,6 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
                             o.dtype, rows, cols, ENCACHE_DEVICE_HOST, 0};
     cands[i] = cc;
   }
-  int exit_code = EXIT_OK;
   encache_step *step = NULL;
   if (engine_lookup(ec, &step, cands, n, res) < 0) {
     fprintf(stderr, "encache lookup: %s\n", encache_errmsg(ec));
@@ -206,6 +190,10 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
     for (size_t i = 0; i < n; i++) {
       print_result(&cands[i], &res[i], g->json, i);
       free(res[i].data);
+      /* The Store failed: the lookup did not answer (as stats exits 1
+       * when it cannot reach the Store). */
+      if (res[i].outcome == ENCACHE_UNAVAILABLE)
+        exit_code = EXIT_FAIL;
     }
     if (g->json)
       printf("\n]\n");
@@ -272,8 +260,13 @@ static int publish_one(encache *ec, const char *id, int dtype, uint64_t rows,
     printf("%s written\n", key);
   else if (after.published_present > before.published_present)
     printf("%s skipped: already in the Store (never replaced)\n", key);
-  else
-    printf("%s skipped: the Store failed (recoverable)\n", key);
+  else {
+    const char *why = engine_last_log();
+    const char *cut = strstr(why, " not written: ");
+    printf("%s not written: the Store failed (recoverable): %s\n", key,
+           cut ? cut + 14 : why[0] ? why : "no reason given");
+    return EXIT_FAIL;
+  }
   return EXIT_OK;
 }
 
@@ -299,12 +292,13 @@ static int run_publish(const tool_globals *g, const tool_args *a) {
                        "needs %" PRIu64, file, len, rows, cols,
                        encache_dtype_name(o.dtype), nbytes);
   }
-  encache *ec = open_engine("publish", g, &o);
+  int exit_code;
+  encache *ec = open_engine("publish", g, &o, 0, &exit_code);
   if (ec == NULL) {
     free(data);
-    return EXIT_USAGE;
+    return exit_code;
   }
-  int exit_code = publish_one(ec, id, o.dtype, rows, cols, data, len);
+  exit_code = publish_one(ec, id, o.dtype, rows, cols, data, len);
   return close_engine("publish", ec, exit_code);
 }
 

@@ -271,22 +271,25 @@ static int run_shm(const tool_globals *g, const tool_args *a) {
   return EXIT_OK;
 }
 
+/* The commands that only read (and rm) never create an shm segment. */
+#define OPEN_EXISTING_ (TOOL_STORE | TOOL_OPEN | TOOL_EXISTING)
+
 const tool_command cmd_put = {"put", "store a file as an object", put_usage,
                               NULL, TOOL_STORE | TOOL_OPEN, 2, 2, "KEY FILE", run_put};
 const tool_command cmd_get = {"get", "write an object to standard output",
-                              get_usage, NULL, TOOL_STORE | TOOL_OPEN, 1, 1, "KEY",
+                              get_usage, NULL, OPEN_EXISTING_, 1, 1, "KEY",
                               run_get};
 const tool_command cmd_inspect = {"inspect", "decode an object's v3 header",
-                                  inspect_usage, NULL, TOOL_STORE | TOOL_OPEN, 1, 1, "KEY",
-                                  run_inspect};
+                                  inspect_usage, NULL, OPEN_EXISTING_, 1, 1,
+                                  "KEY", run_inspect};
 const tool_command cmd_ls = {"ls", "list objects whose keys match a pattern",
-                             ls_usage, NULL, TOOL_STORE | TOOL_OPEN, 0, 1,
+                             ls_usage, NULL, OPEN_EXISTING_, 0, 1,
                              "at most one PATTERN (quote it)", run_ls};
 const tool_command cmd_stats = {"stats", "show the Store's counters",
-                                stats_usage, NULL, TOOL_STORE | TOOL_OPEN, 0, 0, "",
+                                stats_usage, NULL, OPEN_EXISTING_, 0, 0, "",
                                 run_stats};
 const tool_command cmd_rm = {"rm", "remove objects", rm_usage, NULL,
-                             TOOL_STORE | TOOL_OPEN, 1, -1, "KEY...", run_rm};
+                             OPEN_EXISTING_, 1, -1, "KEY...", run_rm};
 const tool_command cmd_shm = {"shm", "manage shared-memory segments (destroy)",
                               shm_usage, NULL, 0, 2, 2, "'destroy NAME'",
                               run_shm};

@@ -53,9 +53,11 @@ static void help(FILE *out) {
           "  --help        show this help\n"
           "  --version     show the version\n"
           "\n"
-          "Run 'encache COMMAND --help' for a command's options.\n"
-          "Exit status: 0 success, 1 the operation failed, 2 bad usage or "
-          "input.\n");
+          "Run 'encache help COMMAND' (or 'encache COMMAND --help') for a\n"
+          "command's options; 'encache help' prints this help.\n"
+          "Exit status: 0 success; 1 the operation failed (a Store that\n"
+          "cannot be opened or answers an error, a lookup with an UNAVAILABLE\n"
+          "outcome, a publication not written); 2 bad usage or input.\n");
 }
 
 int usage_error(const char *cmd, const char *fmt, ...) {
@@ -223,10 +225,15 @@ static const tool_command *find(const char *name) {
   return NULL;
 }
 
-/* Opens the Store of g for cmd; prints why and returns NULL on failure. */
-static encache_store *open_store(const char *cmd, const tool_globals *g) {
+/* Opens the Store of g for cmd (an existing one only, when existing is
+ * set); prints why and returns NULL on failure. */
+static encache_store *open_store(const char *cmd, const tool_globals *g,
+                                 int existing) {
   encache_store *st = NULL;
-  int rc = encache_store_open(g->store_url, &st);
+  char buf[4096];
+  const char *url = existing ? tool_existing_url(g, buf, sizeof(buf))
+                             : g->store_url;
+  int rc = encache_store_open(url, &st);
   if (rc != 0) {
     const char *why = encache_store_errmsg(NULL); /* no handle on failure */
     fprintf(stderr, "encache %s: cannot open the Store: %s\n", cmd,
@@ -243,7 +250,8 @@ static int dispatch(const tool_command *cmd, tool_globals *g, int argc,
   int rc = tool_parse(cmd, argc, argv, g, &a);
   if (rc >= 0)
     return rc;
-  if ((cmd->flags & TOOL_OPEN) && (a.st = open_store(cmd->name, g)) == NULL)
+  if ((cmd->flags & TOOL_OPEN) && (a.st = open_store(cmd->name, g,
+                                         cmd->flags & TOOL_EXISTING)) == NULL)
     return EXIT_FAIL;
   rc = cmd->run(g, &a);
   encache_store_close(a.st);

@@ -101,9 +101,33 @@ encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
 }
 
 /* The one place where the tool opens an engine handle. */
-encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o) {
+/* The engine's latest log message (a publication's failure, an oversize
+ * object): the tool is single-threaded and the log runs on its thread. */
+static char engine_log[512];
+
+static void keep_log(void *ctx, const char *message) {
+  (void)ctx;
+  snprintf(engine_log, sizeof(engine_log), "%s", message);
+}
+
+const char *engine_last_log(void) { return engine_log; }
+
+const char *tool_existing_url(const tool_globals *g, char *buf, size_t size) {
+  const char *url = g->store_url ? g->store_url : ENCACHE_DEFAULT_STORE;
+  const char *q = strchr(url, '?');
+  if (strncmp(url, "shm://", 6) != 0 ||
+      (q != NULL && (strncmp(q + 1, "create=", 7) == 0 ||
+                     strstr(q, "&create=") != NULL)))
+    return url;
+  snprintf(buf, size, "%s%screate=no", url, q ? "&" : "?");
+  return buf;
+}
+
+encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
+                     int existing, int *exit_code) {
   char *json;
   size_t len;
+  *exit_code = EXIT_USAGE;
   encache_config *cfg = ns_config(cmd, o, &json, &len);
   if (cfg == NULL)
     return NULL;
@@ -115,12 +139,21 @@ encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o) {
   opts.revision = o->revision;
   opts.encoder_hash = o->encoder_hash;
   opts.model_dtype = o->dtype;
-  opts.store_url = g->store_url;
+  char url[4096];
+  opts.store_url = existing ? tool_existing_url(g, url, sizeof(url))
+                            : g->store_url;
+  opts.log = keep_log;
   encache *ec = NULL;
   int rc = encache_open(&opts, &ec);
   free(json);
   if (rc != 0) {
-    fprintf(stderr, "encache %s: %s\n", cmd, encache_errmsg(NULL));
+    /* A refused configuration is bad input; a Store that cannot be opened
+     * fails the operation, as it does for every other command. */
+    const char *why = encache_errmsg(NULL);
+    fprintf(stderr, "encache %s: %s\n", cmd,
+            why[0] ? why : encache_strerror(rc));
+    if (rc != ENCACHE_ECONFIG && rc != ENCACHE_EINVAL)
+      *exit_code = EXIT_FAIL;
     return NULL;
   }
   if (!encache_enabled(ec)) {
@@ -129,5 +162,6 @@ encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o) {
     encache_close(ec);
     return NULL;
   }
+  *exit_code = EXIT_OK;
   return ec;
 }

@@ -54,7 +54,13 @@ enum {
   TOOL_STORES = 2, /* --store may be given several times */
   TOOL_JSON = 4,   /* takes --json */
   TOOL_OPEN = 8,   /* runs on the Store, which main opens and closes */
+  TOOL_EXISTING = 16, /* never creates a Store: an shm segment must exist */
 };
+
+/* The Store URL of g (the default when none was given) in buf, with
+ * create=no added to an shm:// URL that does not say (a read-only command
+ * answers "no such segment" instead of creating one). */
+const char *tool_existing_url(const tool_globals *g, char *buf, size_t size);
 
 typedef struct tool_command {
   const char *name, *summary, *usage;
@@ -136,9 +142,14 @@ int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o);
 encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
                           size_t *len);
 
-/* Opens an engine handle for the namespace options on the global Store.
- * Prints why and returns NULL on failure. */
-encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o);
+/* Opens an engine handle for the namespace options on the global Store
+ * (an existing one only when existing is set: tool_existing_url()).
+ * Prints why and returns NULL on failure, with *exit_code EXIT_USAGE (bad
+ * options or configuration) or EXIT_FAIL (the Store cannot be opened). */
+encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
+                     int existing, int *exit_code);
+/* The latest message the engine of open_engine() logged ("" if none). */
+const char *engine_last_log(void);
 
 /* Lookup destinations from malloc (the caller frees each hit's data), and
  * free() as a storage release callback. */

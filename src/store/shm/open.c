@@ -99,11 +99,16 @@ static int name_ok(const char *name, size_t len) {
   return name[0] != '.';
 }
 
-/* One option of the URL's query (k=v) into the handle, or *size. */
+/* One option of the URL's query (k=v) into the handle, *size or *create. */
 static int parse_option(shm_store *s, const char *k, const char *v,
-                        uint64_t *size) {
+                        uint64_t *size, int *create) {
   const char *url = s->base.url;
-  if (strcmp(k, "size") == 0) {
+  if (strcmp(k, "create") == 0) {
+    if (strcmp(v, "yes") != 0 && strcmp(v, "no") != 0)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: create=%s: must be yes or no", url, v);
+    *create = strcmp(v, "yes") == 0;
+  } else if (strcmp(k, "size") == 0) {
     if (encache_parse_size(v, size) < 0 || *size < SHM_MIN_SIZE ||
         *size > SHM_MAX_SIZE)
       return encache__store_fail(&s->base, ENCACHE_EURL,
@@ -125,18 +130,20 @@ static int parse_option(shm_store *s, const char *k, const char *v,
   } else {
     return encache__store_fail(&s->base, ENCACHE_EURL,
                                "%s: unknown option '%s' (known: size, "
-                               "lock_timeout_ms, checksum)", url, k);
+                               "lock_timeout_ms, checksum, create)", url, k);
   }
   return 0;
 }
 
-/* The URL's query (NULL: none) into the handle's options and *size. */
-static int parse_query(shm_store *s, const char *query, uint64_t *size) {
+/* The URL's query (NULL: none) into the handle's options, *size and
+ * *create. */
+static int parse_query(shm_store *s, const char *query, uint64_t *size,
+                       int *create) {
   encache__query qs = {query};
   char k[64], v[64];
   int rc;
   while ((rc = encache__query_next(&qs, k, sizeof(k), v, sizeof(v))) > 0)
-    if ((rc = parse_option(s, k, v, size)) < 0)
+    if ((rc = parse_option(s, k, v, size, create)) < 0)
       return rc;
   if (rc < 0)
     return encache__store_fail(&s->base, ENCACHE_EURL,
@@ -159,16 +166,22 @@ int encache__shm_open(const char *url, encache_store **out) {
                                "A-Z a-z 0-9 . _ - (not starting with '.')",
                                url, SHM_MAX_NAME);
   uint64_t size = SHM_DEFAULT_SIZE;
-  if ((rc = parse_query(s, q ? q + 1 : NULL, &size)) < 0)
+  int create = 1;
+  if ((rc = parse_query(s, q ? q + 1 : NULL, &size, &create)) < 0)
     return rc;
   char path[SHM_MAX_NAME + 16];
   snprintf(path, sizeof(path), "/encache-%.*s", (int)nlen, name);
   snprintf(s->name, sizeof(s->name), "%.*s", (int)nlen, name);
-  s->fd = shm_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  s->fd = shm_open(path, O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0600);
+  if (s->fd < 0 && errno == ENOENT && !create)
+    return encache__store_fail(&s->base, ENCACHE_ENOENT,
+                               "%s: no such segment \"%s\" (create=no opens "
+                               "only an existing one)", url, s->name);
   if (s->fd < 0)
     return encache__store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,
                                path, strerror(errno));
-  return encache__shm_attach(s, size);
+  /* create_size 0: attach to a finished segment, never make one. */
+  return encache__shm_attach(s, create ? size : 0);
 }
 
 int encache_shm_destroy(const char *name) {

@@ -324,14 +324,20 @@ static int map_segment(shm_store *s, uint64_t size, int fresh) {
 }
 
 /* A finished segment (real magic) is never remade, so attaching to one
- * needs no flock; only creation does. */
+ * needs no flock; only creation does.  create_size 0 (the URL's
+ * create=no) attaches to a finished segment only. */
 int encache__shm_attach(shm_store *s, uint64_t create_size) {
   uint64_t size = 0, magic = 0;
   int locked = 0, fresh = 0;
   int rc = wait_finished(s, &size, &magic, &locked);
   if (rc == 0)
     rc = must_create(s, size, magic, &fresh);
-  if (rc == 0 && fresh)
+  if (rc == 0 && fresh && create_size == 0) /* create=no */
+    rc = encache__store_fail(&s->base, ENCACHE_ENOENT,
+                             "%s: no such segment \"%s\": its file is empty "
+                             "or unfinished (create=no opens only a finished "
+                             "one)", s->base.url, s->name);
+  else if (rc == 0 && fresh)
     rc = create_file(s, create_size, &size);
   if (rc == 0)
     rc = map_segment(s, size, fresh);
