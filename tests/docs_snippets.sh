@@ -47,8 +47,8 @@ extract() {
   ' "$src/$1"
 }
 
-for f in README.md docs/*.md; do
-  (cd "$src" && [ -f "$f" ]) && extract "$f"
+for f in "$src"/README.md "$src"/docs/*.md; do
+  extract "${f#"$src"/}"
 done
 
 # check NAME SOURCE: compiles SOURCE to a program and runs it.
