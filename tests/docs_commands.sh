@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# docs_commands.sh ENCACHE SOURCE_DIR: runs the commands of docs/deploy.md
+# and docs/troubleshooting.md as a reader would, and fails on any error.
+#
+# Every ```console or ```sh block of those files follows (on the line before
+# it) one of these marks (docs/development.md, "Snippets and commands in
+# the docs"):
+#   <!-- test -->             run here;
+#   <!-- not run: REASON -->  not run (it needs vLLM, a Mooncake Store, a
+#                             container runtime); keep these few.
+# A block without a mark fails the test.  In a block, a line "$ CMD" is a
+# command (a line ending in "\" continues it, and so do the lines of a
+# here-document up to its end word); the lines after it are what it prints:
+# each must appear in its output (standard output and error together, runs
+# of blanks squeezed), except "..." lines, which stand for anything.  A
+# command must exit 0, unless its output ends with "(exit N)".
+#
+# The commands of one file run in one shell, in a fresh directory, in
+# order (exports and files carry over), with "encache" being ENCACHE and
+# these substitutions, applied to commands and outputs alike:
+#   - shm segments "encoders" and "encache" get a private suffix, and
+#     "size=8GiB" becomes "size=32MiB" (no 8 GiB reservation on a test
+#     machine); ENCACHE_STORE starts as a private segment, so that no
+#     command touches the host's default Store;
+#   - the hosts 10.0.0.11-13 become 127.0.0.1 and the ports 7001-7003 free
+#     loopback ports (the Redis servers a block starts are shut down at the
+#     end); the host 10.0.0.20 (a Mooncake master, never contacted) stays.
+# Exits 77 (skipped) without redis-server.
+set -u
+tool=$1
+src=$2
+case $tool in /*) ;; *) tool=$(pwd)/$tool ;; esac
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "skipped: redis-server is not installed"
+  exit 77
+fi
+tmp=$(mktemp -d)
+tag="docs$$"
+mkdir "$tmp/bin" "$tmp/work"
+ln -s "$tool" "$tmp/bin/encache"
+
+port_free() {
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+# A free port at or after $1 whose cluster bus port (+10000) is free too.
+free_port() {
+  p=$1
+  while ! port_free "$p" || ! port_free $((p + 10000)); do p=$((p + 1)); done
+  echo "$p"
+}
+base=$((20000 + $$ % 9000))
+p1=$(free_port "$base")
+p2=$(free_port $((p1 + 1)))
+p3=$(free_port $((p2 + 1)))
+
+cleanup() {
+  for p in $p1 $p2 $p3; do
+    if [ -f "$tmp/work/deploy/redis.pass" ]; then
+      REDISCLI_AUTH=$(cat "$tmp/work/deploy/redis.pass") redis-cli -p "$p" shutdown nosave
+    else
+      redis-cli -p "$p" shutdown nosave
+    fi
+  done >/dev/null 2>&1
+  for s in encoders encache default; do
+    "$tool" shm destroy "$s-$tag" >/dev/null 2>&1
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+subst() {
+  sed -e "s#\(shm://\|destroy \|destroyed \)\(encoders\|encache\)\b#\1\2-$tag#g" \
+    -e 's#size=8GiB#size=32MiB#g' \
+    -e 's#10\.0\.0\.1[123]#127.0.0.1#g' \
+    -e "s#\b7001\b#$p1#g; s#\b7002\b#$p2#g; s#\b7003\b#$p3#g"
+}
+
+# to_script FILE: the commands of FILE as a script of cmd_run calls.
+to_script() {
+  awk -v file="$1" '
+    function flush() {
+      if (cmd == "") return
+      printf "cmd_line=%d\ncat >\"$tmp/cmd\" <<'\''__DOC_CMD__'\''\n%s\n__DOC_CMD__\n", cmdline, cmd
+      printf "cat >\"$tmp/want\" <<'\''__DOC_WANT__'\''\n%s__DOC_WANT__\n", want
+      printf "cmd_run %d\n", status
+      cmd = ""; want = ""; status = 0
+    }
+    /^```(console|sh)[ \t]*$/ && !inside {
+      inside = 1; run = 0; heredoc = ""; cont = 0
+      if (prev == "<!-- test -->") run = 1
+      else if (prev ~ /^<!-- not run: .+ -->$/) {
+        printf "not_run %d %s\n", NR, "\"" substr(prev, 15, length(prev) - 18) "\""
+      } else
+        printf "unmarked %d\n", NR
+      next
+    }
+    inside && /^```[ \t]*$/ { inside = 0; if (run) flush(); next }
+    inside && run {
+      if (heredoc != "") {
+        cmd = cmd "\n" $0
+        if ($0 == heredoc) heredoc = ""
+        next
+      }
+      if (cont) {
+        cmd = cmd "\n" $0
+        cont = ($0 ~ /\\$/)
+        next
+      }
+      if (substr($0, 1, 2) == "$ ") {
+        flush()
+        cmd = substr($0, 3); cmdline = NR
+        cont = ($0 ~ /\\$/)
+        if (match($0, /<<[ \t]*'\''?[A-Za-z_]+'\''?/)) {
+          heredoc = substr($0, RSTART + 2, RLENGTH - 2)
+          gsub(/[ \t'\'']/, "", heredoc)
+        }
+        next
+      }
+      if ($0 ~ /^\(exit [0-9]+\)$/) { status = substr($0, 7) + 0; next }
+      if ($0 == "...") next
+      want = want $0 "\n"
+      next
+    }
+    NF { prev = $0 }
+  ' "$src/$1" | subst
+}
+
+fails=0
+n=0
+not_run=0
+
+# cmd_run STATUS: runs $tmp/cmd in this shell; checks status and output.
+cmd_run() {
+  n=$((n + 1))
+  . "$tmp/cmd" >"$tmp/out" 2>&1 </dev/null
+  got=$?
+  squeeze() { tr '\t' ' ' | tr -s ' '; }
+  squeeze <"$tmp/out" >"$tmp/out.sq"
+  what="$doc line $cmd_line: $(head -n 1 "$tmp/cmd")"
+  missing=""
+  while IFS= read -r line; do
+    line=$(printf '%s' "$line" | squeeze)
+    [ -z "$line" ] && continue
+    grep -qF -- "$line" "$tmp/out.sq" || missing="$line"
+  done <"$tmp/want"
+  if [ "$got" -ne "$1" ]; then
+    echo "not ok $n - $what: exit $got, expected $1"
+  elif [ -n "$missing" ]; then
+    echo "not ok $n - $what: output lacks '$missing'"
+  else
+    echo "ok $n - $what"
+    return 0
+  fi
+  sed 's/^/#   /' "$tmp/out"
+  fails=$((fails + 1))
+}
+
+not_run() {
+  not_run=$((not_run + 1))
+  echo "# not run: $doc line $1 ($2)"
+}
+
+unmarked() {
+  n=$((n + 1))
+  echo "not ok $n - $doc line $1: a command block without <!-- test --> or <!-- not run: REASON -->"
+  fails=$((fails + 1))
+}
+
+# The default segment exists, as on a machine where encache was tried, so
+# that the documented way of removing it has something to remove.
+"$tool" --store "shm://encache-$tag?size=1MiB" put probe /dev/null >/dev/null ||
+  { echo "not ok - cannot create a private segment"; exit 1; }
+
+for doc in docs/deploy.md docs/troubleshooting.md; do
+  [ -f "$src/$doc" ] || { echo "not ok - $doc is missing"; fails=$((fails + 1)); continue; }
+  to_script "$doc" >"$tmp/script.sh"
+  work="$tmp/work/$(basename "$doc" .md)"
+  mkdir -p "$work"
+  (
+    cd "$work" || exit 1
+    PATH=$tmp/bin:$PATH
+    ENCACHE_STORE="shm://default-$tag?size=16MiB"
+    export PATH ENCACHE_STORE
+    unset ENCACHE_REDIS_PASSWORD REDISCLI_AUTH MOONCAKE_CONFIG_PATH
+    . "$tmp/script.sh"
+    echo "$n $fails $not_run" >"$tmp/counts"
+  )
+  read -r dn dfails dnot <"$tmp/counts"
+  n=$dn fails=$dfails not_run=$dnot
+done
+echo "# $n commands run, $fails failed; $not_run blocks not run (marked)"
+echo "1..$n"
+[ "$fails" -eq 0 ]
