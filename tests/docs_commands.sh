@@ -18,7 +18,7 @@
 # The commands of one file run in one shell, in a fresh directory, in
 # order (exports and files carry over), with "encache" being ENCACHE and
 # these substitutions, applied to commands and outputs alike:
-#   - shm segments "encoders" and "encache" get a private suffix, and
+#   - shm segments "encoders", "encache" and "broken" get a private suffix, and
 #     "size=8GiB" becomes "size=32MiB" (no 8 GiB reservation on a test
 #     machine); ENCACHE_STORE starts as a private segment, so that no
 #     command touches the host's default Store;
@@ -61,7 +61,7 @@ cleanup() {
       redis-cli -p "$p" shutdown nosave
     fi
   done >/dev/null 2>&1
-  for s in encoders encache default; do
+  for s in encoders encache broken default; do
     "$tool" shm destroy "$s-$tag" >/dev/null 2>&1
   done
   rm -rf "$tmp"
@@ -70,7 +70,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 subst() {
-  sed -e "s#\(shm://\|destroy \|destroyed \)\(encoders\|encache\)\b#\1\2-$tag#g" \
+  sed -e "s#\(shm://\|destroy \|destroyed \|/dev/shm/encache-\)\(encoders\|encache\|broken\)\b#\1\2-$tag#g" \
     -e 's#size=8GiB#size=32MiB#g' \
     -e 's#10\.0\.0\.1[123]#127.0.0.1#g' \
     -e "s#\b7001\b#$p1#g; s#\b7002\b#$p2#g; s#\b7003\b#$p3#g"
@@ -86,8 +86,9 @@ to_script() {
       printf "cmd_run %d\n", status
       cmd = ""; want = ""; status = 0
     }
-    /^```(console|sh)[ \t]*$/ && !inside {
+    /^[ \t]*```(console|sh)[ \t]*$/ && !inside {
       inside = 1; run = 0; heredoc = ""; cont = 0
+      match($0, /^[ \t]*/); indent = RLENGTH
       if (prev == "<!-- test -->") run = 1
       else if (prev ~ /^<!-- not run: .+ -->$/) {
         printf "not_run %d %s\n", NR, "\"" substr(prev, 15, length(prev) - 18) "\""
@@ -95,8 +96,9 @@ to_script() {
         printf "unmarked %d\n", NR
       next
     }
-    inside && /^```[ \t]*$/ { inside = 0; if (run) flush(); next }
+    inside && /^[ \t]*```[ \t]*$/ { inside = 0; if (run) flush(); next }
     inside && run {
+      $0 = substr($0, indent + 1)
       if (heredoc != "") {
         cmd = cmd "\n" $0
         if ($0 == heredoc) heredoc = ""
@@ -122,7 +124,7 @@ to_script() {
       want = want $0 "\n"
       next
     }
-    NF { prev = $0 }
+    NF { prev = $0; sub(/^[ \t]+/, "", prev) }
   ' "$src/$1" | subst
 }
 
@@ -167,12 +169,10 @@ unmarked() {
   fails=$((fails + 1))
 }
 
-# The default segment exists, as on a machine where encache was tried, so
-# that the documented way of removing it has something to remove.
-"$tool" --store "shm://encache-$tag?size=1MiB" put probe /dev/null >/dev/null ||
-  { echo "not ok - cannot create a private segment"; exit 1; }
-
 for doc in docs/deploy.md docs/troubleshooting.md; do
+  # The default segment exists, as on a machine where encache was tried,
+  # so that the documented way of removing it has something to remove.
+  "$tool" --store "shm://encache-$tag?size=1MiB" put probe /dev/null >/dev/null 2>&1
   [ -f "$src/$doc" ] || { echo "not ok - $doc is missing"; fails=$((fails + 1)); continue; }
   to_script "$doc" >"$tmp/script.sh"
   work="$tmp/work/$(basename "$doc" .md)"
