@@ -32,7 +32,8 @@ n=0
 # KIND being the mark's word, or "unmarked".
 extract() {
   awk -v out="$tmp" -v name="$(echo "$1" | tr '/' '_')" '
-    /^```c[ \t]*$/ && !inside {
+    /^[ \t]*```c[ \t]*$/ && !inside {
+      match($0, /^[ \t]*/); indent = RLENGTH
       kind = "unmarked"
       if (match(prev, /^<!-- c: (program|body|fragment) -->$/))
         kind = substr(prev, 9, RLENGTH - 12)
@@ -41,9 +42,9 @@ extract() {
       printf "" > file
       next
     }
-    inside && /^```[ \t]*$/ { inside = 0; close(file); next }
-    inside { print > file; next }
-    NF { prev = $0 }
+    inside && /^[ \t]*```[ \t]*$/ { inside = 0; close(file); next }
+    inside { print substr($0, indent + 1) > file; next }
+    NF { prev = $0; sub(/^[ \t]+/, "", prev) }
   ' "$src/$1"
 }
 
