@@ -81,7 +81,7 @@ for c in "$tmp"/*.c; do
   kind=${base##*.}
   file=$(echo "${base%-*}" | sed 's/_/\//')
   line=${base##*-}
-  line=$(expr "${line%%.*}" + 0)
+  line=$(echo "${line%%.*}" | sed 's/^0*//')
   where="$file line $line"
   case $kind in
   program)
