@@ -34,10 +34,10 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
   echo "skipped: redis-server is not installed"
   exit 77
 fi
-tmp=$(mktemp -d)
+_dc_tmp=$(mktemp -d)
 tag="docs$$"
-mkdir "$tmp/bin" "$tmp/work"
-ln -s "$tool" "$tmp/bin/encache"
+mkdir "$_dc_tmp/bin" "$_dc_tmp/work"
+ln -s "$tool" "$_dc_tmp/bin/encache"
 
 port_free() {
   ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
@@ -48,15 +48,17 @@ free_port() {
   while ! port_free "$p" || ! port_free $((p + 10000)); do p=$((p + 1)); done
   echo "$p"
 }
-base=$((20000 + $$ % 9000))
+# Below the ephemeral range (32768 and up), bus ports included, so that no
+# client's local port takes one between the check and the server's bind.
+base=$((10000 + $$ % 12000))
 p1=$(free_port "$base")
 p2=$(free_port $((p1 + 1)))
 p3=$(free_port $((p2 + 1)))
 
 cleanup() {
   for p in $p1 $p2 $p3; do
-    if [ -f "$tmp/work/deploy/redis.pass" ]; then
-      REDISCLI_AUTH=$(cat "$tmp/work/deploy/redis.pass") redis-cli -p "$p" shutdown nosave
+    if [ -f "$_dc_tmp/work/deploy/redis.pass" ]; then
+      REDISCLI_AUTH=$(cat "$_dc_tmp/work/deploy/redis.pass") redis-cli -p "$p" shutdown nosave
     else
       redis-cli -p "$p" shutdown nosave
     fi
@@ -64,7 +66,7 @@ cleanup() {
   for s in encoders encache broken default; do
     "$tool" shm destroy "$s-$tag" >/dev/null 2>&1
   done
-  rm -rf "$tmp"
+  rm -rf "$_dc_tmp"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
@@ -81,8 +83,8 @@ to_script() {
   awk -v file="$1" '
     function flush() {
       if (cmd == "") return
-      printf "cmd_line=%d\ncat >\"$tmp/cmd\" <<'\''__DOC_CMD__'\''\n%s\n__DOC_CMD__\n", cmdline, cmd
-      printf "cat >\"$tmp/want\" <<'\''__DOC_WANT__'\''\n%s__DOC_WANT__\n", want
+      printf "_dc_cmd_line=%d\ncat >\"$_dc_tmp/cmd\" <<'\''__DOC_CMD__'\''\n%s\n__DOC_CMD__\n", cmdline, cmd
+      printf "cat >\"$_dc_tmp/want\" <<'\''__DOC_WANT__'\''\n%s__DOC_WANT__\n", want
       printf "cmd_run %d\n", status
       cmd = ""; want = ""; status = 0
     }
@@ -128,70 +130,87 @@ to_script() {
   ' "$src/$1" | subst
 }
 
-fails=0
-n=0
-not_run=0
+_dc_fails=0
+_dc_n=0
+_dc_nr=0
 
-# cmd_run STATUS: runs $tmp/cmd in this shell; checks status and output.
+# cmd_run STATUS: runs $_dc_tmp/cmd in this shell; checks status and output.
 cmd_run() {
-  n=$((n + 1))
+  _dc_n=$((_dc_n + 1))
   # shellcheck disable=SC1091 # written by the generated script
-  . "$tmp/cmd" >"$tmp/out" 2>&1 </dev/null
-  got=$?
+  . "$_dc_tmp/cmd" >"$_dc_tmp/out" 2>&1 </dev/null
+  _dc_got=$?
   squeeze() { tr '\t' ' ' | tr -s ' '; }
-  squeeze <"$tmp/out" >"$tmp/out.sq"
-  # shellcheck disable=SC2154 # cmd_line is set by the generated script
-  what="$doc line $cmd_line: $(head -n 1 "$tmp/cmd")"
-  missing=""
-  while IFS= read -r line; do
-    line=$(printf '%s' "$line" | squeeze)
-    [ -z "$line" ] && continue
-    grep -qF -- "$line" "$tmp/out.sq" || missing="$line"
-  done <"$tmp/want"
-  if [ "$got" -ne "$1" ]; then
-    echo "not ok $n - $what: exit $got, expected $1"
-  elif [ -n "$missing" ]; then
-    echo "not ok $n - $what: output lacks '$missing'"
+  squeeze <"$_dc_tmp/out" >"$_dc_tmp/out.sq"
+  # shellcheck disable=SC2154 # _dc_cmd_line is set by the generated script
+  _dc_what="$_dc_doc line $_dc_cmd_line: $(head -n 1 "$_dc_tmp/cmd")"
+  _dc_missing=""
+  while IFS= read -r _dc_line; do
+    _dc_line=$(printf '%s' "$_dc_line" | squeeze)
+    [ -z "$_dc_line" ] && continue
+    grep -qF -- "$_dc_line" "$_dc_tmp/out.sq" || _dc_missing="$_dc_line"
+  done <"$_dc_tmp/want"
+  if [ "$_dc_got" -ne "$1" ]; then
+    echo "not ok $_dc_n - $_dc_what: exit $_dc_got, expected $1"
+  elif [ -n "$_dc_missing" ]; then
+    echo "not ok $_dc_n - $_dc_what: output lacks '$_dc_missing'"
   else
-    echo "ok $n - $what"
+    echo "ok $_dc_n - $_dc_what"
     return 0
   fi
-  sed 's/^/#   /' "$tmp/out"
-  fails=$((fails + 1))
+  sed 's/^/#   /' "$_dc_tmp/out"
+  _dc_fails=$((_dc_fails + 1))
 }
 
 not_run() {
-  not_run=$((not_run + 1))
-  echo "# not run: $doc line $1 ($2)"
+  _dc_nr=$((_dc_nr + 1))
+  echo "# not run: $_dc_doc line $1 ($2)"
 }
 
 unmarked() {
-  n=$((n + 1))
-  echo "not ok $n - $doc line $1: a command block without <!-- test --> or <!-- not run: REASON -->"
-  fails=$((fails + 1))
+  _dc_n=$((_dc_n + 1))
+  echo "not ok $_dc_n - $_dc_doc line $1: a command block without <!-- test --> or <!-- not run: REASON -->"
+  _dc_fails=$((_dc_fails + 1))
 }
 
-for doc in docs/deploy.md docs/troubleshooting.md; do
+for _dc_doc in docs/deploy.md docs/troubleshooting.md; do
   # The default segment exists, as on a machine where encache was tried,
   # so that the documented way of removing it has something to remove.
   "$tool" --store "shm://encache-$tag?size=1MiB" put probe /dev/null >/dev/null 2>&1
-  [ -f "$src/$doc" ] || { echo "not ok - $doc is missing"; fails=$((fails + 1)); continue; }
-  to_script "$doc" >"$tmp/script.sh"
-  work="$tmp/work/$(basename "$doc" .md)"
+  [ -f "$src/$_dc_doc" ] || { echo "not ok - $_dc_doc is missing"; _dc_fails=$((_dc_fails + 1)); continue; }
+  to_script "$_dc_doc" >"$_dc_tmp/script.sh"
+  work="$_dc_tmp/work/$(basename "$_dc_doc" .md)"
   mkdir -p "$work"
   (
     cd "$work" || exit 1
-    PATH=$tmp/bin:$PATH
+    PATH=$_dc_tmp/bin:$PATH
     ENCACHE_STORE="shm://default-$tag?size=16MiB"
     export PATH ENCACHE_STORE
     unset ENCACHE_REDIS_PASSWORD REDISCLI_AUTH MOONCAKE_CONFIG_PATH
+    # A watchdog: a command that hangs (a server that never came up) ends
+    # this file's run after 300 s instead of the test's.
+    _dc_me=$BASHPID
+    (
+      trap 'kill "$s" 2>/dev/null; exit 0' TERM
+      sleep 300 &
+      s=$!
+      wait "$s"
+      kill -KILL "$_dc_me"
+    ) >/dev/null 2>&1 &
+    _dc_dog=$!
     # shellcheck disable=SC1091 # generated by to_script
-    . "$tmp/script.sh"
-    echo "$n $fails $not_run" >"$tmp/counts"
+    . "$_dc_tmp/script.sh"
+    kill "$_dc_dog"
+    echo "$_dc_n $_dc_fails $_dc_nr" >"$_dc_tmp/counts"
   )
-  read -r dn dfails dnot <"$tmp/counts"
-  n=$dn fails=$dfails not_run=$dnot
+  if ! read -r _dc_dn _dc_dfails _dc_dnot <"$_dc_tmp/counts" 2>/dev/null; then
+    _dc_n=$((_dc_n + 1))
+    echo "not ok $_dc_n - $_dc_doc: a command was still running after 300 s (killed)"
+    _dc_dn=$_dc_n _dc_dfails=$((_dc_fails + 1)) _dc_dnot=$_dc_nr
+  fi
+  rm -f "$_dc_tmp/counts"
+  _dc_n=$_dc_dn _dc_fails=$_dc_dfails _dc_nr=$_dc_dnot
 done
-echo "# $n commands run, $fails failed; $not_run blocks not run (marked)"
-echo "1..$n"
-[ "$fails" -eq 0 ]
+echo "# $_dc_n commands run, $_dc_fails failed; $_dc_nr blocks not run (marked)"
+echo "1..$_dc_n"
+[ "$_dc_fails" -eq 0 ]
