@@ -1,5 +1,5 @@
 #!/bin/sh
-# docs_snippets.sh SOURCE_DIR LIBRARY TOOL: every C snippet of README.md and
+# docs_snippets.sh SOURCE_DIR LIBRARY TOOL [CFLAGS]: every C snippet of README.md and
 # docs/*.md is compiled, and run when it is a program.
 #
 # Each ```c block must follow (on the line before it) one of these marks
@@ -15,12 +15,14 @@
 #                         declare, "..."): not compiled.
 # A block without a mark fails the test, so that no snippet is left
 # unchecked by accident.  Compiled with cc -std=c11 -Wall -Wextra -Werror
-# against SOURCE_DIR/include, linked with LIBRARY (libencache.so); TOOL
-# (the encache tool) removes the segments afterwards.
+# against SOURCE_DIR/include, linked with LIBRARY (libencache.so), with
+# CFLAGS added (the library's sanitizer flags) and $CC when set; TOOL (the
+# encache tool) removes the segments afterwards.
 set -u
 src=$1
 lib=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
 tool=$3
+cflags=${4:-}
 tmp=$(mktemp -d)
 seg="docs-snippet-$$"
 trap '"$tool" shm destroy "$seg" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
@@ -56,7 +58,8 @@ done
 build_and_run() {
   name=$1 c=$2
   n=$((n + 1))
-  if ! "$cc" -std=c11 -Wall -Wextra -Werror -I"$src/include" -o "$tmp/prog" \
+  # shellcheck disable=SC2086 # CFLAGS is a list of flags
+  if ! "$cc" -std=c11 -Wall -Wextra -Werror $cflags -I"$src/include" -o "$tmp/prog" \
       "$c" "$lib" -Wl,-rpath,"$(dirname "$lib")" >"$tmp/log" 2>&1; then
     echo "not ok $n - $name does not compile"
     sed 's/^/# /' "$tmp/log"
