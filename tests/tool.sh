@@ -182,6 +182,7 @@ check "lookup via --config identity" 0 "img1 HIT" -- lookup --config '{"ec_conne
 check "lookup --config off" 2 "cross_encoder_cache is false" -- lookup --config '{}' --model m --dtype float32 --rows 2 --cols 2 img1
 check "lookup prefix namespace differs" 0 "img1 MISS" -- lookup --prefix team --model m --dtype float32 --rows 2 --cols 2 img1
 check "publish wrong size" 2 "holds 16 bytes, but 2x3 float32 needs 24" -- publish --model m --dtype float32 --rows 2 --cols 3 --id x "$tmp/payload"
+check "publish endless file" 2 "holds more than 16 bytes, but 2x2 float32 needs 16" -- publish --model m --dtype float32 --rows 2 --cols 2 --id x /dev/zero
 check "publish needs --id" 2 "--id is required" -- publish --model m --dtype float32 --rows 2 --cols 2 "$tmp/payload"
 check "lookup needs rows" 2 "--rows and --cols are required" -- lookup --model m --dtype float32 img1
 check "lookup bad rows" 2 "--rows: must be a positive integer" -- lookup --model m --dtype float32 --rows 0 --cols 2 img1

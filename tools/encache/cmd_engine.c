@@ -282,14 +282,16 @@ static int run_publish(const tool_globals *g, const tool_args *a) {
     return usage_error("publish", "%" PRIu64 "x%" PRIu64 " is too large", rows,
                        cols);
   size_t len;
-  char *data = read_file(file, &len);
+  char *data = nbytes < SIZE_MAX ? read_file_max(file, (size_t)nbytes, &len)
+                                  : NULL;
   if (data == NULL)
     return EXIT_USAGE;
   if ((uint64_t)len != nbytes) {
     free(data);
     return usage_error("publish",
-                       "%s holds %zu bytes, but %" PRIu64 "x%" PRIu64 " %s "
-                       "needs %" PRIu64, file, len, rows, cols,
+                       "%s holds %s%zu bytes, but %" PRIu64 "x%" PRIu64 " %s "
+                       "needs %" PRIu64, file, len > nbytes ? "more than " : "",
+                       len > nbytes ? len - 1 : len, rows, cols,
                        encache_dtype_name(o.dtype), nbytes);
   }
   int exit_code;

@@ -71,6 +71,10 @@ int usage_error(const char *cmd, const char *fmt, ...) {
 }
 
 char *read_file(const char *path, size_t *len) {
+  return read_file_max(path, SIZE_MAX - 1, len);
+}
+
+char *read_file_max(const char *path, size_t max, size_t *len) {
   FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     fprintf(stderr, "encache: cannot open %s: %s\n", path, strerror(errno));
@@ -89,9 +93,12 @@ char *read_file(const char *path, size_t *len) {
       buf = nb;
       cap *= 2;
     }
-    size_t got = fread(buf + n, 1, cap - n - 1, f);
+    size_t want = cap - n - 1;
+    if (want > max + 1 - n)
+      want = max + 1 - n; /* one byte past max tells "longer" */
+    size_t got = fread(buf + n, 1, want, f);
     n += got;
-    if (got == 0)
+    if (got == 0 || n > max)
       break;
   }
   int err = ferror(f);

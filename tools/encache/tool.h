@@ -90,6 +90,10 @@ int usage_error(const char *cmd, const char *fmt, ...)
 /* Reads a whole file ("-" = standard input) into a NUL-terminated buffer
  * the caller frees.  On failure prints why and returns NULL. */
 char *read_file(const char *path, size_t *len);
+/* The same, reading at most max + 1 bytes (a longer file is reported as
+ * max + 1 bytes): a file that cannot be what is expected (/dev/zero) is
+ * never read whole. */
+char *read_file_max(const char *path, size_t max, size_t *len);
 
 /* The argument itself, or the contents of FILE when it is "@FILE".  The
  * caller frees the result.  On failure prints why and returns NULL. */
