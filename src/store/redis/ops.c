@@ -186,7 +186,7 @@ static void batch_windows(batch_run *b) {
     b->results[i] = encache__redis_wread(b->s, b->set, b->keys[i], b->split,
                                          b->heads[i], b->bufs[i], b->caps[i],
                                          why, sizeof(why));
-    if (b->results[i] < 0 && b->results[i] != ENCACHE_ENOENT)
+    if (b->results[i] < 0 && why[0] != '\0') /* a plain miss says nothing */
       snprintf(b->why, sizeof(b->why), "%s", why);
   }
 }

@@ -251,7 +251,9 @@ int64_t encache__redis_wread(redis_store *s, rset *set, const char *key,
              .head = head, .buf = buf, .why = why, .whysize = whysize};
   w.node = encache__redis_locate(s, key);
   int rc = ENCACHE_EUNAVAIL;
-  snprintf(why, whysize, "no node serves the slot of %s", key);
+  why[0] = '\0';
+  if (w.node >= MAX_NODES)
+    snprintf(why, whysize, "no node serves the slot of %s", key);
   for (int round = 0; round < ROUNDS && w.node < MAX_NODES; round++) {
     rc = wfirst(&w);
     if (rc == 1)
