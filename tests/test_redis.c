@@ -1303,6 +1303,16 @@ static size_t tmp_keys(int port, long long *pttl) {
 
 static void wh_die(void) { raise(SIGKILL); }
 
+/* As an eviction would: the temporary deleted mid-write. */
+static void wh_evict_tmp(void) {
+  redisContext *c = connect_to(wh.port);
+  redisReply *r = redisCommand(c, "KEYS *encache-tmp:*");
+  for (size_t i = 0; r != NULL && i < r->elements; i++)
+    freeReplyObject(redisCommand(c, "DEL %s", r->element[i]->str));
+  freeReplyObject(r);
+  redisFree(c);
+}
+
 TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
   if (!have_redis())
     return;
@@ -1343,6 +1353,30 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
   ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24),
                 ENCACHE_EEXIST);
   ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  /* A temporary evicted mid-write (and made again by the next window) is
+   * noticed: the write fails, nothing is left. */
+  wh.port = port;
+  wh_arm(wh_evict_tmp);
+  ASSERT_EQ_INT(encache_store_write(st, "wkey3", a, 24, a + 24, WOBJ - 24),
+                ENCACHE_EUNAVAIL);
+  encache__redis_window_hook = NULL;
+  ASSERT_CONTAINS(encache_store_errmsg(st), "temporary");
+  ASSERT_EQ_INT(read_one(st, "wkey3", out, sizeof(out)), ENCACHE_ENOENT);
+  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  /* The final key has the objects' expiry, not the temporary's: none, or
+   * ttl_s. */
+  encache_store_close(st);
+  char ttl_url[192];
+  snprintf(ttl_url, sizeof(ttl_url), "%s&ttl_s=100", url);
+  ASSERT_EQ_INT(encache_store_open(ttl_url, &st), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "wkey2", a, 24, a + 24, WOBJ - 24), 0);
+  redisContext *c = connect_to(port);
+  redisReply *r1 = redisCommand(c, "PTTL wkey"), *r2 = redisCommand(c, "PTTL wkey2");
+  ASSERT_EQ_INT((int)r1->integer, -1);
+  ASSERT(r2->integer > 90000 && r2->integer <= 100000);
+  freeReplyObject(r1);
+  freeReplyObject(r2);
+  redisFree(c);
   encache_store_close(st);
   kill_wait(pid, SIGKILL);
 }

@@ -12,8 +12,8 @@
  *              and the ops table
  *   list.c     listing a node's keys (SCAN, STRLEN), bounded
  *   wread.c    windowed reads of large objects (GETRANGE windows)
- *   wwrite.c   windowed writes of large objects (APPEND to a temporary
- *              key, RENAMENX into place)
+ *   wwrite.c   windowed writes of large objects (SETRANGE windows into
+ *              a temporary key, RENAMENX into place)
  *
  * URLs (docs/stores.md):
  *   redis://[user:password@]host:port[/db][?options]
@@ -80,8 +80,9 @@
  * never a hit of mixed bytes: objects are never changed in place, only
  * deleted and written again.  A write SETs the first window under a
  * temporary key in the final key's slot (a hash tag chosen for the slot),
- * with an expiry renewed at each exchange, APPENDs the others (checking
- * each new length), then RENAMENX into place: the final key never holds a
+ * with an expiry renewed at each exchange, SETRANGEs the others (the last
+ * first: the string gets its length at once; every answer and the expiry
+ * checked), then RENAMENX into place: the final key never holds a
  * partial object, an existing key is never replaced, a writer that dies
  * leaves a temporary that expires.  A redirection restarts the object on
  * the node it names.

@@ -1,17 +1,18 @@
 /*
  * wwrite.c: windowed writes of large objects (see redis.h, "Windows").
  *
- * The object goes under a temporary key in the final key's slot: the
- * first window with SET tmp ... NX PX <expiry>, the others with APPEND,
- * window_depth per exchange, each exchange checking every new length and
- * renewing the expiry (an APPEND after the temporary expired would start
- * a new, partial value: its length gives it away).  Then, in one
- * exchange, the final expiry (ttl_s) or none, RENAMENX tmp key (never
- * replaces) and DEL tmp (which removes it when RENAMENX refused);
- * without ttl_s a PERSIST of the key follows, so a writer that dies
- * between the two leaves an object that expires, never a partial one.
- * The final key never holds a partial object; a writer that dies leaves
- * a temporary that expires; any failure deletes it when it can.
+ * The object goes under a temporary key in the final key's slot, window
+ * by window (wwindows(): SET NX PX of the first, SETRANGE of the others,
+ * the last one second so that the string has its whole length at once),
+ * window_depth per exchange, each exchange checking every answer and
+ * renewing the expiry; wverify() checks that the temporary is still ours
+ * and whole; then, in one exchange, the final expiry (ttl_s) or none,
+ * RENAMENX tmp key (never replaces) and DEL tmp (which removes it when
+ * RENAMENX refused); without ttl_s a PERSIST of the key follows, so a
+ * writer that dies between the two leaves an object that expires, never
+ * a partial one.  The final key never holds a partial object; a writer
+ * that dies leaves a temporary that expires; any failure deletes it when
+ * the server answers.
  */
 #include "redis.h"
 
@@ -22,7 +23,7 @@
 #define WX_REDIRECTED 100
 #define WCMDS (WINDOW_DEPTH_MAX + 4)
 
-enum { WANT_ASKING, WANT_OK, WANT_EQ, WANT_INT };
+enum { WANT_ASKING, WANT_OK, WANT_EQ, WANT_INT, WANT_POS };
 
 typedef struct wwrite {
   redis_store *s;
@@ -139,6 +140,8 @@ static int wrun(wwrite *w, wxch *x, uint64_t bytes) {
     int ok = x->kind[k] == WANT_ASKING || x->kind[k] == WANT_OK
                  ? r->type == REDIS_REPLY_STATUS
              : x->kind[k] == WANT_INT ? r->type == REDIS_REPLY_INTEGER
+             : x->kind[k] == WANT_POS
+                 ? r->type == REDIS_REPLY_INTEGER && r->integer > 0
                                    : r->type == REDIS_REPLY_INTEGER &&
                                          r->integer == x->expect[k];
     if (!ok) {
@@ -166,38 +169,70 @@ static void wdiscard(wwrite *w) {
   w->ask = ask;
 }
 
-/* The windows, window_depth per exchange: SET NX PX for the first,
- * APPEND for the others, PEXPIRE (the expiry renewed) after them. */
+/* Window i of the order 0, last, 1, 2, ...: [*a, *b) of the object. */
+static void wnth(const wwrite *w, uint64_t nwin, uint64_t i, uint64_t *a,
+                 uint64_t *b) {
+  uint64_t k = i == 0 ? 0 : i == 1 ? nwin - 1 : i - 1;
+  *a = k * w->s->window;
+  *b = w->total - *a < w->s->window ? w->total : *a + w->s->window;
+}
+
+/*
+ * The windows, window_depth per exchange, in the order first, last, then
+ * the others: SET tmp <first> NX PX (the only command that gives the
+ * temporary an expiry), then SETRANGE, which with the last window gives
+ * the string its whole length at once (APPENDs would make Redis grow and
+ * copy it at each window).  Each SETRANGE must answer the whole length: a
+ * temporary evicted and made again by a SETRANGE other than the last
+ * window's is shorter.  Each exchange after the first starts with PTTL,
+ * which must be positive (one made again by SETRANGE has no expiry), and
+ * PEXPIRE (renewed); wverify() checks the same after the last.
+ */
 static int wwindows(wwrite *w) {
-  uint64_t win = w->s->window;
-  for (uint64_t off = 0; off < w->total;) {
-    if (off > 0 && encache__redis_window_hook != NULL)
-      encache__redis_window_hook(w->key, off);
+  uint64_t nwin = (w->total + w->s->window - 1) / w->s->window, done = 0;
+  for (uint64_t i = 0; i < nwin;) {
+    if (i > 0 && encache__redis_window_hook != NULL)
+      encache__redis_window_hook(w->key, done);
     wxch x = {0};
-    uint64_t start = off;
-    for (unsigned k = 0; k < w->s->window_depth && off < w->total; k++) {
-      uint64_t end = w->total - off < win ? w->total : off + win;
-      if (off == 0) {
-        wcmd(w, &x, 6, "SET", w->tmp, WANT_OK, 0);
-        wdata(w, &x, off, end);
-        wbulk(&x, "NX", 2);
-        wbulk(&x, "PX", 2);
-        wbulk(&x, w->ttl, strlen(w->ttl));
-      } else {
-        wcmd(w, &x, 3, "APPEND", w->tmp, WANT_EQ, (int64_t)end);
-        wdata(w, &x, off, end);
-      }
-      off = end;
-    }
-    if (start > 0) {
+    if (i > 0) {
+      wcmd(w, &x, 2, "PTTL", w->tmp, WANT_POS, 0);
       wcmd(w, &x, 3, "PEXPIRE", w->tmp, WANT_EQ, 1);
       wbulk(&x, w->ttl, strlen(w->ttl));
     }
-    int rc = wrun(w, &x, off - start);
+    uint64_t bytes = 0;
+    for (unsigned k = 0; k < w->s->window_depth && i < nwin; k++, i++) {
+      uint64_t a, b;
+      char at[24];
+      wnth(w, nwin, i, &a, &b);
+      if (i == 0) {
+        wcmd(w, &x, 6, "SET", w->tmp, WANT_OK, 0);
+      } else {
+        wcmd(w, &x, 4, "SETRANGE", w->tmp, WANT_EQ, (int64_t)w->total);
+        wbulk(&x, at, (size_t)snprintf(at, sizeof(at), "%" PRIu64, a));
+      }
+      wdata(w, &x, a, b);
+      if (i == 0) {
+        wbulk(&x, "NX", 2);
+        wbulk(&x, "PX", 2);
+        wbulk(&x, w->ttl, strlen(w->ttl));
+      }
+      bytes += b - a;
+    }
+    int rc = wrun(w, &x, bytes);
     if (rc != 0)
       return rc;
+    done += bytes;
   }
   return 0;
+}
+
+/* After the last window: the temporary is still the one we made (it has
+ * its expiry) and whole. */
+static int wverify(wwrite *w) {
+  wxch x = {0};
+  wcmd(w, &x, 2, "PTTL", w->tmp, WANT_POS, 0);
+  wcmd(w, &x, 2, "STRLEN", w->tmp, WANT_EQ, (int64_t)w->total);
+  return wrun(w, &x, 0);
 }
 
 /* The final expiry, RENAMENX and DEL of the temporary; then PERSIST when
@@ -290,6 +325,8 @@ int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
     size_t node = w.node;
     int ask = w.ask;
     rc = wwindows(&w);
+    if (rc == 0)
+      rc = wverify(&w);
     if (rc == 0)
       rc = wplace(&w);
     if (rc == WX_REDIRECTED || rc == ENCACHE_EUNAVAIL) {
