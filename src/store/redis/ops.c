@@ -2,7 +2,8 @@
  * ops.c: the Store operations of the Redis backend (see redis.h): batched
  * EXISTS / GET / STRLEN pipelined per node with redirections followed,
  * SET NX straight from the caller's buffers, DEL, listings and counters;
- * the ops table and encache__redis_open().
+ * the ops table and encache__redis_open().  Objects larger than
+ * window_threshold go in windows (wread.c, wwrite.c).
  */
 #include "redis.h"
 
