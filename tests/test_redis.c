@@ -1413,9 +1413,11 @@ TEST(redis_window_server_killed_mid_window_is_unavailable) {
   encache_store_close(st);
 }
 
-/* Moves the slot of key, with its keys, from node a to node b. */
+/* Moves the slot of key, with its keys, from node a to node b; without
+ * wh_finish the slot stays migrating (the keys answer ASK on a). */
 static cluster *wh_cl;
 static const char *wh_key;
+static int wh_finish;
 
 static void wh_migrate(void) {
   int a = owner(wh_cl, wh_key), b = (a + 1) % 3;
@@ -1434,13 +1436,13 @@ static void wh_migrate(void) {
                                  r->element[i]->str));
   freeReplyObject(r);
   redisFree(c);
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; wh_finish && i < 3; i++)
     on_node(wh_cl->port[i], "CLUSTER SETSLOT %s NODE %s", slot, bid);
   free(aid);
   free(bid);
 }
 
-TEST(redis_window_cluster_moved_mid_read_and_mid_write) {
+TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
   if (!have_redis())
     return;
   cluster cl;
@@ -1453,6 +1455,7 @@ TEST(redis_window_cluster_moved_mid_read_and_mid_write) {
   static unsigned char a[WOBJ], out[WOBJ];
   wfill(a, WOBJ, 5);
   /* A read whose slot moves between two windows: a hit, whole. */
+  wh_finish = 1;
   wh_key = "wmoved-read";
   ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
   int before = owner(&cl, wh_key);
@@ -1471,6 +1474,17 @@ TEST(redis_window_cluster_moved_mid_read_and_mid_write) {
   ASSERT_EQ_INT(owner(&cl, wh_key), (before + 1) % 3);
   memset(out, 0, sizeof(out));
   ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT_EQ_MEM(out, a, WOBJ);
+  /* A read whose key migrates between two windows, the slot still
+   * migrating: ASK, and the object read whole from the importing node. */
+  wh_finish = 0;
+  wh_key = "wasked-read";
+  ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
+  wh_arm(wh_migrate);
+  memset(out, 0, sizeof(out));
+  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT(wh.calls >= 1);
+  encache__redis_window_hook = NULL;
   ASSERT_EQ_MEM(out, a, WOBJ);
   encache_store_close(st);
   cluster_stop(&cl);
