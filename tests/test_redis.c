@@ -1,7 +1,10 @@
 /*
  * Redis Store against real servers that each test starts itself (so that
  * it can kill, stop and restart them): a killed and restarted server, a
- * stopped one, a cluster node killed, MOVED and ASK redirections.  Tests
+ * stopped one, a cluster node killed, MOVED and ASK redirections, and
+ * large objects in windows (issue 14: an object rewritten, a writer or a
+ * server killed, a slot moved, between two windows, through the Store's
+ * test hook).  Tests
  * say "skipped" and pass when redis-server is not installed; CI installs
  * it.  The misbehaving servers of tests/resp_fake.c (trickling, endless,
  * oversized, malformed, closing) need no redis-server: each of those tests
