@@ -2,14 +2,21 @@
 /*
  * bench_redis: the Redis Store against raw hiredis, in one run.
  *
- *   bench_redis redis://HOST:PORT [--iterations N]
+ *   bench_redis redis://HOST:PORT[?options] [--iterations N]
  *
- * (a) 4 objects of 1, 8 and 30 MiB: raw hiredis pipelined GETs (reply
- *     objects, as any hiredis program gets them) vs an encache lookup of
- *     the same 4 hits through the Redis Store; p50, p99 and the ratio
- *     raw/lookup (target >= 0.9);
- * (b) writes of 1 MiB objects: raw hiredis SET vs the Store's write (SET NX
- *     with writev from the caller's buffers).
+ * (a) reads of 4 objects of 1, 8 and 30 MiB, interleaved so that all see
+ *     the same machine: raw hiredis pipelined GETs (reply objects, as any
+ *     hiredis program gets them), raw hiredis pipelined GETRANGE windows of
+ *     1 MiB (every window of the 4 objects in one pipeline, each copied
+ *     into its place in a destination), and an encache lookup of the same
+ *     4 hits through the Redis Store (its URL options apply: window,
+ *     window_threshold, window_depth); p50 throughput and the ratios of
+ *     issue 14: lookup / raw windows (target >= 0.9) and lookup / plain
+ *     GET (target >= 5 where plain GET falls off a cliff);
+ * (b) writes of one object of 1, 8 and 30 MiB: raw hiredis SET against the
+ *     Store's write (SET NX from the caller's buffers, or windows above
+ *     window_threshold); ratio write / SET (target >= 3 where SET falls
+ *     off a cliff).
  */
 #include "bench_common.h"
 
@@ -21,12 +28,16 @@
 #include <unistd.h>
 
 #define NOBJ 4
+#define RAW_WINDOW (1u << 20)
 
 /* The raw hiredis connection, the baseline. */
 static redisContext *raw_redis;
 
 static const char usage[] =
-    "usage: bench_redis redis://HOST:PORT [--iterations N]\n";
+    "usage: bench_redis redis://HOST:PORT[?options] [--iterations N]\n";
+
+static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
+#define NSIZES ((int)(sizeof(sizes) / sizeof(sizes[0])))
 
 /* measure_fn: raw hiredis pipelined GETs of the objects. */
 static int raw_gets(void *ctx) {
@@ -45,44 +56,130 @@ static int raw_gets(void *ctx) {
   return 0;
 }
 
-static int bench_reads(encache *ec, encache_store *st, int iters) {
-  static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
-  printf("(a) 4 hits: raw hiredis pipelined GETs vs encache lookup\n");
-  return bench_hits_table(ec, st, "r", NOBJ, sizes,
-                          (int)(sizeof(sizes) / sizeof(sizes[0])), raw_gets, iters);
+/* measure_fn: raw hiredis pipelined GETRANGE windows of the objects, each
+ * copied into its place in the object's raw buffer. */
+static int raw_windows(void *ctx) {
+  bench_hits *h = ctx;
+  uint64_t len = h->nbytes + 24;
+  for (int k = 0; k < h->n; k++)
+    for (uint64_t off = 0; off < len; off += RAW_WINDOW)
+      redisAppendCommand(raw_redis, "GETRANGE %s %llu %llu", h->keys[k],
+                         (unsigned long long)off,
+                         (unsigned long long)(off + RAW_WINDOW - 1));
+  for (int k = 0; k < h->n; k++)
+    for (uint64_t off = 0; off < len; off += RAW_WINDOW) {
+      redisReply *rep;
+      if (redisGetReply(raw_redis, (void **)&rep) != REDIS_OK ||
+          rep->type != REDIS_REPLY_STRING ||
+          (uint64_t)rep->len > len - off) {
+        fprintf(stderr, "bench_redis: raw GETRANGE failed\n");
+        return 1;
+      }
+      memcpy((char *)h->raw[k] + off, rep->str, rep->len);
+      freeReplyObject(rep);
+    }
+  return 0;
 }
 
-static void bench_writes(encache_store *st, int iters) {
-  redisContext *raw = raw_redis;
-  printf("\n(b) writes of 1 MiB objects\n");
-  size_t nbytes = 1u << 20;
-  int total = iters * 4;
-  char *val = malloc(nbytes + 24);
-  memset(val, 3, nbytes + 24);
-  double t0 = measure_now();
-  for (int i = 0; i < total; i++) {
-    redisReply *rep = redisCommand(raw, "SET bench-raw-%d-%d %b", (int)getpid(),
-                                   i, val, nbytes + 24);
-    if (rep)
-      freeReplyObject(rep);
+typedef int (*bench_fn)(void *ctx);
+
+/* Times the functions in turn, iters times after one warm-up. */
+static int time_all(bench_fn *fns, measure *m, int nfns, void *ctx,
+                    int iters) {
+  for (int it = -1; it < iters; it++)
+    for (int f = 0; f < nfns; f++) {
+      double t0 = measure_now();
+      if (fns[f](ctx) != 0)
+        return 1;
+      if (it >= 0)
+        measure_add(&m[f], measure_now() - t0);
+    }
+  return 0;
+}
+
+static int bench_reads(encache *ec, encache_store *st, int iters) {
+  bench_fn fns[3] = {raw_gets, raw_windows, bench_hits_lookup};
+  measure m[3];
+  for (int f = 0; f < 3; f++)
+    if (measure_init(&m[f], iters) < 0)
+      return 1;
+  printf("(a) reads of 4 objects, p50 of %d (GB/s)\n", iters);
+  printf("%-8s %12s %12s %12s %14s %14s\n", "object", "plain GET",
+         "raw windows", "encache", "enc/windows", "enc/plain GET");
+  int rc = 0;
+  for (int s = 0; s < NSIZES && rc == 0; s++) {
+    bench_hits h;
+    if ((rc = bench_hits_make(&h, ec, st, "r", NOBJ, sizes[s])) != 0)
+      break;
+    for (int f = 0; f < 3; f++)
+      measure_clear(&m[f]);
+    rc = time_all(fns, m, 3, &h, iters);
+    double bytes = (double)NOBJ * (double)h.nbytes, g[3];
+    for (int f = 0; f < 3; f++)
+      g[f] = measure_gbs(bytes, measure_pct(&m[f], 50));
+    char label[16];
+    measure_size_label(label, sizeof(label), sizes[s]);
+    if (rc == 0)
+      printf("%-8s %12.2f %12.2f %12.2f %14.2f %14.2f\n", label, g[0], g[1],
+             g[2], g[2] / g[1], g[2] / g[0]);
+    bench_hits_drop(&h);
   }
-  double traw = measure_now() - t0;
-  t0 = measure_now();
-  for (int i = 0; i < total; i++) {
+  for (int f = 0; f < 3; f++)
+    measure_free(&m[f]);
+  return rc;
+}
+
+/* One object of nbytes + 24 written iters times each way (fresh keys,
+ * removed after each write); p50 GB/s of each, the ratio. */
+static int bench_write_size(encache_store *st, size_t nbytes, int iters,
+                            const char *val) {
+  measure m[2];
+  if (measure_init(&m[0], iters) < 0 || measure_init(&m[1], iters) < 0)
+    return 1;
+  int rc = 0;
+  for (int it = -1; it < iters && rc == 0; it++) {
     char key[64];
-    snprintf(key, sizeof(key), "bench-enc-%d-%d", (int)getpid(), i);
-    encache_store_write(st, key, val, 24, val + 24, nbytes);
+    snprintf(key, sizeof(key), "bench-w-%d-%d", (int)getpid(), it);
+    double t0 = measure_now();
+    redisReply *rep =
+        redisCommand(raw_redis, "SET %s %b", key, val, nbytes + 24);
+    double t1 = measure_now();
+    rc = rep == NULL || rep->type != REDIS_REPLY_STATUS;
+    freeReplyObject(rep);
+    freeReplyObject(redisCommand(raw_redis, "DEL %s", key));
+    double t2 = measure_now();
+    rc = rc || encache_store_write(st, key, val, 24, val + 24, nbytes) != 0;
+    double t3 = measure_now();
+    encache_store_remove(st, key);
+    if (it >= 0)
+      measure_add(&m[0], t1 - t0), measure_add(&m[1], t3 - t2);
   }
-  double tenc = measure_now() - t0;
-  printf("raw SET: %.0f objects/s; encache write (SET NX, writev): %.0f "
-         "objects/s; ratio %.2f\n", total / traw, total / tenc, traw / tenc);
-  for (int i = 0; i < total; i++) {
-    redisReply *rep = redisCommand(raw, "DEL bench-raw-%d-%d bench-enc-%d-%d",
-                                   (int)getpid(), i, (int)getpid(), i);
-    if (rep)
-      freeReplyObject(rep);
-  }
+  char label[16];
+  measure_size_label(label, sizeof(label), nbytes);
+  double g0 = measure_gbs((double)nbytes + 24, measure_pct(&m[0], 50));
+  double g1 = measure_gbs((double)nbytes + 24, measure_pct(&m[1], 50));
+  if (rc == 0)
+    printf("%-8s %12.2f %12.2f %14.2f\n", label, g0, g1, g1 / g0);
+  else
+    fprintf(stderr, "bench_redis: write: %s\n", encache_store_errmsg(st));
+  measure_free(&m[0]);
+  measure_free(&m[1]);
+  return rc;
+}
+
+static int bench_writes(encache_store *st, int iters) {
+  char *val = malloc(sizes[NSIZES - 1] + 24);
+  if (val == NULL)
+    return 1;
+  memset(val, 3, sizes[NSIZES - 1] + 24);
+  printf("\n(b) writes of 1 object, p50 of %d (GB/s)\n", iters);
+  printf("%-8s %12s %12s %14s\n", "object", "plain SET", "encache",
+         "enc/plain SET");
+  int rc = 0;
+  for (int s = 0; s < NSIZES && rc == 0; s++)
+    rc = bench_write_size(st, sizes[s], iters, val);
   free(val);
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -115,7 +212,7 @@ int main(int argc, char **argv) {
   printf("store: %s\n\n", encache_store_url(st));
   rc = bench_reads(ec, st, iters);
   if (rc == 0)
-    bench_writes(st, iters);
+    rc = bench_writes(st, iters);
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);

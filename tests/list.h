@@ -136,6 +136,10 @@
   XX(redis_fake_scan_with_non_string_keys_is_refused)                        \
   XX(redis_large_value_into_small_buffer_is_refused_unread)                  \
   XX(redis_stats_of_an_unreachable_cluster_fail)                             \
+  XX(redis_window_object_rewritten_between_windows_is_a_miss)                \
+  XX(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires)  \
+  XX(redis_window_server_killed_mid_window_is_unavailable)                   \
+  XX(redis_window_cluster_moved_and_asked_mid_read_and_mid_write)            \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \

@@ -4,8 +4,9 @@
 # and the engine's acceptance cases on a real Redis server (over TCP and
 # over its Unix socket), on a real three-master Redis Cluster and on a
 # server that requires a password, started on free loopback ports for the
-# run and stopped after it, then the tool's Store commands on them (no
-# output may show the password).  Exits 77 (skipped) without redis-server.
+# run and stopped after it, at the default window threshold and with
+# windows forced for every size (issue 14), then the tool's Store commands
+# on them (no output may show the password) and the demo.  Exits 77 (skipped) without redis-server.
 set -u
 tests=$1
 tool=$2
@@ -22,6 +23,14 @@ bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
 rc=0
 for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   "$ENCACHE_REDIS_CLUSTER_URL"; do
+  echo "# on $url"
+  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
+done
+# Windows (issue 14) forced for every size: 16 KiB windows, 4 per
+# exchange, so that most objects of the suites take several exchanges.
+win="window=16KiB&window_depth=4&window_threshold=0"
+for url in "$ENCACHE_REDIS_URL?$win" "$ENCACHE_REDIS_UNIX_URL?$win" \
+  "$ENCACHE_REDIS_CLUSTER_URL?$win"; do
   echo "# on $url"
   ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
 done
@@ -98,8 +107,11 @@ done
 [ $bad -eq 0 ] && echo "ok - tool errors: empty URL, dead cluster, empty ls"
 rm -rf "$tmp"
 
-# The demo, small, every hit verified, on both.
-for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+# The demo, small, every hit verified, on both, at the default threshold
+# and with windows forced (2 KiB: its objects of 8 KiB take 4).
+dwin="window=2KiB&window_depth=2&window_threshold=0"
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL" \
+  "$ENCACHE_REDIS_URL?$dwin" "$ENCACHE_REDIS_CLUSTER_URL?$dwin"; do
   out=$("$tool" --store "$url" demo --encoders 3 --requests 30 --images 12 \
     --tokens 16 --hidden 128 --verify all --no-baseline 2>&1)
   if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&

@@ -2,7 +2,10 @@
 /*
  * Redis Store against real servers that each test starts itself (so that
  * it can kill, stop and restart them): a killed and restarted server, a
- * stopped one, a cluster node killed, MOVED and ASK redirections.  Tests
+ * stopped one, a cluster node killed, MOVED and ASK redirections, and
+ * large objects in windows (issue 14: an object rewritten, a writer or a
+ * server killed, a slot moved, between two windows, through the Store's
+ * test hook).  Tests
  * say "skipped" and pass when redis-server is not installed; CI installs
  * it.  The misbehaving servers of tests/resp_fake.c (trickling, endless,
  * oversized, malformed, closing) need no redis-server: each of those tests
@@ -515,6 +518,10 @@ TEST(redis_url_errors) {
       {"redis://127.0.0.1:6379/x", "the database must be a number"},
       {"redis://127.0.0.1:6379?timeout_ms=0", "timeout_ms=0: must be a positive"},
       {"redis://127.0.0.1:6379?colour=red", "unknown option 'colour'"},
+      {"redis://127.0.0.1:6379?window=10", "window=10: must be at least 64"},
+      {"redis://127.0.0.1:6379?window_depth=0", "window_depth=0: must be 1 to"},
+      {"redis://127.0.0.1:6379?window_threshold=1GiB", "must be a size"},
+      {"redis://127.0.0.1:6379?window=1MB", "window=1MB: must be a size"},
       {"redis-cluster://", "expected host:port[,host:port...]"},
       {"redis-cluster://a:1,b", "seed 'b' is not host:port"},
       {"unix://relative", "expected unix:///path/to/socket"},
@@ -1200,4 +1207,289 @@ TEST(redis_auth_out_of_memory_is_an_error_never_a_connection_without_auth) {
   }
   password_files_remove();
   kill_wait(pid, SIGKILL);
+}
+
+/* ------------------------------------------------ windows (issue 14) */
+
+/* The Redis Store's test hook, called between the exchanges of a windowed
+ * read or write (src/store/redis/redis.h). */
+extern void (*encache__redis_window_hook)(const char *key, uint64_t done);
+
+#define WOBJ (64u << 10) /* 16 windows of 4 KiB */
+#define WOPTS "window=4096&window_depth=2&window_threshold=0"
+
+static void wfill(unsigned char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 9));
+}
+
+/* What the hook does, once, at its first call. */
+static struct {
+  int port, calls;
+  pid_t server;
+  const unsigned char *value; /* rewrite: DEL, then SET this */
+  size_t len;
+  void (*action)(void);
+} wh;
+
+static void wh_rewrite(void) {
+  redisContext *c = connect_to(wh.port);
+  freeReplyObject(redisCommand(c, "DEL wkey"));
+  if (wh.value != NULL)
+    freeReplyObject(redisCommand(c, "SET wkey %b", wh.value, wh.len));
+  redisFree(c);
+}
+
+static void wh_kill_server(void) { kill_wait(wh.server, SIGKILL); }
+
+static void wh_hook(const char *key, uint64_t done) {
+  (void)key;
+  if (done > 0 && wh.action != NULL && wh.calls++ == 0)
+    wh.action(); /* once */
+}
+
+static void wh_arm(void (*action)(void)) {
+  wh.calls = 0;
+  wh.action = action;
+  encache__redis_window_hook = wh_hook;
+}
+
+TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
+  if (!have_redis())
+    return;
+  wh.port = free_port();
+  pid_t pid = spawn_redis(wh.port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?" WOPTS, wh.port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  static unsigned char a[WOBJ], b[WOBJ], out[WOBJ];
+  wfill(a, WOBJ, 1);
+  memcpy(b, a, WOBJ);
+  wfill(b + 256, WOBJ - 256, 2); /* same length and head, other payload */
+  /* Rewritten with the same length and head; shorter; deleted. */
+  size_t lens[3] = {WOBJ, WOBJ / 2, 0};
+  for (int v = 0; v < 3; v++) {
+    encache_store_remove(st, "wkey");
+    ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24), 0);
+    wh.value = lens[v] ? b : NULL;
+    wh.len = lens[v];
+    wh_arm(wh_rewrite);
+    ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
+    ASSERT(wh.calls >= 1);
+    ASSERT_CONTAINS(encache_store_errmsg(st), "changed while it was read");
+  }
+  /* Undisturbed, the object now there is read whole. */
+  wh_arm(NULL);
+  wh.value = b, wh.len = WOBJ;
+  wh_rewrite();
+  ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), WOBJ);
+  ASSERT_EQ_MEM(out, b, WOBJ);
+  encache__redis_window_hook = NULL;
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
+/* The temporary keys on the server at port. */
+static size_t tmp_keys(int port, long long *pttl) {
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, "KEYS *encache-tmp:*");
+  size_t n = r ? r->elements : 0;
+  if (n > 0 && pttl != NULL) {
+    redisReply *t = redisCommand(c, "PTTL %s", r->element[0]->str);
+    *pttl = t ? t->integer : -3;
+    freeReplyObject(t);
+  }
+  freeReplyObject(r);
+  redisFree(c);
+  return n;
+}
+
+static void wh_die(void) { raise(SIGKILL); }
+
+/* As an eviction would: the temporary deleted mid-write. */
+static void wh_evict_tmp(void) {
+  redisContext *c = connect_to(wh.port);
+  redisReply *r = redisCommand(c, "KEYS *encache-tmp:*");
+  for (size_t i = 0; r != NULL && i < r->elements; i++)
+    freeReplyObject(redisCommand(c, "DEL %s", r->element[i]->str));
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=200&" WOPTS,
+           port);
+  static unsigned char a[WOBJ];
+  wfill(a, WOBJ, 3);
+  pid_t child = fork();
+  ASSERT(child >= 0);
+  if (child == 0) {
+    encache_store *st = NULL;
+    if (encache_store_open(url, &st) != 0)
+      _exit(2);
+    wh_arm(wh_die); /* killed between windows */
+    encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24);
+    _exit(3);
+  }
+  int status;
+  waitpid(child, &status, 0);
+  ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  unsigned char out[64];
+  ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
+  /* Its temporary is there, with an expiry (2 x (200 ms + 250 ms)). */
+  long long pttl = 0;
+  ASSERT_EQ_INT((int)tmp_keys(port, &pttl), 1);
+  ASSERT(pttl > 0 && pttl <= 900);
+  double t0 = now_s();
+  while (tmp_keys(port, NULL) > 0 && now_s() - t0 < 3)
+    usleep(50000);
+  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  /* A write that fails mid-way (the key exists) leaves nothing either. */
+  ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24),
+                ENCACHE_EEXIST);
+  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  /* A temporary evicted mid-write (and made again by the next window) is
+   * noticed: the write fails, nothing is left. */
+  wh.port = port;
+  wh_arm(wh_evict_tmp);
+  ASSERT_EQ_INT(encache_store_write(st, "wkey3", a, 24, a + 24, WOBJ - 24),
+                ENCACHE_EUNAVAIL);
+  encache__redis_window_hook = NULL;
+  ASSERT_CONTAINS(encache_store_errmsg(st), "temporary");
+  ASSERT_EQ_INT(read_one(st, "wkey3", out, sizeof(out)), ENCACHE_ENOENT);
+  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  /* The final key has the objects' expiry, not the temporary's: none, or
+   * ttl_s. */
+  encache_store_close(st);
+  char ttl_url[192];
+  snprintf(ttl_url, sizeof(ttl_url), "%s&ttl_s=100", url);
+  ASSERT_EQ_INT(encache_store_open(ttl_url, &st), 0);
+  ASSERT_EQ_INT(encache_store_write(st, "wkey2", a, 24, a + 24, WOBJ - 24), 0);
+  redisContext *c = connect_to(port);
+  redisReply *r1 = redisCommand(c, "PTTL wkey"), *r2 = redisCommand(c, "PTTL wkey2");
+  ASSERT_EQ_INT((int)r1->integer, -1);
+  ASSERT(r2->integer > 90000 && r2->integer <= 100000);
+  freeReplyObject(r1);
+  freeReplyObject(r2);
+  redisFree(c);
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
+TEST(redis_window_server_killed_mid_window_is_unavailable) {
+  if (!have_redis())
+    return;
+  wh.port = free_port();
+  wh.server = spawn_redis(wh.port, NULL);
+  char url[192];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300&" WOPTS,
+           wh.port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  static unsigned char a[WOBJ], out[WOBJ];
+  wfill(a, WOBJ, 4);
+  ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24), 0);
+  wh_arm(wh_kill_server);
+  double t0 = now_s();
+  ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), ENCACHE_EUNAVAIL);
+  ASSERT(now_s() - t0 < 2);
+  ASSERT(wh.calls >= 1);
+  /* Restarted: a write killed mid-way is unavailable too. */
+  wh.server = spawn_redis(wh.port, NULL);
+  usleep(2100 * 1000); /* past the node's backoff */
+  wh_arm(wh_kill_server);
+  t0 = now_s();
+  ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24),
+                ENCACHE_EUNAVAIL);
+  ASSERT(now_s() - t0 < 2);
+  ASSERT(wh.calls >= 1);
+  encache__redis_window_hook = NULL;
+  encache_store_close(st);
+}
+
+/* Moves the slot of key, with its keys, from node a to node b; without
+ * wh_finish the slot stays migrating (the keys answer ASK on a). */
+static cluster *wh_cl;
+static const char *wh_key;
+static int wh_finish;
+
+static void wh_migrate(void) {
+  int a = owner(wh_cl, wh_key), b = (a + 1) % 3;
+  char *aid = node_id(wh_cl->port[a]), *bid = node_id(wh_cl->port[b]);
+  char slot[16], port_b[16];
+  redisContext *c = connect_to(wh_cl->port[a]);
+  redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", wh_key);
+  snprintf(slot, sizeof(slot), "%lld", r->integer);
+  snprintf(port_b, sizeof(port_b), "%d", wh_cl->port[b]);
+  freeReplyObject(r);
+  on_node(wh_cl->port[b], "CLUSTER SETSLOT %s IMPORTING %s", slot, aid);
+  on_node(wh_cl->port[a], "CLUSTER SETSLOT %s MIGRATING %s", slot, bid);
+  r = redisCommand(c, "CLUSTER GETKEYSINSLOT %s 100", slot);
+  for (size_t i = 0; r != NULL && i < r->elements; i++)
+    freeReplyObject(redisCommand(c, "MIGRATE 127.0.0.1 %s %s 0 5000", port_b,
+                                 r->element[i]->str));
+  freeReplyObject(r);
+  redisFree(c);
+  for (int i = 0; wh_finish && i < 3; i++)
+    on_node(wh_cl->port[i], "CLUSTER SETSLOT %s NODE %s", slot, bid);
+  free(aid);
+  free(bid);
+}
+
+TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
+  if (!have_redis())
+    return;
+  cluster cl;
+  cluster_start(&cl);
+  wh_cl = &cl;
+  char url[320];
+  snprintf(url, sizeof(url), "%s&" WOPTS, cl.url);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  static unsigned char a[WOBJ], out[WOBJ];
+  wfill(a, WOBJ, 5);
+  /* A read whose slot moves between two windows: a hit, whole. */
+  wh_finish = 1;
+  wh_key = "wmoved-read";
+  ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
+  int before = owner(&cl, wh_key);
+  wh_arm(wh_migrate);
+  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT(wh.calls >= 1);
+  ASSERT_EQ_MEM(out, a, WOBJ);
+  ASSERT_EQ_INT(owner(&cl, wh_key), (before + 1) % 3);
+  /* A write whose slot moves (its temporary with it) between windows. */
+  wh_key = "wmoved-write{tag}";
+  before = owner(&cl, wh_key);
+  wh_arm(wh_migrate);
+  ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
+  ASSERT(wh.calls >= 1);
+  encache__redis_window_hook = NULL;
+  ASSERT_EQ_INT(owner(&cl, wh_key), (before + 1) % 3);
+  memset(out, 0, sizeof(out));
+  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT_EQ_MEM(out, a, WOBJ);
+  /* A read whose key migrates between two windows, the slot still
+   * migrating: ASK, and the object read whole from the importing node. */
+  wh_finish = 0;
+  wh_key = "wasked-read";
+  ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
+  wh_arm(wh_migrate);
+  memset(out, 0, sizeof(out));
+  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT(wh.calls >= 1);
+  encache__redis_window_hook = NULL;
+  ASSERT_EQ_MEM(out, a, WOBJ);
+  encache_store_close(st);
+  cluster_stop(&cl);
 }

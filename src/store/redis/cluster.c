@@ -21,7 +21,7 @@ static uint16_t crc16(const char *buf, size_t len) {
 }
 
 /* Redis Cluster's key slot, hash tags included. */
-static unsigned key_slot(const char *key) {
+unsigned encache__redis_key_slot(const char *key) {
   size_t len = strlen(key);
   const char *open = memchr(key, '{', len);
   if (open != NULL) {
@@ -120,7 +120,7 @@ size_t encache__redis_route(redis_store *s, const char *key) {
   if (!s->cluster)
     return 0;
   pthread_mutex_lock(&s->mu);
-  size_t node = s->slots[key_slot(key)];
+  size_t node = s->slots[encache__redis_key_slot(key)];
   pthread_mutex_unlock(&s->mu);
   return node;
 }

@@ -215,8 +215,8 @@ int encache__redis_run_on(redis_store *s, rset *set, size_t node,
     redisContext *c = conn(s, set, node, &reused, why, whysize);
     if (c == NULL)
       return XR_FAIL; /* encache__redis_dial() started the backoff */
-    struct iovec v[8];
-    ENCACHE_ASSERT(cnt <= 8);
+    struct iovec v[RUN_IOV_MAX];
+    ENCACHE_ASSERT(cnt <= RUN_IOV_MAX);
     memcpy(v, iov, (size_t)cnt * sizeof(*v));
     p->next = 0;
     p->bad = NULL;

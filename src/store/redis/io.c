@@ -302,7 +302,7 @@ int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
   return x;
 }
 
-static void ob_put(obuf *b, const void *d, size_t n) {
+void encache__redis_put(obuf *b, const void *d, size_t n) {
   if (b->oom)
     return;
   if (n > b->cap - b->len) {
@@ -325,11 +325,11 @@ static void ob_put(obuf *b, const void *d, size_t n) {
 void encache__redis_cmd(obuf *b, int argc, const char *const *argv,
                         const size_t *lens) {
   char num[32];
-  ob_put(b, num, (size_t)snprintf(num, sizeof(num), "*%d\r\n", argc));
+  encache__redis_put(b, num, (size_t)snprintf(num, sizeof(num), "*%d\r\n", argc));
   for (int i = 0; i < argc; i++) {
     size_t n = lens ? lens[i] : strlen(argv[i]);
-    ob_put(b, num, (size_t)snprintf(num, sizeof(num), "$%zu\r\n", n));
-    ob_put(b, argv[i], n);
-    ob_put(b, "\r\n", 2);
+    encache__redis_put(b, num, (size_t)snprintf(num, sizeof(num), "$%zu\r\n", n));
+    encache__redis_put(b, argv[i], n);
+    encache__redis_put(b, "\r\n", 2);
   }
 }

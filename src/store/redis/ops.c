@@ -3,7 +3,8 @@
  * ops.c: the Store operations of the Redis backend (see redis.h): batched
  * EXISTS / GET / STRLEN pipelined per node with redirections followed,
  * SET NX straight from the caller's buffers, DEL, listings and counters;
- * the ops table and encache__redis_open().
+ * the ops table and encache__redis_open().  Objects larger than
+ * window_threshold go in windows (wread.c, wwrite.c).
  */
 #include "redis.h"
 
@@ -177,6 +178,21 @@ static void batch_node(batch_run *b, size_t first) {
       batch_take(b, b->item_of[k], &b->replies[k]);
 }
 
+/* Reads the keys whose destination is larger than window_threshold in
+ * windows (wread.c), before the others go in one pipeline. */
+static void batch_windows(batch_run *b) {
+  for (size_t i = 0; b->op == OP_GET && i < b->n; i++) {
+    if (sat_add(b->split, b->caps[i]) <= b->s->window_threshold)
+      continue;
+    char why[256];
+    b->results[i] = encache__redis_wread(b->s, b->set, b->keys[i], b->split,
+                                         b->heads[i], b->bufs[i], b->caps[i],
+                                         why, sizeof(why));
+    if (b->results[i] < 0 && why[0] != '\0') /* a plain miss says nothing */
+      snprintf(b->why, sizeof(b->why), "%s", why);
+  }
+}
+
 /*
  * Runs one command per key, pipelined per node, following redirections.
  * OP_GET copies values into heads/bufs (split at `split`); results[i] gets
@@ -191,6 +207,7 @@ static int batch(redis_store *s, enum op op, const char *const *keys, size_t n,
   int rc = batch_start(&b);
   if (rc < 0)
     return rc;
+  batch_windows(&b);
   /* A value refused unread drops its connection: the keys behind it in the
    * pipeline go again, in an extra round (each refusal settles one key). */
   for (int round = 0; round < ROUNDS + b.extra && batch_pending(&b); round++)
@@ -324,6 +341,11 @@ static int redis_write(encache_store *st, const char *key, const void *hdr,
   if (set == NULL)
     return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
   encache__redis_ensure_slots(s);
+  if ((uint64_t)hl + len > s->window_threshold) {
+    int rc = encache__redis_wwrite(s, set, key, hdr, hl, payload, len);
+    encache__redis_give_back(s, set);
+    return rc;
+  }
   size_t node = encache__redis_locate(s, key);
   int rc = ENCACHE_EUNAVAIL, ask = 0;
   for (int round = 0; round < ROUNDS && node != NO_NODE; round++) {
@@ -510,6 +532,9 @@ int encache__redis_open(const char *url, encache_store **out) {
   pthread_mutex_init(&s->mu, NULL);
   s->connect_timeout_ms = 1000;
   s->timeout_ms = 1000;
+  s->window = WINDOW_DEFAULT;
+  s->window_threshold = WINDOW_THRESHOLD_DEFAULT;
+  s->window_depth = WINDOW_DEPTH_DEFAULT;
   *out = &s->base;
   return encache__redis_parse_url(s, url);
 }

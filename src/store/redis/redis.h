@@ -12,6 +12,9 @@
  *   ops.c      the Store operations (exists, read, write, remove, stats)
  *              and the ops table
  *   list.c     listing a node's keys (SCAN, STRLEN), bounded
+ *   wread.c    windowed reads of large objects (GETRANGE windows)
+ *   wwrite.c   windowed writes of large objects (SETRANGE windows into
+ *              a temporary key, RENAMENX into place)
  *
  * URLs (docs/stores.md):
  *   redis://[user:password@]host:port[/db][?options]
@@ -65,6 +68,26 @@
  * refresh follows), ASK is followed for that key with ASKING; up to three
  * rounds, then the key is unavailable.
  *
+ * Windows.  A read whose destination (split + buffer) is larger than
+ * window_threshold, and a write of more than window_threshold bytes, move
+ * the object as a pipeline of windows of `window` bytes, window_depth
+ * windows per exchange, rather than one GET or SET: large single replies
+ * and requests are slow on some machines (issue 14), and a window lands
+ * straight in the caller's buffer as a GET does.  A read asks EXISTS,
+ * STRLEN and the first window in one exchange, then the other windows
+ * with GETRANGE, each exchange ending with STRLEN; the last one also reads
+ * the head of the object again and the tail of up to 64 windows, and any
+ * difference (length, head, tails, a short window) makes the key a miss,
+ * never a hit of mixed bytes: objects are never changed in place, only
+ * deleted and written again.  A write SETs the first window under a
+ * temporary key in the final key's slot (a hash tag chosen for the slot),
+ * with an expiry renewed at each exchange, SETRANGEs the others (the last
+ * first: the string gets its length at once; every answer and the expiry
+ * checked), then RENAMENX into place: the final key never holds a
+ * partial object, an existing key is never replaced, a writer that dies
+ * leaves a temporary that expires.  A redirection restarts the object on
+ * the node it names.
+ *
  * Nothing here poisons: Redis never writes into our memory after a call
  * returns.  Every failure is recoverable (EUNAVAIL) or a plain answer.
  */
@@ -92,6 +115,13 @@
   (64u << 10)                        /* a value at most this much larger than  \
                                         its buffer is read and discarded; a    \
                                         larger one is refused unread */
+/* Window defaults, measured (docs/performance.md, bench_redis). */
+#define WINDOW_DEFAULT (1u << 20)
+#define WINDOW_THRESHOLD_DEFAULT (4u << 20)
+#define WINDOW_DEPTH_DEFAULT 8
+#define WINDOW_MIN 64        /* the smallest window= */
+#define WINDOW_DEPTH_MAX 16  /* the largest window_depth= */
+#define RUN_IOV_MAX 64       /* iovecs of one exchange (3 per window + 2) */
 #define PLAIN_BULK_MAX (4u << 20)    /* one string of an ordinary reply */
 #define PLAIN_ELEMENTS_MAX (1 << 20) /* one array of an ordinary reply */
 #define PLAIN_TOTAL_MAX (64u << 20)  /* the ordinary replies of an exchange */
@@ -123,6 +153,9 @@ typedef struct redis_store {
   char *user, *password; /* AUTH [user] password; NULL = none */
   int db;
   unsigned connect_timeout_ms, timeout_ms, ttl_s;
+  uint64_t window;           /* bytes of a window */
+  uint64_t window_threshold; /* larger objects go in windows (0: all) */
+  unsigned window_depth;     /* windows per exchange */
   pthread_mutex_t mu; /* guards everything below */
   rnode nodes[MAX_NODES];
   size_t nnodes;
@@ -221,6 +254,8 @@ xtime encache__redis_deadline(const redis_store *s, uint64_t bytes);
 int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
                             size_t nrep, rpipe *p, void **out, xtime deadline,
                             char *why, size_t whysize);
+/* Appends n bytes to b. */
+void encache__redis_put(obuf *b, const void *d, size_t n);
 /* Appends a command to b; lens NULL = C strings. */
 void encache__redis_cmd(obuf *b, int argc, const char *const *argv,
                         const size_t *lens);
@@ -265,6 +300,8 @@ size_t encache__redis_route(redis_store *s, const char *key);
  * key's slot has no node. */
 size_t encache__redis_locate(redis_store *s, const char *key);
 int encache__redis_ensure_slots(redis_store *s);
+/* Redis Cluster's slot of key, hash tags included. */
+unsigned encache__redis_key_slot(const char *key);
 /* Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..."; returns the node. */
 size_t encache__redis_redirect(redis_store *s, const char *text, int *ask);
 /* The distinct nodes that own slots (single node: node 0) into out. */
@@ -275,5 +312,22 @@ int encache__redis_masters(redis_store *s, size_t *out, size_t *m);
 int encache__redis_list_node(
     redis_store *s, redisContext *c, const char *pattern,
     int (*cb)(const char *key, uint64_t len, void *arg), void *arg);
+
+/* ------------------------------------------------------ wread.c, wwrite.c */
+
+/* Reads key in windows into head (its first split bytes) and buf (cap
+ * bytes); returns the object's length or ENCACHE_ENOENT /
+ * ENCACHE_ETOOLARGE / ENCACHE_EUNAVAIL (why says what failed). */
+int64_t encache__redis_wread(redis_store *s, rset *set, const char *key,
+                             size_t split, void *head, void *buf, size_t cap,
+                             char *why, size_t whysize);
+/* Writes hdr + payload under key in windows (a temporary, RENAMENX);
+ * returns 0, ENCACHE_EEXIST or ENCACHE_EUNAVAIL with the message set. */
+int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
+                          const void *hdr, size_t hl, const void *payload,
+                          size_t len);
+/* Tests only: called between the exchanges of a windowed read or write
+ * with the bytes moved so far (NULL: none). */
+extern void (*encache__redis_window_hook)(const char *key, uint64_t done);
 
 #endif

@@ -202,6 +202,58 @@ static int take_host(redis_store *s, const char *rest, size_t hlen) {
   return 0;
 }
 
+/* A size option (window, window_threshold): bytes, or with a suffix
+ * KiB, MiB, GiB (K, M, G: the same); at most 512 MiB. */
+static int take_size(redis_store *s, const char *k, const char *v,
+                     uint64_t *out) {
+  static const struct {
+    const char *suffix;
+    unsigned shift;
+  } units[] = {{"", 0},   {"B", 0},    {"K", 10}, {"KiB", 10}, {"M", 20},
+               {"MiB", 20}, {"G", 30}, {"GiB", 30}};
+  char *end;
+  unsigned long long val = strtoull(v, &end, 10);
+  size_t u = 0, nunits = sizeof(units) / sizeof(units[0]);
+  while (u < nunits && strcmp(end, units[u].suffix) != 0)
+    u++;
+  if (end == v || v[0] == '-' || u == nunits || val > (512ull << 20) ||
+      (val << units[u].shift) > (512ull << 20))
+    return encache__store_fail(&s->base, ENCACHE_EURL,
+                               "%s: %s=%s: must be a size in bytes (or with "
+                               "KiB, MiB), at most 512MiB",
+                               s->base.url, k, v);
+  *out = (uint64_t)val << units[u].shift;
+  return 0;
+}
+
+/* The windowing options (redis.h, "Windows"). */
+static int take_window(redis_store *s, const char *k, const char *v) {
+  if (strcmp(k, "window_depth") == 0) {
+    char *end;
+    unsigned long d = strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || d < 1 || d > WINDOW_DEPTH_MAX)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: window_depth=%s: must be 1 to %d",
+                                 s->base.url, v, WINDOW_DEPTH_MAX);
+    s->window_depth = (unsigned)d;
+    return 0;
+  }
+  uint64_t val = 0;
+  int rc = take_size(s, k, v, &val);
+  if (rc < 0)
+    return rc;
+  if (strcmp(k, "window") == 0) {
+    if (val < WINDOW_MIN)
+      return encache__store_fail(&s->base, ENCACHE_EURL,
+                                 "%s: window=%s: must be at least %u bytes",
+                                 s->base.url, v, WINDOW_MIN);
+    s->window = val;
+  } else {
+    s->window_threshold = val;
+  }
+  return 0;
+}
+
 /* One numeric option k=v. */
 static int take_number(redis_store *s, int unix_sock, const char *k,
                        const char *v) {
@@ -217,6 +269,7 @@ static int take_number(redis_store *s, int unix_sock, const char *k,
     return encache__store_fail(&s->base, ENCACHE_EURL,
                                "%s: unknown option '%s' (known: "
                                "connect_timeout_ms, timeout_ms, ttl_s, "
+                               "window, window_threshold, window_depth, "
                                "password_file%s)",
                                s->base.url, k, unix_sock ? ", db" : "");
   if (!number || (field != &s->ttl_s && val == 0) ||
@@ -244,6 +297,10 @@ static int take_options(redis_store *s, int unix_sock, const char *query) {
                ? 0
                : encache__store_fail(&s->base, ENCACHE_ENOMEM,
                                      "%s: out of memory", s->base.url);
+    } else if (strncmp(k, "window", 6) == 0 &&
+               (k[6] == '\0' || strcmp(k + 6, "_threshold") == 0 ||
+                strcmp(k + 6, "_depth") == 0)) {
+      rc = take_window(s, k, v);
     } else {
       rc = take_number(s, unix_sock, k, v);
     }

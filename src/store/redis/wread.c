@@ -1,0 +1,268 @@
+/*
+ * wread.c: windowed reads of large objects (see redis.h, "Windows").
+ *
+ * The first exchange asks EXISTS, STRLEN and the first window (at least
+ * the split, so that the header lands in its own buffer); an object that
+ * fits in it was read by one GETRANGE, atomically.  The other windows go
+ * window_depth per exchange, each window straight into its place in the
+ * caller's buffer; each exchange ends with STRLEN, and the last one also
+ * reads the head of the object and the tails of up to CHECK_TAILS windows
+ * again.  Objects are never changed in place, only deleted and written
+ * again, so a difference in any of them means that the windows may come
+ * from two objects: the key is a miss.
+ */
+#include "redis.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+#define CHECK_HEAD 256 /* bytes of the head read again at the end */
+#define CHECK_TAIL 16  /* bytes at the end of a window read again */
+#define CHECK_TAILS 64 /* windows whose tails are read again */
+#define WX_REDIRECTED 100
+
+void (*encache__redis_window_hook)(const char *key, uint64_t done);
+
+typedef struct wread {
+  redis_store *s;
+  rset *set;
+  const char *key;
+  size_t split, cap;
+  char *head, *buf;
+  uint64_t len;   /* STRLEN at the start */
+  uint64_t first; /* bytes of the first window */
+  size_t node;
+  int ask;
+  char *why;
+  size_t whysize;
+} wread;
+
+/* The pipeline of one exchange: text commands, where each string reply
+ * goes (item k: bufs[k], caps[k]; the pipe's split applies to item 0). */
+typedef struct wpipe {
+  obuf o;
+  size_t nrep;
+  size_t item_of[2 * (WINDOW_DEPTH_MAX + CHECK_TAILS + 4)];
+  unsigned char asking[2 * (WINDOW_DEPTH_MAX + CHECK_TAILS + 4)];
+  rreply r[2 * (WINDOW_DEPTH_MAX + CHECK_TAILS + 4)];
+  void *heads[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
+  void *bufs[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
+  size_t caps[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
+  size_t nitems;
+} wpipe;
+
+/* Appends "VERB key [a b]" (ASKING first when asked); its string reply
+ * goes to dst (cap bytes; NULL: none). */
+static void wcmd(wread *w, wpipe *p, const char *verb, uint64_t a, uint64_t b,
+                 void *dst, size_t cap) {
+  char sa[24], sb[24];
+  snprintf(sa, sizeof(sa), "%" PRIu64, a);
+  snprintf(sb, sizeof(sb), "%" PRIu64, b);
+  const char *argv[4] = {verb, w->key, sa, sb};
+  if (w->ask) {
+    const char *asking[1] = {"ASKING"};
+    encache__redis_cmd(&p->o, 1, asking, NULL);
+    p->asking[p->nrep] = 1;
+    p->item_of[p->nrep++] = SIZE_MAX;
+  }
+  encache__redis_cmd(&p->o, strcmp(verb, "GETRANGE") == 0 ? 4 : 2, argv, NULL);
+  size_t item = SIZE_MAX;
+  if (dst != NULL) {
+    item = p->nitems++;
+    p->heads[item] = dst;
+    p->bufs[item] = dst;
+    p->caps[item] = cap;
+  }
+  p->item_of[p->nrep++] = item;
+}
+
+/* Runs p on w's node; compacts the replies (ASKING's dropped) into
+ * p->r[0..*n).  Returns 0, WX_REDIRECTED (w->node and w->ask updated),
+ * or ENCACHE_EUNAVAIL (why set). */
+static int wrun(wread *w, wpipe *p, size_t split, uint64_t bytes, size_t *n) {
+  rpipe rp = {p->r,        0,     p->nrep, p->item_of, split,
+              p->heads,    p->bufs, p->caps, NULL};
+  struct iovec iov = {p->o.p, p->o.len};
+  char xwhy[256];
+  int x = p->o.oom ? XR_FAIL
+                   : encache__redis_run_on(w->s, w->set, w->node, &iov, 1,
+                                           p->nrep, &rp,
+                                           encache__redis_deadline(w->s, bytes),
+                                           xwhy, sizeof(xwhy));
+  encache__free(p->o.p);
+  p->o.p = NULL;
+  if (x != XR_OK) {
+    snprintf(w->why, w->whysize, "GETRANGE %s: %s", w->key,
+             p->o.oom ? "out of memory" : xwhy);
+    return ENCACHE_EUNAVAIL;
+  }
+  *n = 0;
+  for (size_t k = 0; k < p->nrep; k++) {
+    if (p->asking[k] && p->r[k].type == REDIS_REPLY_STATUS)
+      continue; /* ASKING's +OK */
+    if (is_redirect(&p->r[k])) {
+      w->node = encache__redis_redirect(w->s, p->r[k].text, &w->ask);
+      return WX_REDIRECTED;
+    }
+    if (p->r[k].type == REDIS_REPLY_ERROR) {
+      snprintf(w->why, w->whysize, "GETRANGE %s: %s", w->key, p->r[k].text);
+      return ENCACHE_EUNAVAIL;
+    }
+    p->r[(*n)++] = p->r[k];
+  }
+  return 0;
+}
+
+static int changed(wread *w, const char *what) {
+  snprintf(w->why, w->whysize,
+           "%s: the object changed while it was read (%s): a miss", w->key,
+           what);
+  return ENCACHE_ENOENT;
+}
+
+/* EXISTS, STRLEN and the first window.  Returns 1 when more windows
+ * follow, 0 when the object was read whole, or a code. */
+static int wfirst(wread *w) {
+  wpipe p = {0};
+  uint64_t whole = sat_add(w->split, w->cap);
+  uint64_t first = w->s->window > w->split ? w->s->window : w->split;
+  w->first = first < whole ? first : whole;
+  if (w->first == 0)
+    w->first = 1;
+  wcmd(w, &p, "EXISTS", 0, 0, NULL, 0);
+  wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+  wcmd(w, &p, "GETRANGE", 0, w->first - 1, w->head, w->cap);
+  p.bufs[0] = w->buf;
+  size_t n;
+  int rc = wrun(w, &p, w->split, w->first, &n);
+  if (rc != 0)
+    return rc;
+  if (n != 3 || p.r[0].type != REDIS_REPLY_INTEGER ||
+      p.r[1].type != REDIS_REPLY_INTEGER ||
+      p.r[2].type != REDIS_REPLY_STRING) {
+    snprintf(w->why, w->whysize, "GETRANGE %s: unexpected answers", w->key);
+    return ENCACHE_EUNAVAIL;
+  }
+  if (p.r[0].integer == 0)
+    return ENCACHE_ENOENT;
+  w->len = (uint64_t)p.r[1].integer;
+  if (w->len > whole) {
+    snprintf(w->why, w->whysize, "%s: %" PRIu64 " bytes where %" PRIu64
+             " fit", w->key, w->len, whole);
+    return ENCACHE_ETOOLARGE;
+  }
+  uint64_t want = w->len < w->first ? w->len : w->first;
+  if (p.r[2].too_large || (uint64_t)p.r[2].len != want)
+    return changed(w, "first window");
+  return w->len > w->first;
+}
+
+/* Whether the n bytes at offset off of the destination equal q. */
+static int same(const wread *w, uint64_t off, const char *q, size_t n) {
+  if (off < w->split) {
+    size_t h = w->split - off < n ? (size_t)(w->split - off) : n;
+    if (memcmp(w->head + off, q, h) != 0)
+      return 0;
+    off += h, q += h, n -= h;
+  }
+  return n == 0 || memcmp(w->buf + (off - w->split), q, n) == 0;
+}
+
+/* The end of window k (k = 0: the first window). */
+static uint64_t wend(const wread *w, uint64_t k) {
+  uint64_t e = w->first + k * w->s->window;
+  return e < w->len ? e : w->len;
+}
+
+/* Appends the final checks to p: STRLEN is already there; the head and
+ * the tails of up to CHECK_TAILS windows, into chk. */
+static void wchecks(wread *w, wpipe *p, char *chk, uint64_t nwin) {
+  size_t head = w->len < CHECK_HEAD ? (size_t)w->len : CHECK_HEAD;
+  wcmd(w, p, "GETRANGE", 0, head - 1, chk, head);
+  uint64_t step = nwin > CHECK_TAILS ? (nwin + CHECK_TAILS - 1) / CHECK_TAILS
+                                     : 1;
+  for (uint64_t k = 0, t = 0; k < nwin; k += step, t++) {
+    uint64_t e = wend(w, k);
+    wcmd(w, p, "GETRANGE", e - CHECK_TAIL, e - 1,
+         chk + CHECK_HEAD + t * CHECK_TAIL, CHECK_TAIL);
+  }
+}
+
+/* Compares the final checks (replies from index at) with what was read. */
+static int wcompare(wread *w, const wpipe *p, size_t at, size_t n,
+                    const char *chk, uint64_t nwin) {
+  size_t head = w->len < CHECK_HEAD ? (size_t)w->len : CHECK_HEAD;
+  if (at >= n || p->r[at].len != (int64_t)head || p->r[at].too_large ||
+      !same(w, 0, chk, head))
+    return changed(w, "head");
+  uint64_t step = nwin > CHECK_TAILS ? (nwin + CHECK_TAILS - 1) / CHECK_TAILS
+                                     : 1;
+  for (uint64_t k = 0, t = 0; k < nwin; k += step, t++) {
+    const rreply *r = &p->r[at + 1 + t];
+    if (at + 1 + t >= n || r->len != CHECK_TAIL || r->too_large ||
+        !same(w, wend(w, k) - CHECK_TAIL, chk + CHECK_HEAD + t * CHECK_TAIL,
+              CHECK_TAIL))
+      return changed(w, "window tail");
+  }
+  return 0;
+}
+
+/* The windows after the first, window_depth per exchange; the last
+ * exchange ends with the checks.  Returns 0 or a code. */
+static int wrest(wread *w) {
+  uint64_t win = w->s->window, depth = w->s->window_depth;
+  uint64_t nwin = 1 + (w->len - w->first + win - 1) / win;
+  char chk[CHECK_HEAD + CHECK_TAILS * CHECK_TAIL];
+  for (uint64_t k = 1; k < nwin;) {
+    if (encache__redis_window_hook != NULL)
+      encache__redis_window_hook(w->key, wend(w, k - 1));
+    wpipe p = {0};
+    uint64_t bytes = 0, k0 = k;
+    for (; k < nwin && k - k0 < depth; k++) {
+      uint64_t a = wend(w, k - 1), e = wend(w, k);
+      wcmd(w, &p, "GETRANGE", a, e - 1, w->buf + (a - w->split), e - a);
+      bytes += e - a;
+    }
+    size_t nw = (size_t)(k - k0);
+    wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+    if (k == nwin)
+      wchecks(w, &p, chk, nwin);
+    size_t n;
+    int rc = wrun(w, &p, 0, bytes, &n);
+    if (rc != 0)
+      return rc;
+    for (size_t j = 0; j < nw; j++)
+      if (j >= n || p.r[j].too_large ||
+          (uint64_t)p.r[j].len != wend(w, k0 + j) - wend(w, k0 + j - 1))
+        return changed(w, "short window");
+    if (nw >= n || p.r[nw].type != REDIS_REPLY_INTEGER ||
+        (uint64_t)p.r[nw].integer != w->len)
+      return changed(w, "length");
+    if (k == nwin)
+      return wcompare(w, &p, nw + 1, n, chk, nwin);
+  }
+  return 0;
+}
+
+int64_t encache__redis_wread(redis_store *s, rset *set, const char *key,
+                             size_t split, void *head, void *buf, size_t cap,
+                             char *why, size_t whysize) {
+  wread w = {.s = s, .set = set, .key = key, .split = split, .cap = cap,
+             .head = head, .buf = buf, .why = why, .whysize = whysize};
+  w.node = encache__redis_locate(s, key);
+  int rc = ENCACHE_EUNAVAIL;
+  why[0] = '\0';
+  if (w.node >= MAX_NODES)
+    snprintf(why, whysize, "no node serves the slot of %s", key);
+  for (int round = 0; round < ROUNDS && w.node < MAX_NODES; round++) {
+    rc = wfirst(&w);
+    if (rc == 1)
+      rc = wrest(&w);
+    if (rc != WX_REDIRECTED)
+      return rc < 0 ? rc : (int64_t)w.len;
+    rc = ENCACHE_EUNAVAIL;
+    snprintf(why, whysize, "%s: still redirected after %d rounds", key,
+             ROUNDS);
+  }
+  return rc;
+}
