@@ -107,11 +107,13 @@ done
 [ $bad -eq 0 ] && echo "ok - tool errors: empty URL, dead cluster, empty ls"
 rm -rf "$tmp"
 
-# The demo, small, every hit verified, on both, at the default threshold
-# and with windows forced (2 KiB: its objects of 8 KiB take 4).
+# The demo, small, every hit verified, on TCP, a Unix socket and the
+# cluster, at the default threshold and with windows forced (2 KiB: its
+# objects of 8 KiB take 4).
 dwin="window=2KiB&window_depth=2&window_threshold=0"
-for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL" \
-  "$ENCACHE_REDIS_URL?$dwin" "$ENCACHE_REDIS_CLUSTER_URL?$dwin"; do
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
+  "$ENCACHE_REDIS_CLUSTER_URL" "$ENCACHE_REDIS_URL?$dwin" \
+  "$ENCACHE_REDIS_CLUSTER_URL?$dwin"; do
   out=$("$tool" --store "$url" demo --encoders 3 --requests 30 --images 12 \
     --tokens 16 --hidden 128 --verify all --no-baseline 2>&1)
   if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&

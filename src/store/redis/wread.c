@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wread.c: windowed reads of large objects (see redis.h, "Windows").
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wwrite.c: windowed writes of large objects (see redis.h, "Windows").
  *
