@@ -43,7 +43,7 @@ static void exercise(encache_store *st) {
     encache_store_write(st, key, buf, 24, buf, ((size_t)i * 997) % 4000);
   }
   encache_store_remove(st, "k1");
-  encache_store_stats stats;
+  encache_store_stats stats = {.size = sizeof(stats)};
   if (encache_store_stats_get(st, &stats) == 0 &&
       stats.bytes_used > stats.capacity)
     __builtin_trap();

@@ -33,12 +33,13 @@
  * allocates starts with `size_t size`, which the caller sets to sizeof()
  * of the struct it was compiled with (the ENCACHE_*_INIT initialisers do
  * it); the library reads and writes only that many bytes, refuses a size
- * below API 1.0's, and refuses a larger struct whose fields unknown to it
- * are not zero.  Arrays of such structs are strided by the first element's
- * size.  encache_header and encache_contract carry no size: they are the
- * fields of the v3 wire header, which never grows (a new format would
- * get structs of its own).  tests/abi/1.0/encache.h is this header as 1.0 froze it; the tests
- * run a program built against it on every later library.
+ * below API 1.0's or above 4096 (a size nobody set), and refuses a larger
+ * struct whose fields unknown to it are not zero.  Arrays of such structs
+ * are strided by the first element's size.  encache_header and
+ * encache_contract carry no size: they are the fields of the v3 wire
+ * header, which never grows (a new format would get structs of its own).
+ * tests/abi/1.0/encache.h is this header as 1.0 froze it; the tests run a
+ * program built against it on every later library.
  */
 #ifndef ENCACHE_H
 #define ENCACHE_H

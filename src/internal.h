@@ -59,6 +59,9 @@ void encache__aligned_free(void *p);
  */
 int encache__struct_in(void *full, size_t full_size, const void *in,
                        size_t min_size);
+/* No public struct will ever be this large: a size above it is a caller
+ * that did not set it (stack garbage), refused rather than trusted. */
+#define ENCACHE__STRUCT_MAX 4096
 int encache__struct_out(void *out, const void *full, size_t full_size,
                         size_t min_size);
 #define ENCACHE__AT(type, base, i)                                           \

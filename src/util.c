@@ -206,7 +206,7 @@ int encache__struct_in(void *full, size_t full_size, const void *in,
                        size_t min_size) {
   size_t size;
   memcpy(&size, in, sizeof(size));
-  if (size < min_size)
+  if (size < min_size || size > ENCACHE__STRUCT_MAX)
     return ENCACHE_EINVAL;
   /* A newer caller's struct: the fields this library does not know must
    * be zero (unset), else the caller asks for something it cannot do. */
@@ -222,7 +222,7 @@ int encache__struct_out(void *out, const void *full, size_t full_size,
                         size_t min_size) {
   size_t size;
   memcpy(&size, out, sizeof(size));
-  if (size < min_size)
+  if (size < min_size || size > ENCACHE__STRUCT_MAX)
     return ENCACHE_EINVAL;
   size_t n = size < full_size ? size : full_size;
   memcpy((unsigned char *)out + sizeof(size_t),

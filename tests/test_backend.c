@@ -127,7 +127,11 @@ TEST(backend_user_store_round_trip_and_messages) {
   ASSERT_EQ_U64(big.future_field, 0); /* what this library does not know */
   encache_store_stats small = {.size = offsetof(encache_store_stats, kind)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &small), ENCACHE_EINVAL);
-  ASSERT_CONTAINS(encache_store_errmsg(st), "below API 1.0");
+  ASSERT_CONTAINS(encache_store_errmsg(st), "API 1.0's is");
+  /* A size nobody set (garbage) is refused, never trusted. */
+  encache_store_stats unset;
+  memset(&unset, 0xA5, sizeof(unset));
+  ASSERT_EQ_INT(encache_store_stats_get(st, &unset), ENCACHE_EINVAL);
   encache_store_close(st);
 }
 

@@ -348,8 +348,8 @@ int encache_store_stats_get(encache_store *st, encache_store_stats *stats) {
     return rc;
   rc = encache__struct_out(stats, &full, sizeof(full), sizeof(full));
   return rc < 0 ? encache_store_fail(st, rc, "encache_store_stats: size %zu "
-                                     "is below API 1.0's %zu", stats->size,
-                                     sizeof(full))
+                                     "is not a struct's size (API 1.0's is "
+                                     "%zu; set it)", stats->size, sizeof(full))
                 : 0;
 }
 
