@@ -357,15 +357,19 @@ static void result_out(encache_result *results, size_t i,
 
 int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
                    const encache_allocator *a, encache_result *results) {
-  if (step == NULL || (n > 0 && (c == NULL || results == NULL)))
+  if (step == NULL)
     return ENCACHE_EINVAL;
   encache *ec = step->ec;
+  if (n > 0 && (c == NULL || results == NULL))
+    return encache__fail(ec, ENCACHE_EINVAL, "lookup: %s is NULL",
+                         c == NULL ? "c" : "results");
   if (encache__is_poisoned(ec))
     return ENCACHE_EPOISONED;
-  if (n > 0 && results->size < ENCACHE__RESULT_MIN)
+  if (n > 0 && (results->size < ENCACHE__RESULT_MIN ||
+                results->size > ENCACHE__STRUCT_MAX))
     return encache__fail(ec, ENCACHE_EINVAL,
-                         "lookup: results[0].size %zu is below %zu, the "
-                         "size of encache_result at API 1.0",
+                         "lookup: results[0].size %zu is not a size of "
+                         "encache_result (at least %zu, API 1.0's; set it)",
                          results->size, (size_t)ENCACHE__RESULT_MIN);
   STAT_ADD(ec, lookups, 1);
   STAT_ADD(ec, candidates, n);
@@ -394,8 +398,10 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
     const char *why = encache__step_note(step, "the lookup failed",
                                          "the lookup failed (%s): %s",
                                          encache_err_name(rc), ec->errmsg);
-    for (size_t i = 0; i < n; i++)
-      p.res[i].why = p.res[i].outcome == ENCACHE_HIT ? NULL : why;
+    for (size_t i = 0; i < n; i++) { /* nothing was delivered: encode all */
+      p.res[i].outcome = ENCACHE_UNAVAILABLE;
+      p.res[i].why = why;
+    }
   }
   for (size_t i = 0; i < n; i++)
     result_out(results, i, &p.res[i]);

@@ -114,6 +114,9 @@
   XX(engine_out_of_memory_every_allocation)                                  \
   XX(engine_results_say_why)                                                 \
   XX(engine_results_why_not_written_for_10_callers)                          \
+  XX(engine_results_size_unset_refused)                                      \
+  XX(engine_failed_lookup_all_unavailable)                                   \
+  XX(engine_lookup_null_arguments_named)                                     \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_url_redact)                                                       \

@@ -1672,3 +1672,72 @@ TEST(engine_results_why_not_written_for_10_callers) {
   ASSERT_CONTAINS(encache_errmsg(ec), "results[0].size");
   ASSERT_EQ_INT(encache_close(ec), 0);
 }
+
+/* A results array whose size nobody set (stack garbage, here above
+ * ENCACHE__STRUCT_MAX) is refused before anything is allocated or written,
+ * even past the first element. */
+TEST(engine_results_size_unset_refused) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  static const char *const ids[] = {"u0", "u1"};
+  seed(&e, encache_namespace_of(ec), ids, 2);
+  static unsigned char buf[3 * 8192];
+  memset(buf, 0x55, sizeof(buf));
+  encache_result *r0 = (encache_result *)(void *)buf;
+  r0->size = 8192;
+  encache_candidate c[2] = {cand("u0"), cand("u1")};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(step, c, 2, &a, r0), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "results[0].size 8192");
+  ASSERT_EQ_INT(t.allocs, 0);
+  for (size_t i = sizeof(size_t); i < sizeof(buf); i++)
+    ASSERT_EQ_INT(buf[i], 0x55); /* nothing written */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+/* A lookup that fails as a whole (the allocator refuses the second
+ * destination) delivers nothing: every candidate is UNAVAILABLE with the
+ * failure as its cause, on the staged and the direct read paths. */
+TEST(engine_failed_lookup_all_unavailable) {
+  for (int reg = 0; reg < 2; reg++) {
+    env e;
+    env_init(&e, reg);
+    encache *ec = open_default(&e);
+    encache_step *step = step_of(ec);
+    static const char *const ids[] = {"f0", "f1"};
+    seed(&e, encache_namespace_of(ec), ids, 2);
+    static const char *const ids3[] = {"f0", "f1", "f-absent"};
+    encache_result r[3];
+    talloc t = {0};
+    t.fail_at = 2;
+    ASSERT(lookup_ids(step, ids3, 3, r, &t) < 0);
+    for (int i = 0; i < 3; i++) {
+      ASSERT_EQ_INT(r[i].outcome, ENCACHE_UNAVAILABLE);
+      ASSERT_CONTAINS(r[i].why, "the lookup failed");
+    }
+    /* The second call failed; the first destination came back. */
+    ASSERT_EQ_INT(t.allocs, 2);
+    ASSERT_EQ_INT(t.releases, 1);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+  }
+}
+
+/* NULL candidates or results: EINVAL, and the message names which. */
+TEST(engine_lookup_null_arguments_named) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  encache_candidate c[1] = {cand("m0")};
+  encache_result r[1] = {ENCACHE_RESULT_INIT};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup(step, c, 1, &a, NULL), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "results is NULL");
+  ASSERT_EQ_INT(encache_lookup(step, NULL, 1, &a, r), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "c is NULL");
+  ASSERT_EQ_INT(encache_close(ec), 0);
+}
