@@ -1290,6 +1290,45 @@ TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
   kill_wait(pid, SIGKILL);
 }
 
+/* A key that expires under a windowed read (between EXISTS and STRLEN in
+ * its first exchange) is a miss, never "an empty object": thousands of
+ * reads race a 1 ms expiry (before the fix about 1 in 90 answered 0). */
+TEST(redis_window_key_expiring_mid_read_is_a_miss) {
+  if (!have_redis())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=64&window_threshold=0", port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  redisContext *c = connect_to(port);
+  static unsigned char val[200], out[4096];
+  memset(val, 'x', sizeof(val));
+  long empty = 0, misses = 0;
+  for (int it = 0; it < 3000; it++) {
+    freeReplyObject(redisCommand(c, "SET rkey %b PX 1", val, sizeof(val)));
+    for (;;) {
+      int64_t r = read_one(st, "rkey", out, sizeof(out));
+      if (r == (int64_t)sizeof(val))
+        continue;
+      empty += r == 0;
+      misses += r == ENCACHE_ENOENT;
+      ASSERT(r == 0 || r == ENCACHE_ENOENT);
+      break;
+    }
+  }
+  ASSERT_EQ_INT(empty, 0);
+  ASSERT_EQ_INT(misses, 3000);
+  /* A real empty object is still read as one. */
+  freeReplyObject(redisCommand(c, "SET ekey %b", "", (size_t)0));
+  ASSERT_EQ_INT(read_one(st, "ekey", out, sizeof(out)), 0);
+  redisFree(c);
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
 /* The temporary keys on the server at port. */
 static size_t tmp_keys(int port, long long *pttl) {
   redisContext *c = connect_to(port);

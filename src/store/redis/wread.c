@@ -147,6 +147,20 @@ static int wfirst(wread *w) {
   if (p.r[0].integer == 0)
     return ENCACHE_ENOENT;
   w->len = (uint64_t)p.r[1].integer;
+  if (w->len == 0) {
+    /* Empty, or gone between EXISTS and STRLEN: one GET says which. */
+    wpipe *q = &p; /* reused: a second wpipe would double the ~40 KB frame */
+    memset(q, 0, sizeof(*q));
+    char none[1];
+    wcmd(w, q, "GET", 0, 0, none, 0);
+    if ((rc = wrun(w, q, 0, 0, &n)) != 0)
+      return rc;
+    if (n != 1 || q->r[0].type == REDIS_REPLY_NIL)
+      return ENCACHE_ENOENT;
+    return q->r[0].type == REDIS_REPLY_STRING && q->r[0].len == 0
+               ? 0
+               : changed(w, "length");
+  }
   if (w->len > whole) {
     snprintf(w->why, w->whysize, "%s: %" PRIu64 " bytes where %" PRIu64
              " fit", w->key, w->len, whole);

@@ -19,6 +19,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #define WX_REDIRECTED 100
@@ -293,18 +294,26 @@ static void tags_init(void) {
 }
 
 /* A fresh temporary key for w->key, in its slot (cluster); NULL when out
- * of memory. */
+ * of memory.  Its name is unique across hosts and containers, not only
+ * processes: pids and monotonic clocks repeat between containers, and two
+ * writers sharing a temporary would mix their windows (the second one's
+ * pipelined SETRANGEs run even when its SET NX fails), so 64 random bits
+ * join pid, counter and time. */
 static char *wtmp_name(const wwrite *w) {
   static unsigned long counter;
   unsigned long n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce))
+    nonce = (uint64_t)(uintptr_t)&nonce ^ ((uint64_t)n << 32) ^ now_ms();
   char tag[8] = "";
   if (w->s->cluster) {
     pthread_once(&tags_once, tags_init);
     snprintf(tag, sizeof(tag), "{%s}",
              slot_tags[encache__redis_key_slot(w->key)]);
   }
-  return encache__asprintf("%sencache-tmp:%s:%lx.%lx.%" PRIx64, tag, w->key,
-                           (unsigned long)getpid(), n, now_ms());
+  return encache__asprintf("%sencache-tmp:%s:%lx.%lx.%" PRIx64 ".%016" PRIx64,
+                           tag, w->key, (unsigned long)getpid(), n, now_ms(),
+                           nonce);
 }
 
 int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
