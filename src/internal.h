@@ -59,9 +59,16 @@ void encache__aligned_free(void *p);
  */
 int encache__struct_in(void *full, size_t full_size, const void *in,
                        size_t min_size);
+/* struct_in's checks without the copy: 0 or ENCACHE_EINVAL. */
+int encache__struct_check(const void *in, size_t full_size, size_t min_size);
 /* No public struct will ever be this large: a size above it is a caller
  * that did not set it (stack garbage), refused rather than trusted. */
 #define ENCACHE__STRUCT_MAX 4096
+/* Whether a caller's struct size is one to trust: at least the 1.0 size,
+ * at most ENCACHE__STRUCT_MAX. */
+static inline int encache__struct_size_ok(size_t size, size_t min_size) {
+  return size >= min_size && size <= ENCACHE__STRUCT_MAX;
+}
 int encache__struct_out(void *out, const void *full, size_t full_size,
                         size_t min_size);
 #define ENCACHE__AT(type, base, i)                                           \

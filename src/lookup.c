@@ -124,8 +124,8 @@ static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
   for (size_t i = 0; i < n; i++) {
     const encache_candidate *ci = encache__plan_cand(p, i);
     if (ci->size != c->size ||
-        encache__struct_in(&(encache_candidate){0}, sizeof(encache_candidate),
-                           ci, ENCACHE__CANDIDATE_MIN) < 0)
+        encache__struct_check(ci, sizeof(encache_candidate),
+                              ENCACHE__CANDIDATE_MIN) < 0)
       return encache__fail(ec, ENCACHE_EINVAL,
                            "lookup: candidate %zu: size %zu (candidate 0's "
                            "is %zu; this library's sizeof is %zu, a larger "
@@ -365,8 +365,7 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
                          c == NULL ? "c" : "results");
   if (encache__is_poisoned(ec))
     return ENCACHE_EPOISONED;
-  if (n > 0 && (results->size < ENCACHE__RESULT_MIN ||
-                results->size > ENCACHE__STRUCT_MAX))
+  if (n > 0 && !encache__struct_size_ok(results->size, ENCACHE__RESULT_MIN))
     return encache__fail(ec, ENCACHE_EINVAL,
                          "lookup: results[0].size %zu is not a size of "
                          "encache_result (at least %zu, API 1.0's; set it)",

@@ -202,17 +202,26 @@ void encache__aligned_free(void *p) {
 
 /* ------------------------------------------------------ caller's structs */
 
-int encache__struct_in(void *full, size_t full_size, const void *in,
-                       size_t min_size) {
+int encache__struct_check(const void *in, size_t full_size, size_t min_size) {
   size_t size;
   memcpy(&size, in, sizeof(size));
-  if (size < min_size || size > ENCACHE__STRUCT_MAX)
+  if (!encache__struct_size_ok(size, min_size))
     return ENCACHE_EINVAL;
   /* A newer caller's struct: the fields this library does not know must
    * be zero (unset), else the caller asks for something it cannot do. */
   for (size_t i = full_size; i < size; i++)
     if (((const unsigned char *)in)[i] != 0)
       return ENCACHE_EINVAL;
+  return 0;
+}
+
+int encache__struct_in(void *full, size_t full_size, const void *in,
+                       size_t min_size) {
+  int rc = encache__struct_check(in, full_size, min_size);
+  if (rc < 0)
+    return rc;
+  size_t size;
+  memcpy(&size, in, sizeof(size));
   memset(full, 0, full_size);
   memcpy(full, in, size < full_size ? size : full_size);
   return 0;
@@ -222,7 +231,7 @@ int encache__struct_out(void *out, const void *full, size_t full_size,
                         size_t min_size) {
   size_t size;
   memcpy(&size, out, sizeof(size));
-  if (size < min_size || size > ENCACHE__STRUCT_MAX)
+  if (!encache__struct_size_ok(size, min_size))
     return ENCACHE_EINVAL;
   size_t n = size < full_size ? size : full_size;
   memcpy((unsigned char *)out + sizeof(size_t),
