@@ -17,16 +17,7 @@ set -eu -o pipefail
 cmd=${1:?usage: redis-servers.sh start|stop DIR}
 dir=${2:?usage: redis-servers.sh start|stop DIR}
 
-port_free() {
-  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-# A free port at or after $1 whose cluster bus port (+10000) is free too.
-free_port() {
-  p=$1
-  while ! port_free "$p" || ! port_free $((p + 10000)); do p=$((p + 1)); done
-  echo "$p"
-}
+. "$(dirname "$0")/ports.sh"
 
 stop_all() {
   pids=""

@@ -40,15 +40,7 @@ tag="docs$$"
 mkdir "$_dc_tmp/bin" "$_dc_tmp/work"
 ln -s "$tool" "$_dc_tmp/bin/encache"
 
-port_free() {
-  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-# A free port at or after $1 whose cluster bus port (+10000) is free too.
-free_port() {
-  p=$1
-  while ! port_free "$p" || ! port_free $((p + 10000)); do p=$((p + 1)); done
-  echo "$p"
-}
+. "$src/scripts/ports.sh"
 # Below the ephemeral range (32768 and up), bus ports included, so that no
 # client's local port takes one between the check and the server's bind.
 base=$((10000 + $$ % 12000))

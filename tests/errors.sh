@@ -26,12 +26,7 @@ trap stop EXIT
 fails=0
 n=0
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  p=$1
-  while ! port_free "$p"; do p=$((p + 1)); done
-  echo "$p"
-}
+. "$(dirname "$0")/../scripts/ports.sh"
 # serve NAME PORT ARGS...: a redis-server on PORT, ready when it returns.
 serve() {
   name=$1 port=$2
