@@ -53,6 +53,13 @@ Buffer = _encache.Buffer
 MAX_STEPS = _encache.MAX_STEPS
 
 
+def shm_destroy(name):
+    """Removes the shared-memory Store segment `name` (as `encache shm
+    destroy NAME`); processes attached keep their mapping.  Returns False
+    when there is no such segment."""
+    return _encache.shm_destroy(name)
+
+
 def library_version():
     """The version of the libencache the package runs on."""
     return _encache.library_version()
@@ -186,5 +193,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "__version__",
 ]

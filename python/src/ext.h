@@ -104,5 +104,6 @@ int ec_step_usable(step *s);
 
 /* bench.c */
 PyObject *ec_bench_c_lookup(PyObject *self, PyObject *args);
+PyObject *ec_bench_c_publish(PyObject *self, PyObject *args);
 
 #endif

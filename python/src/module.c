@@ -8,6 +8,7 @@
 #include "ext.h"
 
 #include <pthread.h>
+#include <errno.h>
 #include <stdarg.h>
 
 PyObject *ec_outcomes, *ec_skips, *ec_describe, *ec_dtype_of, *ec_device_of,
@@ -118,7 +119,26 @@ static PyObject *mod_version(PyObject *self, PyObject *args) {
   return PyUnicode_FromString(encache_version());
 }
 
+static PyObject *mod_shm_destroy(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *name;
+  if (!PyArg_ParseTuple(args, "s:shm_destroy", &name))
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = encache_shm_destroy(name);
+  Py_END_ALLOW_THREADS
+  if (rc == -ENOENT)
+    Py_RETURN_FALSE;
+  if (rc < 0)
+    return ec_raise(rc, NULL);
+  Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
+    {"shm_destroy", mod_shm_destroy, METH_VARARGS,
+     "shm_destroy(name) -> bool: removes the shared-memory segment `name` "
+     "(processes attached keep their mapping); False if there is none."},
     {"_init", (PyCFunction)(void (*)(void))mod_init,
      METH_VARARGS | METH_KEYWORDS, "Set the package's classes (internal)."},
     {"_set_outputs", mod_outputs, METH_VARARGS,
@@ -127,6 +147,8 @@ static PyMethodDef methods[] = {
      "The version of the libencache this module runs on."},
     {"_bench_c_lookup", ec_bench_c_lookup, METH_VARARGS,
      "Times the C lookup loop alone (the benchmark's baseline)."},
+    {"_bench_c_publish", ec_bench_c_publish, METH_VARARGS,
+     "Times encache_publish() from C alone (the benchmark's baseline)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {
