@@ -90,6 +90,8 @@ void ec_log(void *ctx, const char *message);
 int ec_block_alloc(void *ctx, size_t i, const encache_candidate *c,
                    uint64_t nbytes, void **data, void **blk);
 void ec_block_release(void *ctx, size_t i, void *data, void *blk);
+/* Sets the most bytes of freed blocks kept for reuse; the old value. */
+size_t ec_block_cache_set(size_t max_bytes);
 /* The Python object (tensor, array or Buffer) that takes ownership of
  * block blk holding a rows x cols matrix of dtype; NULL with an exception
  * set (blk is then freed). */
