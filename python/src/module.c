@@ -65,6 +65,11 @@ int ec_handle_usable(handle *h) {
     raise_as(closed_error, ENCACHE_ECLOSED, "the Cache is closed");
     return -1;
   }
+  if (h->locked_by == PyThread_get_thread_ident()) {
+    ec_invalid("the Cache was called from code it runs (its log callable, "
+               "or a finalizer of a tensor it releases): not allowed");
+    return -1;
+  }
   return 0;
 }
 
