@@ -157,7 +157,7 @@ def main(argv=None):
         json.dump(figs, sys.stdout, indent=2)
         print()
     else:
-        _print(figs, store, output)
+        _print(figs, encache.url_redact(store), output)
     return 0
 
 
