@@ -101,6 +101,14 @@ def _table(c, b, f, out_bytes):
     return rows
 
 
+def _verification_said(mode, fresh):
+    if mode == "none":
+        return "none (--verify none)"
+    return ("%s, each against the same encoder's fresh encode of its image in "
+            "the run without encache (%d images; checks not timed)"
+            % ("every hit" if mode == "all" else "every 8th hit", fresh))
+
+
 def text(run, c, b):
     """The summary as text lines; run describes the run (see demo.py)."""
     f = figures(c, b)
@@ -117,9 +125,8 @@ def text(run, c, b):
             "processes: %d encoders started with multiprocessing \"%s\", "
             "torch.set_num_threads(1), batch 1" % (run["encoders"],
                                                    run["context"]),
-            "verification: %s hits, each against the same encoder's fresh "
-            "encode of its image in the run without encache (%d images; "
-            "checks not timed)" % (run["verify"], c["fresh_encodes"]),
+            "verification: " + _verification_said(run["verify"],
+                                                  c["fresh_encodes"]),
             ""]
     return head + _table(c, b, f, run["out_bytes"])
 

@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import time
-import urllib.parse
 
 from . import _demo_images, _demo_report
 from ._demo_fleet import CONTEXT, Fleet, FleetError
@@ -59,8 +58,8 @@ bad usage."""
 # The options: (flag, type, default, metavar or choices, help).
 OPTIONS = [
     ("--encoders", int, 2, "N", "encoder processes (default 2, at most 64)"),
-    ("--requests", int, 60, "N",
-     "requests per encoder, each of 1 to 4 images (default 60)"),
+    ("--requests", int, 50, "N",
+     "requests per encoder, each of 1 to 4 images (default 50)"),
     ("--images", str, "24", "N|DIR",
      "N distinct images derived from the repository's test images "
      "(tests/data/images) by flips, rotations, crops and colour shifts "
@@ -124,12 +123,9 @@ def say(msg):
 
 
 def url_shown(url):
-    """url without a password."""
-    u = urllib.parse.urlsplit(url)
-    if u.password is None:
-        return url
-    netloc = u.netloc.replace(":" + u.password + "@", ":***@", 1)
-    return urllib.parse.urlunsplit(u._replace(netloc=netloc))
+    """url without its password, as the library shows URLs."""
+    import encache
+    return encache.url_redact(url)
 
 
 def out_bytes(args):
@@ -147,14 +143,9 @@ def own_store(args, n_images):
 
 
 def destroy_shm(name):
-    """Removes the shm segment of shm://name.  The package has no call for
-    it, so this unlinks the POSIX object the library names /encache-NAME
-    (src/store/shm/open.c), as encache_shm_destroy() does."""
-    import _posixshmem
-    try:
-        _posixshmem.shm_unlink("/encache-" + name)
-    except FileNotFoundError:
-        pass
+    """Removes the shm segment of shm://name, if it is there."""
+    import encache
+    encache.shm_destroy(name)
 
 
 def probe_store(url, spec, revision):
@@ -164,7 +155,8 @@ def probe_store(url, spec, revision):
     try:
         with encache.Cache(ec_transfer_config=CONNECTOR_CONFIG,
                            model=spec.name(), revision=revision,
-                           dtype="float32", store=url) as cache:
+                           dtype="float32", store=url,
+                           output="buffer") as cache:
             with cache.lookup([("encache-pydemo-probe", "float32",
                                 (1, 1))]) as step:
                 r = step.results[0]
