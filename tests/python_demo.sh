@@ -6,7 +6,8 @@
 # tests/data/images with a one-layer VisionTransformer.  Passes when the
 # demo exits 0 and says "verification passed" with hits checked, skipped
 # not-an-image.png with a message, avoided encodes, and removed its shm
-# segment; and when bad usage exits 2 with a message.  Exits 77 (skipped)
+# segment; when a run on the directory's files, in bfloat16, prints a JSON
+# summary that adds up; and when bad usage exits 2 with a message.  Exits 77 (skipped)
 # without a Python that has torch and torchvision, or without the built
 # extension.
 set -u
@@ -53,6 +54,21 @@ name=$(sed -n 's|.*sharing shm://\([A-Za-z0-9._-]*\)?.*|\1|p' "$out")
 [ -n "$name" ] || fail "no private shm Store named in the output"
 [ -n "$name" ] && [ -e "/dev/shm/encache-$name" ] &&
   fail "the shm segment $name was left behind"
+
+# The files of a directory (the two test images, not-an-image.png
+# skipped), bfloat16 embeddings, a JSON summary.
+demo --encoders 2 --requests 5 --images tests/data/images --model-layers 1 \
+  --dtype bfloat16 --verify sample --json
+rc=$?
+[ "$rc" -eq 0 ] || { cat "$out" "$err"; fail "the --json run exited $rc"; }
+"$py" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["verification"]["passed"] is True, d["verification"]
+assert d["workload"]["images"] == 2 and d["workload"]["dtype"] == "bfloat16"
+assert d["encodes"] + d["encodes_avoided"] == d["images"] > 0, d
+assert d["bytes_read"] == d["hits"]["total"] * 50 * 384 * 2, d
+' "$out" || fail "the JSON summary is not as expected"
 
 for bad in "--encoders 0" "--verify some" "--images no/such/dir" \
   "--model-hidden 100"; do

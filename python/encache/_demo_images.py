@@ -145,8 +145,8 @@ def make_images(arg, preprocessing, say):
         return images, ("the %d PNG/JPEG files of %s (%d distinct)"
                         % (len(images), arg, distinct))
     n = int(arg)
-    if n < 1 or n > 100000:
-        return None, "--images: a count must be from 1 to 100000"
+    if n < 1 or n > 10000:
+        return None, "--images: a count must be from 1 to 10000"
     where = find_test_images()
     if where is None:
         return None, ("--images %d: the repository's %s was not found above "

@@ -57,7 +57,8 @@ bad usage."""
 
 # The options: (flag, type, default, metavar or choices, help).
 OPTIONS = [
-    ("--encoders", int, 2, "N", "encoder processes (default 2, at most 64)"),
+    ("--encoders", int, 2, "N", "encoder processes (default 2, at most 32; "
+     "each holds its own torch and model, about 300 MiB)"),
     ("--requests", int, 50, "N",
      "requests per encoder, each of 1 to 4 images (default 50)"),
     ("--images", str, "24", "N|DIR",
@@ -102,8 +103,8 @@ def parse_args(argv):
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON")
     args = p.parse_args(argv)
-    if not 1 <= args.encoders <= 64:
-        p.error("--encoders: must be from 1 to 64")
+    if not 1 <= args.encoders <= 32:
+        p.error("--encoders: must be from 1 to 32")
     if not 1 <= args.requests <= 10000000:
         p.error("--requests: must be from 1 to 10000000")
     if not 0 <= args.skew <= 10:
