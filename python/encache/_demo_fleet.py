@@ -12,7 +12,8 @@ before they are ready is not measured.
 
 Each encoder has a pipe to the parent (commands down, replies up) and a
 slot of a shared array where it counts the requests it has done, for the
-progress line.  Every wait is bounded and notices an encoder that died.
+progress line.  Every wait notices an encoder that died, and gives up when
+no encoder has moved (done a request or replied) for STALL_S seconds.
 """
 import multiprocessing as mp
 import multiprocessing.connection
@@ -22,6 +23,7 @@ import time
 from ._demo_worker import worker_main
 
 CONTEXT = "spawn"
+STALL_S = 600  # the most seconds the fleet waits with no encoder moving
 
 
 class FleetError(Exception):
@@ -65,8 +67,8 @@ class Fleet:
 
     def _gather(self, kind, label, total):
         replies = {}
-        t0 = last = time.perf_counter()
-        tty = sys.stderr.isatty()
+        t0 = last = moved = time.perf_counter()
+        tty, seen = sys.stderr.isatty(), -1
         while len(replies) < self.n:
             waiting = [i for i in range(self.n) if i not in replies]
             objs = [self.conns[i] for i in waiting]
@@ -79,6 +81,11 @@ class Fleet:
                     raise FleetError("encoder %d exited (status %s) without "
                                      "a reply" % (i, self.procs[i].exitcode))
             now = time.perf_counter()
+            if sum(self.done) + len(replies) != seen:
+                seen, moved = sum(self.done) + len(replies), now
+            elif now - moved > STALL_S:
+                raise FleetError("no encoder has moved for %d s (waiting for "
+                                 "'%s')" % (STALL_S, kind))
             if label and now - last >= (0.2 if tty else 5.0):
                 self._progress(label, total, now - t0, tty, False)
                 last = now

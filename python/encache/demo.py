@@ -230,7 +230,8 @@ def run(parser, args, cfg, shm_name):
                 % (args.spec.name(), cfg.revision, url_shown(url)))
         return run_fleet(fleet, args, cfg)
     except FleetError as e:
-        say("%s\nencache demo: an encoder failed: stopped" % e)
+        say(str(e).rstrip())
+        say("the demo stopped")
         return 1
     finally:
         fleet.close()
