@@ -11,6 +11,10 @@ set -eu
 # libstb-dev lets the demo load real PNG/JPEG images.
 # man-db (man, with groff) reads the installed manual page (tests/install.sh).
 packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev redis-server libstb-dev man-db"
+# The Python package (python/) builds for Debian's python3 (python3-dev);
+# its tests, demo and benchmark use torch, torchvision, NumPy and pytest,
+# all from Debian (nothing from PyPI).
+packages="$packages python3 python3-dev python3-numpy python3-torch python3-torchvision python3-pytest"
 # valgrind checks for leaks in CI.
 if [ "${CI:-}" = true ]; then
   packages="$packages valgrind"

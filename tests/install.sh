@@ -66,6 +66,21 @@ done
 "$prefix/bin/encache" --version | grep -q '^encache 1\.' ||
   fail "the installed tool does not run"
 
+# The Python package, where the interpreter looks under the prefix; its
+# module finds the prefix's library.  (A sanitizer build's module cannot be
+# loaded by a plain interpreter.)
+if [ -d "$build/python/encache" ] && [ -z "$cflags" ]; then
+  step "the Python package imports from PREFIX, with PREFIX's library"
+  init=$(find "$prefix" -path '*/encache/__init__.py')
+  [ -n "$init" ] || fail "the Python package was not installed"
+  PYTHONPATH=$(dirname "$(dirname "$init")") /usr/bin/python3 -c '
+import sys, encache
+assert encache.__file__.startswith(sys.argv[1]), encache.__file__
+libs = [l.split()[-1] for l in open("/proc/self/maps") if "libencache" in l]
+assert libs and all(p.startswith(sys.argv[1]) for p in libs), libs
+' "$prefix" || fail "the installed Python package does not import"
+fi
+
 step "find_package(encache 1.0): encache::encache and encache::encache_static"
 quiet cmake -S "$src/tests/consumer" -B "$work/cmake" \
   -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_FLAGS="$cflags" \

@@ -1,0 +1,197 @@
+# SPDX-License-Identifier: Apache-2.0
+"""encache: reuse of vision encoders' outputs through a shared Store.
+
+Before encoding, an encoder asks the Cache for the inputs whose embeddings
+are already in the Store; the hits come back as tensors the library filled
+in place, the misses with the reason; the encoder encodes the misses and
+publishes their outputs, which the library writes in the background with
+no copy.  Keys and objects are byte compatible with vLLM's cross-encoder
+output reuse (protocol:v3).  See docs/python.md.
+
+    import encache, torch
+    with encache.Cache(ec_transfer_config=cfg, model="org/vit",
+                       dtype=torch.bfloat16) as cache:
+        with cache.lookup([encache.Item(h, torch.bfloat16, (rows, cols))
+                           for h in hashes]) as step:
+            for r in step:
+                if not r.hit:
+                    step.publish(r.id, encode(r.id))
+
+The package needs only the standard library; torch and NumPy are used when
+present.
+"""
+
+import dataclasses
+import enum
+import importlib.util
+import json
+import logging
+import typing
+
+from . import _encache, _tensors
+from ._errors import (ClosedError, ConfigError, Error, ForkError,
+                      FormatError, InvalidError, JsonError, LibraryError,
+                      OutOfMemoryError, PoisonedError, StepsError, StoreError,
+                      UrlError, by_code)
+
+__version__ = _encache.VERSION
+
+Outcome = enum.IntEnum("Outcome", [(n, i) for i, n in
+                                   enumerate(_encache.OUTCOMES)])
+Outcome.__doc__ = """A lookup's outcome for one item: HIT (loaded; do not
+encode), MISS, INCOMPATIBLE, OVERSIZE, UNAVAILABLE, SKIPPED (encode)."""
+
+Skip = enum.IntEnum("Skip", [("QUEUED", 0)] +
+                    [(name, value) for name, value, _ in _encache.SKIPS])
+Skip.__doc__ = """What publish() did: QUEUED, or why the output was skipped
+(NOT_CANDIDATE, NOT_MATRIX, NOT_CONTIGUOUS, DTYPE, PENDING, OVER_ITEMS,
+OVER_BYTES, ...)."""
+
+Step = _encache.Step
+Result = _encache.Result
+Buffer = _encache.Buffer
+MAX_STEPS = _encache.MAX_STEPS
+
+
+def shm_destroy(name):
+    """Removes the shared-memory Store segment `name` (as `encache shm
+    destroy NAME`); processes attached keep their mapping.  Returns False
+    when there is no such segment."""
+    return _encache.shm_destroy(name)
+
+
+def library_version():
+    """The version of the libencache the package runs on."""
+    return _encache.library_version()
+
+
+class Item(typing.NamedTuple):
+    """One input of a lookup: its id (the vLLM mm_hash, or any string that
+    identifies the input's content), the output's dtype and shape (rows,
+    cols), and the device its output would live on ("cpu")."""
+    id: str
+    dtype: typing.Any
+    shape: typing.Tuple[int, int]
+    device: typing.Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A Cache's counters (docs/library.md, encache_stats)."""
+    lookups: int
+    candidates: int
+    hits: int
+    misses: int
+    incompatible: int
+    oversize: int
+    unavailable: int
+    skipped: int
+    bytes_read: int
+    batched_reads: int
+    published_queued: int
+    published_written: int
+    published_present: int
+    published_failed: int
+    published_skipped: typing.Dict[str, int]
+    pending_items: int
+    pending_bytes: int
+    staging_allocations: int
+    staging_bytes: int
+    steps_open: int
+    poisoned: bool
+
+
+_OUTPUTS = {"buffer": 0, "numpy": 1, "torch": 2}
+_log = logging.getLogger("encache")
+
+
+def _default_output():
+    for name in ("torch", "numpy"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return "buffer"
+
+
+def _set_outputs(output):
+    """Gives the extension the converters that `output` needs."""
+    if output == "torch":
+        import torch.utils.dlpack
+        _encache._set_outputs(torch.utils.dlpack.from_dlpack, None)
+    elif output == "numpy":
+        import numpy
+        _encache._set_outputs(None, numpy.asarray)
+
+
+class Cache(_encache.Handle):
+    """An encoder's handle on a shared Store.
+
+    ec_transfer_config: vLLM's --ec-transfer-config (a dict, or its JSON
+        text); or options: typed options by name (docs/configuration.md),
+        one of the two.
+    model: the model path as given to the encoder (the key namespace);
+        revision, encoder_hash: as vLLM's; dtype: the model's dtype.
+    store: the Store URL (None: $ENCACHE_STORE, else shm://encache?size=1GiB).
+    output: what hits come back as: "torch", "numpy" or "buffer" (None: torch
+        if it is installed, else numpy, else buffer).
+    log: callable(str) for the library's warnings (default: the "encache"
+        logger); it is called on the thread that called the Cache.
+
+    Raises ConfigError (naming the field), JsonError, UrlError, StoreError,
+    LibraryError, InvalidError.  A Cache may be shared by threads (its
+    calls are serialised); each Step belongs to one thread at a time.
+    """
+
+    def __init__(self, ec_transfer_config=None, *, model=None, revision=None,
+                 encoder_hash=None, dtype="bfloat16", store=None,
+                 options=None, output=None, log=_log.warning):
+        if isinstance(ec_transfer_config, dict):
+            ec_transfer_config = json.dumps(ec_transfer_config)
+        if (ec_transfer_config is None) == (options is None):
+            raise InvalidError("give ec_transfer_config or options (one)")
+        output = output or _default_output()
+        if output not in _OUTPUTS:
+            raise InvalidError(
+                f"output {output!r} is not 'torch', 'numpy' or 'buffer'")
+        _set_outputs(output)
+        super().__init__(ec_transfer_config, model=model, revision=revision,
+                         encoder_hash=encoder_hash,
+                         dtype=_tensors.dtype_of(dtype), store=store,
+                         options=options, output=_OUTPUTS[output], log=log)
+        self.output = output
+
+    def stats(self):
+        """The counters now, as a Stats."""
+        d = self._stats()
+        d["published_skipped"] = {
+            Skip(i).name: n for i, n in enumerate(d["published_skipped"])
+            if i > 0}
+        return Stats(**d)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self.closed else self.namespace
+        return f"<encache.Cache {state}>"
+
+
+_encache._init(
+    errors=by_code(_encache.CODES), error_base=Error,
+    invalid_error=InvalidError, closed_error=ClosedError,
+    fork_error=ForkError, outcomes=tuple(Outcome), skips=tuple(
+        Skip(i) if i in Skip._value2member_map_ else i
+        for i in range(max(Skip) + 1)),
+    describe=_tensors.describe, dtype_of=_tensors.dtype_of,
+    device_of=_tensors.device_of)
+
+__all__ = [
+    "Cache", "Item", "Step", "Result", "Buffer", "Outcome", "Skip", "Stats",
+    "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
+    "FormatError", "LibraryError", "PoisonedError", "ClosedError",
+    "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
+    "MAX_STEPS", "library_version", "shm_destroy", "__version__",
+]

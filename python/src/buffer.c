@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * buffer.c: the memory that hits land in.
+ *
+ * A block is one allocation: a header (a DLPack managed tensor and its
+ * shape and strides) followed, at a 64-byte boundary, by the matrix the
+ * library fills.  The lookup's allocator hands out blocks without the GIL;
+ * afterwards each hit's block is given to its Python owner, with no copy:
+ * a torch tensor (through DLPack: the tensor's storage is the block's
+ * matrix, and freeing the tensor calls the block's deleter), or a Buffer
+ * (buffer protocol; numpy.asarray() of it is the NumPy output).
+ *
+ * The DLPack structures are declared here as the DLPack ABI (v0.x) lays
+ * them out; no header of DLPack or of PyTorch is needed to build.
+ */
+#include "ext.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  int32_t device_type; /* kDLCPU = 1 */
+  int32_t device_id;
+} dl_device;
+
+typedef struct {
+  uint8_t code; /* kDLFloat = 2, kDLBfloat = 4, kDLUInt = 1 */
+  uint8_t bits;
+  uint16_t lanes;
+} dl_dtype;
+
+typedef struct {
+  void *data;
+  dl_device device;
+  int32_t ndim;
+  dl_dtype dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} dl_tensor;
+
+typedef struct dl_managed {
+  dl_tensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct dl_managed *self);
+} dl_managed;
+
+typedef struct block {
+  dl_managed mt;
+  int64_t shape[2];
+  int64_t strides[2];
+} block;
+
+/* Where the matrix starts: the header rounded up to 64 bytes. */
+#define BLOCK_DATA ((sizeof(block) + 63) & ~(size_t)63)
+
+static void *block_data(block *b) { return (char *)b + BLOCK_DATA; }
+
+int ec_block_alloc(void *ctx, size_t i, const encache_candidate *c,
+                   uint64_t nbytes, void **data, void **blk) {
+  (void)ctx;
+  (void)i;
+  (void)c;
+  if (nbytes > SIZE_MAX - BLOCK_DATA)
+    return ENCACHE_ENOMEM;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, BLOCK_DATA + (size_t)nbytes) != 0)
+    return ENCACHE_ENOMEM;
+  memset(p, 0, sizeof(block));
+  *blk = p;
+  *data = block_data(p);
+  return 0;
+}
+
+void ec_block_release(void *ctx, size_t i, void *data, void *blk) {
+  (void)ctx;
+  (void)i;
+  (void)data;
+  free(blk);
+}
+
+static void block_deleter(dl_managed *mt) { free(mt); }
+
+/* "dltensor" capsules not consumed by a framework free their block. */
+static void capsule_destructor(PyObject *cap) {
+  if (!PyCapsule_IsValid(cap, "dltensor"))
+    return; /* consumed ("used_dltensor"): the framework owns the block */
+  dl_managed *mt = PyCapsule_GetPointer(cap, "dltensor");
+  if (mt != NULL)
+    mt->deleter(mt);
+}
+
+static dl_dtype dl_dtype_of(int dtype) {
+  switch (dtype) {
+  case ENCACHE_FLOAT16:
+    return (dl_dtype){2, 16, 1};
+  case ENCACHE_BFLOAT16:
+    return (dl_dtype){4, 16, 1};
+  default:
+    return (dl_dtype){2, 32, 1};
+  }
+}
+
+static PyObject *wrap_torch(block *b, int dtype, uint64_t rows,
+                            uint64_t cols) {
+  b->shape[0] = (int64_t)rows;
+  b->shape[1] = (int64_t)cols;
+  b->strides[0] = (int64_t)cols;
+  b->strides[1] = 1;
+  b->mt.dl_tensor = (dl_tensor){.data = block_data(b),
+                                .device = {1, 0},
+                                .ndim = 2,
+                                .dtype = dl_dtype_of(dtype),
+                                .shape = b->shape,
+                                .strides = b->strides};
+  b->mt.deleter = block_deleter;
+  PyObject *cap = PyCapsule_New(&b->mt, "dltensor", capsule_destructor);
+  if (cap == NULL) {
+    free(b);
+    return NULL;
+  }
+  PyObject *t = PyObject_CallOneArg(ec_from_dlpack, cap);
+  Py_DECREF(cap); /* consumed: the tensor owns the block; else freed here */
+  return t;
+}
+
+/* ----------------------------------------------------------------- Buffer */
+
+typedef struct {
+  PyObject_HEAD
+  block *blk;
+  int dtype;
+  Py_ssize_t shape[2];
+  Py_ssize_t strides[2];
+} buffer;
+
+static void buffer_dealloc(PyObject *self) {
+  free(((buffer *)self)->blk);
+  Py_TYPE(self)->tp_free(self);
+}
+
+static int buffer_get(PyObject *self, Py_buffer *view, int flags) {
+  buffer *b = (buffer *)self;
+  Py_ssize_t item = (Py_ssize_t)encache_dtype_size(b->dtype);
+  view->obj = Py_NewRef(self);
+  view->buf = block_data(b->blk);
+  view->len = b->shape[0] * b->shape[1] * item;
+  view->readonly = 0;
+  view->itemsize = item;
+  /* NumPy has no bfloat16: its elements are shown as raw 16-bit words. */
+  static char formats[][2] = {"f", "e", "H"};
+  view->format = !(flags & PyBUF_FORMAT)            ? NULL
+                 : b->dtype == ENCACHE_FLOAT32 ? formats[0]
+                 : b->dtype == ENCACHE_FLOAT16 ? formats[1]
+                                               : formats[2];
+  view->ndim = 2;
+  view->shape = (flags & PyBUF_ND) ? b->shape : NULL;
+  view->strides = (flags & PyBUF_STRIDES) ? b->strides : NULL;
+  view->suboffsets = NULL;
+  view->internal = NULL;
+  return 0;
+}
+
+static PyBufferProcs buffer_procs = {.bf_getbuffer = buffer_get};
+
+static PyObject *buffer_repr(PyObject *self) {
+  buffer *b = (buffer *)self;
+  return PyUnicode_FromFormat("<encache.Buffer %s %zdx%zd>",
+                              encache_dtype_name(b->dtype), b->shape[0],
+                              b->shape[1]);
+}
+
+static PyObject *buffer_dtype(PyObject *self, void *closure) {
+  (void)closure;
+  return PyUnicode_FromString(encache_dtype_name(((buffer *)self)->dtype));
+}
+
+static PyObject *buffer_shape(PyObject *self, void *closure) {
+  (void)closure;
+  buffer *b = (buffer *)self;
+  return Py_BuildValue("(nn)", b->shape[0], b->shape[1]);
+}
+
+static PyObject *buffer_address(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromVoidPtr(block_data(((buffer *)self)->blk));
+}
+
+static PyGetSetDef buffer_getset[] = {
+    {"dtype", buffer_dtype, NULL, "the element type's name", NULL},
+    {"shape", buffer_shape, NULL, "(rows, cols)", NULL},
+    {"address", buffer_address, NULL, "where the matrix lies in memory",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject ec_buffer_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Buffer",
+    .tp_basicsize = sizeof(buffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A hit's matrix in memory the binding allocated (buffer "
+              "protocol: memoryview(b), numpy.asarray(b)).",
+    .tp_dealloc = buffer_dealloc,
+    .tp_as_buffer = &buffer_procs,
+    .tp_repr = buffer_repr,
+    .tp_getset = buffer_getset,
+};
+
+PyObject *ec_block_wrap(void *blk, int output, int dtype, uint64_t rows,
+                        uint64_t cols) {
+  if (output == OUT_TORCH)
+    return wrap_torch(blk, dtype, rows, cols);
+  buffer *b = PyObject_New(buffer, &ec_buffer_type);
+  if (b == NULL) {
+    free(blk);
+    return NULL;
+  }
+  Py_ssize_t item = (Py_ssize_t)encache_dtype_size(dtype);
+  b->blk = blk;
+  b->dtype = dtype;
+  b->shape[0] = (Py_ssize_t)rows;
+  b->shape[1] = (Py_ssize_t)cols;
+  b->strides[0] = (Py_ssize_t)cols * item;
+  b->strides[1] = item;
+  if (output == OUT_BUFFER)
+    return (PyObject *)b;
+  PyObject *arr = PyObject_CallOneArg(ec_as_array, (PyObject *)b);
+  Py_DECREF(b);
+  return arr;
+}

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ext.h: the CPython extension module encache._encache (docs/python.md).
+ *
+ * The module binds libencache's engine for the Python package: a handle
+ * (Handle, subclassed by encache.Cache), its steps (Step) and their
+ * results (Result), and the memory that hits land in (blocks, shown to
+ * Python as torch tensors through DLPack, or as Buffer objects that NumPy
+ * reads through the buffer protocol).
+ *
+ * Threads: the GIL is released around every library call that may touch
+ * the Store.  The library wants the calls on one handle serialised, so
+ * each handle has a lock, always taken with the GIL released (a thread
+ * holding the lock may need the GIL: the library reaps publications, and
+ * so drops references to Python objects, inside those calls).  The
+ * library never calls back into Python from its worker thread: storage
+ * releases and log messages come on the thread that called it.
+ *
+ * Fork: a handle remembers the fork generation it was opened in; in a
+ * child every use raises ForkError, and the child never closes it (the
+ * parent's worker thread does not exist there).
+ */
+#ifndef ENCACHE_PY_EXT_H
+#define ENCACHE_PY_EXT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+
+#include <encache.h>
+
+/* What hits come back as. */
+enum { OUT_BUFFER = 0, OUT_NUMPY = 1, OUT_TORCH = 2 };
+
+typedef struct handle {
+  PyObject_HEAD
+  encache *ec;
+  PyThread_type_lock lock; /* serialises the calls on ec */
+  unsigned long fork_gen;  /* the fork generation ec was opened in */
+  int output;              /* OUT_* */
+  PyObject *log;           /* callable(str) or NULL */
+  PyObject *weakrefs;
+} handle;
+
+typedef struct step {
+  PyObject_HEAD
+  handle *owner;        /* strong reference; NULL once closed */
+  encache_step *st;
+  PyObject *results;    /* list of Result */
+  PyObject *storages;   /* dict (base, nbytes) -> capsule of encache_storage */
+} step;
+
+/* module.c: shared state set by encache._encache._init(). */
+extern PyTypeObject ec_handle_type, ec_step_type, ec_result_type,
+    ec_buffer_type;
+extern PyObject *ec_outcomes;  /* tuple: Outcome members by code */
+extern PyObject *ec_skips;     /* tuple: Skip members by code */
+extern PyObject *ec_describe;  /* callable(tensor) -> publish description */
+extern PyObject *ec_dtype_of;  /* callable(obj) -> dtype code (cached) */
+extern PyObject *ec_device_of; /* callable(obj) -> (kind, index) (cached) */
+extern PyObject *ec_from_dlpack; /* torch's from_dlpack, or NULL */
+extern PyObject *ec_as_array;    /* numpy.asarray, or NULL */
+extern unsigned long ec_fork_gen;
+
+/* Raises the exception of library code `code` with `detail` (may be NULL
+ * or ""); returns NULL. */
+PyObject *ec_raise(int code, const char *detail);
+/* Raises InvalidError with a formatted message; returns NULL. */
+PyObject *ec_invalid(const char *fmt, ...);
+/* 0 when h can be used now; else raises (ClosedError, ForkError), -1. */
+int ec_handle_usable(handle *h);
+/* Runs `stmt` (library calls on h) with the GIL released and h's lock
+ * held, or sets rc to ENCACHE_ECLOSED when h was closed meanwhile (by
+ * another thread).  Call it with the GIL held; stmt must not touch Python. */
+#define EC_LOCKED(h, rc, stmt)                                               \
+  do {                                                                       \
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock((h)->lock, WAIT_LOCK);      \
+    if ((h)->ec == NULL)                                                     \
+      (rc) = ENCACHE_ECLOSED;                                                \
+    else {                                                                   \
+      stmt;                                                                  \
+    }                                                                        \
+    PyThread_release_lock((h)->lock);                                        \
+    Py_END_ALLOW_THREADS                                                     \
+  } while (0)
+/* The log callback given to encache_open() (ctx: the handle). */
+void ec_log(void *ctx, const char *message);
+
+/* buffer.c: the memory of hits. */
+int ec_block_alloc(void *ctx, size_t i, const encache_candidate *c,
+                   uint64_t nbytes, void **data, void **blk);
+void ec_block_release(void *ctx, size_t i, void *data, void *blk);
+/* The Python object (tensor, array or Buffer) that takes ownership of
+ * block blk holding a rows x cols matrix of dtype; NULL with an exception
+ * set (blk is then freed). */
+PyObject *ec_block_wrap(void *blk, int output, int dtype, uint64_t rows,
+                        uint64_t cols);
+
+/* step.c */
+PyObject *ec_step_new(handle *h);
+PyObject *ec_step_lookup(step *s, PyObject *items);
+/* 0 when s can be used now; else raises (ClosedError, ForkError), -1. */
+int ec_step_usable(step *s);
+
+/* bench.c */
+PyObject *ec_bench_c_lookup(PyObject *self, PyObject *args);
+PyObject *ec_bench_c_publish(PyObject *self, PyObject *args);
+
+#endif

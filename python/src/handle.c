@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * handle.c: Handle, an open engine handle (encache.Cache subclasses it).
+ * Invariants: ec is NULL once closed; lock serialises the library calls
+ * on ec and its steps; fork_gen is the generation ec was opened in.
+ */
+#include "ext.h"
+
+#include <string.h>
+
+/* Sets option `name` of cfg from a Python value by its type; 0 or -1. */
+static int set_option(encache_config *cfg, const char *name,
+                      PyObject *value) {
+  int id = 0;
+  while (id < ENCACHE_OPT_COUNT && strcmp(encache_option_name(id), name) != 0)
+    id++;
+  char msg[256];
+  if (id == ENCACHE_OPT_COUNT) {
+    PyOS_snprintf(msg, sizeof(msg),
+                  "%s: no such option (docs/configuration.md lists them)",
+                  name);
+    ec_raise(ENCACHE_ECONFIG, msg);
+    return -1;
+  }
+  int rc;
+  if (value == Py_None)
+    rc = encache_config_reset(cfg, id);
+  else if (PyBool_Check(value))
+    rc = encache_config_set_bool(cfg, id, value == Py_True);
+  else if (PyLong_Check(value)) {
+    unsigned long long u = PyLong_AsUnsignedLongLong(value);
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      rc = ENCACHE_EINVAL;
+    } else if ((rc = encache_config_set_u64(cfg, id, u)) == ENCACHE_EINVAL)
+      rc = encache_config_set_double(cfg, id, (double)u);
+  } else if (PyFloat_Check(value))
+    rc = encache_config_set_double(cfg, id, PyFloat_AS_DOUBLE(value));
+  else if (PyUnicode_Check(value))
+    rc = encache_config_set_string(cfg, id, PyUnicode_AsUTF8(value));
+  else
+    rc = ENCACHE_EINVAL;
+  if (rc == ENCACHE_EINVAL) {
+    PyOS_snprintf(msg, sizeof(msg), "%s: expects a %s (got %s)", name,
+                  encache_option_type(id), Py_TYPE(value)->tp_name);
+    ec_raise(ENCACHE_ECONFIG, msg);
+    return -1;
+  }
+  if (rc < 0) {
+    ec_raise(rc, encache_config_errmsg(cfg));
+    return -1;
+  }
+  return 0;
+}
+
+/* A configuration built from a dict of typed options; NULL on error. */
+static encache_config *config_of(PyObject *options) {
+  encache_config *cfg = NULL;
+  int rc = encache_config_new(&cfg);
+  if (rc < 0)
+    return ec_raise(rc, NULL), NULL;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(options, &pos, &key, &value)) {
+    const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    if (name == NULL) {
+      PyErr_Clear();
+      ec_raise(ENCACHE_ECONFIG, "option names are strings");
+      goto fail;
+    }
+    if (set_option(cfg, name, value) < 0)
+      goto fail;
+  }
+  if ((rc = encache_config_validate(cfg)) < 0) {
+    ec_raise(rc, encache_config_errmsg(cfg));
+    goto fail;
+  }
+  return cfg;
+fail:
+  encache_config_free(cfg);
+  return NULL;
+}
+
+static int handle_init(PyObject *self, PyObject *args, PyObject *kw) {
+  handle *h = (handle *)self;
+  static const char *names[] = {"ec_transfer_config", "model", "revision",
+                          "encoder_hash", "dtype", "store", "options",
+                          "output", "log", NULL};
+  const char *ec_json = NULL, *model = NULL, *revision = NULL,
+             *encoder_hash = NULL, *store = NULL;
+  Py_ssize_t ec_len = 0;
+  int dtype = ENCACHE_BFLOAT16, output = OUT_BUFFER;
+  PyObject *options = NULL, *log = NULL;
+  if (h->ec != NULL)
+    return ec_invalid("the Cache is already open"), -1;
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kw, "|z#$zzzizOiO:Handle", (char **)names, &ec_json, &ec_len, &model,
+          &revision, &encoder_hash, &dtype, &store, &options, &output, &log))
+    return -1;
+  if (output == OUT_TORCH && ec_from_dlpack == NULL)
+    return ec_invalid("output 'torch' needs torch"), -1;
+  if (output == OUT_NUMPY && ec_as_array == NULL)
+    return ec_invalid("output 'numpy' needs numpy"), -1;
+  if (options == Py_None)
+    options = NULL;
+  if (options != NULL && !PyDict_Check(options))
+    return ec_invalid("options must be a dict of option names to values"), -1;
+  encache_config *cfg = NULL;
+  if (options != NULL && (cfg = config_of(options)) == NULL)
+    return -1;
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = ec_json;
+  o.ec_transfer_config_len = (size_t)ec_len;
+  o.config = cfg;
+  o.model = model;
+  o.revision = revision;
+  o.encoder_hash = encoder_hash;
+  o.model_dtype = dtype;
+  o.store_url = store;
+  o.log = ec_log;
+  o.log_ctx = h;
+  Py_XSETREF(h->log, log == NULL || log == Py_None ? NULL : Py_NewRef(log));
+  encache *ec = NULL;
+  int rc;
+  char msg[1024];
+  Py_BEGIN_ALLOW_THREADS
+  rc = encache_open(&o, &ec);
+  if (rc < 0)
+    PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(NULL));
+  Py_END_ALLOW_THREADS
+  encache_config_free(cfg);
+  if (rc < 0)
+    return ec_raise(rc, msg), -1;
+  h->ec = ec;
+  h->output = output;
+  h->fork_gen = ec_fork_gen;
+  return 0;
+}
+
+static PyObject *handle_new(PyTypeObject *type, PyObject *args,
+                            PyObject *kw) {
+  (void)args;
+  (void)kw;
+  handle *h = (handle *)type->tp_alloc(type, 0);
+  if (h == NULL)
+    return NULL;
+  h->lock = PyThread_allocate_lock();
+  if (h->lock == NULL) {
+    Py_DECREF(h);
+    return PyErr_NoMemory();
+  }
+  return (PyObject *)h;
+}
+
+/* Closes ec (held lock: the caller's); 0 or a library code. */
+static int close_ec(handle *h, char *msg, size_t cap) {
+  encache *ec = h->ec;
+  h->ec = NULL;
+  int rc = encache_close(ec);
+  if (rc < 0)
+    PyOS_snprintf(msg, cap, "%s", encache_strerror(rc));
+  return rc;
+}
+
+static void handle_dealloc(PyObject *self) {
+  handle *h = (handle *)self;
+  PyObject_GC_UnTrack(self);
+  if (h->weakrefs != NULL)
+    PyObject_ClearWeakRefs(self);
+  /* In a child after fork() the parent's handle is left alone: its worker
+   * thread is not there to drain it. */
+  if (h->ec != NULL && h->fork_gen == ec_fork_gen) {
+    char msg[256];
+    close_ec(h, msg, sizeof(msg));
+  }
+  if (h->lock != NULL)
+    PyThread_free_lock(h->lock);
+  Py_CLEAR(h->log);
+  Py_TYPE(self)->tp_free(self);
+}
+
+static int handle_traverse(PyObject *self, visitproc visit, void *arg) {
+  Py_VISIT(((handle *)self)->log);
+  return 0;
+}
+
+static int handle_clear(PyObject *self) {
+  Py_CLEAR(((handle *)self)->log);
+  return 0;
+}
+
+static PyObject *handle_close(PyObject *self, PyObject *args) {
+  (void)args;
+  handle *h = (handle *)self;
+  if (h->ec == NULL)
+    Py_RETURN_NONE;
+  if (ec_handle_usable(h) < 0)
+    return NULL;
+  char msg[256];
+  int rc;
+  rc = 0;
+  EC_LOCKED(h, rc, rc = close_ec(h, msg, sizeof(msg)));
+  if (rc == ENCACHE_ECLOSED)
+    Py_RETURN_NONE; /* another thread closed it first */
+  if (rc < 0)
+    return ec_raise(rc, msg);
+  Py_RETURN_NONE;
+}
+
+static PyObject *handle_flush(PyObject *self, PyObject *args) {
+  (void)args;
+  handle *h = (handle *)self;
+  if (ec_handle_usable(h) < 0)
+    return NULL;
+  char msg[1024] = "";
+  int rc;
+  EC_LOCKED(h, rc, rc = encache_flush(h->ec);
+            if (rc < 0) PyOS_snprintf(msg, sizeof(msg), "%s",
+                                      encache_errmsg(h->ec)));
+  if (rc < 0)
+    return ec_raise(rc, msg);
+  Py_RETURN_NONE;
+}
+
+static PyObject *handle_step(PyObject *self, PyObject *args) {
+  (void)args;
+  return ec_step_new((handle *)self);
+}
+
+static PyObject *handle_lookup(PyObject *self, PyObject *items) {
+  PyObject *s = ec_step_new((handle *)self);
+  if (s == NULL)
+    return NULL;
+  PyObject *r = ec_step_lookup((step *)s, items);
+  if (r == NULL) {
+    Py_DECREF(s);
+    return NULL;
+  }
+  Py_DECREF(r);
+  return s;
+}
+
+static int put_u64(PyObject *d, const char *name, uint64_t v) {
+  PyObject *o = PyLong_FromUnsignedLongLong(v);
+  int rc = o == NULL ? -1 : PyDict_SetItemString(d, name, o);
+  Py_XDECREF(o);
+  return rc;
+}
+
+static PyObject *handle_stats(PyObject *self, PyObject *args) {
+  (void)args;
+  handle *h = (handle *)self;
+  if (ec_handle_usable(h) < 0)
+    return NULL;
+  encache_stats st = ENCACHE_STATS_INIT;
+  int rc = encache_stats_get(h->ec, &st);
+  if (rc < 0)
+    return ec_raise(rc, encache_errmsg(h->ec));
+  PyObject *d = PyDict_New(), *skipped = PyList_New(0);
+  if (d == NULL || skipped == NULL)
+    goto fail;
+#define PUT(f)                                                               \
+  if (put_u64(d, #f, st.f) < 0)                                              \
+    goto fail;
+  PUT(lookups) PUT(candidates) PUT(hits) PUT(misses) PUT(incompatible)
+  PUT(oversize) PUT(unavailable) PUT(skipped) PUT(bytes_read)
+  PUT(batched_reads) PUT(published_queued) PUT(published_written)
+  PUT(published_present) PUT(published_failed) PUT(pending_items)
+  PUT(pending_bytes) PUT(staging_allocations) PUT(staging_bytes)
+  PUT(steps_open)
+#undef PUT
+  /* By reason code; the package names them. */
+  for (int r = 0; r < ENCACHE_SKIP_COUNT_; r++) {
+    PyObject *n = PyLong_FromUnsignedLongLong(st.published_skipped[r]);
+    if (n == NULL || PyList_Append(skipped, n) < 0) {
+      Py_XDECREF(n);
+      goto fail;
+    }
+    Py_DECREF(n);
+  }
+  if (PyDict_SetItemString(d, "published_skipped", skipped) < 0 ||
+      PyDict_SetItemString(d, "poisoned", st.poisoned ? Py_True : Py_False) < 0)
+    goto fail;
+  Py_DECREF(skipped);
+  return d;
+fail:
+  Py_XDECREF(d);
+  Py_XDECREF(skipped);
+  return NULL;
+}
+
+static PyObject *handle_namespace(PyObject *self, void *closure) {
+  (void)closure;
+  handle *h = (handle *)self;
+  if (ec_handle_usable(h) < 0)
+    return NULL;
+  return PyUnicode_FromString(encache_namespace_of(h->ec));
+}
+
+static PyObject *handle_enabled(PyObject *self, void *closure) {
+  (void)closure;
+  handle *h = (handle *)self;
+  if (ec_handle_usable(h) < 0)
+    return NULL;
+  return PyBool_FromLong(encache_enabled(h->ec));
+}
+
+static PyObject *handle_closed(PyObject *self, void *closure) {
+  (void)closure;
+  return PyBool_FromLong(((handle *)self)->ec == NULL);
+}
+
+static PyMethodDef handle_methods[] = {
+    {"lookup", handle_lookup, METH_O,
+     "lookup(items) -> Step: opens a step and looks the items up."},
+    {"step", handle_step, METH_NOARGS, "step() -> Step: an empty step."},
+    {"flush", handle_flush, METH_NOARGS,
+     "Waits until every queued publication is written or skipped."},
+    {"close", handle_close, METH_NOARGS,
+     "Closes the handle (waits for queued publications); idempotent."},
+    {"_stats", handle_stats, METH_NOARGS, "The counters, as a dict."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef handle_getset[] = {
+    {"namespace", handle_namespace, NULL,
+     "The key namespace: keys are NAMESPACE '@id:' ID.", NULL},
+    {"enabled", handle_enabled, NULL, "True when cross_encoder_cache is on.",
+     NULL},
+    {"closed", handle_closed, NULL, "True once closed.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject ec_handle_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache._encache.Handle",
+    .tp_basicsize = sizeof(handle),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An open engine handle (use encache.Cache).",
+    .tp_new = handle_new,
+    .tp_init = handle_init,
+    .tp_dealloc = handle_dealloc,
+    .tp_traverse = handle_traverse,
+    .tp_clear = handle_clear,
+    .tp_weaklistoffset = offsetof(handle, weakrefs),
+    .tp_methods = handle_methods,
+    .tp_getset = handle_getset,
+};

@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * lookup.c: Step.lookup(items): items to candidates, the library's lookup
+ * with the GIL released, results to Result objects.
+ *
+ * An item is a tuple (encache.Item, or a plain one): id, dtype, shape
+ * (rows, cols) and, optionally, device.  dtype and device objects (torch,
+ * numpy, strings) are resolved once by the package's functions and cached
+ * here by identity of value (dicts), so the common case costs two dict
+ * lookups.  Destinations come from buffer.c's allocator, which needs no
+ * GIL.
+ */
+#include "ext.h"
+
+#include <structmember.h>
+
+#define STACK_ITEMS 16
+
+/* ---------------------------------------------------------------- Result */
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *id;
+  PyObject *tensor; /* HIT: the output; else None */
+  PyObject *why;    /* str, or None for a HIT */
+  int outcome;
+  int verdict;
+  encache_header found;
+  void *address;    /* HIT: the destination the library filled */
+} result;
+
+static void result_dealloc(PyObject *self) {
+  result *r = (result *)self;
+  Py_XDECREF(r->id);
+  Py_XDECREF(r->tensor);
+  Py_XDECREF(r->why);
+  Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *result_outcome(PyObject *self, void *c) {
+  (void)c;
+  return Py_NewRef(PyTuple_GET_ITEM(ec_outcomes, ((result *)self)->outcome));
+}
+
+static PyObject *result_hit(PyObject *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(((result *)self)->outcome == ENCACHE_HIT);
+}
+
+static PyObject *result_verdict(PyObject *self, void *c) {
+  (void)c;
+  result *r = (result *)self;
+  if (r->outcome != ENCACHE_INCOMPATIBLE)
+    Py_RETURN_NONE;
+  return PyUnicode_FromString(encache_verdict_name(r->verdict));
+}
+
+static PyObject *result_found(PyObject *self, void *c) {
+  (void)c;
+  result *r = (result *)self;
+  if (r->outcome != ENCACHE_INCOMPATIBLE)
+    Py_RETURN_NONE;
+  return Py_BuildValue("(IKK)", r->found.dtype,
+                       (unsigned long long)r->found.rows,
+                       (unsigned long long)r->found.cols);
+}
+
+static PyObject *result_address(PyObject *self, void *c) {
+  (void)c;
+  result *r = (result *)self;
+  if (r->address == NULL)
+    Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(r->address);
+}
+
+static PyObject *result_repr(PyObject *self) {
+  result *r = (result *)self;
+  if (r->why == Py_None)
+    return PyUnicode_FromFormat("<encache.Result %R %s>", r->id,
+                                encache_outcome_name(r->outcome));
+  return PyUnicode_FromFormat("<encache.Result %R %s: %S>", r->id,
+                              encache_outcome_name(r->outcome), r->why);
+}
+
+static PyMemberDef result_members[] = {
+    {"id", T_OBJECT, offsetof(result, id), READONLY, "the item's id"},
+    {"tensor", T_OBJECT, offsetof(result, tensor), READONLY,
+     "HIT: the output (a tensor, array or Buffer); else None"},
+    {"why", T_OBJECT, offsetof(result, why), READONLY,
+     "why it is not a HIT, in words; None for a HIT"},
+    {NULL, 0, 0, 0, NULL}};
+
+static PyGetSetDef result_getset[] = {
+    {"outcome", result_outcome, NULL, "an encache.Outcome", NULL},
+    {"hit", result_hit, NULL, "True for a HIT", NULL},
+    {"verdict", result_verdict, NULL,
+     "INCOMPATIBLE: what differed (length, magic, dtype, shape)", NULL},
+    {"found", result_found, NULL,
+     "INCOMPATIBLE: (dtype code, rows, cols) of the header found", NULL},
+    {"address", result_address, NULL,
+     "HIT: the address the library filled (the output's own memory)", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject ec_result_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Result",
+    .tp_basicsize = sizeof(result),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The outcome of one item of a lookup.",
+    .tp_dealloc = result_dealloc,
+    .tp_repr = result_repr,
+    .tp_members = result_members,
+    .tp_getset = result_getset,
+};
+
+static PyObject *dtype_cache, *device_cache;
+
+/* *out = the cached fn(key), calling fn on a miss; 0 or -1. */
+static int cached(PyObject **cache, PyObject *fn, PyObject *key,
+                  PyObject **out) {
+  if (*cache == NULL && (*cache = PyDict_New()) == NULL)
+    return -1;
+  PyObject *v = PyDict_GetItemWithError(*cache, key);
+  if (v != NULL) {
+    *out = Py_NewRef(v);
+    return 0;
+  }
+  if (PyErr_Occurred()) /* unhashable: resolve it every time */
+    PyErr_Clear();
+  else if ((v = PyObject_CallOneArg(fn, key)) != NULL) {
+    if (PyDict_Size(*cache) < 256 && PyDict_SetItem(*cache, key, v) < 0)
+      PyErr_Clear();
+    *out = v;
+    return 0;
+  } else
+    return -1;
+  return (*out = PyObject_CallOneArg(fn, key)) == NULL ? -1 : 0;
+}
+
+static int parse_dtype(PyObject *o, int *dtype) {
+  PyObject *v = NULL;
+  if (PyLong_CheckExact(o))
+    v = Py_NewRef(o);
+  else if (cached(&dtype_cache, ec_dtype_of, o, &v) < 0)
+    return -1;
+  *dtype = (int)PyLong_AsLong(v);
+  Py_DECREF(v);
+  if (PyErr_Occurred())
+    return -1;
+  if (encache_dtype_size(*dtype) == 0) {
+    PyErr_Format(PyExc_ValueError, "dtype %R is not a dtype code", o);
+    return -1;
+  }
+  return 0;
+}
+
+static int parse_shape(PyObject *o, encache_candidate *c) {
+  PyObject *seq = PySequence_Fast(o, "shape must be (rows, cols)");
+  if (seq == NULL)
+    return -1;
+  int rc = -1;
+  if (PySequence_Fast_GET_SIZE(seq) != 2)
+    PyErr_Format(PyExc_ValueError, "shape %R is not (rows, cols)", o);
+  else {
+    PyObject **v = PySequence_Fast_ITEMS(seq);
+    c->rows = PyLong_AsUnsignedLongLong(v[0]);
+    c->cols = PyErr_Occurred() ? 0 : PyLong_AsUnsignedLongLong(v[1]);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError,
+                   "shape %R is not two non-negative integers", o);
+    } else
+      rc = 0;
+  }
+  Py_DECREF(seq);
+  return rc;
+}
+
+static int parse_device(PyObject *o, encache_candidate *c) {
+  c->device = ENCACHE_DEVICE_HOST;
+  c->device_index = 0;
+  if (o == Py_None)
+    return 0;
+  PyObject *v = NULL;
+  if (cached(&device_cache, ec_device_of, o, &v) < 0)
+    return -1;
+  int ok = PyArg_ParseTuple(v, "ii", &c->device, &c->device_index);
+  Py_DECREF(v);
+  return ok ? 0 : -1;
+}
+
+/* Fills c from item and sets *id to a new reference to its id (c->id
+ * points into it); -1 with an exception set. */
+static int parse_item(PyObject *item, encache_candidate *c, PyObject **id) {
+  PyObject *f = PySequence_Fast(item, "an item is (id, dtype, shape[, device])");
+  if (f == NULL)
+    return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+  PyObject **v = PySequence_Fast_ITEMS(f);
+  int rc = -1;
+  *c = (encache_candidate)ENCACHE_CANDIDATE_INIT;
+  c->modality = ENCACHE_MODALITY_IMAGE;
+  if (n != 3 && n != 4)
+    PyErr_Format(PyExc_ValueError, "%R is not (id, dtype, shape[, device])",
+                 item);
+  else if (!PyUnicode_Check(v[0]))
+    PyErr_Format(PyExc_TypeError, "the id %R is not a str", v[0]);
+  else if ((c->id = PyUnicode_AsUTF8(v[0])) != NULL &&
+           parse_dtype(v[1], &c->dtype) == 0 && parse_shape(v[2], c) == 0 &&
+           parse_device(n == 4 ? v[3] : Py_None, c) == 0) {
+    *id = Py_NewRef(v[0]);
+    rc = 0;
+  }
+  Py_DECREF(f);
+  return rc;
+}
+
+/* Replaces the pending exception with InvalidError naming item i. */
+static void invalid_item(Py_ssize_t i) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject *s = value != NULL ? PyObject_Str(value) : NULL;
+  const char *m = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
+  PyErr_Clear();
+  ec_invalid("item %zd: %s", i, m != NULL ? m : "invalid");
+  Py_XDECREF(s);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
+/* The Result of r (for candidate c); its hit's block is taken over, or
+ * freed on failure. */
+static PyObject *result_of(step *s, PyObject *id, const encache_candidate *c,
+                           const encache_result *r) {
+  PyObject *o = ec_result_type.tp_alloc(&ec_result_type, 0);
+  PyObject *tensor = r->outcome == ENCACHE_HIT
+                         ? ec_block_wrap(r->handle, s->owner->output,
+                                         c->dtype, c->rows, c->cols)
+                         : Py_NewRef(Py_None);
+  PyObject *why = r->why != NULL ? PyUnicode_FromString(r->why)
+                                 : Py_NewRef(Py_None);
+  if (o == NULL || tensor == NULL || why == NULL) {
+    Py_XDECREF(o);
+    Py_XDECREF(tensor);
+    Py_XDECREF(why);
+    return NULL;
+  }
+  result *res = (result *)o;
+  res->id = Py_NewRef(id);
+  res->tensor = tensor;
+  res->why = why;
+  res->outcome = r->outcome;
+  res->verdict = r->verdict;
+  res->found = r->found;
+  res->address = r->outcome == ENCACHE_HIT ? r->data : NULL;
+  return o;
+}
+
+/* Looks candidates c[0..n) up on s; the results in res, or -1 raised. */
+static int lookup_locked(step *s, handle *h, const encache_candidate *c,
+                         Py_ssize_t n, encache_result *res) {
+  encache_allocator a = ENCACHE_ALLOCATOR_INIT;
+  a.alloc = ec_block_alloc;
+  a.release = ec_block_release;
+  res[0].size = sizeof(encache_result);
+  char msg[1024] = "";
+  int rc = 0;
+  EC_LOCKED(h, rc,
+            rc = s->st == NULL ? ENCACHE_ECLOSED
+                               : encache_lookup(s->st, c, (size_t)n, &a, res);
+            if (rc < 0 && rc != ENCACHE_ECLOSED)
+              PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
+  if (rc < 0) {
+    ec_raise(rc, rc == ENCACHE_ECLOSED ? "the step or its Cache is closed"
+                                       : msg);
+    return -1;
+  }
+  return 0;
+}
+
+/* The Results of res[0..n) as a new list; every hit's block is taken
+ * over (or freed) whatever happens. */
+static PyObject *results_of(step *s, PyObject **ids, const encache_candidate *c,
+                            Py_ssize_t n, encache_result *res) {
+  PyObject *out = PyList_New(n);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *r = out != NULL ? result_of(s, ids[i], &c[i], &res[i]) : NULL;
+    if (r == NULL) {
+      if (res[i].outcome == ENCACHE_HIT && out == NULL)
+        ec_block_release(NULL, (size_t)i, res[i].data, res[i].handle);
+      Py_CLEAR(out);
+      continue; /* the remaining hits' blocks are freed */
+    }
+    PyList_SET_ITEM(out, i, r);
+  }
+  return out;
+}
+
+PyObject *ec_step_lookup(step *s, PyObject *items) {
+  if (ec_step_usable(s) < 0)
+    return NULL;
+  handle *h = (handle *)Py_NewRef(s->owner);
+  PyObject *seq = PySequence_Fast(items, "items must be a sequence of Item");
+  PyObject *out = NULL, *ids_stack[STACK_ITEMS], **ids = ids_stack;
+  encache_candidate c_stack[STACK_ITEMS], *c = c_stack;
+  encache_result r_stack[STACK_ITEMS], *res = r_stack;
+  Py_ssize_t n = seq != NULL ? PySequence_Fast_GET_SIZE(seq) : 0;
+  Py_ssize_t parsed = 0;
+  if (seq == NULL)
+    goto done;
+  if (n > STACK_ITEMS) {
+    ids = PyMem_Malloc(sizeof(*ids) * (size_t)n);
+    c = PyMem_Malloc(sizeof(*c) * (size_t)n);
+    res = PyMem_Malloc(sizeof(*res) * (size_t)n);
+    if (ids == NULL || c == NULL || res == NULL) {
+      PyErr_NoMemory();
+      goto done;
+    }
+  }
+  for (; parsed < n; parsed++)
+    if (parse_item(PySequence_Fast_GET_ITEM(seq, parsed), &c[parsed],
+                   &ids[parsed]) < 0) {
+      invalid_item(parsed);
+      goto done;
+    }
+  if (lookup_locked(s, h, c, n, res) < 0)
+    goto done;
+  out = results_of(s, ids, c, n, res);
+  if (out != NULL) {
+    Py_ssize_t at = PyList_GET_SIZE(s->results);
+    if (PyList_SetSlice(s->results, at, at, out) < 0)
+      Py_CLEAR(out);
+  }
+done:
+  for (Py_ssize_t i = 0; i < parsed; i++)
+    Py_DECREF(ids[i]);
+  if (n > STACK_ITEMS) {
+    PyMem_Free(ids);
+    PyMem_Free(c);
+    PyMem_Free(res);
+  }
+  Py_XDECREF(seq);
+  Py_DECREF(h);
+  return out;
+}

@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * module.c: encache._encache: module state, errors, the handle's lock, the
+ * fork generation and the log callback.  The package (encache/__init__.py)
+ * calls _init() once with what only Python knows: the exception classes,
+ * the Outcome and Skip enumerations, and how to describe tensors.
+ */
+#include "ext.h"
+
+#include <pthread.h>
+#include <errno.h>
+#include <stdarg.h>
+
+PyObject *ec_outcomes, *ec_skips, *ec_describe, *ec_dtype_of, *ec_device_of,
+    *ec_from_dlpack, *ec_as_array;
+static PyObject *errors;      /* dict: library code -> exception class */
+static PyObject *error_base;  /* encache.Error */
+static PyObject *invalid_error, *closed_error, *fork_error;
+unsigned long ec_fork_gen;
+
+static void after_fork_in_child(void) { ec_fork_gen++; }
+
+static PyObject *raise_as(PyObject *cls, int code, const char *msg) {
+  PyObject *exc = PyObject_CallFunction(cls, "sis", msg, code,
+                                        encache_err_name(code));
+  if (exc != NULL) {
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
+  return NULL;
+}
+
+PyObject *ec_raise(int code, const char *detail) {
+  if (code == ENCACHE_ENOMEM && (detail == NULL || detail[0] == '\0'))
+    return PyErr_NoMemory();
+  PyObject *key = PyLong_FromLong(code);
+  if (key == NULL)
+    return NULL;
+  PyObject *cls = PyDict_GetItemWithError(errors, key);
+  Py_DECREF(key);
+  if (cls == NULL && PyErr_Occurred())
+    return NULL;
+  const char *msg =
+      detail != NULL && detail[0] != '\0' ? detail : encache_strerror(code);
+  return raise_as(cls != NULL ? cls : error_base, code, msg);
+}
+
+PyObject *ec_invalid(const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  PyOS_vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  return raise_as(invalid_error, ENCACHE_EINVAL, msg);
+}
+
+int ec_handle_usable(handle *h) {
+  if (h->fork_gen != ec_fork_gen && h->ec != NULL) {
+    raise_as(fork_error, ENCACHE_EINVAL,
+             "this Cache was opened in the parent process before fork(): "
+             "open a new Cache in the child");
+    return -1;
+  }
+  if (h->ec == NULL) {
+    raise_as(closed_error, ENCACHE_ECLOSED, "the Cache is closed");
+    return -1;
+  }
+  return 0;
+}
+
+void ec_log(void *ctx, const char *message) {
+  handle *h = ctx;
+  PyGILState_STATE g = PyGILState_Ensure();
+  if (h->log != NULL) {
+    PyObject *r = PyObject_CallFunction(h->log, "s", message);
+    if (r == NULL)
+      PyErr_WriteUnraisable(h->log);
+    Py_XDECREF(r);
+  }
+  PyGILState_Release(g);
+}
+
+static PyObject *mod_init(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static const char *names[] = {"errors", "error_base", "invalid_error",
+                          "closed_error", "fork_error", "outcomes", "skips",
+                          "describe", "dtype_of", "device_of", NULL};
+  PyObject *v[10];
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOOO!O!OOO:_init", (char **)names,
+                                   &PyDict_Type, &v[0], &v[1], &v[2], &v[3],
+                                   &v[4], &PyTuple_Type, &v[5], &PyTuple_Type,
+                                   &v[6], &v[7], &v[8], &v[9]))
+    return NULL;
+  PyObject **slots[] = {&errors,       &error_base, &invalid_error,
+                        &closed_error, &fork_error, &ec_outcomes,
+                        &ec_skips,     &ec_describe, &ec_dtype_of,
+                        &ec_device_of};
+  for (int i = 0; i < 10; i++)
+    Py_XSETREF(*slots[i], Py_NewRef(v[i]));
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_outputs(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *from_dlpack, *as_array;
+  if (!PyArg_ParseTuple(args, "OO:_set_outputs", &from_dlpack, &as_array))
+    return NULL;
+  /* None keeps the converter already set (by another Cache). */
+  if (from_dlpack != Py_None)
+    Py_XSETREF(ec_from_dlpack, Py_NewRef(from_dlpack));
+  if (as_array != Py_None)
+    Py_XSETREF(ec_as_array, Py_NewRef(as_array));
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_version(PyObject *self, PyObject *args) {
+  (void)self;
+  (void)args;
+  return PyUnicode_FromString(encache_version());
+}
+
+static PyObject *mod_shm_destroy(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *name;
+  if (!PyArg_ParseTuple(args, "s:shm_destroy", &name))
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = encache_shm_destroy(name);
+  Py_END_ALLOW_THREADS
+  if (rc == -ENOENT)
+    Py_RETURN_FALSE;
+  if (rc < 0)
+    return ec_raise(rc, NULL);
+  Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"shm_destroy", mod_shm_destroy, METH_VARARGS,
+     "shm_destroy(name) -> bool: removes the shared-memory segment `name` "
+     "(processes attached keep their mapping); False if there is none."},
+    {"_init", (PyCFunction)(void (*)(void))mod_init,
+     METH_VARARGS | METH_KEYWORDS, "Set the package's classes (internal)."},
+    {"_set_outputs", mod_outputs, METH_VARARGS,
+     "Set torch's from_dlpack and numpy.asarray (internal)."},
+    {"library_version", mod_version, METH_NOARGS,
+     "The version of the libencache this module runs on."},
+    {"_bench_c_lookup", ec_bench_c_lookup, METH_VARARGS,
+     "Times the C lookup loop alone (the benchmark's baseline)."},
+    {"_bench_c_publish", ec_bench_c_publish, METH_VARARGS,
+     "Times encache_publish() from C alone (the benchmark's baseline)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "encache._encache",
+    "The C half of the encache package (use the package, not this).", -1,
+    methods, NULL, NULL, NULL, NULL};
+
+/* The library's tables, for the package's enumerations and errors. */
+static int add_tables(PyObject *m) {
+  PyObject *codes = PyDict_New(), *skips = PyList_New(0),
+           *outcomes = PyList_New(0);
+  int rc = codes != NULL && skips != NULL && outcomes != NULL ? 0 : -1;
+#define CODE_(name, value, msg)                                              \
+  if (rc == 0) {                                                             \
+    PyObject *v = PyLong_FromLong(value);                                    \
+    rc = v == NULL ? -1 : PyDict_SetItemString(codes, #name, v);             \
+    Py_XDECREF(v);                                                           \
+  }
+  ENCACHE_ERRNO_MAP(CODE_)
+#undef CODE_
+#define SKIP_(name, value, msg)                                              \
+  if (rc == 0) {                                                             \
+    PyObject *v = Py_BuildValue("(sis)", #name, value, msg);                 \
+    rc = v == NULL ? -1 : PyList_Append(skips, v);                           \
+    Py_XDECREF(v);                                                           \
+  }
+  ENCACHE_SKIP_MAP(SKIP_)
+#undef SKIP_
+  for (int o = ENCACHE_HIT; rc == 0 && o <= ENCACHE_SKIPPED; o++) {
+    PyObject *v = PyUnicode_FromString(encache_outcome_name(o));
+    rc = v == NULL ? -1 : PyList_Append(outcomes, v);
+    Py_XDECREF(v);
+  }
+  if (rc == 0)
+    rc = PyModule_AddObjectRef(m, "CODES", codes) < 0 ||
+                 PyModule_AddObjectRef(m, "SKIPS", skips) < 0 ||
+                 PyModule_AddObjectRef(m, "OUTCOMES", outcomes) < 0
+             ? -1
+             : 0;
+  Py_XDECREF(codes);
+  Py_XDECREF(skips);
+  Py_XDECREF(outcomes);
+  return rc;
+}
+
+PyMODINIT_FUNC PyInit__encache(void) {
+  PyTypeObject *types[] = {&ec_handle_type, &ec_step_type, &ec_result_type,
+                           &ec_buffer_type};
+  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+    if (PyType_Ready(types[i]) < 0)
+      return NULL;
+  if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0)
+    return PyErr_Format(PyExc_ImportError, "pthread_atfork failed");
+  PyObject *m = PyModule_Create(&moduledef);
+  if (m == NULL)
+    return NULL;
+  if (PyModule_AddObjectRef(m, "Handle", (PyObject *)&ec_handle_type) < 0 ||
+      PyModule_AddObjectRef(m, "Step", (PyObject *)&ec_step_type) < 0 ||
+      PyModule_AddObjectRef(m, "Result", (PyObject *)&ec_result_type) < 0 ||
+      PyModule_AddObjectRef(m, "Buffer", (PyObject *)&ec_buffer_type) < 0 ||
+      PyModule_AddIntConstant(m, "MAX_STEPS", ENCACHE_MAX_STEPS) < 0 ||
+      PyModule_AddStringConstant(m, "VERSION", ENCACHE_VERSION_STRING) < 0 ||
+      PyModule_AddIntConstant(m, "FLOAT32", ENCACHE_FLOAT32) < 0 ||
+      PyModule_AddIntConstant(m, "FLOAT16", ENCACHE_FLOAT16) < 0 ||
+      PyModule_AddIntConstant(m, "BFLOAT16", ENCACHE_BFLOAT16) < 0 ||
+      PyModule_AddIntConstant(m, "DEVICE_HOST", ENCACHE_DEVICE_HOST) < 0 ||
+      PyModule_AddIntConstant(m, "DEVICE_CUDA", ENCACHE_DEVICE_CUDA) < 0 ||
+      add_tables(m) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}
