@@ -91,9 +91,10 @@ def test_views_of_one_storage_are_charged_once(open_cache, shm, fault):
     big = sample(64, 32)  # 8 KiB of storage
     nbytes = big.numel() * big.element_size()
     other = sample(8, 32, seed=9)  # 1 KiB, a storage of its own
+    other_bytes = other.numel() * other.element_size()
     url = shm(scheme="pyfault")
     c = open_cache(url, ec_transfer_config=ectest.config(
-        store_max_pending_bytes=nbytes + other.nbytes))
+        store_max_pending_bytes=nbytes + other_bytes))
     fault.hold(fault.WRITES)
     items = [(i, F32, (16, 32)) for i in ("v0", "v1", "v2")]
     with c.lookup(items + [("other", F32, (8, 32)), ("more", F32, (8, 32))]) \
@@ -106,7 +107,7 @@ def test_views_of_one_storage_are_charged_once(open_cache, shm, fault):
         st = c.stats()
         assert (st.pending_items, st.pending_bytes) == (3, nbytes)
         assert step.publish("other", other) == Skip.QUEUED
-        assert c.stats().pending_bytes == nbytes + other.nbytes
+        assert c.stats().pending_bytes == nbytes + other_bytes
         # The budget is full now: a new storage is refused.
         assert step.publish("more", sample(8, 32, seed=5)) == Skip.OVER_BYTES
     fault.hold(fault.WRITES, False)
