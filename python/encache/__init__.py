@@ -60,6 +60,13 @@ def shm_destroy(name):
     return _encache.shm_destroy(name)
 
 
+def set_block_cache(max_bytes):
+    """Sets the most bytes of freed hit memory the package keeps for reuse
+    by later lookups (default 64 MiB; 0 keeps none); returns the previous
+    value.  See docs/python.md, "Threads, processes and memory"."""
+    return _encache.set_block_cache(max_bytes)
+
+
 def library_version():
     """The version of the libencache the package runs on."""
     return _encache.library_version()
@@ -193,5 +200,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "__version__",
 ]

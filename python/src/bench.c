@@ -3,8 +3,10 @@
  * bench.c: the benchmark's baseline, the same lookup made from C alone
  * (python/encache/bench.py): on a Cache's own handle, for the same ids,
  * each iteration opens a step, looks the ids up into destinations from
- * malloc (as a C encoder's allocator would), frees them, closes the step.
- * Measured here, in the same process and run as the Python lookups.
+ * the binding's own allocator (buffer.c, so that both sides get memory
+ * the same way and the difference is the binding's work), frees them,
+ * closes the step.  Measured in the same process and run as the Python
+ * lookups.
  */
 #include "ext.h"
 
@@ -38,8 +40,8 @@ static double now(void) {
 static int one(encache *ec, const encache_candidate *c, size_t n,
                encache_result *res) {
   encache_allocator a = ENCACHE_ALLOCATOR_INIT;
-  a.alloc = c_alloc;
-  a.release = c_release;
+  a.alloc = ec_block_alloc;
+  a.release = ec_block_release;
   encache_step *st = NULL;
   int rc = encache_step_open(ec, &st);
   if (rc < 0)
@@ -48,7 +50,7 @@ static int one(encache *ec, const encache_candidate *c, size_t n,
   rc = encache_lookup(st, c, n, &a, res);
   for (int i = 0; rc > 0 && i < (int)n; i++)
     if (res[i].outcome == ENCACHE_HIT)
-      free(res[i].handle);
+      ec_block_release(NULL, (size_t)i, res[i].data, res[i].handle);
   encache_step_close(st);
   return rc;
 }

@@ -10,11 +10,19 @@
  * matrix, and freeing the tensor calls the block's deleter), or a Buffer
  * (buffer protocol; numpy.asarray() of it is the NumPy output).
  *
+ * Freed blocks go back to a small cache (at most BLOCK_CACHE_SLOTS blocks
+ * and block_cache_max bytes, 64 MiB by default, set_block_cache() to
+ * change) that later lookups take from: without it, glibc returns a freed
+ * multi-megabyte block to the kernel and the next hit of that size pays a
+ * page fault per 4 KiB.  Any thread may free a block (a tensor dies
+ * anywhere), so the cache has its own mutex.
+ *
  * The DLPack structures are declared here as the DLPack ABI (v0.x) lays
  * them out; no header of DLPack or of PyTorch is needed to build.
  */
 #include "ext.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +57,7 @@ typedef struct block {
   dl_managed mt;
   int64_t shape[2];
   int64_t strides[2];
+  size_t cap; /* bytes of matrix the block can hold */
 } block;
 
 /* Where the matrix starts: the header rounded up to 64 bytes. */
@@ -56,19 +65,83 @@ typedef struct block {
 
 static void *block_data(block *b) { return (char *)b + BLOCK_DATA; }
 
+#define BLOCK_CACHE_SLOTS 16
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static block *cached[BLOCK_CACHE_SLOTS];
+static size_t cached_n, cached_bytes, block_cache_max = (size_t)64 << 20;
+
+/* The smallest cached block that holds nbytes without wasting more than
+ * half of itself, taken out of the cache; NULL if none. */
+static block *cache_take(size_t nbytes) {
+  block *b = NULL;
+  size_t at = 0;
+  pthread_mutex_lock(&cache_mu);
+  for (size_t k = 0; k < cached_n; k++)
+    if (cached[k]->cap >= nbytes && cached[k]->cap / 2 <= nbytes &&
+        (b == NULL || cached[k]->cap < b->cap)) {
+      b = cached[k];
+      at = k;
+    }
+  if (b != NULL) {
+    cached[at] = cached[--cached_n];
+    cached_bytes -= b->cap;
+  }
+  pthread_mutex_unlock(&cache_mu);
+  return b;
+}
+
+static void block_free(block *b) {
+  pthread_mutex_lock(&cache_mu);
+  int keep = cached_n < BLOCK_CACHE_SLOTS &&
+             b->cap <= block_cache_max - cached_bytes &&
+             cached_bytes <= block_cache_max;
+  if (keep) {
+    cached[cached_n++] = b;
+    cached_bytes += b->cap;
+  }
+  pthread_mutex_unlock(&cache_mu);
+  if (!keep)
+    free(b);
+}
+
+size_t ec_block_cache_set(size_t max_bytes) {
+  pthread_mutex_lock(&cache_mu);
+  size_t old = block_cache_max;
+  block_cache_max = max_bytes;
+  block *evicted[BLOCK_CACHE_SLOTS];
+  size_t n = 0;
+  while (cached_n > 0 && cached_bytes > max_bytes) {
+    evicted[n] = cached[--cached_n];
+    cached_bytes -= evicted[n++]->cap;
+  }
+  pthread_mutex_unlock(&cache_mu);
+  while (n > 0)
+    free(evicted[--n]);
+  return old;
+}
+
 int ec_block_alloc(void *ctx, size_t i, const encache_candidate *c,
                    uint64_t nbytes, void **data, void **blk) {
   (void)ctx;
   (void)i;
   (void)c;
-  if (nbytes > SIZE_MAX - BLOCK_DATA)
+  if (nbytes > SIZE_MAX - BLOCK_DATA - 4096)
     return ENCACHE_ENOMEM;
-  void *p = NULL;
-  if (posix_memalign(&p, 64, BLOCK_DATA + (size_t)nbytes) != 0)
-    return ENCACHE_ENOMEM;
-  memset(p, 0, sizeof(block));
-  *blk = p;
-  *data = block_data(p);
+  block *b = cache_take((size_t)nbytes);
+  if (b == NULL) {
+    size_t cap = ((size_t)nbytes + 4095) & ~(size_t)4095;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, BLOCK_DATA + cap) != 0)
+      return ENCACHE_ENOMEM;
+    b = p;
+    b->cap = cap;
+  }
+  size_t cap = b->cap;
+  memset(b, 0, sizeof(block));
+  b->cap = cap;
+  *blk = b;
+  *data = block_data(b);
   return 0;
 }
 
@@ -76,10 +149,10 @@ void ec_block_release(void *ctx, size_t i, void *data, void *blk) {
   (void)ctx;
   (void)i;
   (void)data;
-  free(blk);
+  block_free(blk);
 }
 
-static void block_deleter(dl_managed *mt) { free(mt); }
+static void block_deleter(dl_managed *mt) { block_free((block *)mt); }
 
 /* "dltensor" capsules not consumed by a framework free their block. */
 static void capsule_destructor(PyObject *cap) {
@@ -116,7 +189,7 @@ static PyObject *wrap_torch(block *b, int dtype, uint64_t rows,
   b->mt.deleter = block_deleter;
   PyObject *cap = PyCapsule_New(&b->mt, "dltensor", capsule_destructor);
   if (cap == NULL) {
-    free(b);
+    block_free(b);
     return NULL;
   }
   PyObject *t = PyObject_CallOneArg(ec_from_dlpack, cap);
@@ -135,7 +208,7 @@ typedef struct {
 } buffer;
 
 static void buffer_dealloc(PyObject *self) {
-  free(((buffer *)self)->blk);
+  block_free(((buffer *)self)->blk);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -211,7 +284,7 @@ PyObject *ec_block_wrap(void *blk, int output, int dtype, uint64_t rows,
     return wrap_torch(blk, dtype, rows, cols);
   buffer *b = PyObject_New(buffer, &ec_buffer_type);
   if (b == NULL) {
-    free(blk);
+    block_free(blk);
     return NULL;
   }
   Py_ssize_t item = (Py_ssize_t)encache_dtype_size(dtype);

@@ -36,6 +36,7 @@ typedef struct handle {
   PyObject_HEAD
   encache *ec;
   PyThread_type_lock lock; /* serialises the calls on ec */
+  unsigned long locked_by; /* the thread holding lock, 0 when none */
   unsigned long fork_gen;  /* the fork generation ec was opened in */
   int output;              /* OUT_* */
   PyObject *log;           /* callable(str) or NULL */
@@ -67,7 +68,9 @@ extern unsigned long ec_fork_gen;
 PyObject *ec_raise(int code, const char *detail);
 /* Raises InvalidError with a formatted message; returns NULL. */
 PyObject *ec_invalid(const char *fmt, ...);
-/* 0 when h can be used now; else raises (ClosedError, ForkError), -1. */
+/* 0 when h can be used now; else raises (ClosedError, ForkError, or
+ * InvalidError for a call from code the Cache itself is running: its log
+ * callable, or a finalizer of a tensor it releases), -1. */
 int ec_handle_usable(handle *h);
 /* Runs `stmt` (library calls on h) with the GIL released and h's lock
  * held, or sets rc to ENCACHE_ECLOSED when h was closed meanwhile (by
@@ -75,11 +78,13 @@ int ec_handle_usable(handle *h);
 #define EC_LOCKED(h, rc, stmt)                                               \
   do {                                                                       \
     Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock((h)->lock, WAIT_LOCK);      \
+    (h)->locked_by = PyThread_get_thread_ident();                            \
     if ((h)->ec == NULL)                                                     \
       (rc) = ENCACHE_ECLOSED;                                                \
     else {                                                                   \
       stmt;                                                                  \
     }                                                                        \
+    (h)->locked_by = 0;                                                      \
     PyThread_release_lock((h)->lock);                                        \
     Py_END_ALLOW_THREADS                                                     \
   } while (0)
@@ -90,6 +95,8 @@ void ec_log(void *ctx, const char *message);
 int ec_block_alloc(void *ctx, size_t i, const encache_candidate *c,
                    uint64_t nbytes, void **data, void **blk);
 void ec_block_release(void *ctx, size_t i, void *data, void *blk);
+/* Sets the most bytes of freed blocks kept for reuse; the old value. */
+size_t ec_block_cache_set(size_t max_bytes);
 /* The Python object (tensor, array or Buffer) that takes ownership of
  * block blk holding a rows x cols matrix of dtype; NULL with an exception
  * set (blk is then freed). */

@@ -114,7 +114,8 @@ PyTypeObject ec_result_type = {
 
 static PyObject *dtype_cache, *device_cache;
 
-/* *out = the cached fn(key), calling fn on a miss; 0 or -1. */
+/* *out = the cached fn(key), calling fn on a miss (and every time for an
+ * unhashable key); 0 or -1. */
 static int cached(PyObject **cache, PyObject *fn, PyObject *key,
                   PyObject **out) {
   if (*cache == NULL && (*cache = PyDict_New()) == NULL)
@@ -124,16 +125,15 @@ static int cached(PyObject **cache, PyObject *fn, PyObject *key,
     *out = Py_NewRef(v);
     return 0;
   }
-  if (PyErr_Occurred()) /* unhashable: resolve it every time */
-    PyErr_Clear();
-  else if ((v = PyObject_CallOneArg(fn, key)) != NULL) {
-    if (PyDict_Size(*cache) < 256 && PyDict_SetItem(*cache, key, v) < 0)
-      PyErr_Clear();
-    *out = v;
-    return 0;
-  } else
+  int hashable = !PyErr_Occurred();
+  PyErr_Clear();
+  if ((v = PyObject_CallOneArg(fn, key)) == NULL)
     return -1;
-  return (*out = PyObject_CallOneArg(fn, key)) == NULL ? -1 : 0;
+  if (hashable && PyDict_Size(*cache) < 256 &&
+      PyDict_SetItem(*cache, key, v) < 0)
+    PyErr_Clear();
+  *out = v;
+  return 0;
 }
 
 static int parse_dtype(PyObject *o, int *dtype) {

@@ -65,6 +65,11 @@ int ec_handle_usable(handle *h) {
     raise_as(closed_error, ENCACHE_ECLOSED, "the Cache is closed");
     return -1;
   }
+  if (h->locked_by == PyThread_get_thread_ident()) {
+    ec_invalid("the Cache was called from code it runs (its log callable, "
+               "or a finalizer of a tensor it releases): not allowed");
+    return -1;
+  }
   return 0;
 }
 
@@ -135,7 +140,19 @@ static PyObject *mod_shm_destroy(PyObject *self, PyObject *args) {
   Py_RETURN_TRUE;
 }
 
+static PyObject *mod_block_cache(PyObject *self, PyObject *args) {
+  (void)self;
+  unsigned long long max_bytes;
+  if (!PyArg_ParseTuple(args, "K:set_block_cache", &max_bytes))
+    return NULL;
+  return PyLong_FromSize_t(ec_block_cache_set((size_t)max_bytes));
+}
+
 static PyMethodDef methods[] = {
+    {"set_block_cache", mod_block_cache, METH_VARARGS,
+     "set_block_cache(max_bytes) -> int: the most bytes of freed hit "
+     "memory kept for reuse by later lookups (default 64 MiB; 0 keeps "
+     "none); returns the previous value."},
     {"shm_destroy", mod_shm_destroy, METH_VARARGS,
      "shm_destroy(name) -> bool: removes the shared-memory segment `name` "
      "(processes attached keep their mapping); False if there is none."},

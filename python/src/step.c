@@ -59,8 +59,11 @@ static void step_close_now(step *s) {
   s->owner = NULL;
   int rc = 0;
   /* A closed handle closed its steps; a handle of the parent process is
-   * left alone in a child. */
-  if (h->fork_gen == ec_fork_gen)
+   * left alone in a child; a step freed by code the handle runs (a
+   * collection inside its log callable) is left to the handle's close,
+   * since its lock is held. */
+  if (h->fork_gen == ec_fork_gen &&
+      h->locked_by != PyThread_get_thread_ident())
     EC_LOCKED(h, rc, encache_step_close(s->st); s->st = NULL);
   (void)rc;
   s->st = NULL;
