@@ -215,7 +215,9 @@ class RedisServer:
                 ["redis-server", "--port", str(self.port), "--bind",
                  "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
                  str(workdir), "--logfile", ""],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env={k: v for k, v in os.environ.items()
+                     if k != "LD_PRELOAD"})  # a sanitizer build's runtimes
             if self._ready():
                 self.url = f"redis://127.0.0.1:{self.port}"
                 return

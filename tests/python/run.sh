@@ -8,6 +8,10 @@
 # without redis-server the Redis tests skip).  Exits 77 (skipped) when
 # /usr/bin/python3 cannot import torch or the extension was not built.
 set -u
+# A sanitizer build's runtimes (LD_PRELOAD) are for the interpreter only,
+# not for this script's helpers and servers.
+preload=${LD_PRELOAD-}
+unset LD_PRELOAD
 build=$(cd "${1:?usage: run.sh BUILD_DIR SOURCE_DIR}" && pwd)
 src=$(cd "${2:?usage: run.sh BUILD_DIR SOURCE_DIR}" && pwd)
 shift 2
@@ -42,4 +46,5 @@ else
 fi
 cd "$src" || exit 1
 export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the source tree
-"$py" -m pytest -q -p no:cacheprovider "$@" tests/python
+env ${preload:+"LD_PRELOAD=$preload"} \
+  "$py" -m pytest -q -p no:cacheprovider "$@" tests/python

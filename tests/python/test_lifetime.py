@@ -94,6 +94,10 @@ def _steps(cache, first, n):
 # than that with their 256-byte payloads), so a leak of any of them per
 # step fails; the allocator's own growth after warm-up stays far below it.
 LEAK_BOUND = 1 << 20
+# Under AddressSanitizer (preloaded by the sanitizer build's ctest) freed
+# memory waits in its quarantine, so RSS grows without a leak: only the
+# Python objects are counted there.
+SANITIZED = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
 def test_no_leak_over_10000_steps(open_cache, figure):
@@ -115,5 +119,5 @@ def test_no_leak_over_10000_steps(open_cache, figure):
     assert (st.steps_open, st.pending_items, st.pending_bytes) == (0, 0, 0)
     # Every step publishes its new id; all but the first 25 hit the old.
     assert (st.hits, st.published_written) == (11000 - 25, 11000)
-    assert growth < LEAK_BOUND, growth
+    assert SANITIZED or growth < LEAK_BOUND, growth
     assert objects < 100, objects
