@@ -64,9 +64,13 @@ def test_dtype_spellings(open_cache, spelling):
 def test_numpy_publication(open_cache):
     a, b = open_cache(), open_cache()
     arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    rows = np.arange(60, dtype=np.float16).reshape(10, 6)[2:6]  # an offset
     publish_one(a, "np", arr)
+    publish_one(a, "rows", rows)
     r = lookup_one(b, "np", F32, (3, 4))
     assert r.hit and np.array_equal(r.tensor.numpy(), arr)
+    r = lookup_one(b, "rows", F16, (4, 6))
+    assert r.hit and np.array_equal(r.tensor.numpy(), rows)
 
 
 def test_hit_lands_in_the_returned_tensor(open_cache):
@@ -76,6 +80,7 @@ def test_hit_lands_in_the_returned_tensor(open_cache):
     r = lookup_one(b, "zc", F32, (16, 16))
     assert r.hit and isinstance(r.address, int) and r.address != 0
     assert r.tensor.data_ptr() == r.address
+    assert r.address % 64 == 0  # docs/python.md: blocks are 64-byte aligned
     # The tensor owns that memory: it outlives its result, step and Cache.
     x = r.tensor
     del r

@@ -116,3 +116,13 @@ def test_error_hierarchy():
                  "PoisonedError", "ClosedError", "StepsError",
                  "InvalidError", "ForkError"):
         assert issubclass(getattr(encache, name), encache.Error), name
+
+
+def test_dropped_steps_are_closed(open_cache):
+    """A Step nobody holds is closed when it is collected: dropping more
+    than MAX_STEPS of them never runs out of steps."""
+    c = open_cache()
+    for i in range(2 * MAX_STEPS):
+        c.lookup([(f"x{i}", F32, (2, 2))])
+    gc.collect()
+    assert c.stats().steps_open == 0

@@ -14,7 +14,7 @@ from encache import Skip
 def test_skip_reasons(open_cache):
     c = open_cache()
     items = [("nc", F32, (6, 4)), ("3d", F32, (2, 3)), ("i32", F32, (2, 2)),
-             ("i64np", F32, (2, 2))]
+             ("i64np", F32, (2, 2)), ("ncnp", F32, (10, 4))]
     with c.lookup(items) as step:
         non_contiguous = torch.randn(4, 6).t()
         assert tuple(non_contiguous.shape) == (6, 4)
@@ -25,11 +25,13 @@ def test_skip_reasons(open_cache):
         assert step.publish("i32", torch.zeros(2, 2, dtype=torch.int32)) \
             == Skip.DTYPE
         assert step.publish("i64np", np.zeros((2, 2), np.int64)) == Skip.DTYPE
+        columns = np.zeros((10, 6), np.float32)[:, 1:5]  # numpy strides
+        assert step.publish("ncnp", columns) == Skip.NOT_CONTIGUOUS
     c.flush()
     st = c.stats()
     assert st.published_queued == 0 and st.published_written == 0
     skipped = {k: v for k, v in st.published_skipped.items() if v}
-    assert skipped == {"NOT_CONTIGUOUS": 1, "NOT_MATRIX": 1,
+    assert skipped == {"NOT_CONTIGUOUS": 2, "NOT_MATRIX": 1,
                        "NOT_CANDIDATE": 1, "DTYPE": 2}, skipped
 
 
