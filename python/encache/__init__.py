@@ -67,6 +67,12 @@ def set_block_cache(max_bytes):
     return _encache.set_block_cache(max_bytes)
 
 
+def url_redact(url):
+    """The Store URL `url` with its password (if any) hidden, as every
+    message of the library shows URLs: print Store URLs this way."""
+    return _encache.url_redact(url)
+
+
 def library_version():
     """The version of the libencache the package runs on."""
     return _encache.library_version()
@@ -200,5 +206,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "__version__",
 ]

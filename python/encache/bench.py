@@ -157,8 +157,7 @@ def main(argv=None):
         json.dump(figs, sys.stdout, indent=2)
         print()
     else:
-        _print(figs, encache._encache_store_shown(store)
-               if hasattr(encache, "_encache_store_shown") else store, output)
+        _print(figs, encache.url_redact(store), output)
     return 0
 
 

@@ -148,7 +148,27 @@ static PyObject *mod_block_cache(PyObject *self, PyObject *args) {
   return PyLong_FromSize_t(ec_block_cache_set((size_t)max_bytes));
 }
 
+static PyObject *mod_url_redact(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *url;
+  if (!PyArg_ParseTuple(args, "s:url_redact", &url))
+    return NULL;
+  int n = encache_store_url_redact(url, NULL, 0);
+  if (n < 0)
+    return ec_raise(n, NULL);
+  char *buf = PyMem_Malloc((size_t)n + 1);
+  if (buf == NULL)
+    return PyErr_NoMemory();
+  int rc = encache_store_url_redact(url, buf, (size_t)n + 1);
+  PyObject *out = rc < 0 ? ec_raise(rc, NULL) : PyUnicode_FromString(buf);
+  PyMem_Free(buf);
+  return out;
+}
+
 static PyMethodDef methods[] = {
+    {"url_redact", mod_url_redact, METH_VARARGS,
+     "url_redact(url) -> str: the Store URL with its password hidden, as "
+     "every message of the library shows it."},
     {"set_block_cache", mod_block_cache, METH_VARARGS,
      "set_block_cache(max_bytes) -> int: the most bytes of freed hit "
      "memory kept for reuse by later lookups (default 64 MiB; 0 keeps "
