@@ -61,12 +61,12 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define ENCACHE_VERSION_MAJOR 1
-#define ENCACHE_VERSION_MINOR 1
+#define ENCACHE_VERSION_MINOR 2
 #define ENCACHE_VERSION_PATCH 0
 #define ENCACHE_VERSION_HEX                                                  \
   ((ENCACHE_VERSION_MAJOR << 16) | (ENCACHE_VERSION_MINOR << 8) |            \
    (ENCACHE_VERSION_PATCH))
-#define ENCACHE_VERSION_STRING "1.1.0"
+#define ENCACHE_VERSION_STRING "1.2.0"
 
 /* The version of the library actually loaded, as "MAJOR.MINOR.PATCH".
  * Static storage; never free it. */
@@ -1156,6 +1156,14 @@ ENCACHE_EXTERN int encache_storage_new(const void *base, uint64_t nbytes,
                                        void (*release)(void *ctx), void *ctx,
                                        encache_storage **out);
 ENCACHE_EXTERN void encache_storage_unref(encache_storage *s);
+/* Added in 1.2.  Takes another reference to s, dropped with
+ * encache_storage_unref().  The caller must know that a reference is held
+ * and cannot be dropped meanwhile (its own, or a queued publication's
+ * while no call that reaps runs on the handle: the reaps are on the
+ * caller's thread, so a caller that serialises its calls knows).  This
+ * lets a binding find the storage of memory it already published and
+ * charge the budgets once for all its views.  NULL is a no-op. */
+ENCACHE_EXTERN void encache_storage_ref(encache_storage *s);
 
 /* Why a publication was skipped (encache_publish() returns these > 0). */
 #define ENCACHE_SKIP_MAP(XX)                                                 \

@@ -96,6 +96,7 @@
   XX(engine_case12_unregistration_unconfirmed_quota_budget)                  \
   XX(engine_case13_view_charges_its_whole_storage)                           \
   XX(engine_case14_two_views_charged_once)                                   \
+  XX(engine_storage_ref_shares_the_charge)                                   \
   XX(engine_case15_fatal_after_reaper_looked)                                \
   XX(engine_case16_shutdown_drains)                                          \
   XX(engine_duplicates_read_once_each_own_output)                            \

@@ -51,9 +51,6 @@ def test_released_after_flush(open_cache):
     assert tref() is None, "the published tensor is still referenced"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reported: the step's storage cache keeps a published tensor until the "
-    "step closes; docs/python.md says until its write is done and reaped"))
 def test_released_after_flush_while_its_step_is_open(open_cache):
     c = open_cache()
     with c.lookup([("x", F32, (4, 4))]) as step:
