@@ -43,6 +43,9 @@
 #define IDENTITY_CHUNK ((size_t)128 << 10)
 #define IDENTITY_TAG "@weights:xxh128:"
 #define MANIFEST_TAG "encache-weights-v1\n"
+/* The smallest encache_identity_info accepted: its size when it came (a
+ * field added later goes at the end, and this stays). */
+#define IDENTITY_INFO_MIN sizeof(encache_identity_info)
 
 /* One weight file: its path relative to the model directory. */
 typedef struct wfile {
@@ -286,7 +289,7 @@ static int identity_args(const char *dir, const char *label, size_t size,
     return encache__thread_failed(ENCACHE_EINVAL, "encache_model_identity: "
                                   "the model directory is NULL or empty");
   if (info != NULL &&
-      !encache__struct_size_ok(info->size, sizeof(encache_identity_info)))
+      !encache__struct_size_ok(info->size, IDENTITY_INFO_MIN))
     return encache__thread_failed(ENCACHE_EINVAL, "encache_model_identity: "
                                   "info->size %zu: not an "
                                   "encache_identity_info (sizeof %zu)",
@@ -322,7 +325,7 @@ int encache_model_identity(const char *model_dir, const char *label,
   }
   if (rc == 0 && info != NULL) {
     encache_identity_info full = {sizeof(full), w.n, w.bytes};
-    encache__struct_out(info, &full, sizeof(full), sizeof(full));
+    encache__struct_out(info, &full, sizeof(full), IDENTITY_INFO_MIN);
   }
   if (rc == 0)
     rc = snprintf(buf, size, "%s" IDENTITY_TAG "%s", lab, hex);
