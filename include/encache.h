@@ -1035,8 +1035,9 @@ ENCACHE_EXTERN int encache_close(encache *ec);
 /* Detail of the handle's last failure (lookup, publish, step, flush,
  * close), "" when none.  Valid until the next call on the handle.  With ec
  * NULL: the message of the calling thread's last failed encache_open()
- * (thread-local storage, valid until that thread's next open).  Never
- * NULL. */
+ * (thread-local storage, valid until that thread's next open), or of its
+ * last failed encache_model_identity() (added in 1.2), whichever
+ * failed last.  Never NULL. */
 ENCACHE_EXTERN const char *encache_errmsg(const encache *ec);
 
 /* 1 when cross_encoder_cache is on (the handle uses a Store), else 0. */
@@ -1235,6 +1236,77 @@ typedef struct encache_stats {
 
 /* Fills *st (st->size set by the caller).  Errors: ENCACHE_EINVAL. */
 ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
+
+/* ------------------------------------------------------ model identity */
+
+/*
+ * Added in 1.2.  An identity string for `embedding_model_identity`
+ * that follows a model's weights: new weights under the same model name
+ * give a new identity, hence a new namespace, so that embeddings of the
+ * old weights simply stop matching (docs/deploy.md, "Weights that
+ * change").  The identity reads
+ *
+ *     LABEL "@weights:xxh128:" HEX
+ *
+ * HEX being 32 lower-case hex digits, e.g.
+ * "Qwen2-VL-7B@weights:xxh128:6f1c...".  LABEL is 1 to
+ * ENCACHE_IDENTITY_LABEL_MAX bytes of letters, digits and '.', '_', '-',
+ * '/' (no '@' or ':'; nothing a shell or a Redis SCAN pattern reads
+ * specially; only '.' means more in a regular expression); NULL or "" = the
+ * name of the directory (its real path's last component) with every
+ * other character replaced by '_', cut to the maximum ("model" for "/").
+ *
+ * Which files count: regular files (or symbolic links to them, as in a
+ * Hugging Face cache snapshot) whose names end in ".safetensors", ".bin",
+ * ".pt" or ".pth", in model_dir and its subdirectories at any depth up to
+ * 32.  Not counted: every other file (config.json, the *.index.json of
+ * sharded weights, tokenizers: a save rewrites configs with version
+ * fields while the weights stay the same), names starting with '.' (a
+ * writer's temporary file, .git, .cache) and directories reached through
+ * symbolic links.  A change of configuration that changes the outputs
+ * needs a new LABEL.
+ *
+ * The digest: each file's content is hashed with XXH3-128 (xxHash),
+ * streamed in 128 KiB reads; then one XXH3-128 over a manifest: the line
+ * "encache-weights-v1\n", then for each file, sorted by relative path
+ * (bytewise), the path's length (little-endian 64-bit), the path ('/'
+ * between directories), the size (little-endian 64-bit) and the content
+ * digest (XXH128's canonical 16 bytes, as xxhsum -H2 prints them); HEX is
+ * that manifest digest's canonical form.  So
+ * the identity does not depend on the order files were created in or the
+ * directory lists them, and changes when a byte of a weight file changes
+ * or a weight file is renamed, added, removed or truncated.  A file whose
+ * size or modification time changes while it is read is refused (-EAGAIN):
+ * compute the identity after the writer has finished.
+ *
+ * Writes the identity and a NUL into buf[0..size) and, when info is not
+ * NULL (info->size set), the files and bytes hashed into *info.  Returns
+ * the identity's length.  Errors (the calling thread's encache_errmsg(NULL)
+ * names the path or the label at fault): ENCACHE_EINVAL (model_dir NULL or
+ * empty, a bad label, a bad info->size), ENCACHE_ENOBUFS (size too small,
+ * found before any file is read: ENCACHE_MODEL_IDENTITY_MAX always
+ * suffices), ENCACHE_ENOENT (= -ENOENT: model_dir does not exist, or
+ * holds no weight file; the message says which), -ENOTDIR, -EACCES,
+ * -EIO ... (a directory or file that cannot be opened or read), -EAGAIN
+ * (a file changed while it was read), -ELOOP (deeper than 32
+ * directories), ENCACHE_ETOOLARGE (more than 100000 weight files),
+ * ENCACHE_ENOMEM.  Only reads; may be called from any thread.
+ */
+#define ENCACHE_IDENTITY_LABEL_MAX 128
+#define ENCACHE_MODEL_IDENTITY_MAX (ENCACHE_IDENTITY_LABEL_MAX + 16 + 32 + 1)
+
+typedef struct encache_identity_info {
+  size_t size;    /* sizeof(encache_identity_info): set it first */
+  uint64_t files; /* weight files hashed */
+  uint64_t bytes; /* their total size */
+} encache_identity_info;
+
+#define ENCACHE_IDENTITY_INFO_INIT {.size = sizeof(encache_identity_info)}
+
+ENCACHE_EXTERN int encache_model_identity(const char *model_dir,
+                                          const char *label, char *buf,
+                                          size_t size,
+                                          encache_identity_info *info);
 
 #ifdef __cplusplus
 }

@@ -156,4 +156,12 @@
   XX(vllm_vectors_option_errors)                                             \
   XX(vllm_vectors_headers)                                                   \
   XX(vllm_vectors_result_codes)                                              \
-  XX(vllm_engine_namespace_as_vllm_writes_it)
+  XX(vllm_engine_namespace_as_vllm_writes_it)                                \
+  XX(identity_stable_across_runs_and_creation_order)                         \
+  XX(identity_follows_every_change_of_the_weights)                           \
+  XX(identity_ignores_other_files_and_follows_links_to_weights)              \
+  XX(identity_default_label_is_the_directory_name)                           \
+  XX(identity_vector)                                                        \
+  XX(identity_errors_name_the_path)                                          \
+  XX(identity_refuses_bad_arguments)                                         \
+  XX(identity_out_of_memory_every_allocation)

@@ -79,6 +79,38 @@ check "key unknown option" 2 "unknown option '--bogus'" -- key --bogus
 check "key option without value" 2 "--model needs a value" -- key --model
 check "key --help" 0 "usage: encache key" -- key --help
 
+# --- identity: a model directory's weights, as an RL loop rewrites them
+mkdir -p "$tmp/model/visual"
+printf 'shard one' > "$tmp/model/model-00001.safetensors"
+printf 'tower' > "$tmp/model/visual/tower.bin"
+printf '{}' > "$tmp/model/config.json"
+id1=$("$tool" identity --model-dir "$tmp/model")
+case $id1 in
+  model@weights:xxh128:????????????????????????????????) echo "ok $((n += 1)) - identity format, default label" ;;
+  *) echo "not ok $((n += 1)) - identity format: got '$id1'"; fails=$((fails + 1)) ;;
+esac
+exact "identity stable" "$id1" -- identity --model-dir "$tmp/model/"
+exact "identity --label" "org/m@${id1#model@}" -- identity --model-dir "$tmp/model" --label org/m
+printf '{"changed": 1}' > "$tmp/model/config.json"
+exact "identity ignores configs" "$id1" -- identity --model-dir "$tmp/model"
+printf 'shard One' > "$tmp/model/model-00001.safetensors" # new weights
+id2=$("$tool" identity --model-dir "$tmp/model")
+n=$((n + 1))
+if [ -n "$id2" ] && [ "$id2" != "$id1" ]; then echo "ok $n - identity follows the weights"
+else echo "not ok $n - identity follows the weights: '$id1' then '$id2'"; fails=$((fails + 1)); fi
+check "identity --json" 0 "{\"identity\": \"$id2\", \"files\": 2, \"bytes\": 14, \"seconds\": " -- identity --model-dir "$tmp/model" --json
+check "identity missing directory" 1 "encache identity: $tmp/none: No such file or directory" -- identity --model-dir "$tmp/none"
+mkdir "$tmp/nomodel"
+check "identity without weights" 1 "encache identity: $tmp/nomodel: no weight files" -- identity --model-dir "$tmp/nomodel"
+check "identity needs --model-dir" 2 "--model-dir is required" -- identity
+check "identity bad label" 2 "label \"a@b\": character '@'" -- identity --model-dir "$tmp/model" --label a@b
+check "identity takes no argument" 2 "unexpected argument" -- identity --model-dir "$tmp/model" x
+check "identity --help" 0 "usage: encache identity --model-dir DIR" -- identity --help
+# The identity in a key, as embedding_model_identity.
+exact "identity as embedding_model_identity" \
+  "embedding@model:$id2@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --config "{\"ec_connector_extra_config\": {\"embedding_model_identity\": \"$id2\"}}" --dtype float32 --id x
+
 # --- global
 check "--help" 0 "Commands:" -- --help
 check "--version" 0 "encache 1.2.0" -- --version

@@ -23,9 +23,9 @@
 
 /* In the order of `encache --help`. */
 static const tool_command *const commands[] = {
-    &cmd_demo, &cmd_key,     &cmd_config, &cmd_lookup, &cmd_publish,
-    &cmd_bench, &cmd_put,    &cmd_get,    &cmd_inspect, &cmd_ls,
-    &cmd_stats, &cmd_rm,     &cmd_shm,
+    &cmd_demo, &cmd_key,     &cmd_identity, &cmd_config, &cmd_lookup,
+    &cmd_publish, &cmd_bench, &cmd_put,     &cmd_get,    &cmd_inspect,
+    &cmd_ls,   &cmd_stats,   &cmd_rm,       &cmd_shm,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
