@@ -182,7 +182,28 @@ static PyObject *mod_url_redact(PyObject *self, PyObject *args) {
   return out;
 }
 
+static PyObject *mod_identity(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *dir, *label = NULL;
+  if (!PyArg_ParseTuple(args, "s|z:model_identity", &dir, &label))
+    return NULL;
+  char out[ENCACHE_MODEL_IDENTITY_MAX], msg[1024] = "";
+  int rc;
+  Py_BEGIN_ALLOW_THREADS /* reads every weight file */
+  rc = encache_model_identity(dir, label, out, sizeof(out), NULL);
+  if (rc < 0)
+    PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(NULL));
+  Py_END_ALLOW_THREADS
+  if (rc < 0)
+    return ec_raise(rc, msg);
+  return PyUnicode_FromString(out);
+}
+
 static PyMethodDef methods[] = {
+    {"model_identity", mod_identity, METH_VARARGS,
+     "model_identity(model_dir, label=None) -> str: an identity derived "
+     "from the digest of the model's weight files, for "
+     "embedding_model_identity (as `encache identity`)."},
     {"url_redact", mod_url_redact, METH_VARARGS,
      "url_redact(url) -> str: the Store URL with its password hidden, as "
      "every message of the library shows it."},
