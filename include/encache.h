@@ -770,6 +770,38 @@ ENCACHE_EXTERN int encache_store_list(encache_store *st, const char *pattern,
                                                 void *arg),
                                       void *arg);
 
+/*
+ * Added after 1.0: removing every object under a key prefix, for purging
+ * an old namespace (the objects of namespace NS are the keys that start
+ * with NS "@id:", docs/format.md; `encache purge`).  prefix must not be
+ * empty.  Keys are matched as bytes, exactly: '*', '?', '[' and '\' in
+ * prefix are plain characters, never patterns.
+ *
+ * encache_store_remove_prefix() removes them and counts the objects it
+ * removed in *removed (may be NULL; set also when the call fails part
+ * way).  A backend with ENCACHE_STORE_CAP_REMOVE_PREFIX does it its own
+ * way (Redis: SCAN + UNLINK in batches on every master; Mooncake: remove
+ * by an anchored, escaped regex, which skips objects under a read lease);
+ * any other lists the prefix (ENCACHE_STORE_CAP_LIST) and removes each
+ * object (one already gone is not an error).  A Store that can do
+ * neither answers ENCACHE_EINVAL.  Objects written during the call may
+ * stay; nothing outside the prefix is ever removed.
+ *
+ * encache_store_count_prefix() counts them without removing anything:
+ * *objects and *bytes (either may be NULL).  It needs
+ * ENCACHE_STORE_CAP_LIST (Mooncake cannot count: ENCACHE_EINVAL).
+ *
+ * Both return 0 or a negative code with encache_store_errmsg() set; any
+ * thread (they take the time of a listing: not for an encoder's path).
+ */
+ENCACHE_EXTERN int encache_store_remove_prefix(encache_store *st,
+                                               const char *prefix,
+                                               uint64_t *removed);
+ENCACHE_EXTERN int encache_store_count_prefix(encache_store *st,
+                                              const char *prefix,
+                                              uint64_t *objects,
+                                              uint64_t *bytes);
+
 /* Counters of a Store; fields a backend does not know are UINT64_MAX. */
 typedef struct encache_store_stats {
   size_t size;          /* sizeof(encache_store_stats): set it first */
@@ -821,7 +853,10 @@ typedef enum encache_store_caps {
   ENCACHE_STORE_CAP_PUT_IF_ABSENT = 1u << 3,
   /* Objects are shared with other processes of the host or the fleet
    * (not only this process). */
-  ENCACHE_STORE_CAP_SHARED = 1u << 4
+  ENCACHE_STORE_CAP_SHARED = 1u << 4,
+  /* Added after 1.0: remove_prefix is given (a table of the 1.0 size,
+   * which ends before it, never sets this flag). */
+  ENCACHE_STORE_CAP_REMOVE_PREFIX = 1u << 5
 } encache_store_caps;
 
 typedef struct encache_store_backend {
@@ -855,15 +890,23 @@ typedef struct encache_store_backend {
   int (*stats)(encache_store *st, encache_store_stats *stats);
   /* Release everything, the handle included (encache_store_free()). */
   void (*close)(encache_store *st);
+  /* Added after 1.0 (a table of the 1.0 size ends above; size says which
+   * one a backend was built with).  ENCACHE_STORE_CAP_REMOVE_PREFIX: as
+   * encache_store_remove_prefix(): removes every object whose key starts
+   * with prefix (bytes, no pattern), their count in *removed (never
+   * NULL), nothing else ever. */
+  int (*remove_prefix)(encache_store *st, const char *prefix,
+                       uint64_t *removed);
 } encache_store_backend;
 
 /*
  * Makes a handle for backend b (which must outlive it) with your data and
  * the URL to show (its password, if any, is never shown; NULL = kind
- * ":").  Checks b: its size and version, the required operations, and
- * that caps and the optional operations agree (ENCACHE_EINVAL, with
- * encache_store_errmsg(NULL) naming what is wrong).  Errors also
- * ENCACHE_ENOMEM.
+ * ":").  Checks b: its size (at least 1.0's: a table built against an
+ * earlier header has none of the operations added since) and version,
+ * the required operations, and that caps and the optional operations
+ * agree (ENCACHE_EINVAL, with encache_store_errmsg(NULL) naming what is
+ * wrong).  Errors also ENCACHE_ENOMEM.
  */
 ENCACHE_EXTERN int encache_store_new(const encache_store_backend *b,
                                      void *data, const char *url,

@@ -46,6 +46,7 @@ inspect 1 inspect k
 ls 1 ls
 stats 1 stats
 rm 1 rm k
+purge 1 purge --key-prefix k
 shm 0 shm destroy encache-redact-$$
 EOC
 )
