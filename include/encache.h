@@ -771,7 +771,7 @@ ENCACHE_EXTERN int encache_store_list(encache_store *st, const char *pattern,
                                       void *arg);
 
 /*
- * Added after 1.0: removing every object under a key prefix, for purging
+ * Added in 1.2: removing every object under a key prefix, for purging
  * an old namespace (the objects of namespace NS are the keys that start
  * with NS "@id:", docs/format.md; `encache purge`).  prefix must not be
  * empty.  Keys are matched as bytes, exactly: '*', '?', '[' and '\' in
@@ -854,7 +854,7 @@ typedef enum encache_store_caps {
   /* Objects are shared with other processes of the host or the fleet
    * (not only this process). */
   ENCACHE_STORE_CAP_SHARED = 1u << 4,
-  /* Added after 1.0: remove_prefix is given (a table of the 1.0 size,
+  /* Added in 1.2: remove_prefix is given (a table of the 1.0 size,
    * which ends before it, never sets this flag). */
   ENCACHE_STORE_CAP_REMOVE_PREFIX = 1u << 5
 } encache_store_caps;
@@ -890,7 +890,7 @@ typedef struct encache_store_backend {
   int (*stats)(encache_store *st, encache_store_stats *stats);
   /* Release everything, the handle included (encache_store_free()). */
   void (*close)(encache_store *st);
-  /* Added after 1.0 (a table of the 1.0 size ends above; size says which
+  /* Added in 1.2 (a table of the 1.0 size ends above; size says which
    * one a backend was built with).  ENCACHE_STORE_CAP_REMOVE_PREFIX: as
    * encache_store_remove_prefix(): removes every object whose key starts
    * with prefix (bytes, no pattern), their count in *removed (never
@@ -1154,7 +1154,7 @@ typedef struct encache_result {
   void *data;          /* HIT: the destination, filled */
   void *handle;        /* HIT: what alloc returned with it */
   uint64_t nbytes;     /* HIT: payload bytes */
-  /* Added after 1.0.  Why the outcome is not a HIT, in words, NULL for a HIT:
+  /* Added in 1.1.  Why the outcome is not a HIT, in words, NULL for a HIT:
    * MISS "not in the Store"; INCOMPATIBLE what differed ("shape 2x2
    * (expected 4x1)"); OVERSIZE both sizes and the option to raise;
    * UNAVAILABLE the Store's own message ("the existence check failed:
