@@ -802,6 +802,29 @@ ENCACHE_EXTERN int encache_store_count_prefix(encache_store *st,
                                               uint64_t *objects,
                                               uint64_t *bytes);
 
+/*
+ * Added in 1.2: single-flight leases (docs/engine.md, "Single flight").  A
+ * lease on an object's key says "an encoder is producing this object":
+ * one holder at a time, for at most ttl_ms, identified by a token (any
+ * value but 0, random per lease).  Leases are kept apart from objects (a
+ * lease is never an object, and is never listed, read or purged as one).
+ *
+ * encache_store_lease_take(): 0 when token now holds the lease of key
+ * (taken, or already its own: then its deadline is renewed);
+ * ENCACHE_EEXIST when another holder has it; else a Store code
+ * (ENCACHE_EUNAVAIL, ...).  encache_store_lease_drop(): 0 when token held
+ * the lease and it is gone; ENCACHE_ENOENT when token does not hold it
+ * (it expired, its holder was declared dead, or another took it over);
+ * else a Store code.  A holder's lease ends at its deadline; on shm also
+ * at once when its process dies.  Without ENCACHE_STORE_CAP_LEASE both
+ * answer ENCACHE_EINVAL.  Any thread.
+ */
+ENCACHE_EXTERN int encache_store_lease_take(encache_store *st,
+                                            const char *key, uint64_t token,
+                                            uint32_t ttl_ms);
+ENCACHE_EXTERN int encache_store_lease_drop(encache_store *st,
+                                            const char *key, uint64_t token);
+
 /* Counters of a Store; fields a backend does not know are UINT64_MAX. */
 typedef struct encache_store_stats {
   size_t size;          /* sizeof(encache_store_stats): set it first */
@@ -856,7 +879,10 @@ typedef enum encache_store_caps {
   ENCACHE_STORE_CAP_SHARED = 1u << 4,
   /* Added in 1.2: remove_prefix is given (a table of the 1.0 size,
    * which ends before it, never sets this flag). */
-  ENCACHE_STORE_CAP_REMOVE_PREFIX = 1u << 5
+  ENCACHE_STORE_CAP_REMOVE_PREFIX = 1u << 5,
+  /* Added in 1.2: lease_take and lease_drop are given (single-flight
+   * leases, encache_store_lease_take()). */
+  ENCACHE_STORE_CAP_LEASE = 1u << 6
 } encache_store_caps;
 
 typedef struct encache_store_backend {
@@ -897,6 +923,11 @@ typedef struct encache_store_backend {
    * NULL), nothing else ever. */
   int (*remove_prefix)(encache_store *st, const char *prefix,
                        uint64_t *removed);
+  /* Added in 1.2.  ENCACHE_STORE_CAP_LEASE: as encache_store_lease_take()
+   * and encache_store_lease_drop() (token is never 0). */
+  int (*lease_take)(encache_store *st, const char *key, uint64_t token,
+                    uint32_t ttl_ms);
+  int (*lease_drop)(encache_store *st, const char *key, uint64_t token);
 } encache_store_backend;
 
 /*

@@ -195,6 +195,33 @@ void encache_store_close(encache_store *st) {
     st->ops->close(st);
 }
 
+/* ---------------------------------------------------------------- leases */
+
+static int lease_args(encache_store *st, const char *key, uint64_t token) {
+  if (st == NULL || key == NULL || key[0] == '\0' || token == 0)
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "a lease needs a Store, a key and a token");
+  if (!ENCACHE__BACKEND_HAS(st->ops, lease_take) ||
+      !ENCACHE__BACKEND_HAS(st->ops, lease_drop))
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "the %s Store has no leases", st->ops->kind);
+  return 0;
+}
+
+int encache_store_lease_take(encache_store *st, const char *key,
+                             uint64_t token, uint32_t ttl_ms) {
+  int rc = lease_args(st, key, token);
+  if (rc == 0 && ttl_ms == 0)
+    rc = encache_store_fail(st, ENCACHE_EINVAL, "a lease's ttl is 0 ms");
+  return rc < 0 ? rc : st->ops->lease_take(st, key, token, ttl_ms);
+}
+
+int encache_store_lease_drop(encache_store *st, const char *key,
+                             uint64_t token) {
+  int rc = lease_args(st, key, token);
+  return rc < 0 ? rc : st->ops->lease_drop(st, key, token);
+}
+
 /* --------------------------------------------------------- your own Store */
 
 int encache__backend_check(const encache_store_backend *b) {
@@ -207,7 +234,9 @@ int encache__backend_check(const encache_store_backend *b) {
       {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, register_buffer), "register_buffer"},
       {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, unregister_buffer), "unregister_buffer"},
       {ENCACHE_STORE_CAP_LIST, offsetof(encache_store_backend, list), "list"},
-      {ENCACHE_STORE_CAP_REMOVE_PREFIX, offsetof(encache_store_backend, remove_prefix), "remove_prefix"}};
+      {ENCACHE_STORE_CAP_REMOVE_PREFIX, offsetof(encache_store_backend, remove_prefix), "remove_prefix"},
+      {ENCACHE_STORE_CAP_LEASE, offsetof(encache_store_backend, lease_take), "lease_take"},
+      {ENCACHE_STORE_CAP_LEASE, offsetof(encache_store_backend, lease_drop), "lease_drop"}};
   if (b == NULL || b->size < ENCACHE__BACKEND_SIZE_1_0 ||
       b->version != ENCACHE_STORE_BACKEND_VERSION)
     return encache_store_fail(NULL, ENCACHE_EINVAL,
