@@ -61,12 +61,12 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define ENCACHE_VERSION_MAJOR 1
-#define ENCACHE_VERSION_MINOR 1
+#define ENCACHE_VERSION_MINOR 2
 #define ENCACHE_VERSION_PATCH 0
 #define ENCACHE_VERSION_HEX                                                  \
   ((ENCACHE_VERSION_MAJOR << 16) | (ENCACHE_VERSION_MINOR << 8) |            \
    (ENCACHE_VERSION_PATCH))
-#define ENCACHE_VERSION_STRING "1.1.0"
+#define ENCACHE_VERSION_STRING "1.2.0"
 
 /* The version of the library actually loaded, as "MAJOR.MINOR.PATCH".
  * Static storage; never free it. */
@@ -770,6 +770,61 @@ ENCACHE_EXTERN int encache_store_list(encache_store *st, const char *pattern,
                                                 void *arg),
                                       void *arg);
 
+/*
+ * Added in 1.2: removing every object under a key prefix, for purging
+ * an old namespace (the objects of namespace NS are the keys that start
+ * with NS "@id:", docs/format.md; `encache purge`).  prefix must not be
+ * empty.  Keys are matched as bytes, exactly: '*', '?', '[' and '\' in
+ * prefix are plain characters, never patterns.
+ *
+ * encache_store_remove_prefix() removes them and counts the objects it
+ * removed in *removed (may be NULL; set also when the call fails part
+ * way).  A backend with ENCACHE_STORE_CAP_REMOVE_PREFIX does it its own
+ * way (Redis: SCAN + UNLINK in batches on every master; Mooncake: remove
+ * by an anchored, escaped regex, which skips objects under a read lease);
+ * any other lists the prefix (ENCACHE_STORE_CAP_LIST) and removes each
+ * object (one already gone is not an error).  A Store that can do
+ * neither answers ENCACHE_EINVAL.  Objects written during the call may
+ * stay; nothing outside the prefix is ever removed.
+ *
+ * encache_store_count_prefix() counts them without removing anything:
+ * *objects and *bytes (either may be NULL).  It needs
+ * ENCACHE_STORE_CAP_LIST (Mooncake cannot count: ENCACHE_EINVAL).
+ *
+ * Both return 0 or a negative code with encache_store_errmsg() set; any
+ * thread (they take the time of a listing: not for an encoder's path).
+ */
+ENCACHE_EXTERN int encache_store_remove_prefix(encache_store *st,
+                                               const char *prefix,
+                                               uint64_t *removed);
+ENCACHE_EXTERN int encache_store_count_prefix(encache_store *st,
+                                              const char *prefix,
+                                              uint64_t *objects,
+                                              uint64_t *bytes);
+
+/*
+ * Added in 1.2: single-flight leases (docs/engine.md, "Single flight").  A
+ * lease on an object's key says "an encoder is producing this object":
+ * one holder at a time, for at most ttl_ms, identified by a token (any
+ * value but 0, random per lease).  Leases are kept apart from objects (a
+ * lease is never an object, and is never listed, read or purged as one).
+ *
+ * encache_store_lease_take(): 0 when token now holds the lease of key
+ * (taken, or already its own: then its deadline is renewed);
+ * ENCACHE_EEXIST when another holder has it; else a Store code
+ * (ENCACHE_EUNAVAIL, ...).  encache_store_lease_drop(): 0 when token held
+ * the lease and it is gone; ENCACHE_ENOENT when token does not hold it
+ * (it expired, its holder was declared dead, or another took it over);
+ * else a Store code.  A holder's lease ends at its deadline; on shm also
+ * at once when its process dies.  Without ENCACHE_STORE_CAP_LEASE both
+ * answer ENCACHE_EINVAL.  Any thread.
+ */
+ENCACHE_EXTERN int encache_store_lease_take(encache_store *st,
+                                            const char *key, uint64_t token,
+                                            uint32_t ttl_ms);
+ENCACHE_EXTERN int encache_store_lease_drop(encache_store *st,
+                                            const char *key, uint64_t token);
+
 /* Counters of a Store; fields a backend does not know are UINT64_MAX. */
 typedef struct encache_store_stats {
   size_t size;          /* sizeof(encache_store_stats): set it first */
@@ -821,7 +876,13 @@ typedef enum encache_store_caps {
   ENCACHE_STORE_CAP_PUT_IF_ABSENT = 1u << 3,
   /* Objects are shared with other processes of the host or the fleet
    * (not only this process). */
-  ENCACHE_STORE_CAP_SHARED = 1u << 4
+  ENCACHE_STORE_CAP_SHARED = 1u << 4,
+  /* Added in 1.2: remove_prefix is given (a table of the 1.0 size,
+   * which ends before it, never sets this flag). */
+  ENCACHE_STORE_CAP_REMOVE_PREFIX = 1u << 5,
+  /* Added in 1.2: lease_take and lease_drop are given (single-flight
+   * leases, encache_store_lease_take()). */
+  ENCACHE_STORE_CAP_LEASE = 1u << 6
 } encache_store_caps;
 
 typedef struct encache_store_backend {
@@ -855,15 +916,28 @@ typedef struct encache_store_backend {
   int (*stats)(encache_store *st, encache_store_stats *stats);
   /* Release everything, the handle included (encache_store_free()). */
   void (*close)(encache_store *st);
+  /* Added in 1.2 (a table of the 1.0 size ends above; size says which
+   * one a backend was built with).  ENCACHE_STORE_CAP_REMOVE_PREFIX: as
+   * encache_store_remove_prefix(): removes every object whose key starts
+   * with prefix (bytes, no pattern), their count in *removed (never
+   * NULL), nothing else ever. */
+  int (*remove_prefix)(encache_store *st, const char *prefix,
+                       uint64_t *removed);
+  /* Added in 1.2.  ENCACHE_STORE_CAP_LEASE: as encache_store_lease_take()
+   * and encache_store_lease_drop() (token is never 0). */
+  int (*lease_take)(encache_store *st, const char *key, uint64_t token,
+                    uint32_t ttl_ms);
+  int (*lease_drop)(encache_store *st, const char *key, uint64_t token);
 } encache_store_backend;
 
 /*
  * Makes a handle for backend b (which must outlive it) with your data and
  * the URL to show (its password, if any, is never shown; NULL = kind
- * ":").  Checks b: its size and version, the required operations, and
- * that caps and the optional operations agree (ENCACHE_EINVAL, with
- * encache_store_errmsg(NULL) naming what is wrong).  Errors also
- * ENCACHE_ENOMEM.
+ * ":").  Checks b: its size (at least 1.0's: a table built against an
+ * earlier header has none of the operations added since) and version,
+ * the required operations, and that caps and the optional operations
+ * agree (ENCACHE_EINVAL, with encache_store_errmsg(NULL) naming what is
+ * wrong).  Errors also ENCACHE_ENOMEM.
  */
 ENCACHE_EXTERN int encache_store_new(const encache_store_backend *b,
                                      void *data, const char *url,
@@ -1035,8 +1109,9 @@ ENCACHE_EXTERN int encache_close(encache *ec);
 /* Detail of the handle's last failure (lookup, publish, step, flush,
  * close), "" when none.  Valid until the next call on the handle.  With ec
  * NULL: the message of the calling thread's last failed encache_open()
- * (thread-local storage, valid until that thread's next open).  Never
- * NULL. */
+ * (thread-local storage, valid until that thread's next open), or of its
+ * last failed encache_model_identity() (added in 1.2), whichever
+ * failed last.  Never NULL. */
 ENCACHE_EXTERN const char *encache_errmsg(const encache *ec);
 
 /* 1 when cross_encoder_cache is on (the handle uses a Store), else 0. */
@@ -1110,7 +1185,7 @@ typedef struct encache_result {
   void *data;          /* HIT: the destination, filled */
   void *handle;        /* HIT: what alloc returned with it */
   uint64_t nbytes;     /* HIT: payload bytes */
-  /* Added after 1.0.  Why the outcome is not a HIT, in words, NULL for a HIT:
+  /* Added in 1.1.  Why the outcome is not a HIT, in words, NULL for a HIT:
    * MISS "not in the Store"; INCOMPATIBLE what differed ("shape 2x2
    * (expected 4x1)"); OVERSIZE both sizes and the option to raise;
    * UNAVAILABLE the Store's own message ("the existence check failed:
@@ -1156,6 +1231,14 @@ ENCACHE_EXTERN int encache_storage_new(const void *base, uint64_t nbytes,
                                        void (*release)(void *ctx), void *ctx,
                                        encache_storage **out);
 ENCACHE_EXTERN void encache_storage_unref(encache_storage *s);
+/* Added in 1.2.  Takes another reference to s, dropped with
+ * encache_storage_unref().  The caller must know that a reference is held
+ * and cannot be dropped meanwhile (its own, or a queued publication's
+ * while no call that reaps runs on the handle: the reaps are on the
+ * caller's thread, so a caller that serialises its calls knows).  This
+ * lets a binding find the storage of memory it already published and
+ * charge the budgets once for all its views.  NULL is a no-op. */
+ENCACHE_EXTERN void encache_storage_ref(encache_storage *s);
 
 /* Why a publication was skipped (encache_publish() returns these > 0). */
 #define ENCACHE_SKIP_MAP(XX)                                                 \
@@ -1227,6 +1310,77 @@ typedef struct encache_stats {
 
 /* Fills *st (st->size set by the caller).  Errors: ENCACHE_EINVAL. */
 ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
+
+/* ------------------------------------------------------ model identity */
+
+/*
+ * Added in 1.2.  An identity string for `embedding_model_identity`
+ * that follows a model's weights: new weights under the same model name
+ * give a new identity, hence a new namespace, so that embeddings of the
+ * old weights simply stop matching (docs/deploy.md, "Weights that
+ * change").  The identity reads
+ *
+ *     LABEL "@weights:xxh128:" HEX
+ *
+ * HEX being 32 lower-case hex digits, e.g.
+ * "Qwen2-VL-7B@weights:xxh128:6f1c...".  LABEL is 1 to
+ * ENCACHE_IDENTITY_LABEL_MAX bytes of letters, digits and '.', '_', '-',
+ * '/' (no '@' or ':'; nothing a shell or a Redis SCAN pattern reads
+ * specially; only '.' means more in a regular expression); NULL or "" = the
+ * name of the directory (its real path's last component) with every
+ * other character replaced by '_', cut to the maximum ("model" for "/").
+ *
+ * Which files count: regular files (or symbolic links to them, as in a
+ * Hugging Face cache snapshot) whose names end in ".safetensors", ".bin",
+ * ".pt" or ".pth", in model_dir and its subdirectories at any depth up to
+ * 32.  Not counted: every other file (config.json, the *.index.json of
+ * sharded weights, tokenizers: a save rewrites configs with version
+ * fields while the weights stay the same), names starting with '.' (a
+ * writer's temporary file, .git, .cache) and directories reached through
+ * symbolic links.  A change of configuration that changes the outputs
+ * needs a new LABEL.
+ *
+ * The digest: each file's content is hashed with XXH3-128 (xxHash),
+ * streamed in 128 KiB reads; then one XXH3-128 over a manifest: the line
+ * "encache-weights-v1\n", then for each file, sorted by relative path
+ * (bytewise), the path's length (little-endian 64-bit), the path ('/'
+ * between directories), the size (little-endian 64-bit) and the content
+ * digest (XXH128's canonical 16 bytes, as xxhsum -H2 prints them); HEX is
+ * that manifest digest's canonical form.  So
+ * the identity does not depend on the order files were created in or the
+ * directory lists them, and changes when a byte of a weight file changes
+ * or a weight file is renamed, added, removed or truncated.  A file whose
+ * size or modification time changes while it is read is refused (-EAGAIN):
+ * compute the identity after the writer has finished.
+ *
+ * Writes the identity and a NUL into buf[0..size) and, when info is not
+ * NULL (info->size set), the files and bytes hashed into *info.  Returns
+ * the identity's length.  Errors (the calling thread's encache_errmsg(NULL)
+ * names the path or the label at fault): ENCACHE_EINVAL (model_dir NULL or
+ * empty, a bad label, a bad info->size), ENCACHE_ENOBUFS (size too small,
+ * found before any file is read: ENCACHE_MODEL_IDENTITY_MAX always
+ * suffices), ENCACHE_ENOENT (= -ENOENT: model_dir does not exist, or
+ * holds no weight file; the message says which), -ENOTDIR, -EACCES,
+ * -EIO ... (a directory or file that cannot be opened or read), -EAGAIN
+ * (a file changed while it was read), -ELOOP (deeper than 32
+ * directories), ENCACHE_ETOOLARGE (more than 100000 weight files),
+ * ENCACHE_ENOMEM.  Only reads; may be called from any thread.
+ */
+#define ENCACHE_IDENTITY_LABEL_MAX 128
+#define ENCACHE_MODEL_IDENTITY_MAX (ENCACHE_IDENTITY_LABEL_MAX + 16 + 32 + 1)
+
+typedef struct encache_identity_info {
+  size_t size;    /* sizeof(encache_identity_info): set it first */
+  uint64_t files; /* weight files hashed */
+  uint64_t bytes; /* their total size */
+} encache_identity_info;
+
+#define ENCACHE_IDENTITY_INFO_INIT {.size = sizeof(encache_identity_info)}
+
+ENCACHE_EXTERN int encache_model_identity(const char *model_dir,
+                                          const char *label, char *buf,
+                                          size_t size,
+                                          encache_identity_info *info);
 
 #ifdef __cplusplus
 }

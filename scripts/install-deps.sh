@@ -10,7 +10,8 @@ set -eu
 # Redis servers and a Redis Cluster they start themselves.
 # libstb-dev lets the demo load real PNG/JPEG images.
 # man-db (man, with groff) reads the installed manual page (tests/install.sh).
-packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev redis-server libstb-dev man-db"
+# libxxhash-dev: XXH3-128 digests a model's weights (encache identity).
+packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev libxxhash-dev redis-server libstb-dev man-db"
 # The Python package (python/) builds for Debian's python3 (python3-dev);
 # its tests, demo and benchmark use torch, torchvision, NumPy and pytest,
 # all from Debian (nothing from PyPI).

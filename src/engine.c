@@ -48,8 +48,17 @@ int encache__is_poisoned(const encache *ec) {
   return __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
 }
 
-/* The message of the calling thread's last failed encache_open(). */
+/* The message of the calling thread's last failed encache_open() or
+ * encache_model_identity() (the calls that have no handle). */
 static _Thread_local char open_msg[512];
+
+int encache__thread_failed(int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(open_msg, sizeof(open_msg), fmt, ap);
+  va_end(ap);
+  return rc;
+}
 
 const char *encache_errmsg(const encache *ec) {
   return ec != NULL ? ec->errmsg : open_msg;
@@ -179,35 +188,27 @@ static int configure(encache *ec, const encache_options *o) {
   return rc;
 }
 
-/* Records a failed open's message for encache_open()'s caller. */
-static int open_refused(int rc, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int open_refused(int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(open_msg, sizeof(open_msg), fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
 /* The caller's options, checked, into *o (this library's struct). */
 static int take_options(const encache_options *in, encache **out,
                         encache_options *o) {
   if (out == NULL)
-    return open_refused(ENCACHE_EINVAL, "encache_open: out is NULL");
+    return encache__thread_failed(ENCACHE_EINVAL, "encache_open: out is NULL");
   if (in == NULL)
-    return open_refused(ENCACHE_EINVAL, "encache_open: options are NULL");
+    return encache__thread_failed(ENCACHE_EINVAL,
+                                  "encache_open: options are NULL");
   if (encache__struct_in(o, sizeof(*o), in, ENCACHE__OPTIONS_MIN) < 0)
-    return open_refused(ENCACHE_EINVAL,
-                        "encache_open: options.size %zu: not an "
-                        "encache_options of this library (sizeof %zu; a "
-                        "larger one must hold zeros beyond it)",
-                        in->size, sizeof(*o));
+    return encache__thread_failed(
+        ENCACHE_EINVAL,
+        "encache_open: options.size %zu: not an "
+        "encache_options of this library (sizeof %zu; a "
+        "larger one must hold zeros beyond it)",
+        in->size, sizeof(*o));
   if ((o->ec_transfer_config == NULL) == (o->config == NULL))
-    return open_refused(ENCACHE_EINVAL,
-                        "encache_open: give exactly one of "
-                        "ec_transfer_config (the vLLM JSON) and config (%s)",
-                        o->config != NULL ? "both are set" : "neither is");
+    return encache__thread_failed(
+        ENCACHE_EINVAL,
+        "encache_open: give exactly one of "
+        "ec_transfer_config (the vLLM JSON) and config (%s)",
+        o->config != NULL ? "both are set" : "neither is");
   return 0;
 }
 
@@ -225,7 +226,7 @@ static void handle_free(encache *ec) {
 /* Frees what a failed open built (the Store included) and keeps its
  * message for encache_errmsg(NULL). */
 static int open_failed(encache *ec, int rc) {
-  open_refused(rc, "%s", ec->errmsg);
+  encache__thread_failed(rc, "%s", ec->errmsg);
   encache_store_close(ec->store);
   handle_free(ec);
   return rc;
@@ -256,8 +257,9 @@ static int open_common(const encache_options *in, encache_store *given,
   if (ec == NULL) {
     encache_store_close(given);
     return rc < 0 ? rc
-                  : open_refused(ENCACHE_ENOMEM,
-                                 "encache_open: out of memory (the handle)");
+                  : encache__thread_failed(
+                        ENCACHE_ENOMEM,
+                        "encache_open: out of memory (the handle)");
   }
   pthread_mutex_init(&ec->mu, NULL);
   pthread_condattr_t ca;

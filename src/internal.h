@@ -93,6 +93,12 @@ char *encache__mooncake_local_hostname(void);
  * value JSON cannot hold. */
 int encache__py_float_str(double d, char *buf, size_t size);
 
+/* Records the message of a failed call that has no handle
+ * (encache_open(), encache_model_identity()) for the calling thread's
+ * encache_errmsg(NULL); returns rc. */
+int encache__thread_failed(int rc, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* FNV-1a (64 bits) of p[0..len): the one string hash of the library (the
  * shm index finalizes it; the engine's steps use it as is).  The shm
  * index's buckets depend on it: never change it. */

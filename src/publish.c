@@ -48,6 +48,11 @@ int encache_storage_new(const void *base, uint64_t nbytes,
   return 0;
 }
 
+void encache_storage_ref(encache_storage *s) {
+  if (s != NULL)
+    __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+}
+
 void encache_storage_unref(encache_storage *s) {
   if (s == NULL)
     return;

@@ -265,8 +265,8 @@ static const encache_store_backend dir_backend = {
     .stats = d_stats,
     .close = d_close};
 
-static int dir_open(const char *url, void *arg, encache_store **out) {
-  (void)arg;
+int dir_store_open_as(const encache_store_backend *b, const char *url,
+                      encache_store **out) {
   *out = NULL;
   const char *path = url + strlen("testdir://");
   if (strncmp(url, "testdir://", 10) != 0 || path[0] != '/' ||
@@ -280,10 +280,15 @@ static int dir_open(const char *url, void *arg, encache_store **out) {
   if (d == NULL)
     return encache_store_fail(NULL, ENCACHE_ENOMEM, "out of memory");
   snprintf(d->path, sizeof(d->path), "%s", path);
-  int rc = encache_store_new(&dir_backend, d, url, out);
+  int rc = encache_store_new(b, d, url, out);
   if (rc < 0)
     free(d);
   return rc;
+}
+
+static int dir_open(const char *url, void *arg, encache_store **out) {
+  (void)arg;
+  return dir_store_open_as(&dir_backend, url, out);
 }
 
 int dir_store_register(void) {

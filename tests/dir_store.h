@@ -12,5 +12,9 @@
 int dir_store_register(void);
 /* Its backend table, for tests of encache_store_new()'s checks. */
 const encache_store_backend *dir_store_backend(void);
+/* Opens testdir:///absolute/directory with table b (a copy of its own,
+ * changed; b must outlive the handle). */
+int dir_store_open_as(const encache_store_backend *b, const char *url,
+                      encache_store **out);
 
 #endif

@@ -41,6 +41,8 @@
   XX(backend_answers_classified_once)                                        \
   XX(backend_allocator_hook_sees_every_block)                                \
   XX(abi_sizes_of_key_and_object_structs)                                    \
+  XX(backend_remove_prefix_on_a_table_of_api_1_0)                            \
+  XX(backend_prefix_patterns_escape_every_special_character)                 \
   XX(config_setters_refuse_bad_values_naming_the_option)                     \
   XX(config_validate_rules_between_options)                                  \
   XX(config_json_and_setters_give_the_same_values)                           \
@@ -57,6 +59,7 @@
   XX(store_remove)                                                           \
   XX(store_reopen_and_survive_processes)                                     \
   XX(store_list_and_stats)                                                   \
+  XX(store_remove_prefix_removes_only_the_namespace)                         \
   XX(store_concurrent_processes_verify_content)                              \
   XX(shm_url_errors)                                                         \
   XX(shm_refuses_foreign_or_corrupt_header)                                  \
@@ -96,6 +99,7 @@
   XX(engine_case12_unregistration_unconfirmed_quota_budget)                  \
   XX(engine_case13_view_charges_its_whole_storage)                           \
   XX(engine_case14_two_views_charged_once)                                   \
+  XX(engine_storage_ref_shares_the_charge)                                   \
   XX(engine_case15_fatal_after_reaper_looked)                                \
   XX(engine_case16_shutdown_drains)                                          \
   XX(engine_duplicates_read_once_each_own_output)                            \
@@ -148,6 +152,7 @@
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \
   XX(mooncake_codes_through_the_engine)                                      \
+  XX(mooncake_purge_is_one_escaped_remove_by_regex)                          \
   XX(vllm_vectors_keys)                                                      \
   XX(vllm_vectors_encoder_hash)                                              \
   XX(vllm_vectors_python_float_str)                                          \
@@ -155,4 +160,12 @@
   XX(vllm_vectors_option_errors)                                             \
   XX(vllm_vectors_headers)                                                   \
   XX(vllm_vectors_result_codes)                                              \
-  XX(vllm_engine_namespace_as_vllm_writes_it)
+  XX(vllm_engine_namespace_as_vllm_writes_it)                                \
+  XX(identity_stable_across_runs_and_creation_order)                         \
+  XX(identity_follows_every_change_of_the_weights)                           \
+  XX(identity_ignores_other_files_and_follows_links_to_weights)              \
+  XX(identity_default_label_is_the_directory_name)                           \
+  XX(identity_vector)                                                        \
+  XX(identity_errors_name_the_path)                                          \
+  XX(identity_refuses_bad_arguments)                                         \
+  XX(identity_out_of_memory_every_allocation)

@@ -6,7 +6,8 @@
 # server that requires a password, started on free loopback ports for the
 # run and stopped after it, at the default window threshold and with
 # windows forced for every size (issue 14), then the tool's Store commands
-# on them (no output may show the password) and the demo.  Exits 77 (skipped) without redis-server.
+# on them (no output may show the password), purge (issue 16) and the
+# demo.  Exits 77 (skipped) without redis-server.
 set -u
 tests=$1
 tool=$2
@@ -64,6 +65,66 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   "$tool" --store "$url" lookup --model "$m" --dtype float32 --rows 1 --cols 1 img | grep -q "img HIT float32 1 1" || fail lookup
   [ $rc -eq 0 ] && echo "ok - tool commands on $url"
 done
+# purge (issue 16) on each: 3000 objects of a namespace (more than one
+# SCAN page, every slot of the cluster) and a key with pattern
+# characters go; the bare namespace, NS@idx, a namespace that starts with
+# NS and keys of other programs (a string, a list, a hash) stay, byte for
+# byte; a dry run removes nothing; a second purge removes 0.
+for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
+  "$ENCACHE_REDIS_CLUSTER_URL"; do
+  case $url in
+    unix://*) cli="redis-cli -s ${url#unix://}" ;;
+    redis-cluster://*) hp=${url#redis-cluster://}; hp=${hp%%,*}
+      cli="redis-cli -c -h ${hp%:*} -p ${hp#*:}" ;;
+    *) hp=${url#redis://}; cli="redis-cli -h ${hp%:*} -p ${hp#*:}" ;;
+  esac
+  bad=0
+  fail() { echo "not ok - purge on $url: $*"; bad=1; rc=1; }
+  m="purge-$$-$RANDOM"
+  ns=$("$tool" key --model "$m" --dtype float32 --namespace)
+  nsb=$("$tool" key --prefix "$ns" --model "$m" --dtype float32 --namespace)
+  i=0
+  while [ $i -lt 3000 ]; do i=$((i + 1)); echo "SET $ns@id:k$i v$i"; done |
+    $cli >/dev/null
+  for k in "$ns@id:a*[?\\" "$ns" "$ns@idx" "$nsb@id:x"; do
+    "$tool" --store "$url" put "$k" "$tmp/v3" >/dev/null || fail "put $k"
+  done
+  $cli SET "other:$m" "not encache" >/dev/null
+  $cli RPUSH "other-list:$m" a b >/dev/null
+  $cli HSET "$ns@id-hash" f v >/dev/null
+  others() { $cli GET "other:$m"; $cli LRANGE "other-list:$m" 0 -1
+    $cli HGETALL "$ns@id-hash"; }
+  before=$(others)
+  out=$("$tool" --store "$url" purge --namespace-of --model "$m" --dtype float32 --dry-run)
+  printf '%s' "$out" | grep -q "would remove 3001 objects" || fail "dry run: $out"
+  [ "$("$tool" --store "$url" ls "$ns@id:*" | wc -l)" -eq 3001 ] || fail "the dry run removed"
+  out=$("$tool" --store "$url" purge --namespace-of --model "$m" --dtype float32)
+  printf '%s' "$out" | grep -q "removed 3001 objects" || fail "purge: $out"
+  [ -z "$("$tool" --store "$url" ls "$ns@id:*")" ] || fail "objects of the namespace left"
+  for k in "$ns" "$ns@idx" "$nsb@id:x"; do
+    "$tool" --store "$url" get "$k" | cmp -s - "$tmp/v3" || fail "$k changed"
+  done
+  [ "$(others)" = "$before" ] || fail "keys of other programs changed"
+  "$tool" --store "$url" purge --namespace-of --model "$m" --dtype float32 |
+    grep -q "removed 0 objects" || fail "a second purge"
+  # Every key that starts with NS: NS, NS@idx, the other namespace's, the hash.
+  "$tool" --store "$url" purge --key-prefix "$ns" | grep -q "removed 4 objects" ||
+    fail "--key-prefix"
+  $cli DEL "other:$m" >/dev/null; $cli DEL "other-list:$m" >/dev/null
+  $cli DEL "$ns@id-hash" >/dev/null
+  [ $bad -eq 0 ] && echo "ok - purge on $url"
+done
+bad=0
+for url in "redis://127.0.0.1:1?connect_timeout_ms=300" \
+  "redis-cluster://127.0.0.1:1?connect_timeout_ms=300"; do
+  for dry in "" --dry-run; do
+    "$tool" --store "$url" purge --key-prefix x $dry >/dev/null 2>"$tmp/err"
+    [ $? -eq 1 ] && grep -q "refused" "$tmp/err" ||
+      { echo "not ok - purge $dry on a dead server $url"; bad=1; rc=1; }
+  done
+done
+[ $bad -eq 0 ] && echo "ok - purge on a dead server or cluster exits 1, says why"
+
 # The tool with the password in the URL (percent-encoded, as a URL
 # carries it): the commands work and no output shows the password; a
 # wrong one is refused, named redacted.

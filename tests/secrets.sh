@@ -22,6 +22,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf '\000\000\200\077' >"$tmp/payload"
 cp "$tmp/payload" "$tmp/object"
+cp "$tmp/payload" "$tmp/weights.safetensors" # for identity
 
 # Every command of `encache --help` must have a case below.
 cmds=$("$tool" --help | awk '/^Commands:/ {on = 1; next} on && /^$/ {exit}
@@ -34,6 +35,7 @@ model=(--model m --dtype float32 --rows 1 --cols 1)
 cases=$(cat <<EOC
 demo 1 demo --encoders 1 --requests 2 --images 2 --tokens 4 --hidden 8 --no-baseline
 key 0 key --model m --dtype float32 --id x
+identity 0 identity --model-dir $tmp
 config 0 config check --ec-transfer-config {"ec_connector_extra_config":{"cross_encoder_cache":true}}
 lookup 0 lookup ${model[*]} x
 publish 0 publish ${model[*]} --id x $tmp/payload
@@ -44,6 +46,7 @@ inspect 1 inspect k
 ls 1 ls
 stats 1 stats
 rm 1 rm k
+purge 1 purge --key-prefix k
 shm 0 shm destroy encache-redact-$$
 EOC
 )

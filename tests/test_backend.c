@@ -7,7 +7,10 @@
 #include "runner.h"
 #include "dir_store.h"
 #include "store_util.h"
+#include "store.h"
 
+#include <fnmatch.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -41,8 +44,10 @@ TEST(backend_checks_name_what_is_wrong) {
   ASSERT(st == NULL);
   ASSERT_CONTAINS(encache_store_errmsg(NULL), "version 2");
   b = *dir_store_backend();
-  b.size = sizeof(b) - sizeof(void *);
+  /* Smaller than API 1.0's table (which ends before remove_prefix). */
+  b.size = offsetof(encache_store_backend, remove_prefix) - sizeof(void *);
   ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "is not this library's");
   b = *dir_store_backend();
   b.remove = NULL;
   ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), ENCACHE_EINVAL);
@@ -205,4 +210,103 @@ TEST(abi_sizes_of_key_and_object_structs) {
   ASSERT_EQ_INT(encache_header_encode(&tv.t, hdr), ENCACHE_EINVAL);
   encache_tensor zero = {0, NULL, ENCACHE_FLOAT32, 2, shape, NULL};
   ASSERT_EQ_INT(encache_header_encode(&zero, hdr), ENCACHE_EINVAL);
+}
+
+static int never_called(encache_store *st, const char *prefix,
+                        uint64_t *removed) {
+  (void)st, (void)prefix, (void)removed;
+  test__fail(__FILE__, __LINE__, "remove_prefix read beyond a 1.0 table");
+}
+
+static int answers_42(encache_store *st, const char *prefix,
+                      uint64_t *removed) {
+  (void)st;
+  *removed = strcmp(prefix, "p@id:") == 0 ? 42 : 0;
+  return 0;
+}
+
+static void put_five(encache_store *st) {
+  static const char *const keys[] = {"old@id:1", "old@id:2", "old@idx",
+                                     "old@id", "new@id:1"};
+  for (size_t i = 0; i < 5; i++)
+    ASSERT_EQ_INT(encache_store_write(st, keys[i], "h", 1, "body", 4), 0);
+}
+
+/* A backend built against the 1.0 header has no remove_prefix: its table
+ * is accepted, nothing beyond its size is read, and a purge lists and
+ * removes.  A backend's own remove_prefix is what the door calls. */
+TEST(backend_remove_prefix_on_a_table_of_api_1_0) {
+  encache_store *st = open_dir(), *old = NULL;
+  static encache_store_backend b10, b;
+  b10 = *dir_store_backend();
+  b10.size = offsetof(encache_store_backend, remove_prefix);
+  b10.remove_prefix = never_called; /* beyond its size: never read */
+  ASSERT_EQ_INT(dir_store_open_as(&b10, dir_url, &old), 0);
+  put_five(old);
+  uint64_t n = 0, bytes = 0;
+  ASSERT_EQ_INT(encache_store_count_prefix(old, "old@id:", &n, &bytes), 0);
+  ASSERT_EQ_U64(n, 2);
+  ASSERT_EQ_U64(bytes, 10);
+  ASSERT_EQ_INT(encache_store_remove_prefix(old, "old@id:", &n), 0);
+  ASSERT_EQ_U64(n, 2);
+  ASSERT_EQ_INT(encache_store_count_prefix(st, "old@id:", &n, NULL), 0);
+  ASSERT_EQ_U64(n, 0);
+  ASSERT_EQ_INT(encache_store_count_prefix(st, "old@", &n, NULL), 0);
+  ASSERT_EQ_U64(n, 2); /* "old@idx" and "old@id": not under "old@id:" */
+  encache_store_close(old);
+  /* The flag on a 1.0 table, or without the function, is refused. */
+  b10.caps |= ENCACHE_STORE_CAP_REMOVE_PREFIX;
+  ASSERT_EQ_INT(dir_store_open_as(&b10, dir_url, &old), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "remove_prefix is NULL");
+  b = *dir_store_backend();
+  b.remove_prefix = answers_42; /* given, flag off */
+  ASSERT_EQ_INT(dir_store_open_as(&b, dir_url, &old), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "remove_prefix is given");
+  b.caps |= ENCACHE_STORE_CAP_REMOVE_PREFIX;
+  ASSERT_EQ_INT(dir_store_open_as(&b, dir_url, &old), 0);
+  ASSERT_EQ_INT(encache_store_remove_prefix(old, "p@id:", &n), 0);
+  ASSERT_EQ_U64(n, 42);
+  encache_store_close(old);
+  /* Neither a listing nor a remove_prefix: said so. */
+  b = *dir_store_backend();
+  b.caps &= ~(unsigned)ENCACHE_STORE_CAP_LIST;
+  b.list = NULL;
+  ASSERT_EQ_INT(dir_store_open_as(&b, dir_url, &old), 0);
+  ASSERT_EQ_INT(encache_store_remove_prefix(old, "old@", &n), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(old), "neither list its keys");
+  ASSERT_EQ_INT(encache_store_count_prefix(old, "old@", &n, NULL),
+                ENCACHE_EINVAL);
+  encache_store_close(old);
+  encache_store_close(st);
+}
+
+/* The prefix as a shell pattern (shm, Redis) and as Mooncake's regex:
+ * every special character is literal, and the regex is anchored.  POSIX
+ * extended regexes read these escapes as ECMAScript does. */
+TEST(backend_prefix_patterns_escape_every_special_character) {
+  static const char ns[] = "a*b?c[d]e\\f.g^h$i+j(k)l{1}m|n/o@id:";
+  char *glob = encache__prefix_glob(ns), *re = encache__prefix_regex(ns);
+  ASSERT(glob != NULL && re != NULL);
+  ASSERT_EQ_STR(glob, "a\\*b\\?c\\[d\\]e\\\\f.g^h$i+j(k)l{1}m|n/o@id:*");
+  ASSERT_EQ_STR(re, "^a\\*b\\?c\\[d\\]e\\\\f\\.g\\^h\\$i\\+j\\(k\\)l\\{1\\}m\\|n/o@id:");
+  regex_t rx;
+  ASSERT_EQ_INT(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB), 0);
+  char key[128];
+  snprintf(key, sizeof(key), "%sx", ns);
+  ASSERT_EQ_INT(fnmatch(glob, key, 0), 0);
+  ASSERT_EQ_INT(regexec(&rx, key, 0, NULL, 0), 0);
+  snprintf(key, sizeof(key), "z%s", ns); /* not at the start */
+  ASSERT(fnmatch(glob, key, 0) != 0);
+  ASSERT(regexec(&rx, key, 0, NULL, 0) != 0);
+  for (size_t i = 0; ns[i]; i++) {
+    if (strchr("*?[]\\.^$+(){}|", ns[i]) == NULL)
+      continue;
+    snprintf(key, sizeof(key), "%sx", ns);
+    key[i] = 'Q'; /* what an unescaped character would let through */
+    if (fnmatch(glob, key, 0) == 0 || regexec(&rx, key, 0, NULL, 0) == 0)
+      test__fail(__FILE__, __LINE__, "%s matches %s / %s", key, glob, re);
+  }
+  regfree(&rx);
+  free(glob);
+  free(re);
 }

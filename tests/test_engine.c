@@ -912,6 +912,43 @@ TEST(engine_case14_two_views_charged_once) {
   }
 }
 
+/* encache_storage_ref(): a caller that dropped its reference takes another
+ * from a queued write's, publishes a second view, and the storage is
+ * charged once and released once. */
+TEST(engine_storage_ref_shares_the_charge) {
+  env e;
+  env_init(&e, 0);
+  encache *ec = open_default(&e);
+  encache_step *step = step_of(ec);
+  static const char *const ids[] = {"r1", "r2"};
+  encache_result r[2];
+  talloc t = {0};
+  lookup_ids(step, ids, 2, r, &t);
+  e.ctl.hold_writes = 1;
+  float *data;
+  encache_storage *s = storage_of(&data, 16); /* 64 bytes */
+  int64_t shape[2] = {1, 4};
+  encache_tensor a = {sizeof a, data, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor b = {sizeof b, data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
+  storage_releases = 0;
+  ASSERT_EQ_INT(encache_publish(step, "r1", &a, s), ENCACHE_QUEUED);
+  encache_storage_unref(s); /* only the queued write holds it now */
+  encache_storage_ref(s);   /* no reap can run meanwhile: safe */
+  ASSERT_EQ_INT(encache_publish(step, "r2", &b, s), ENCACHE_QUEUED);
+  encache_storage_unref(s);
+  encache_stats st = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.pending_bytes, 64);
+  ASSERT_EQ_U64(st.pending_items, 2);
+  ASSERT_EQ_INT(storage_releases, 0);
+  fault_release_writes(&e.ctl);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(storage_releases, 1);
+  encache_storage_ref(NULL); /* a no-op */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  encache_shm_destroy(e.seg);
+}
+
 TEST(engine_case15_fatal_after_reaper_looked) {
   env e;
   env_init(&e, 0);

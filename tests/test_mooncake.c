@@ -3,7 +3,8 @@
  * The Mooncake backend without Mooncake: clear errors for a missing
  * library or symbol and a bad configuration, the result-code table, and
  * the engine's reaction to each class through the fault-injecting wrapper
- * (registration on, as with Mooncake).  With a real Mooncake Store
+ * (registration on, as with Mooncake), and the purge by regex through a
+ * stand-in library (tests/fake_mooncake.c).  With a real Mooncake Store
  * (ENCACHE_TEST_MOONCAKE=1), tests/on_mooncake.sh runs the conformance and
  * acceptance suites on it.
  */
@@ -12,6 +13,7 @@
 #include "engine.h"
 #include "fault_store.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 static char cfg_path[64];
@@ -269,4 +271,64 @@ TEST(mooncake_codes_through_the_engine) {
     else
       ASSERT_EQ_INT(got, code == -705 ? 200 : 100);
   }
+}
+
+/* Opens mooncake:cfg_path on the library lib (tests/fake_mooncake.c). */
+static encache_store *open_fake(const char *lib) {
+  char url[128];
+  write_config();
+  snprintf(url, sizeof(url), "mooncake:%s", cfg_path);
+  setenv("ENCACHE_MOONCAKE_LIBRARY", lib, 1);
+  encache_store *st = NULL;
+  if (encache_store_open(url, &st) != 0)
+    test__fail(__FILE__, __LINE__, "open %s: %s", lib,
+               encache_store_errmsg(NULL));
+  return st;
+}
+
+static int present(encache_store *st, const char *key) {
+  const char *keys[1] = {key};
+  int r[1] = {-1};
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, r), 0);
+  return r[0];
+}
+
+/* A purge on Mooncake is one remove by regex: anchored, every regex
+ * character of the prefix escaped, never forced (a read lease holds);
+ * its count is the answer, its failure a message; it cannot count first.
+ * A library without remove by regex gets no remove_prefix. */
+TEST(mooncake_purge_is_one_escaped_remove_by_regex) {
+  encache_store *st = open_fake(FAKE_MOONCAKE);
+  ASSERT(encache_store_caps_of(st) & ENCACHE_STORE_CAP_REMOVE_PREFIX);
+  static const char *const keys[] = {"a.b@id:1", "a.b@id:2", "aXb@id:1",
+                                     "a.b@idx", "za.b@id:1"};
+  for (size_t i = 0; i < 5; i++)
+    ASSERT_EQ_INT(encache_store_write(st, keys[i], "h", 1, "v", 1), 0);
+  uint64_t n = 0;
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, "a.b@id:", &n), 0);
+  ASSERT_EQ_U64(n, 2);
+  void *lib = dlopen(FAKE_MOONCAKE, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(lib != NULL);
+  ASSERT_EQ_STR((const char *)dlsym(lib, "fake_mooncake_last_pattern"),
+                "^a\\.b@id:");
+  ASSERT_EQ_INT(*(int *)dlsym(lib, "fake_mooncake_last_force"), 0);
+  dlclose(lib);
+  ASSERT_EQ_INT(present(st, "a.b@id:1"), 0);
+  ASSERT_EQ_INT(present(st, "aXb@id:1"), 1);
+  ASSERT_EQ_INT(present(st, "a.b@idx"), 1);
+  ASSERT_EQ_INT(present(st, "za.b@id:1"), 1);
+  ASSERT_EQ_INT(encache_store_count_prefix(st, "a.b@id:", &n, NULL),
+                ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "cannot count");
+  setenv("FAKE_MOONCAKE_REGEX_RC", "-900", 1);
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, "a", &n), ENCACHE_EUNAVAIL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "remove_by_regex ^a: code -900 (RPC_FAIL)");
+  unsetenv("FAKE_MOONCAKE_REGEX_RC");
+  encache_store_close(st);
+  st = open_fake(FAKE_MOONCAKE_NO_REGEX);
+  ASSERT_EQ_INT(encache_store_caps_of(st) & ENCACHE_STORE_CAP_REMOVE_PREFIX, 0);
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, "a", &n), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(st), "can neither list");
+  encache_store_close(st);
+  unlink(cfg_path);
 }

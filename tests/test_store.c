@@ -328,3 +328,90 @@ TEST(store_concurrent_processes_verify_content) {
                  status);
   }
 }
+
+/* The keys of the purge test: namespace ns (with every character that a
+ * shell pattern or a regex would read as syntax), and keys that must
+ * survive its purge: ns itself, ns "@idx", another namespace that starts
+ * with ns, and ns with each special character replaced by 'Q' (what an
+ * unescaped pattern would also match). */
+#define PURGE_N 10
+#define PURGE_SPECIALS "*?[]\\.^$+(){}|/"
+
+static int purge_survivors(const char *ns, char out[][256], int max) {
+  int n = 0;
+  snprintf(out[n++], 256, "%s", ns);
+  snprintf(out[n++], 256, "%s@idx", ns);
+  snprintf(out[n++], 256, "%s@embedding@model:m@protocol:v3@id:0", ns);
+  for (const char *p = ns; *p && n < max; p++)
+    if (strchr(PURGE_SPECIALS, *p) != NULL) {
+      snprintf(out[n], 256, "%s@id:0", ns);
+      out[n++][p - ns] = 'Q';
+    }
+  return n;
+}
+
+static void purge_exists(encache_store *st, char keys[][256], int n,
+                         int want) {
+  for (int i = 0; i < n; i++) {
+    const char *k[1] = {keys[i]};
+    int r[1];
+    ASSERT_EQ_INT(encache_store_exists(st, k, 1, r), 0);
+    if (r[0] != want)
+      test__fail(__FILE__, __LINE__, "%s: exists %d, want %d", keys[i], r[0],
+                 want);
+  }
+}
+
+TEST(store_remove_prefix_removes_only_the_namespace) {
+  encache_store *st = ts_open("64MiB");
+  char ns[160], prefix[200], gone[PURGE_N][256], stay[40][256];
+  ts_key(ns, sizeof(ns), "purge a*b?c[d]e\\f.g^h$i+j(k)l{1}m|n/o");
+  snprintf(prefix, sizeof(prefix), "%s@id:", ns);
+  unsigned char obj[400], out[400];
+  uint64_t bytes = 0;
+  for (int i = 0; i < PURGE_N; i++) {
+    snprintf(gone[i], 256, "%s%d", prefix, i);
+    ts_fill(gone[i], 1, obj, 100 + (size_t)i);
+    put_ok(st, gone[i], NULL, 0, obj, 100 + (size_t)i);
+    bytes += 100 + (uint64_t)i;
+  }
+  int nstay = purge_survivors(ns, stay, 40);
+  for (int i = 0; i < nstay; i++) {
+    ts_fill(stay[i], 2, obj, 300);
+    put_ok(st, stay[i], NULL, 0, obj, 300);
+  }
+  /* The count removes nothing (a Store that cannot list says so). */
+  uint64_t objects = 0, counted = 0, removed = 99;
+  int rc = encache_store_count_prefix(st, prefix, &objects, &counted);
+  if (encache_store_caps_of(st) & ENCACHE_STORE_CAP_LIST) {
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_EQ_U64(objects, PURGE_N);
+    ASSERT_EQ_U64(counted, bytes);
+  } else {
+    ASSERT_EQ_INT(rc, ENCACHE_EINVAL);
+    ASSERT_CONTAINS(encache_store_errmsg(st), "cannot count");
+  }
+  purge_exists(st, gone, PURGE_N, 1);
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, prefix, &removed), 0);
+  ASSERT_EQ_U64(removed, PURGE_N);
+  purge_exists(st, gone, PURGE_N, 0);
+  /* Every other object survives, byte for byte. */
+  for (int i = 0; i < nstay; i++) {
+    const char *k[1] = {stay[i]};
+    void *bufs[1] = {out};
+    size_t caps[1] = {sizeof(out)};
+    int64_t res[1];
+    ASSERT_EQ_INT(encache_store_read(st, k, 1, bufs, caps, res), 0);
+    ASSERT_EQ_INT(res[0], 300);
+    ts_fill(stay[i], 2, obj, 300);
+    ASSERT_EQ_MEM(out, obj, 300);
+  }
+  /* Nothing left: 0; an empty prefix would name every key. */
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, prefix, &removed), 0);
+  ASSERT_EQ_U64(removed, 0);
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, "", &removed), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_store_count_prefix(st, "", NULL, NULL), ENCACHE_EINVAL);
+  for (int i = 0; i < nstay; i++)
+    encache_store_remove(st, stay[i]);
+  encache_store_close(st);
+}

@@ -79,9 +79,41 @@ check "key unknown option" 2 "unknown option '--bogus'" -- key --bogus
 check "key option without value" 2 "--model needs a value" -- key --model
 check "key --help" 0 "usage: encache key" -- key --help
 
+# --- identity: a model directory's weights, as an RL loop rewrites them
+mkdir -p "$tmp/model/visual"
+printf 'shard one' > "$tmp/model/model-00001.safetensors"
+printf 'tower' > "$tmp/model/visual/tower.bin"
+printf '{}' > "$tmp/model/config.json"
+id1=$("$tool" identity --model-dir "$tmp/model")
+case $id1 in
+  model@weights:xxh128:????????????????????????????????) echo "ok $((n += 1)) - identity format, default label" ;;
+  *) echo "not ok $((n += 1)) - identity format: got '$id1'"; fails=$((fails + 1)) ;;
+esac
+exact "identity stable" "$id1" -- identity --model-dir "$tmp/model/"
+exact "identity --label" "org/m@${id1#model@}" -- identity --model-dir "$tmp/model" --label org/m
+printf '{"changed": 1}' > "$tmp/model/config.json"
+exact "identity ignores configs" "$id1" -- identity --model-dir "$tmp/model"
+printf 'shard One' > "$tmp/model/model-00001.safetensors" # new weights
+id2=$("$tool" identity --model-dir "$tmp/model")
+n=$((n + 1))
+if [ -n "$id2" ] && [ "$id2" != "$id1" ]; then echo "ok $n - identity follows the weights"
+else echo "not ok $n - identity follows the weights: '$id1' then '$id2'"; fails=$((fails + 1)); fi
+check "identity --json" 0 "{\"identity\": \"$id2\", \"files\": 2, \"bytes\": 14, \"seconds\": " -- identity --model-dir "$tmp/model" --json
+check "identity missing directory" 1 "encache identity: $tmp/none: No such file or directory" -- identity --model-dir "$tmp/none"
+mkdir "$tmp/nomodel"
+check "identity without weights" 1 "encache identity: $tmp/nomodel: no weight files" -- identity --model-dir "$tmp/nomodel"
+check "identity needs --model-dir" 2 "--model-dir is required" -- identity
+check "identity bad label" 2 "label \"a@b\": character '@'" -- identity --model-dir "$tmp/model" --label a@b
+check "identity takes no argument" 2 "unexpected argument" -- identity --model-dir "$tmp/model" x
+check "identity --help" 0 "usage: encache identity --model-dir DIR" -- identity --help
+# The identity in a key, as embedding_model_identity.
+exact "identity as embedding_model_identity" \
+  "embedding@model:$id2@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --config "{\"ec_connector_extra_config\": {\"embedding_model_identity\": \"$id2\"}}" --dtype float32 --id x
+
 # --- global
 check "--help" 0 "Commands:" -- --help
-check "--version" 0 "encache 1.1.0" -- --version
+check "--version" 0 "encache 1.2.0" -- --version
 check "no command" 2 "usage: encache" --
 check "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate
 check "unknown global option" 2 "unknown global option '--nope'" -- --nope key
@@ -188,6 +220,44 @@ check "lookup needs rows" 2 "--rows and --cols are required" -- lookup --model m
 check "lookup bad rows" 2 "--rows: must be a positive integer" -- lookup --model m --dtype float32 --rows 0 --cols 2 img1
 check "lookup --help" 0 "INCOMPATIBLE (and what did not match)" -- lookup --help
 check "publish --help" 0 "raw row-major payload" -- publish --help
+# --- purge: the namespace's objects and nothing else (issue 16)
+nsb=$("$tool" key --prefix "$ns" --model m --dtype float32 --namespace)
+for k in "$ns@id:img2" "$ns@id:a*[?\\" "$ns" "$ns@idx" "$nsb@id:x" plain-key; do
+  "$tool" put "$k" "$tmp/plain" >/dev/null
+done
+before=$("$tool" ls)
+check "purge --dry-run counts" 0 "would remove 3 objects (50 bytes)" -- purge --namespace-of --model m --dtype float32 --dry-run
+n=$((n + 1))
+if [ "$("$tool" ls)" = "$before" ]; then echo "ok $n - purge --dry-run removes nothing"
+else echo "not ok $n - purge --dry-run removes nothing"; fails=$((fails + 1)); fi
+check "purge prints the prefix" 0 "prefix: $ns@id:" -- purge --namespace-of --model m --dtype float32 --dry-run
+check "purge removes the namespace" 0 "removed 3 objects" -- purge --namespace-of --model m --dtype float32
+n=$((n + 1))
+if [ "$("$tool" ls "$ns@id:*")" = "" ]; then echo "ok $n - purge left nothing of the namespace"
+else echo "not ok $n - purge left nothing of the namespace"; fails=$((fails + 1)); fi
+# Everything else survives byte for byte: the bare namespace, @idx, a
+# namespace that starts with the purged one, a key of no namespace.
+bad=0
+for k in "$ns" "$ns@idx" "$nsb@id:x" plain-key; do
+  "$tool" get "$k" | cmp -s - "$tmp/plain" || bad=1
+done
+n=$((n + 1))
+if [ $bad -eq 0 ]; then echo "ok $n - purge kept every other object, byte for byte"
+else echo "not ok $n - purge kept every other object, byte for byte"; fails=$((fails + 1)); fi
+check "purge again removes 0" 0 "removed 0 objects" -- purge --namespace-of --model m --dtype float32
+check "purge of an empty namespace" 0 "would remove 0 objects (0 bytes)" -- purge --namespace-of --model never-used --dtype float16 --dry-run
+check "purge --config identity" 0 "prefix: embedding@model:m@revision:default" -- purge --namespace-of --config '{"ec_connector_extra_config": {"embedding_model_identity": "m"}}' --dtype float32 --dry-run
+check "purge --key-prefix" 0 "removed 3 objects" -- purge --key-prefix "$ns"
+check "purge --key-prefix kept the rest" 0 "5 plain-key" -- ls
+"$tool" rm plain-key >/dev/null
+check "purge needs a selector" 2 "give either --namespace-of" -- purge --model m --dtype float32
+check "purge takes one selector" 2 "give either --namespace-of" -- purge --namespace-of --key-prefix x --model m --dtype float32
+check "purge --key-prefix not empty" 2 "--key-prefix must not be empty" -- purge --key-prefix ''
+check "purge --key-prefix without namespace options" 2 "--model names a namespace" -- purge --key-prefix x --model m
+check "purge --namespace-of needs --dtype" 2 "--dtype is required" -- purge --namespace-of --model m
+check "purge --namespace-of needs --model" 2 "--model is required" -- purge --namespace-of --dtype float32
+check "purge takes no argument" 2 "unexpected argument 'x'" -- purge --key-prefix k x
+check "purge --help" 0 'NAMESPACE "@id:"' -- purge --help
 # --- the demo on real PNG files (one of them broken: skipped, named)
 check "demo --images DIR" 0 "verification passed" -- demo --encoders 2 --requests 10 --images "$src/tests/data/images" --tokens 16 --hidden 32 --verify all --no-baseline
 check "demo names a broken image" 0 "skipping $src/tests/data/images/not-an-image.png" -- demo --encoders 1 --requests 2 --images "$src/tests/data/images" --tokens 4 --hidden 8 --no-baseline
@@ -205,12 +275,12 @@ check "ls --help" 0 "shell PATTERN" -- ls --help
 
 # --- the shared option parsing: every command has --help, names an unknown
 # option and a missing value, and refuses stray arguments
-for c in demo key config lookup publish bench put get inspect ls stats rm shm; do
+for c in demo key config lookup publish bench put get inspect ls stats rm purge shm; do
   check "$c --help" 0 "usage: encache" -- $c --help
   check "help $c" 0 "usage: encache" -- help $c
   check "$c unknown option" 2 "encache $c: unknown option '--no-such-option'" -- $c --no-such-option
 done
-for c in demo lookup publish bench put get inspect ls stats rm; do
+for c in demo lookup publish bench put get inspect ls stats rm purge; do
   check "$c --store without a URL" 2 "encache $c: --store needs a value" -- $c --store
 done
 check "key --store is not an option of key" 2 "unknown option '--store'" -- key --store x
@@ -232,7 +302,7 @@ check "demo --baseline and --no-baseline" 2 "give one" -- demo --baseline --no-b
 # --- read-only commands never create a segment (issue 18): "no such
 # segment", exit 1 as for any Store that cannot be opened
 none="$seg-none"
-for c in stats ls "get k" "inspect k" "rm k" \
+for c in stats ls "get k" "inspect k" "rm k" "purge --key-prefix k" \
   "lookup --model m --dtype float32 --rows 2 --cols 2 img1"; do
   # shellcheck disable=SC2086
   check "$c on a missing segment" 1 "no such segment \"$none\"" -- --store "shm://$none?size=2MiB" $c
@@ -254,7 +324,8 @@ fi
 # --- the same failure, the same exit status (docs/tool.md): a Store that
 # cannot be opened is 1 for every command; an unknown scheme says which
 for c in stats "lookup --model m --dtype float32 --rows 2 --cols 2 img1" \
-  "publish --model m --dtype float32 --rows 2 --cols 2 --id img1 $tmp/payload" demo bench; do
+  "publish --model m --dtype float32 --rows 2 --cols 2 --id img1 $tmp/payload" demo bench \
+  "purge --key-prefix k"; do
   # shellcheck disable=SC2086
   check "${c%% *} unknown scheme" 1 "unknown Store URL scheme" -- --store "ftp://x" $c
 done

@@ -73,6 +73,16 @@ def url_redact(url):
     return _encache.url_redact(url)
 
 
+def model_identity(model_dir, label=None):
+    """An identity string "LABEL@weights:xxh128:HEX" derived from a digest
+    of the weight files under model_dir (as `encache identity`), to give
+    as the option embedding_model_identity: new weights under the same
+    model name then mean a new namespace (docs/deploy.md, an RL loop).
+    label defaults to the directory's name.  Raises encache.Error (with
+    the path) when the directory cannot be read or holds no weights."""
+    return _encache.model_identity(model_dir, label)
+
+
 def library_version():
     """The version of the libencache the package runs on."""
     return _encache.library_version()
@@ -206,5 +216,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "__version__",
 ]

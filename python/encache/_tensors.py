@@ -73,8 +73,10 @@ def _describe_torch(t):
     if _torch_dtypes is None:
         _torch_dtypes = _torch_codes(sys.modules["torch"])
     st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    # The storage, not the tensor, is kept: a tensor can be given other
+    # memory (set_, resize_) while its old memory is still being written.
     return (t.data_ptr(), _torch_dtypes.get(t.dtype, -1), t.shape, t.stride(),
-            st.data_ptr(), st.nbytes())
+            st.data_ptr(), st.nbytes(), st)
 
 
 def _describe_numpy(a):
@@ -86,12 +88,13 @@ def _describe_numpy(a):
         root = root.base
     base = root.__array_interface__["data"][0]
     return (a.__array_interface__["data"][0], code, a.shape, strides, base,
-            root.nbytes)
+            root.nbytes, root)
 
 
 def describe(obj):
     """(data, dtype code or -1, shape, strides in elements, storage base,
-    storage bytes) of a CPU tensor or array to publish."""
+    storage bytes, what keeps the storage alive) of a CPU tensor or array
+    to publish."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         return _describe_torch(obj)

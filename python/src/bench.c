@@ -113,8 +113,10 @@ PyObject *ec_bench_c_publish(PyObject *self, PyObject *args) {
                         &count, &rows, &cols, &batch) ||
       ec_handle_usable(h) < 0)
     return NULL;
-  if (count < 1 || batch < 1 || batch > 64 || rows * cols == 0)
-    return ec_invalid("count >= 1, 1 <= batch <= 64, a non-empty matrix");
+  if (count < 1 || batch < 1 || batch > 64 || rows == 0 || cols == 0 ||
+      rows > (1u << 20) || cols > (1u << 20) || rows * cols > (1u << 28))
+    return ec_invalid("count >= 1, 1 <= batch <= 64, a matrix of at most "
+                      "2^28 elements");
   size_t nbytes = (size_t)(rows * cols * 4);
   double *t = PyMem_Malloc(sizeof(double) * (size_t)count);
   void *data = calloc(1, nbytes);
@@ -128,7 +130,7 @@ PyObject *ec_bench_c_publish(PyObject *self, PyObject *args) {
   int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
   encache_tensor view = {.size = sizeof(view), .data = data,
                          .dtype = ENCACHE_FLOAT32, .ndim = 2, .shape = shape};
-  int rc = 0;
+  int rc = 0, flushed = -1;
   EC_LOCKED(h, rc, for (int k = 0; k < count && rc >= 0; k += batch) {
     char ids[64][64];
     encache_candidate c[64];
@@ -160,9 +162,12 @@ PyObject *ec_bench_c_publish(PyObject *self, PyObject *args) {
     encache_step_close(st);
     if (rc >= 0)
       rc = encache_flush(h->ec);
-  });
-  encache_storage_unref(storage); /* after the flush: nothing pending */
-  free(data);
+  }
+            /* Whatever happened, nothing may read data once it is freed. */
+            flushed = encache_flush(h->ec));
+  encache_storage_unref(storage);
+  if (flushed == 0 || rc == ENCACHE_ECLOSED) /* closed: nothing queued */
+    free(data); /* else (poisoned) a write may still read it: kept */
   PyObject *out = rc < 0 ? ec_raise(rc, NULL) : PyList_New(count);
   for (int k = 0; out != NULL && k < count; k++)
     PyList_SET_ITEM(out, k, PyFloat_FromDouble(t[k]));

@@ -105,6 +105,14 @@ static void block_free(block *b) {
     free(b);
 }
 
+/* fork(): the child must not inherit the mutex held by another thread. */
+static void cache_lock(void) { pthread_mutex_lock(&cache_mu); }
+static void cache_unlock(void) { pthread_mutex_unlock(&cache_mu); }
+
+int ec_block_cache_init(void) {
+  return pthread_atfork(cache_lock, cache_unlock, cache_unlock);
+}
+
 size_t ec_block_cache_set(size_t max_bytes) {
   pthread_mutex_lock(&cache_mu);
   size_t old = block_cache_max;

@@ -32,6 +32,8 @@
 /* What hits come back as. */
 enum { OUT_BUFFER = 0, OUT_NUMPY = 1, OUT_TORCH = 2 };
 
+typedef struct ec_pub ec_pub;
+
 typedef struct handle {
   PyObject_HEAD
   encache *ec;
@@ -39,6 +41,9 @@ typedef struct handle {
   unsigned long locked_by; /* the thread holding lock, 0 when none */
   unsigned long fork_gen;  /* the fork generation ec was opened in */
   int output;              /* OUT_* */
+  int opened;              /* __init__ ran (or runs): never again */
+  ec_pub **live;           /* storages alive (storage.c); under lock */
+  size_t live_n, live_cap;
   PyObject *log;           /* callable(str) or NULL */
   PyObject *weakrefs;
 } handle;
@@ -46,9 +51,8 @@ typedef struct handle {
 typedef struct step {
   PyObject_HEAD
   handle *owner;        /* strong reference; NULL once closed */
-  encache_step *st;
+  encache_step *st;     /* NULL once closed; written under owner's lock */
   PyObject *results;    /* list of Result */
-  PyObject *storages;   /* dict (base, nbytes) -> capsule of encache_storage */
 } step;
 
 /* module.c: shared state set by encache._encache._init(). */
@@ -63,6 +67,9 @@ extern PyObject *ec_from_dlpack; /* torch's from_dlpack, or NULL */
 extern PyObject *ec_as_array;    /* numpy.asarray, or NULL */
 extern unsigned long ec_fork_gen;
 
+/* A str of the library's text, which may quote bytes that are not UTF-8
+ * (keys, Store replies): those are replaced, never an error. */
+PyObject *ec_text(const char *s);
 /* Raises the exception of library code `code` with `detail` (may be NULL
  * or ""); returns NULL. */
 PyObject *ec_raise(int code, const char *detail);
@@ -95,6 +102,8 @@ void ec_log(void *ctx, const char *message);
 int ec_block_alloc(void *ctx, size_t i, const encache_candidate *c,
                    uint64_t nbytes, void **data, void **blk);
 void ec_block_release(void *ctx, size_t i, void *data, void *blk);
+/* Registers the block cache's fork handlers; 0 or an errno. */
+int ec_block_cache_init(void);
 /* Sets the most bytes of freed blocks kept for reuse; the old value. */
 size_t ec_block_cache_set(size_t max_bytes);
 /* The Python object (tensor, array or Buffer) that takes ownership of
@@ -102,6 +111,16 @@ size_t ec_block_cache_set(size_t max_bytes);
  * set (blk is then freed). */
 PyObject *ec_block_wrap(void *blk, int output, int dtype, uint64_t rows,
                         uint64_t cols);
+
+/* storage.c: a publication's storage.  prepare (GIL held) records the
+ * memory and a reference to `keep`; acquire (under h's lock, no GIL)
+ * gives *out a reference to the listed storage of that memory, or makes
+ * one from *prep (then *prep is set to NULL: the storage owns it);
+ * discard (GIL held) drops a *prep left over. */
+ec_pub *ec_pub_prepare(handle *h, PyObject *keep, uintptr_t base,
+                       uint64_t nbytes);
+int ec_pub_acquire(handle *h, ec_pub **prep, encache_storage **out);
+void ec_pub_discard(ec_pub *p);
 
 /* step.c */
 PyObject *ec_step_new(handle *h);

@@ -6,6 +6,7 @@
  */
 #include "ext.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Sets option `name` of cfg from a Python value by its type; 0 or -1. */
@@ -36,8 +37,16 @@ static int set_option(encache_config *cfg, const char *name,
       rc = encache_config_set_double(cfg, id, (double)u);
   } else if (PyFloat_Check(value))
     rc = encache_config_set_double(cfg, id, PyFloat_AS_DOUBLE(value));
-  else if (PyUnicode_Check(value))
-    rc = encache_config_set_string(cfg, id, PyUnicode_AsUTF8(value));
+  else if (PyUnicode_Check(value)) {
+    const char *text = PyUnicode_AsUTF8(value);
+    if (text == NULL) { /* NULL would mean "reset" to the setter */
+      PyErr_Clear();
+      PyOS_snprintf(msg, sizeof(msg), "%s: not valid UTF-8 text", name);
+      ec_raise(ENCACHE_ECONFIG, msg);
+      return -1;
+    }
+    rc = encache_config_set_string(cfg, id, text);
+  }
   else
     rc = ENCACHE_EINVAL;
   if (rc == ENCACHE_EINVAL) {
@@ -91,12 +100,16 @@ static int handle_init(PyObject *self, PyObject *args, PyObject *kw) {
   Py_ssize_t ec_len = 0;
   int dtype = ENCACHE_BFLOAT16, output = OUT_BUFFER;
   PyObject *options = NULL, *log = NULL;
-  if (h->ec != NULL)
-    return ec_invalid("the Cache is already open"), -1;
+  if (ec_outcomes == NULL)
+    return ec_invalid("import the encache package, not encache._encache"), -1;
+  if (h->opened)
+    return ec_invalid("a Cache is opened once: make a new one"), -1;
   if (!PyArg_ParseTupleAndKeywords(
           args, kw, "|z#$zzzizOiO:Handle", (char **)names, &ec_json, &ec_len, &model,
           &revision, &encoder_hash, &dtype, &store, &options, &output, &log))
     return -1;
+  if (output < OUT_BUFFER || output > OUT_TORCH)
+    return ec_invalid("output %d is not a known output", output), -1;
   if (output == OUT_TORCH && ec_from_dlpack == NULL)
     return ec_invalid("output 'torch' needs torch"), -1;
   if (output == OUT_NUMPY && ec_as_array == NULL)
@@ -123,6 +136,7 @@ static int handle_init(PyObject *self, PyObject *args, PyObject *kw) {
   encache *ec = NULL;
   int rc;
   char msg[1024];
+  h->opened = 1; /* before the GIL goes: another thread's __init__ fails */
   Py_BEGIN_ALLOW_THREADS
   rc = encache_open(&o, &ec);
   if (rc < 0)
@@ -170,9 +184,17 @@ static void handle_dealloc(PyObject *self) {
   /* In a child after fork() the parent's handle is left alone: its worker
    * thread is not there to drain it. */
   if (h->ec != NULL && h->fork_gen == ec_fork_gen) {
+    /* Waits for queued writes: without the GIL, and keeping an exception
+     * that may be propagating (the log callable may run meanwhile). */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     char msg[256];
+    Py_BEGIN_ALLOW_THREADS
     close_ec(h, msg, sizeof(msg));
+    Py_END_ALLOW_THREADS
+    PyErr_Restore(type, value, tb);
   }
+  free(h->live); /* what is left is a poisoned handle's: kept alive */
   if (h->lock != NULL)
     PyThread_free_lock(h->lock);
   Py_CLEAR(h->log);
@@ -192,7 +214,9 @@ static int handle_clear(PyObject *self) {
 static PyObject *handle_close(PyObject *self, PyObject *args) {
   (void)args;
   handle *h = (handle *)self;
-  if (h->ec == NULL)
+  /* Closed already, or the parent's handle in a forked child: nothing to
+   * do (the child must not touch the parent's handle). */
+  if (h->ec == NULL || h->fork_gen != ec_fork_gen)
     Py_RETURN_NONE;
   if (ec_handle_usable(h) < 0)
     return NULL;
@@ -253,9 +277,10 @@ static PyObject *handle_stats(PyObject *self, PyObject *args) {
   if (ec_handle_usable(h) < 0)
     return NULL;
   encache_stats st = ENCACHE_STATS_INIT;
-  int rc = encache_stats_get(h->ec, &st);
+  int rc = 0;
+  EC_LOCKED(h, rc, rc = encache_stats_get(h->ec, &st));
   if (rc < 0)
-    return ec_raise(rc, encache_errmsg(h->ec));
+    return ec_raise(rc, NULL);
   PyObject *d = PyDict_New(), *skipped = PyList_New(0);
   if (d == NULL || skipped == NULL)
     goto fail;
@@ -294,7 +319,13 @@ static PyObject *handle_namespace(PyObject *self, void *closure) {
   handle *h = (handle *)self;
   if (ec_handle_usable(h) < 0)
     return NULL;
-  return PyUnicode_FromString(encache_namespace_of(h->ec));
+  char ns[4096];
+  int rc = 0;
+  EC_LOCKED(h, rc, PyOS_snprintf(ns, sizeof(ns), "%s",
+                                 encache_namespace_of(h->ec)));
+  if (rc < 0)
+    return ec_raise(rc, NULL);
+  return PyUnicode_FromString(ns);
 }
 
 static PyObject *handle_enabled(PyObject *self, void *closure) {
@@ -302,7 +333,11 @@ static PyObject *handle_enabled(PyObject *self, void *closure) {
   handle *h = (handle *)self;
   if (ec_handle_usable(h) < 0)
     return NULL;
-  return PyBool_FromLong(encache_enabled(h->ec));
+  int rc = 0, on = 0;
+  EC_LOCKED(h, rc, on = encache_enabled(h->ec));
+  if (rc < 0)
+    return ec_raise(rc, NULL);
+  return PyBool_FromLong(on);
 }
 
 static PyObject *handle_closed(PyObject *self, void *closure) {

@@ -12,6 +12,8 @@
  */
 #include "ext.h"
 
+#include <stdlib.h>
+#include <string.h>
 #include <structmember.h>
 
 #define STACK_ITEMS 16
@@ -29,11 +31,25 @@ typedef struct {
   void *address;    /* HIT: the destination the library filled */
 } result;
 
-static void result_dealloc(PyObject *self) {
+static int result_traverse(PyObject *self, visitproc visit, void *arg) {
   result *r = (result *)self;
-  Py_XDECREF(r->id);
-  Py_XDECREF(r->tensor);
-  Py_XDECREF(r->why);
+  Py_VISIT(r->id);
+  Py_VISIT(r->tensor);
+  Py_VISIT(r->why);
+  return 0;
+}
+
+static int result_clear(PyObject *self) {
+  result *r = (result *)self;
+  Py_CLEAR(r->id);
+  Py_CLEAR(r->tensor);
+  Py_CLEAR(r->why);
+  return 0;
+}
+
+static void result_dealloc(PyObject *self) {
+  PyObject_GC_UnTrack(self);
+  result_clear(self);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -104,7 +120,9 @@ static PyGetSetDef result_getset[] = {
 PyTypeObject ec_result_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Result",
     .tp_basicsize = sizeof(result),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = result_traverse,
+    .tp_clear = result_clear,
     .tp_doc = "The outcome of one item of a lookup.",
     .tp_dealloc = result_dealloc,
     .tp_repr = result_repr,
@@ -126,7 +144,11 @@ static int cached(PyObject **cache, PyObject *fn, PyObject *key,
     return 0;
   }
   int hashable = !PyErr_Occurred();
-  PyErr_Clear();
+  if (!hashable) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError))
+      return -1; /* an error of the key's own __eq__, not unhashability */
+    PyErr_Clear();
+  }
   if ((v = PyObject_CallOneArg(fn, key)) == NULL)
     return -1;
   if (hashable && PyDict_Size(*cache) < 256 &&
@@ -142,10 +164,11 @@ static int parse_dtype(PyObject *o, int *dtype) {
     v = Py_NewRef(o);
   else if (cached(&dtype_cache, ec_dtype_of, o, &v) < 0)
     return -1;
-  *dtype = (int)PyLong_AsLong(v);
+  long code = PyLong_AsLong(v);
   Py_DECREF(v);
-  if (PyErr_Occurred())
+  if (code == -1 && PyErr_Occurred())
     return -1;
+  *dtype = code >= 0 && code <= 255 ? (int)code : -1;
   if (encache_dtype_size(*dtype) == 0) {
     PyErr_Format(PyExc_ValueError, "dtype %R is not a dtype code", o);
     return -1;
@@ -189,33 +212,41 @@ static int parse_device(PyObject *o, encache_candidate *c) {
 }
 
 /* Fills c from item and sets *id to a new reference to its id (c->id
- * points into it); -1 with an exception set. */
+ * points into it); -1 with an exception set.  The item is copied into a
+ * tuple and its id held before any Python code runs (the dtype and device
+ * resolution may run the caller's code, which could change the item). */
 static int parse_item(PyObject *item, encache_candidate *c, PyObject **id) {
-  PyObject *f = PySequence_Fast(item, "an item is (id, dtype, shape[, device])");
+  PyObject *f = PyTuple_Check(item) ? Py_NewRef(item) : PySequence_Tuple(item);
   if (f == NULL)
     return -1;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
-  PyObject **v = PySequence_Fast_ITEMS(f);
+  Py_ssize_t n = PyTuple_GET_SIZE(f);
   int rc = -1;
   *c = (encache_candidate)ENCACHE_CANDIDATE_INIT;
   c->modality = ENCACHE_MODALITY_IMAGE;
+  *id = n > 0 ? Py_NewRef(PyTuple_GET_ITEM(f, 0)) : NULL;
   if (n != 3 && n != 4)
     PyErr_Format(PyExc_ValueError, "%R is not (id, dtype, shape[, device])",
                  item);
-  else if (!PyUnicode_Check(v[0]))
-    PyErr_Format(PyExc_TypeError, "the id %R is not a str", v[0]);
-  else if ((c->id = PyUnicode_AsUTF8(v[0])) != NULL &&
-           parse_dtype(v[1], &c->dtype) == 0 && parse_shape(v[2], c) == 0 &&
-           parse_device(n == 4 ? v[3] : Py_None, c) == 0) {
-    *id = Py_NewRef(v[0]);
+  else if (!PyUnicode_Check(*id))
+    PyErr_Format(PyExc_TypeError, "the id %R is not a str", *id);
+  else if ((c->id = PyUnicode_AsUTF8(*id)) != NULL &&
+           parse_dtype(PyTuple_GET_ITEM(f, 1), &c->dtype) == 0 &&
+           parse_shape(PyTuple_GET_ITEM(f, 2), c) == 0 &&
+           parse_device(n == 4 ? PyTuple_GET_ITEM(f, 3) : Py_None, c) == 0)
     rc = 0;
-  }
+  if (rc < 0)
+    Py_CLEAR(*id);
   Py_DECREF(f);
   return rc;
 }
 
-/* Replaces the pending exception with InvalidError naming item i. */
+/* Replaces a pending ValueError or TypeError (InvalidError is one) with
+ * InvalidError naming item i; other exceptions (KeyboardInterrupt,
+ * MemoryError) go on as they are. */
 static void invalid_item(Py_ssize_t i) {
+  if (!PyErr_ExceptionMatches(PyExc_ValueError) &&
+      !PyErr_ExceptionMatches(PyExc_TypeError))
+    return;
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyObject *s = value != NULL ? PyObject_Str(value) : NULL;
@@ -230,15 +261,15 @@ static void invalid_item(Py_ssize_t i) {
 
 /* The Result of r (for candidate c); its hit's block is taken over, or
  * freed on failure. */
-static PyObject *result_of(step *s, PyObject *id, const encache_candidate *c,
+static PyObject *result_of(int output, PyObject *id,
+                           const encache_candidate *c,
                            const encache_result *r) {
   PyObject *o = ec_result_type.tp_alloc(&ec_result_type, 0);
   PyObject *tensor = r->outcome == ENCACHE_HIT
-                         ? ec_block_wrap(r->handle, s->owner->output,
-                                         c->dtype, c->rows, c->cols)
+                         ? ec_block_wrap(r->handle, output, c->dtype,
+                                         c->rows, c->cols)
                          : Py_NewRef(Py_None);
-  PyObject *why = r->why != NULL ? PyUnicode_FromString(r->why)
-                                 : Py_NewRef(Py_None);
+  PyObject *why = r->why != NULL ? ec_text(r->why) : Py_NewRef(Py_None);
   if (o == NULL || tensor == NULL || why == NULL) {
     Py_XDECREF(o);
     Py_XDECREF(tensor);
@@ -256,7 +287,16 @@ static PyObject *result_of(step *s, PyObject *id, const encache_candidate *c,
   return o;
 }
 
-/* Looks candidates c[0..n) up on s; the results in res, or -1 raised. */
+/* Copies the results' reasons (owned by the library's step, which another
+ * thread may close once the lock is released); NULL when out of memory. */
+static void copy_whys(encache_result *res, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (res[i].why != NULL)
+      res[i].why = strdup(res[i].why);
+}
+
+/* Looks candidates c[0..n) up on s; the results in res (their reasons
+ * copied: free them), or -1 raised. */
 static int lookup_locked(step *s, handle *h, const encache_candidate *c,
                          Py_ssize_t n, encache_result *res) {
   encache_allocator a = ENCACHE_ALLOCATOR_INIT;
@@ -268,6 +308,7 @@ static int lookup_locked(step *s, handle *h, const encache_candidate *c,
   EC_LOCKED(h, rc,
             rc = s->st == NULL ? ENCACHE_ECLOSED
                                : encache_lookup(s->st, c, (size_t)n, &a, res);
+            if (rc >= 0) copy_whys(res, n);
             if (rc < 0 && rc != ENCACHE_ECLOSED)
               PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
   if (rc < 0) {
@@ -280,11 +321,13 @@ static int lookup_locked(step *s, handle *h, const encache_candidate *c,
 
 /* The Results of res[0..n) as a new list; every hit's block is taken
  * over (or freed) whatever happens. */
-static PyObject *results_of(step *s, PyObject **ids, const encache_candidate *c,
-                            Py_ssize_t n, encache_result *res) {
+static PyObject *results_of(int output, PyObject **ids,
+                            const encache_candidate *c, Py_ssize_t n,
+                            encache_result *res) {
   PyObject *out = PyList_New(n);
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *r = out != NULL ? result_of(s, ids[i], &c[i], &res[i]) : NULL;
+    PyObject *r = out != NULL ? result_of(output, ids[i], &c[i], &res[i])
+                              : NULL;
     if (r == NULL) {
       if (res[i].outcome == ENCACHE_HIT && out == NULL)
         ec_block_release(NULL, (size_t)i, res[i].data, res[i].handle);
@@ -300,7 +343,14 @@ PyObject *ec_step_lookup(step *s, PyObject *items) {
   if (ec_step_usable(s) < 0)
     return NULL;
   handle *h = (handle *)Py_NewRef(s->owner);
-  PyObject *seq = PySequence_Fast(items, "items must be a sequence of Item");
+  /* A copy: the caller's code, run while items are parsed, cannot change
+   * what is being parsed. */
+  PyObject *seq = PyTuple_Check(items) ? Py_NewRef(items)
+                                       : PySequence_Tuple(items);
+  if (seq == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+    PyErr_Clear();
+    ec_invalid("items must be a sequence of Item (or of tuples)");
+  }
   PyObject *out = NULL, *ids_stack[STACK_ITEMS], **ids = ids_stack;
   encache_candidate c_stack[STACK_ITEMS], *c = c_stack;
   encache_result r_stack[STACK_ITEMS], *res = r_stack;
@@ -325,7 +375,9 @@ PyObject *ec_step_lookup(step *s, PyObject *items) {
     }
   if (lookup_locked(s, h, c, n, res) < 0)
     goto done;
-  out = results_of(s, ids, c, n, res);
+  out = results_of(h->output, ids, c, n, res);
+  for (Py_ssize_t i = 0; i < n; i++)
+    free((char *)res[i].why);
   if (out != NULL) {
     Py_ssize_t at = PyList_GET_SIZE(s->results);
     if (PyList_SetSlice(s->results, at, at, out) < 0)

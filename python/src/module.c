@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <string.h>
 
 PyObject *ec_outcomes, *ec_skips, *ec_describe, *ec_dtype_of, *ec_device_of,
     *ec_from_dlpack, *ec_as_array;
@@ -20,9 +21,17 @@ unsigned long ec_fork_gen;
 
 static void after_fork_in_child(void) { ec_fork_gen++; }
 
+PyObject *ec_text(const char *s) {
+  return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
 static PyObject *raise_as(PyObject *cls, int code, const char *msg) {
-  PyObject *exc = PyObject_CallFunction(cls, "sis", msg, code,
+  PyObject *text = ec_text(msg);
+  if (text == NULL)
+    return NULL;
+  PyObject *exc = PyObject_CallFunction(cls, "Ois", text, code,
                                         encache_err_name(code));
+  Py_DECREF(text);
   if (exc != NULL) {
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
     Py_DECREF(exc);
@@ -77,10 +86,16 @@ void ec_log(void *ctx, const char *message) {
   handle *h = ctx;
   PyGILState_STATE g = PyGILState_Ensure();
   if (h->log != NULL) {
-    PyObject *r = PyObject_CallFunction(h->log, "s", message);
+    /* An exception may be propagating (a close from a deallocation). */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = ec_text(message);
+    PyObject *r = text != NULL ? PyObject_CallOneArg(h->log, text) : NULL;
+    Py_XDECREF(text);
     if (r == NULL)
       PyErr_WriteUnraisable(h->log);
     Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
   }
   PyGILState_Release(g);
 }
@@ -142,9 +157,11 @@ static PyObject *mod_shm_destroy(PyObject *self, PyObject *args) {
 
 static PyObject *mod_block_cache(PyObject *self, PyObject *args) {
   (void)self;
-  unsigned long long max_bytes;
-  if (!PyArg_ParseTuple(args, "K:set_block_cache", &max_bytes))
+  long long max_bytes;
+  if (!PyArg_ParseTuple(args, "L:set_block_cache", &max_bytes))
     return NULL;
+  if (max_bytes < 0)
+    return ec_invalid("set_block_cache takes a number of bytes >= 0");
   return PyLong_FromSize_t(ec_block_cache_set((size_t)max_bytes));
 }
 
@@ -165,7 +182,28 @@ static PyObject *mod_url_redact(PyObject *self, PyObject *args) {
   return out;
 }
 
+static PyObject *mod_identity(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *dir, *label = NULL;
+  if (!PyArg_ParseTuple(args, "s|z:model_identity", &dir, &label))
+    return NULL;
+  char out[ENCACHE_MODEL_IDENTITY_MAX], msg[1024] = "";
+  int rc;
+  Py_BEGIN_ALLOW_THREADS /* reads every weight file */
+  rc = encache_model_identity(dir, label, out, sizeof(out), NULL);
+  if (rc < 0)
+    PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(NULL));
+  Py_END_ALLOW_THREADS
+  if (rc < 0)
+    return ec_raise(rc, msg);
+  return PyUnicode_FromString(out);
+}
+
 static PyMethodDef methods[] = {
+    {"model_identity", mod_identity, METH_VARARGS,
+     "model_identity(model_dir, label=None) -> str: an identity derived "
+     "from the digest of the model's weight files, for "
+     "embedding_model_identity (as `encache identity`)."},
     {"url_redact", mod_url_redact, METH_VARARGS,
      "url_redact(url) -> str: the Store URL with its password hidden, as "
      "every message of the library shows it."},
@@ -237,7 +275,8 @@ PyMODINIT_FUNC PyInit__encache(void) {
   for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
     if (PyType_Ready(types[i]) < 0)
       return NULL;
-  if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0)
+  if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0 ||
+      ec_block_cache_init() != 0)
     return PyErr_Format(PyExc_ImportError, "pthread_atfork failed");
   PyObject *m = PyModule_Create(&moduledef);
   if (m == NULL)

@@ -18,14 +18,13 @@
 PyObject *ec_step_new(handle *h) {
   if (ec_handle_usable(h) < 0)
     return NULL;
-  step *s = PyObject_New(step, &ec_step_type);
+  step *s = PyObject_GC_New(step, &ec_step_type);
   if (s == NULL)
     return NULL;
   s->owner = NULL;
   s->st = NULL;
   s->results = PyList_New(0);
-  s->storages = PyDict_New();
-  if (s->results == NULL || s->storages == NULL) {
+  if (s->results == NULL) {
     Py_DECREF(s);
     return NULL;
   }
@@ -41,6 +40,7 @@ PyObject *ec_step_new(handle *h) {
   }
   s->owner = (handle *)Py_NewRef(h);
   s->st = st;
+  PyObject_GC_Track(s);
   return (PyObject *)s;
 }
 
@@ -67,17 +67,29 @@ static void step_close_now(step *s) {
     EC_LOCKED(h, rc, encache_step_close(s->st); s->st = NULL);
   (void)rc;
   s->st = NULL;
-  PyDict_Clear(s->storages); /* drops the step's storage references */
   Py_DECREF(h);
 }
 
-static void step_dealloc(PyObject *self) {
+static int step_traverse(PyObject *self, visitproc visit, void *arg) {
   step *s = (step *)self;
-  if (s->storages != NULL)
-    step_close_now(s);
-  Py_XDECREF(s->results);
-  Py_XDECREF(s->storages);
-  PyObject_Free(self);
+  Py_VISIT(s->owner);
+  Py_VISIT(s->results);
+  return 0;
+}
+
+/* A step in a reference cycle (a result's tensor referring to it) is
+ * closed when the cycle is collected; the results' own clear breaks the
+ * cycle, so the step keeps its list (its methods still work). */
+static int step_clear(PyObject *self) {
+  step_close_now((step *)self);
+  return 0;
+}
+
+static void step_dealloc(PyObject *self) {
+  PyObject_GC_UnTrack(self);
+  step_close_now((step *)self);
+  Py_XDECREF(((step *)self)->results);
+  PyObject_GC_Del(self);
 }
 
 static PyObject *step_close(PyObject *self, PyObject *args) {
@@ -99,59 +111,23 @@ static PyObject *step_exit(PyObject *self, PyObject *args) {
 
 /* ------------------------------------------------------------ publication */
 
-static void release_object(void *ctx) {
-  PyGILState_STATE g = PyGILState_Ensure();
-  Py_DECREF((PyObject *)ctx);
-  PyGILState_Release(g);
-}
-
-static void storage_capsule_free(PyObject *cap) {
-  encache_storage_unref(PyCapsule_GetPointer(cap, "encache.storage"));
-}
-
-/* The step's encache_storage of [base, base + nbytes), made on first use
- * with a reference to `keep`, which holds that memory; NULL if raised. */
-static encache_storage *storage_of(step *s, unsigned long long base,
-                                   unsigned long long nbytes,
-                                   PyObject *keep) {
-  PyObject *key = Py_BuildValue("(KK)", base, nbytes);
-  if (key == NULL)
-    return NULL;
-  PyObject *cap = PyDict_GetItemWithError(s->storages, key);
-  if (cap != NULL) {
-    Py_DECREF(key);
-    return PyCapsule_GetPointer(cap, "encache.storage");
-  }
-  encache_storage *st = NULL;
-  int rc = PyErr_Occurred()
-               ? -1
-               : encache_storage_new((const void *)(uintptr_t)base, nbytes,
-                                     release_object, keep, &st);
-  if (rc == 0) {
-    Py_INCREF(keep); /* released by the storage's last reference */
-    cap = PyCapsule_New(st, "encache.storage", storage_capsule_free);
-    if (cap == NULL)
-      encache_storage_unref(st);
-    else if (PyDict_SetItem(s->storages, key, cap) < 0)
-      st = NULL; /* the capsule below drops the reference */
-    Py_XDECREF(cap);
-  } else if (rc < 0 && !PyErr_Occurred())
-    ec_raise(rc, "a publication's storage");
-  Py_DECREF(key);
-  return rc == 0 ? st : NULL;
-}
-
-/* Publishes view on s under id; the library's answer, or raised. */
+/* Publishes view under id on s (of h), with the storage of prep's memory;
+ * the library's answer, or raised. */
 static PyObject *publish_locked(step *s, handle *h, const char *id,
-                                const encache_tensor *view,
-                                encache_storage *storage) {
+                                const encache_tensor *view, ec_pub *prep) {
   char msg[1024] = "";
   int rc = 0;
-  EC_LOCKED(h, rc,
+  EC_LOCKED(h, rc, encache_storage *st = NULL;
             rc = s->st == NULL ? ENCACHE_ECLOSED
-                               : encache_publish(s->st, id, view, storage);
+                               : ec_pub_acquire(h, &prep, &st);
+            if (rc == 0) {
+              rc = encache_publish(s->st, id, view, st);
+              /* A queued write holds its own reference. */
+              encache_storage_unref(st);
+            }
             if (rc < 0 && rc != ENCACHE_ECLOSED)
               PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
+  ec_pub_discard(prep);
   if (rc < 0)
     return ec_raise(rc, rc == ENCACHE_ECLOSED
                             ? "the step or its Cache is closed"
@@ -174,44 +150,50 @@ static Py_ssize_t int64s(PyObject *t, int64_t *out, Py_ssize_t cap) {
   return n;
 }
 
+/* publish(id, tensor): the package's describe(tensor) gives (data, dtype
+ * code or -1, shape, strides, storage base, storage bytes, the object
+ * that keeps the storage alive). */
 static PyObject *step_publish(PyObject *self, PyObject *args) {
   step *s = (step *)self;
-  PyObject *id, *tensor, *shape, *strides;
+  PyObject *id, *tensor, *shape, *strides, *keep;
   unsigned long long data, base, nbytes;
   int dtype;
   if (!PyArg_ParseTuple(args, "UO:publish", &id, &tensor) ||
       ec_step_usable(s) < 0)
     return NULL;
-  PyObject *d = PyObject_CallOneArg(ec_describe, tensor);
-  if (d == NULL)
-    return NULL;
-  PyObject *out = NULL;
+  handle *h = (handle *)Py_NewRef(s->owner);
+  PyObject *d = PyObject_CallOneArg(ec_describe, tensor), *out = NULL;
   int64_t dims[8], steps[8];
-  Py_ssize_t ndim, nstrides = 0;
-  if (!PyArg_ParseTuple(d, "KiO!OKK", &data, &dtype, &PyTuple_Type, &shape,
-                        &strides, &base, &nbytes) ||
+  Py_ssize_t ndim = 0, nstrides = 0;
+  ec_pub *prep = NULL;
+  const char *key = NULL;
+  if (d == NULL ||
+      !PyArg_ParseTuple(d, "KiO!OKKO", &data, &dtype, &PyTuple_Type, &shape,
+                        &strides, &base, &nbytes, &keep) ||
       (ndim = int64s(shape, dims, 8)) < 0 ||
-      (strides != Py_None && (nstrides = int64s(strides, steps, 8)) < 0))
+      (strides != Py_None && (nstrides = int64s(strides, steps, 8)) < 0) ||
+      (key = PyUnicode_AsUTF8(id)) == NULL)
     goto done;
+  if (strides != Py_None && nstrides != ndim) {
+    ec_invalid("strides %R do not match shape %R", strides, shape);
+    goto done;
+  }
+  /* describe() ran Python code, which may have closed the step. */
+  if (s->owner != h) {
+    ec_raise(ENCACHE_ECLOSED, "the step was closed during publish");
+    goto done;
+  }
   encache_tensor view = {.size = sizeof(view),
                          .data = (const void *)(uintptr_t)data,
                          .dtype = dtype,
                          .ndim = ndim > 8 ? 9 : (int)ndim,
                          .shape = dims,
                          .strides = strides == Py_None ? NULL : steps};
-  if (strides != Py_None && nstrides != ndim) {
-    ec_invalid("strides %R do not match shape %R", strides, shape);
-    goto done;
-  }
-  encache_storage *st = storage_of(s, base, nbytes, tensor);
-  const char *key = st != NULL ? PyUnicode_AsUTF8(id) : NULL;
-  if (key != NULL) {
-    handle *h = (handle *)Py_NewRef(s->owner);
-    out = publish_locked(s, h, key, &view, st);
-    Py_DECREF(h);
-  }
+  if ((prep = ec_pub_prepare(h, keep, (uintptr_t)base, nbytes)) != NULL)
+    out = publish_locked(s, h, key, &view, prep);
 done:
-  Py_DECREF(d);
+  Py_XDECREF(d);
+  Py_DECREF(h);
   return out;
 }
 
@@ -296,7 +278,9 @@ static PyGetSetDef step_getset[] = {
 PyTypeObject ec_step_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Step",
     .tp_basicsize = sizeof(step),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = step_traverse,
+    .tp_clear = step_clear,
     .tp_doc = "A step: the items of one encoder step, their results and "
               "their publications (Cache.lookup() opens one).",
     .tp_dealloc = step_dealloc,

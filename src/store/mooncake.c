@@ -16,6 +16,10 @@
  * payload from one registered buffer of this backend's (the C ABI has no
  * multi-buffer put), grown when needed and registered once per size.
  *
+ * Removal by prefix (a namespace's purge) uses the ABI's remove by regex
+ * when the library has it: "^" and the prefix, every regex syntax
+ * character escaped.  Mooncake cannot list keys, so it cannot count them.
+ *
  * Every Mooncake result code is classified by one table (below), per
  * operation (existence check, read, write), with vLLM's sets: not found,
  * already exists, recoverable (encode instead, or skip the write), or
@@ -56,6 +60,8 @@ typedef int (*mc_batch_is_exist_fn)(mc_handle, const char **keys,
                                     size_t count, int *results);
 typedef int64_t (*mc_get_size_fn)(mc_handle, const char *key);
 typedef int (*mc_remove_fn)(mc_handle, const char *key, int force);
+typedef int64_t (*mc_remove_by_regex_fn)(mc_handle, const char *pattern,
+                                         int force);
 typedef int (*mc_register_fn)(mc_handle, void *buffer, size_t size);
 typedef int (*mc_unregister_fn)(mc_handle, void *buffer);
 
@@ -158,6 +164,7 @@ typedef struct mooncake_store {
   mc_batch_is_exist_fn batch_is_exist;
   mc_get_size_fn get_size;
   mc_remove_fn remove;
+  mc_remove_by_regex_fn remove_by_regex; /* NULL in a library without it */
   mc_register_fn register_buffer;
   mc_unregister_fn unregister_buffer;
   pthread_mutex_t wmu; /* the write buffer */
@@ -292,8 +299,10 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
   }
   rc = wbuf_reserve(s, hl + len);
   if (rc == 0) {
-    memcpy(s->wbuf, hdr, hl);
-    memcpy(s->wbuf + hl, payload, len);
+    if (hl > 0) /* memcpy from NULL is undefined, even of 0 bytes */
+      memcpy(s->wbuf, hdr, hl);
+    if (len > 0)
+      memcpy(s->wbuf + hl, payload, len);
     int r = s->put_from(s->h, key, s->wbuf, hl + len, NULL);
     if (r < 0) {
       rc = encache__mooncake_classify_op(ENCACHE__MC_WRITE, r);
@@ -316,6 +325,29 @@ static int mc_remove(encache_store *st, const char *key) {
   return encache__store_fail(st, c,
                              "%s: remove %s: code %d (%s)", s->base.url, key,
                              r, encache__mooncake_code_name(r));
+}
+
+/* Removes by the anchored, escaped regex of prefix.  Without force:
+ * objects under a read lease (10 s after a read, by default) are skipped
+ * by Mooncake, never torn from under a reader; a later run removes them. */
+static int mc_remove_prefix(encache_store *st, const char *prefix,
+                            uint64_t *removed) {
+  mooncake_store *s = ms(st);
+  char *re = encache__prefix_regex(prefix);
+  if (re == NULL)
+    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+  int64_t r = s->remove_by_regex(s->h, re, 0);
+  if (r >= 0) {
+    *removed = (uint64_t)r;
+    encache__free(re);
+    return 0;
+  }
+  int rc = encache__store_fail(st, ENCACHE_EUNAVAIL,
+                               "%s: remove_by_regex %s: code %" PRId64 " (%s)",
+                               s->base.url, re, r,
+                               encache__mooncake_code_name(r));
+  encache__free(re);
+  return rc;
 }
 
 static int mc_register(encache_store *st, void *buf, size_t len) {
@@ -359,21 +391,22 @@ static void mc_close(encache_store *st) {
   encache__free(s);
 }
 
-static const encache__store_ops mooncake_ops = {
-    .size = sizeof(encache__store_ops),
-    .version = ENCACHE_STORE_BACKEND_VERSION,
-    .kind = "mooncake",
-    .caps = ENCACHE_STORE_CAP_REGISTER | ENCACHE_STORE_CAP_PUT_IF_ABSENT |
-            ENCACHE_STORE_CAP_SHARED,
-    .exists = mc_exists,
-    .read = mc_read,
-    .object_size = mc_object_size,
-    .write = mc_write,
-    .remove = mc_remove,
-    .register_buffer = mc_register,
-    .unregister_buffer = mc_unregister,
-    .stats = mc_stats,
-    .close = mc_close};
+#define MC_OPS_                                                                 \
+  .size = sizeof(encache__store_ops),                                          \
+  .version = ENCACHE_STORE_BACKEND_VERSION, .kind = "mooncake",                \
+  .exists = mc_exists, .read = mc_read, .object_size = mc_object_size,         \
+  .write = mc_write, .remove = mc_remove, .register_buffer = mc_register,      \
+  .unregister_buffer = mc_unregister, .stats = mc_stats, .close = mc_close
+#define MC_CAPS_                                                               \
+  (ENCACHE_STORE_CAP_REGISTER | ENCACHE_STORE_CAP_PUT_IF_ABSENT |              \
+   ENCACHE_STORE_CAP_SHARED)
+
+/* A library that exports mooncake_store_remove_by_regex gets the table
+ * with remove_prefix; an older one the table without. */
+static const encache__store_ops mooncake_ops = {MC_OPS_, .caps = MC_CAPS_};
+static const encache__store_ops mooncake_ops_regex = {
+    MC_OPS_, .caps = MC_CAPS_ | ENCACHE_STORE_CAP_REMOVE_PREFIX,
+    .remove_prefix = mc_remove_prefix};
 
 /* Reads the client JSON (PATH of "mooncake:PATH", else
  * $MOONCAKE_CONFIG_PATH): a bad one is reported whatever the library. */
@@ -432,6 +465,11 @@ static int load_library(mooncake_store *s, const char *url,
   memcpy(&s->remove, &sym[8], sizeof(s->remove));
   memcpy(&s->register_buffer, &sym[9], sizeof(s->register_buffer));
   memcpy(&s->unregister_buffer, &sym[10], sizeof(s->unregister_buffer));
+  void *regex = dlsym(s->lib, "mooncake_store_remove_by_regex");
+  if (regex != NULL) {
+    memcpy(&s->remove_by_regex, &regex, sizeof(s->remove_by_regex));
+    s->base.ops = &mooncake_ops_regex;
+  }
   return 0;
 }
 

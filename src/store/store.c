@@ -195,6 +195,33 @@ void encache_store_close(encache_store *st) {
     st->ops->close(st);
 }
 
+/* ---------------------------------------------------------------- leases */
+
+static int lease_args(encache_store *st, const char *key, uint64_t token) {
+  if (st == NULL || key == NULL || key[0] == '\0' || token == 0)
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "a lease needs a Store, a key and a token");
+  if (!ENCACHE__BACKEND_HAS(st->ops, lease_take) ||
+      !ENCACHE__BACKEND_HAS(st->ops, lease_drop))
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "the %s Store has no leases", st->ops->kind);
+  return 0;
+}
+
+int encache_store_lease_take(encache_store *st, const char *key,
+                             uint64_t token, uint32_t ttl_ms) {
+  int rc = lease_args(st, key, token);
+  if (rc == 0 && ttl_ms == 0)
+    rc = encache_store_fail(st, ENCACHE_EINVAL, "a lease's ttl is 0 ms");
+  return rc < 0 ? rc : st->ops->lease_take(st, key, token, ttl_ms);
+}
+
+int encache_store_lease_drop(encache_store *st, const char *key,
+                             uint64_t token) {
+  int rc = lease_args(st, key, token);
+  return rc < 0 ? rc : st->ops->lease_drop(st, key, token);
+}
+
 /* --------------------------------------------------------- your own Store */
 
 int encache__backend_check(const encache_store_backend *b) {
@@ -206,13 +233,17 @@ int encache__backend_check(const encache_store_backend *b) {
       {ENCACHE_STORE_CAP_READ_SPLIT, offsetof(encache_store_backend, read_split), "read_split"},
       {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, register_buffer), "register_buffer"},
       {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, unregister_buffer), "unregister_buffer"},
-      {ENCACHE_STORE_CAP_LIST, offsetof(encache_store_backend, list), "list"}};
-  if (b == NULL || b->size < sizeof(*b) ||
+      {ENCACHE_STORE_CAP_LIST, offsetof(encache_store_backend, list), "list"},
+      {ENCACHE_STORE_CAP_REMOVE_PREFIX, offsetof(encache_store_backend, remove_prefix), "remove_prefix"},
+      {ENCACHE_STORE_CAP_LEASE, offsetof(encache_store_backend, lease_take), "lease_take"},
+      {ENCACHE_STORE_CAP_LEASE, offsetof(encache_store_backend, lease_drop), "lease_drop"}};
+  if (b == NULL || b->size < ENCACHE__BACKEND_SIZE_1_0 ||
       b->version != ENCACHE_STORE_BACKEND_VERSION)
     return encache_store_fail(NULL, ENCACHE_EINVAL,
                               "Store backend: size %zu or version %u is not "
-                              "this library's (%zu, %u)", b ? b->size : 0,
-                              b ? b->version : 0, sizeof(*b),
+                              "this library's (at least %zu, %u)",
+                              b ? b->size : 0, b ? b->version : 0,
+                              (size_t)ENCACHE__BACKEND_SIZE_1_0,
                               ENCACHE_STORE_BACKEND_VERSION);
   if (b->kind == NULL || b->exists == NULL || b->read == NULL ||
       b->object_size == NULL || b->write == NULL || b->remove == NULL ||
@@ -222,7 +253,9 @@ int encache__backend_check(const encache_store_backend *b) {
                               "object_size, write, remove, stats and close "
                               "are required", b->kind ? b->kind : "(no kind)");
   for (size_t i = 0; i < sizeof(optional) / sizeof(optional[0]); i++) {
-    int given = *(void *const *)((const char *)b + optional[i].off) != NULL;
+    /* A smaller (older) table ends before the operation: not given. */
+    int given = b->size >= optional[i].off + sizeof(void *) &&
+                *(void *const *)((const char *)b + optional[i].off) != NULL;
     if (given != ((b->caps & optional[i].cap) != 0))
       return encache_store_fail(NULL, ENCACHE_EINVAL,
                                 "Store backend %s: %s is %s but its capability "

@@ -35,6 +35,14 @@ struct encache_store {
   void *data; /* encache_store_new()'s data */
 };
 
+/* The size of a backend table of API 1.0, which ends with close: the
+ * smallest accepted.  A later operation is read only from a table whose
+ * size covers it. */
+#define ENCACHE__BACKEND_SIZE_1_0 offsetof(encache_store_backend, remove_prefix)
+#define ENCACHE__BACKEND_HAS(b, field)                                         \
+  ((b)->size >= offsetof(encache_store_backend, field) + sizeof((b)->field) && \
+   (b)->field != NULL)
+
 /* Records the calling thread's Store error message and returns rc. */
 #define encache__store_fail encache_store_fail
 
@@ -42,6 +50,13 @@ struct encache_store {
  * built-in backends (asserted at open): 0, or ENCACHE_EINVAL with the
  * calling thread's message naming what is wrong. */
 int encache__backend_check(const encache_store_backend *b);
+
+/* prefix.c: every key that starts with prefix, as a shell pattern (for
+ * fnmatch(3) and Redis's MATCH: "*?[]\\" escaped, "*" appended) and as an
+ * ECMAScript regex ("^" and every syntax character escaped: Mooncake's
+ * remove by regex).  Fresh allocations; NULL when out of memory. */
+char *encache__prefix_glob(const char *prefix);
+char *encache__prefix_regex(const char *prefix);
 
 /* Query-string helpers for URL parsing: iterates "k=v&k=v". */
 typedef struct encache__query {

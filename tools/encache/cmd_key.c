@@ -43,36 +43,6 @@ static const tool_opt key_opts[] = {
     TOOL_NS_OPTS, [KEY_ID] = {"id", 1}, [KEY_NAMESPACE] = {"namespace", 0},
     {NULL, 0}};
 
-/* Prints the namespace (id NULL) or the key of id in it. */
-static int print_key(encache_config *cfg, const ns_opts *o, const char *id) {
-  int need = encache_config_namespace(cfg, o->model, o->revision,
-                                      o->encoder_hash, o->dtype, NULL, 0);
-  if (need == ENCACHE_EINVAL)
-    return usage_error("key", "--model is required and must not be empty "
-                              "(unless --config sets embedding_model_identity)");
-  if (need < 0)
-    return usage_error("key", "%s", encache_strerror(need));
-  size_t size = (size_t)need + (id ? strlen(id) : 0) + 8;
-  char *ns = malloc((size_t)need + 1), *key = malloc(size);
-  int rc = EXIT_FAIL;
-  if (ns != NULL && key != NULL &&
-      encache_config_namespace(cfg, o->model, o->revision, o->encoder_hash,
-                               o->dtype, ns, (size_t)need + 1) >= 0) {
-    if (id == NULL) {
-      puts(ns);
-      rc = EXIT_OK;
-    } else if (encache_key(ns, id, key, size) >= 0) {
-      puts(key);
-      rc = EXIT_OK;
-    }
-  }
-  if (rc != EXIT_OK)
-    fprintf(stderr, "encache key: out of memory\n");
-  free(ns);
-  free(key);
-  return rc;
-}
-
 static int run_key(const tool_globals *g, const tool_args *a) {
   (void)g;
   ns_opts o;
@@ -82,14 +52,24 @@ static int run_key(const tool_globals *g, const tool_args *a) {
   int ns_only = a->val[KEY_NAMESPACE] != NULL;
   if (!ns_only && (id == NULL || id[0] == '\0'))
     return usage_error("key", "--id is required and must not be empty");
-  char *json;
-  size_t len;
-  encache_config *cfg = ns_config("key", &o, &json, &len);
-  if (cfg == NULL)
-    return EXIT_USAGE;
-  int rc = print_key(cfg, &o, ns_only ? NULL : id);
-  encache_config_free(cfg);
-  free(json);
+  int rc;
+  char *ns = ns_string("key", &o, &rc);
+  if (ns == NULL)
+    return rc;
+  if (ns_only) {
+    puts(ns);
+  } else {
+    size_t size = strlen(ns) + strlen(id) + 8;
+    char *key = malloc(size);
+    if (key == NULL || encache_key(ns, id, key, size) < 0) {
+      fprintf(stderr, "encache key: out of memory\n");
+      rc = EXIT_FAIL;
+    } else {
+      puts(key);
+    }
+    free(key);
+  }
+  free(ns);
   return rc;
 }
 

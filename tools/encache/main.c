@@ -23,9 +23,9 @@
 
 /* In the order of `encache --help`. */
 static const tool_command *const commands[] = {
-    &cmd_demo, &cmd_key,     &cmd_config, &cmd_lookup, &cmd_publish,
-    &cmd_bench, &cmd_put,    &cmd_get,    &cmd_inspect, &cmd_ls,
-    &cmd_stats, &cmd_rm,     &cmd_shm,
+    &cmd_demo, &cmd_key,     &cmd_identity, &cmd_config, &cmd_lookup,
+    &cmd_publish, &cmd_bench, &cmd_put,     &cmd_get,    &cmd_inspect,
+    &cmd_ls,   &cmd_stats,   &cmd_rm,       &cmd_purge,  &cmd_shm,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -232,10 +232,8 @@ static const tool_command *find(const char *name) {
   return NULL;
 }
 
-/* Opens the Store of g for cmd (an existing one only, when existing is
- * set); prints why and returns NULL on failure. */
-static encache_store *open_store(const char *cmd, const tool_globals *g,
-                                 int existing) {
+encache_store *tool_open_store(const char *cmd, const tool_globals *g,
+                               int existing) {
   encache_store *st = NULL;
   char buf[4096];
   const char *url = existing ? tool_existing_url(g, buf, sizeof(buf))
@@ -257,8 +255,9 @@ static int dispatch(const tool_command *cmd, tool_globals *g, int argc,
   int rc = tool_parse(cmd, argc, argv, g, &a);
   if (rc >= 0)
     return rc;
-  if ((cmd->flags & TOOL_OPEN) && (a.st = open_store(cmd->name, g,
-                                         cmd->flags & TOOL_EXISTING)) == NULL)
+  if ((cmd->flags & TOOL_OPEN) &&
+      (a.st = tool_open_store(cmd->name, g, cmd->flags & TOOL_EXISTING)) ==
+          NULL)
     return EXIT_FAIL;
   rc = cmd->run(g, &a);
   encache_store_close(a.st);

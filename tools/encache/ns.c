@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ns.c: the namespace options shared by key, lookup and publish (model,
- * prefix or vLLM config, revision, encoder field, dtype), and the engine
- * handle they open.
+ * ns.c: the namespace options shared by key, purge, lookup and publish
+ * (model, prefix or vLLM config, revision, encoder field, dtype), the
+ * namespace they name, and the engine handle they open.
  */
 #include "tool.h"
 
@@ -98,6 +98,46 @@ encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
     fprintf(stderr, "encache %s: warning: %s\n", cmd,
             encache_config_warning_at(cfg, i));
   return cfg;
+}
+
+/* The namespace of o under cfg, from malloc; NULL after a message. */
+static char *namespace_of(const char *cmd, encache_config *cfg,
+                          const ns_opts *o, int *exit_code) {
+  int need = encache_config_namespace(cfg, o->model, o->revision,
+                                      o->encoder_hash, o->dtype, NULL, 0);
+  if (need == ENCACHE_EINVAL) {
+    usage_error(cmd, "--model is required and must not be empty (unless "
+                     "--config sets embedding_model_identity)");
+    return NULL;
+  }
+  if (need < 0) {
+    usage_error(cmd, "%s", encache_strerror(need));
+    return NULL;
+  }
+  char *ns = malloc((size_t)need + 1);
+  if (ns == NULL ||
+      encache_config_namespace(cfg, o->model, o->revision, o->encoder_hash,
+                               o->dtype, ns, (size_t)need + 1) < 0) {
+    fprintf(stderr, "encache %s: out of memory\n", cmd);
+    *exit_code = EXIT_FAIL;
+    free(ns);
+    return NULL;
+  }
+  *exit_code = EXIT_OK;
+  return ns;
+}
+
+char *ns_string(const char *cmd, const ns_opts *o, int *exit_code) {
+  char *json, *ns = NULL;
+  size_t len;
+  encache_config *cfg = ns_config(cmd, o, &json, &len);
+  *exit_code = EXIT_USAGE;
+  if (cfg != NULL) {
+    free(json);
+    ns = namespace_of(cmd, cfg, o, exit_code);
+    encache_config_free(cfg);
+  }
+  return ns;
 }
 
 /* The one place where the tool opens an engine handle. */

@@ -62,6 +62,13 @@ enum {
  * answers "no such segment" instead of creating one). */
 const char *tool_existing_url(const tool_globals *g, char *buf, size_t size);
 
+/* Opens the Store of g for cmd (an existing one only, when existing is
+ * set: tool_existing_url()); prints why and returns NULL on failure.
+ * Commands with TOOL_OPEN get theirs from main; others call this after
+ * checking their arguments. */
+encache_store *tool_open_store(const char *cmd, const tool_globals *g,
+                               int existing);
+
 typedef struct tool_command {
   const char *name, *summary, *usage;
   const tool_opt *opts; /* the command's own, ended by {NULL, 0}; or NULL */
@@ -72,8 +79,8 @@ typedef struct tool_command {
 } tool_command;
 
 extern const tool_command cmd_key, cmd_config, cmd_put, cmd_get, cmd_inspect,
-    cmd_ls, cmd_stats, cmd_rm, cmd_shm, cmd_lookup, cmd_publish, cmd_demo,
-    cmd_bench;
+    cmd_ls, cmd_stats, cmd_rm, cmd_purge, cmd_shm, cmd_lookup, cmd_publish,
+    cmd_demo, cmd_bench, cmd_identity;
 
 /* Parses argv (argv[0] is the command's name) for cmd: the shared options
  * into g, the command's own into a.  Returns -1 to go on, EXIT_OK when
@@ -145,6 +152,11 @@ int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o);
  * NULL on failure. */
 encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
                           size_t *len);
+
+/* The namespace of o (as `encache key --namespace` prints it), from
+ * malloc.  Prints why and returns NULL on failure, with *exit_code
+ * EXIT_USAGE (bad options or configuration) or EXIT_FAIL (memory). */
+char *ns_string(const char *cmd, const ns_opts *o, int *exit_code);
 
 /* Opens an engine handle for the namespace options on the global Store
  * (an existing one only when existing is set: tool_existing_url()).

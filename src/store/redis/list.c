@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * list.c: listing a node's keys with SCAN and their sizes with pipelined
- * STRLEN, on a short-lived context of ordinary (bounded) replies.  A
+ * STRLEN, and removing the keys under a prefix with SCAN and pipelined
+ * UNLINK, on a short-lived context of ordinary (bounded) replies.  A
  * server whose cursor never comes back to 0 is stopped by a bound on
  * calls and keys derived from its DBSIZE (LIST_* in redis.h); an answer
  * that is not [cursor, [key strings...]] is refused.
@@ -65,11 +66,22 @@ static int scan_once(redis_store *s, redisContext *c, const char *pattern,
   return 0;
 }
 
-/* STRLEN of each of keys, pipelined, then cb on each key that has one
- * until cb answers non-zero (*stop).  Returns 0, or -1 with why set. */
+/* What to do with each page of keys of a scan; returns 0, or -1 with why
+ * set; sets *stop to end the scan early. */
+typedef int (*page_fn)(redis_store *s, redisContext *c, const redisReply *keys,
+                       void *ctx, int *stop, char *why, size_t whysize);
+
+/* A listing: the caller's callback. */
+typedef struct list_ctx {
+  int (*cb)(const char *key, uint64_t len, void *arg);
+  void *arg;
+} list_ctx;
+
+/* page_fn of a listing: STRLEN of each of keys, pipelined, then cb on each
+ * key that has one until cb answers non-zero (*stop). */
 static int sizes_of(redis_store *s, redisContext *c, const redisReply *keys,
-                    int (*cb)(const char *key, uint64_t len, void *arg),
-                    void *arg, int *stop, char *why, size_t whysize) {
+                    void *ctx, int *stop, char *why, size_t whysize) {
+  const list_ctx *l = ctx;
   size_t n = keys->elements;
   if (n == 0)
     return 0;
@@ -93,17 +105,17 @@ static int sizes_of(redis_store *s, redisContext *c, const redisReply *keys,
   for (size_t i = 0; i < n; i++) {
     redisReply *len = lens[i];
     if (!*stop && len->type == REDIS_REPLY_INTEGER && len->integer >= 0)
-      *stop = cb(keys->element[i]->str, (uint64_t)len->integer, arg);
+      *stop = l->cb(keys->element[i]->str, (uint64_t)len->integer, l->arg);
     freeReplyObject(len);
   }
   encache__free(lens);
   return 0;
 }
 
-/* Returns 0, the callback's non-zero value, or ENCACHE_EUNAVAIL. */
-int encache__redis_list_node(
-    redis_store *s, redisContext *c, const char *pattern,
-    int (*cb)(const char *key, uint64_t len, void *arg), void *arg) {
+/* SCANs the node from cursor 0 to 0 for pattern, page by page, bounded.
+ * Returns 0, *stop's value, or ENCACHE_EUNAVAIL with the message set. */
+static int scan_node(redis_store *s, redisContext *c, const char *pattern,
+                     page_fn page, void *ctx) {
   char why[512] = "";
   uint64_t dbsize = 0;
   if (dbsize_of(s, c, &dbsize) < 0)
@@ -125,7 +137,7 @@ int encache__redis_list_node(
     if (scan_once(s, c, pattern, cursor, &r, &keys, why, sizeof(why)) < 0)
       break;
     seen += keys->elements;
-    int bad = sizes_of(s, c, keys, cb, arg, &stop, why, sizeof(why));
+    int bad = page(s, c, keys, ctx, &stop, why, sizeof(why));
     freeReplyObject(r);
     if (bad < 0)
       break;
@@ -134,4 +146,94 @@ int encache__redis_list_node(
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s",
                                s->base.url, why);
   return stop;
+}
+
+int encache__redis_list_node(
+    redis_store *s, redisContext *c, const char *pattern,
+    int (*cb)(const char *key, uint64_t len, void *arg), void *arg) {
+  list_ctx l = {cb, arg};
+  return scan_node(s, c, pattern, sizes_of, &l);
+}
+
+/* A removal by prefix on one node. */
+typedef struct unlink_ctx {
+  const char *prefix;
+  size_t plen;
+  uint64_t removed;
+} unlink_ctx;
+
+/* The keys of a page that start with the prefix (compared again, byte for
+ * byte, whatever MATCH said) into keys[], their count. */
+static size_t under_prefix(const unlink_ctx *u, const redisReply *page,
+                           const redisReply **keys) {
+  size_t m = 0;
+  for (size_t i = 0; i < page->elements; i++) {
+    const redisReply *k = page->element[i];
+    if (k->len >= u->plen && memcmp(k->str, u->prefix, u->plen) == 0)
+      keys[m++] = k;
+  }
+  return m;
+}
+
+/* page_fn of a removal: one UNLINK per key under the prefix, pipelined in
+ * one exchange (a single UNLINK of many keys would be refused by a
+ * cluster for keys of different slots).  A key the cluster has moved
+ * meanwhile (MOVED, ASK) is removed through the Store's own DEL, which
+ * follows redirections. */
+static int unlink_page(redis_store *s, redisContext *c, const redisReply *page,
+                       void *ctx, int *stop, char *why, size_t whysize) {
+  unlink_ctx *u = ctx;
+  (void)stop;
+  const redisReply **keys = encache__calloc(page->elements + 1, sizeof(*keys));
+  void **rep = encache__calloc(page->elements + 1, sizeof(void *));
+  size_t m = keys && rep ? under_prefix(u, page, keys) : 0;
+  obuf b = {NULL, 0, 0, keys == NULL || rep == NULL};
+  for (size_t i = 0; i < m; i++) {
+    const char *argv[2] = {"UNLINK", keys[i]->str};
+    size_t argl[2] = {6, keys[i]->len};
+    encache__redis_cmd(&b, 2, argv, argl);
+  }
+  char xwhy[256] = "out of memory";
+  int x = b.oom ? XR_FAIL
+          : m == 0 ? XR_OK
+                   : encache__redis_plain(s, c, &b, m, rep, xwhy, sizeof(xwhy));
+  encache__free(b.p);
+  int rc = x == XR_OK ? 0 : -1;
+  for (size_t i = 0; x == XR_OK && i < m; i++) {
+    redisReply *r = rep[i];
+    if (r->type == REDIS_REPLY_INTEGER) {
+      u->removed += r->integer > 0;
+    } else if (r->type == REDIS_REPLY_ERROR &&
+               (strncmp(r->str, "MOVED ", 6) == 0 ||
+                strncmp(r->str, "ASK ", 4) == 0)) {
+      int d = encache_store_remove(&s->base, keys[i]->str);
+      u->removed += d == 0;
+      if (d < 0 && d != ENCACHE_ENOENT && rc == 0) {
+        snprintf(xwhy, sizeof(xwhy), "%s", encache_store_errmsg(&s->base));
+        rc = -1;
+      }
+    } else if (rc == 0) {
+      snprintf(xwhy, sizeof(xwhy), "%s",
+               r->type == REDIS_REPLY_ERROR ? r->str : "unexpected answer");
+      rc = -1;
+    }
+    freeReplyObject(r);
+  }
+  if (rc < 0)
+    snprintf(why, whysize, "UNLINK: %s", xwhy);
+  encache__free(keys);
+  encache__free(rep);
+  return rc;
+}
+
+int encache__redis_unlink_node(redis_store *s, redisContext *c,
+                               const char *prefix, uint64_t *removed) {
+  char *pattern = encache__prefix_glob(prefix);
+  if (pattern == NULL)
+    return encache__store_fail(&s->base, ENCACHE_ENOMEM, "out of memory");
+  unlink_ctx u = {prefix, strlen(prefix), 0};
+  int rc = scan_node(s, c, pattern, unlink_page, &u);
+  encache__free(pattern);
+  *removed += u.removed;
+  return rc;
 }

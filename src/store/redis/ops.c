@@ -2,7 +2,8 @@
 /*
  * ops.c: the Store operations of the Redis backend (see redis.h): batched
  * EXISTS / GET / STRLEN pipelined per node with redirections followed,
- * SET NX straight from the caller's buffers, DEL, listings and counters;
+ * SET NX straight from the caller's buffers, DEL, listings, removal by
+ * prefix and counters;
  * the ops table and encache__redis_open().  Objects larger than
  * window_threshold go in windows (wread.c, wwrite.c).
  */
@@ -417,19 +418,43 @@ static redisContext *admin_dial(redis_store *s, size_t node) {
   return c;
 }
 
-static int redis_list(encache_store *st, const char *pattern,
-                      int (*cb)(const char *key, uint64_t len, void *arg),
-                      void *arg) {
-  redis_store *s = (redis_store *)st;
+/* What to do on each master: list or remove by prefix. */
+typedef struct on_master {
+  const char *pattern; /* list: the pattern; remove: the prefix */
+  int (*cb)(const char *key, uint64_t len, void *arg);
+  void *arg;
+  uint64_t removed;
+} on_master;
+
+/* Runs what on every master in turn, on a short-lived context each. */
+static int each_master(redis_store *s, on_master *what) {
   size_t nodes[MAX_NODES], m;
   int rc = encache__redis_masters(s, nodes, &m);
   for (size_t k = 0; rc == 0 && k < m; k++) {
     redisContext *c = admin_dial(s, nodes[k]);
     if (c == NULL)
       return ENCACHE_EUNAVAIL;
-    rc = encache__redis_list_node(s, c, pattern, cb, arg);
+    rc = what->cb != NULL
+             ? encache__redis_list_node(s, c, what->pattern, what->cb,
+                                        what->arg)
+             : encache__redis_unlink_node(s, c, what->pattern, &what->removed);
     redisFree(c);
   }
+  return rc;
+}
+
+static int redis_list(encache_store *st, const char *pattern,
+                      int (*cb)(const char *key, uint64_t len, void *arg),
+                      void *arg) {
+  on_master what = {pattern, cb, arg, 0};
+  return each_master((redis_store *)st, &what);
+}
+
+static int redis_remove_prefix(encache_store *st, const char *prefix,
+                               uint64_t *removed) {
+  on_master what = {prefix, NULL, NULL, 0};
+  int rc = each_master((redis_store *)st, &what);
+  *removed = what.removed;
   return rc;
 }
 
@@ -505,7 +530,8 @@ static const encache__store_ops redis_ops = {
     .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "redis",
     .caps = ENCACHE_STORE_CAP_READ_SPLIT | ENCACHE_STORE_CAP_LIST |
-            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED,
+            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED |
+            ENCACHE_STORE_CAP_REMOVE_PREFIX,
     .exists = redis_exists,
     .read = redis_read,
     .read_split = redis_read_split,
@@ -514,7 +540,8 @@ static const encache__store_ops redis_ops = {
     .remove = redis_remove,
     .list = redis_list,
     .stats = redis_stats,
-    .close = redis_close};
+    .close = redis_close,
+    .remove_prefix = redis_remove_prefix};
 
 int encache__redis_open(const char *url, encache_store **out) {
   *out = NULL;

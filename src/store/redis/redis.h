@@ -11,7 +11,8 @@
  *   cluster.c  key slots, the slot map (CLUSTER SLOTS), MOVED and ASK
  *   ops.c      the Store operations (exists, read, write, remove, stats)
  *              and the ops table
- *   list.c     listing a node's keys (SCAN, STRLEN), bounded
+ *   list.c     listing a node's keys (SCAN, STRLEN) and removing those
+ *              under a prefix (SCAN, UNLINK), bounded
  *   wread.c    windowed reads of large objects (GETRANGE windows)
  *   wwrite.c   windowed writes of large objects (SETRANGE windows into
  *              a temporary key, RENAMENX into place)
@@ -312,6 +313,11 @@ int encache__redis_masters(redis_store *s, size_t *out, size_t *m);
 int encache__redis_list_node(
     redis_store *s, redisContext *c, const char *pattern,
     int (*cb)(const char *key, uint64_t len, void *arg), void *arg);
+/* UNLINKs the node's keys that start with prefix (SCAN MATCH with the
+ * prefix escaped, each key compared again); adds their count to
+ * *removed.  Returns 0 or ENCACHE_EUNAVAIL / ENCACHE_ENOMEM. */
+int encache__redis_unlink_node(redis_store *s, redisContext *c,
+                               const char *prefix, uint64_t *removed);
 
 /* ------------------------------------------------------ wread.c, wwrite.c */
 

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fake_mooncake.c: a stand-in for Mooncake's libmooncake_store.so, for
+ * the tests of the Mooncake backend's wiring where no Mooncake runs: the
+ * functions of its store C ABI that src/store/mooncake.c loads, over a
+ * small in-process table of objects.  mooncake_store_remove_by_regex
+ * matches with POSIX extended regexes (which read the escapes encache
+ * writes as ECMAScript does), remembers the last pattern and force flag
+ * (fake_mooncake_last_pattern, fake_mooncake_last_force) and answers
+ * $FAKE_MOONCAKE_REGEX_RC instead when it is set.  Built without it
+ * (FAKE_NO_REGEX) it is a library older than remove by regex.
+ */
+#include <regex.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FAKE_MAX 64
+
+typedef struct fake {
+  char *keys[FAKE_MAX];
+  unsigned char *vals[FAKE_MAX];
+  size_t lens[FAKE_MAX];
+} fake;
+
+char fake_mooncake_last_pattern[512];
+int fake_mooncake_last_force = -1;
+
+static int find(fake *f, const char *key) {
+  for (int i = 0; i < FAKE_MAX; i++)
+    if (f->keys[i] != NULL && strcmp(f->keys[i], key) == 0)
+      return i;
+  return -1;
+}
+
+static void drop(fake *f, int i) {
+  free(f->keys[i]);
+  free(f->vals[i]);
+  f->keys[i] = NULL;
+  f->vals[i] = NULL;
+}
+
+void *mooncake_store_create(void) { return calloc(1, sizeof(fake)); }
+
+void mooncake_store_destroy(void *h) {
+  for (int i = 0; i < FAKE_MAX; i++)
+    drop(h, i);
+  free(h);
+}
+
+int mooncake_store_setup(void *h, const char *a, const char *b, uint64_t c,
+                         uint64_t d, const char *e, const char *f,
+                         const char *g) {
+  (void)h, (void)a, (void)b, (void)c, (void)d, (void)e, (void)f, (void)g;
+  return 0;
+}
+
+int mooncake_store_health_check(void *h) { return h ? 0 : -1; }
+
+int mooncake_store_put_from(void *h, const char *key, void *buf, size_t size,
+                            const void *cfg) {
+  fake *f = h;
+  (void)cfg;
+  if (find(f, key) >= 0)
+    return 0; /* Mooncake: a put never replaces */
+  for (int i = 0; i < FAKE_MAX; i++)
+    if (f->keys[i] == NULL) {
+      f->keys[i] = strdup(key);
+      f->vals[i] = malloc(size);
+      memcpy(f->vals[i], buf, size);
+      f->lens[i] = size;
+      return 0;
+    }
+  return -200; /* NO_AVAILABLE_HANDLE */
+}
+
+int mooncake_store_batch_get_into(void *h, const char **keys, void **bufs,
+                                  const size_t *sizes, size_t n,
+                                  int64_t *results) {
+  for (size_t k = 0; k < n; k++) {
+    int i = find(h, keys[k]);
+    fake *f = h;
+    if (i < 0)
+      results[k] = -704;
+    else if (f->lens[i] > sizes[k])
+      results[k] = -600;
+    else
+      memcpy(bufs[k], f->vals[i], f->lens[i]), results[k] = (int64_t)f->lens[i];
+  }
+  return 0;
+}
+
+int mooncake_store_batch_is_exist(void *h, const char **keys, size_t n,
+                                  int *results) {
+  for (size_t k = 0; k < n; k++)
+    results[k] = find(h, keys[k]) >= 0;
+  return 0;
+}
+
+int64_t mooncake_store_get_size(void *h, const char *key) {
+  int i = find(h, key);
+  return i < 0 ? -704 : (int64_t)((fake *)h)->lens[i];
+}
+
+int mooncake_store_remove(void *h, const char *key, int force) {
+  (void)force;
+  int i = find(h, key);
+  if (i < 0)
+    return -704;
+  drop(h, i);
+  return 0;
+}
+
+int mooncake_store_register_buffer(void *h, void *buf, size_t size) {
+  (void)h, (void)buf, (void)size;
+  return 0;
+}
+
+int mooncake_store_unregister_buffer(void *h, void *buf) {
+  (void)h, (void)buf;
+  return 0;
+}
+
+#ifndef FAKE_NO_REGEX
+int64_t mooncake_store_remove_by_regex(void *h, const char *pattern,
+                                       int force) {
+  fake *f = h;
+  strncpy(fake_mooncake_last_pattern, pattern,
+          sizeof(fake_mooncake_last_pattern) - 1);
+  fake_mooncake_last_force = force;
+  const char *rc = getenv("FAKE_MOONCAKE_REGEX_RC");
+  if (rc != NULL)
+    return strtoll(rc, NULL, 10);
+  regex_t rx;
+  if (regcomp(&rx, pattern, REG_EXTENDED | REG_NOSUB) != 0)
+    return -600; /* INVALID_PARAMS, as Mooncake answers a bad regex */
+  int64_t removed = 0;
+  for (int i = 0; i < FAKE_MAX; i++)
+    if (f->keys[i] != NULL && regexec(&rx, f->keys[i], 0, NULL, 0) == 0) {
+      drop(f, i);
+      removed++;
+    }
+  regfree(&rx);
+  return removed;
+}
+#endif

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Publication: what is skipped and why (never a crash), what is already in
+the Store, and the bounds of the queue (writes held by the fault Store so
+that what is pending is known)."""
+import numpy as np
+import pytest
+import torch
+
+import ectest
+from ectest import F32, lookup_one, publish_one, sample
+from encache import Skip
+
+
+def test_skip_reasons(open_cache):
+    c = open_cache()
+    items = [("nc", F32, (6, 4)), ("3d", F32, (2, 3)), ("i32", F32, (2, 2)),
+             ("i64np", F32, (2, 2)), ("ncnp", F32, (10, 4))]
+    with c.lookup(items) as step:
+        non_contiguous = torch.randn(4, 6).t()
+        assert tuple(non_contiguous.shape) == (6, 4)
+        assert not non_contiguous.is_contiguous()
+        assert step.publish("nc", non_contiguous) == Skip.NOT_CONTIGUOUS
+        assert step.publish("3d", torch.randn(2, 3, 4)) == Skip.NOT_MATRIX
+        assert step.publish("never", torch.randn(2, 2)) == Skip.NOT_CANDIDATE
+        assert step.publish("i32", torch.zeros(2, 2, dtype=torch.int32)) \
+            == Skip.DTYPE
+        assert step.publish("i64np", np.zeros((2, 2), np.int64)) == Skip.DTYPE
+        columns = np.zeros((10, 6), np.float32)[:, 1:5]  # numpy strides
+        assert step.publish("ncnp", columns) == Skip.NOT_CONTIGUOUS
+    c.flush()
+    st = c.stats()
+    assert st.published_queued == 0 and st.published_written == 0
+    skipped = {k: v for k, v in st.published_skipped.items() if v}
+    assert skipped == {"NOT_CONTIGUOUS": 2, "NOT_MATRIX": 1,
+                       "NOT_CANDIDATE": 1, "DTYPE": 2}, skipped
+
+
+def test_an_object_is_never_replaced(open_cache):
+    a, b = open_cache(), open_cache()
+    first, second = sample(2, 4, seed=1), sample(2, 4, seed=2)
+    steps = [c.lookup([("same", F32, (2, 4))]) for c in (a, b)]
+    assert steps[0].publish("same", first) == Skip.QUEUED
+    a.flush()
+    assert steps[1].publish("same", second) == Skip.QUEUED
+    b.flush()
+    for s in steps:
+        s.close()
+    assert a.stats().published_written == 1
+    st = b.stats()
+    assert st.published_written == 0 and st.published_present == 1
+    r = lookup_one(open_cache(), "same", F32, (2, 4))
+    assert r.hit and ectest.torch_bits_equal(r.tensor, first)
+
+
+def test_publish_after_step_close_is_refused(open_cache):
+    c = open_cache()
+    step = c.lookup([("x", F32, (2, 2))])
+    step.close()
+    with pytest.raises(ectest.encache.ClosedError):
+        step.publish("x", sample(2, 2))
+
+
+# --------------------------------------------- bounds, with writes held
+
+def test_pending_under_the_same_key(open_cache, shm, fault):
+    c = open_cache(shm(scheme="pyfault"))
+    fault.hold(fault.WRITES)
+    publish_one(c, "k", sample(2, 2), flush=False)
+    assert fault.wait_held(fault.WRITES)
+    with c.lookup([("k", F32, (2, 2))]) as step:
+        assert step.publish("k", sample(2, 2, seed=3)) == Skip.PENDING
+    fault.hold(fault.WRITES, False)
+    c.flush()
+    st = c.stats()
+    assert st.published_written == 1 and st.published_skipped["PENDING"] == 1
+
+
+def test_over_items(open_cache, shm, fault):
+    c = open_cache(shm(scheme="pyfault"),
+                   ec_transfer_config=ectest.config(store_max_pending_items=1))
+    fault.hold(fault.WRITES)
+    with c.lookup([("a", F32, (2, 2)), ("b", F32, (2, 2))]) as step:
+        assert step.publish("a", sample(2, 2)) == Skip.QUEUED
+        assert step.publish("b", sample(2, 2)) == Skip.OVER_ITEMS
+        assert c.stats().pending_items == 1
+    fault.hold(fault.WRITES, False)
+    c.flush()
+    assert c.stats().pending_items == 0
+
+
+def test_views_of_one_storage_are_charged_once(open_cache, shm, fault):
+    """Row slices of one tensor share one budget charge: the storage."""
+    big = sample(64, 32)  # 8 KiB of storage
+    nbytes = big.numel() * big.element_size()
+    other = sample(8, 32, seed=9)  # 1 KiB, a storage of its own
+    other_bytes = other.numel() * other.element_size()
+    url = shm(scheme="pyfault")
+    c = open_cache(url, ec_transfer_config=ectest.config(
+        store_max_pending_bytes=nbytes + other_bytes))
+    fault.hold(fault.WRITES)
+    items = [(i, F32, (16, 32)) for i in ("v0", "v1", "v2")]
+    with c.lookup(items + [("other", F32, (8, 32)), ("more", F32, (8, 32))]) \
+            as step:
+        assert step.publish("v0", big[0:16]) == Skip.QUEUED
+        charged = c.stats().pending_bytes
+        assert charged == nbytes, (charged, nbytes)
+        assert step.publish("v1", big[16:32]) == Skip.QUEUED
+        assert step.publish("v2", big[32:48]) == Skip.QUEUED
+        st = c.stats()
+        assert (st.pending_items, st.pending_bytes) == (3, nbytes)
+        assert step.publish("other", other) == Skip.QUEUED
+        assert c.stats().pending_bytes == nbytes + other_bytes
+        # The budget is full now: a new storage is refused.
+        assert step.publish("more", sample(8, 32, seed=5)) == Skip.OVER_BYTES
+    fault.hold(fault.WRITES, False)
+    c.flush()
+    st = c.stats()
+    assert (st.pending_items, st.pending_bytes) == (0, 0)
+    assert st.published_written == 4
+    reader = open_cache(ectest.shm_of(url))
+    r = lookup_one(reader, "v1", F32, (16, 32))
+    assert r.hit and ectest.torch_bits_equal(r.tensor, big[16:32])
