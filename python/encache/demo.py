@@ -149,26 +149,27 @@ def destroy_shm(name):
     encache.shm_destroy(name)
 
 
-def probe_store(url, spec, revision):
-    """Opens a Cache on url and looks one item up: None when the Store
-    answers, else (exit status, why not): 2 for a malformed URL."""
+def probe_store(url, args, revision):
+    """Opens a Cache on url and looks one item up: (0, the run's key
+    namespace) when the Store answers, else (exit status, why not): 2 for a
+    malformed URL."""
     import encache
     try:
         with encache.Cache(ec_transfer_config=CONNECTOR_CONFIG,
-                           model=spec.name(), revision=revision,
-                           dtype="float32", store=url,
+                           model=args.spec.name(), revision=revision,
+                           dtype=args.dtype, store=url,
                            output="buffer") as cache:
-            with cache.lookup([("encache-pydemo-probe", "float32",
+            with cache.lookup([("encache-pydemo-probe", args.dtype,
                                 (1, 1))]) as step:
                 r = step.results[0]
                 if r.outcome in (encache.Outcome.UNAVAILABLE,
                                  encache.Outcome.SKIPPED):
                     return 1, r.why or r.outcome.name
+            return 0, cache.namespace
     except encache.UrlError as e:
         return 2, str(e)
     except encache.Error as e:
         return 1, "%s: %s" % (type(e).__name__, e)
-    return None
 
 
 def run_fleet(fleet, args, cfg):
@@ -218,16 +219,17 @@ def run(parser, args, cfg, shm_name):
     url = cfg.store_url
     fleet = Fleet(cfg, args.encoders)  # they import torch meanwhile
     try:
-        failed = probe_store(url, args.spec, cfg.revision)
-        if failed and failed[0] == 2:
-            parser.error("--store: %s" % failed[1])
-        if failed:
-            say("cannot use the Store %s: %s" % (url_shown(url), failed[1]))
+        status, said = probe_store(url, args, cfg.revision)
+        if status == 2:
+            parser.error("--store: %s" % said)
+        if status:
+            say("cannot use the Store %s: %s" % (url_shown(url), said))
             return 1
         if not shm_name:
-            say("the run's objects (model %s, revision %s) will stay in %s: "
-                "this package cannot remove a Store's keys"
-                % (args.spec.name(), cfg.revision, url_shown(url)))
+            say("the run's objects will stay in %s (this package cannot "
+                "remove them); to remove them: encache --store '%s' purge "
+                "--key-prefix '%s@id:'" % (url_shown(url), url_shown(url),
+                                           said))
         return run_fleet(fleet, args, cfg)
     except FleetError as e:
         say(str(e).rstrip())
