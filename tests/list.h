@@ -99,6 +99,12 @@
   XX(engine_case12_unregistration_unconfirmed_quota_budget)                  \
   XX(engine_case13_view_charges_its_whole_storage)                           \
   XX(engine_case14_two_views_charged_once)                                   \
+  XX(engine_flight_a_miss_takes_the_lease_and_its_publication_ends_it)      \
+  XX(engine_flight_unpublished_leases_end_with_their_step_or_a_skip)        \
+  XX(engine_flight_a_waiter_gets_the_holders_output)                        \
+  XX(engine_flight_a_waiter_never_waits_past_its_bound)                     \
+  XX(engine_flight_a_killed_holder_never_stalls_the_others)                 \
+  XX(engine_flight_off_without_the_option_or_leases)                        \
   XX(engine_storage_ref_shares_the_charge)                                   \
   XX(engine_case15_fatal_after_reaper_looked)                                \
   XX(engine_case16_shutdown_drains)                                          \
