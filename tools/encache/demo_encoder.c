@@ -97,6 +97,7 @@ typedef struct worker {
   double *cdf;
   rng r;
   char *published; /* per image: this encoder published it */
+  unsigned char *requested; /* per image: this encoder was asked for it */
   void *check;     /* a fresh encode, to verify a hit against */
   uint64_t nbytes;
   report rep;
@@ -107,11 +108,14 @@ typedef struct worker {
 /* The engine calls of the demo, each in one place. */
 static encache *engine_open(const worker *w, const char *revision) {
   encache_options eo = ENCACHE_OPTIONS_INIT;
-  eo.ec_transfer_config =
-      "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
-      "\"ec_producer\", \"ec_connector_extra_config\": "
-      "{\"cross_encoder_cache\": true, \"embedding_cache_prefix\": "
-      "\"demo\"}}";
+  char json[512];
+  snprintf(json, sizeof(json),
+           "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
+           "\"ec_producer\", \"ec_connector_extra_config\": "
+           "{\"cross_encoder_cache\": true, \"embedding_cache_prefix\": "
+           "\"demo\", \"single_flight\": %s, \"single_flight_wait_ms\": %d}}",
+           w->o->flight ? "true" : "false", w->o->flight_wait_ms);
+  eo.ec_transfer_config = json;
   eo.model = "encache-demo/reference-encoder";
   eo.revision = revision;
   eo.model_dtype = w->o->dtype;
@@ -161,6 +165,9 @@ static void engine_finish(worker *w) {
   w->rep.published_written = st.published_written;
   w->rep.published_present = st.published_present;
   w->rep.published_failed = st.published_failed;
+  w->rep.waited = st.waited;
+  w->rep.waited_hits = st.waited_hits;
+  w->rep.wait_us = st.wait_us;
   for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
     w->rep.skipped[k] = st.published_skipped[k];
   if (encache_close(w->ec) != 0) {
@@ -232,6 +239,10 @@ static void serve_request(worker *w) {
   encache_result res[DEMO_MAX_BATCH];
   for (int k = 0; k < n; k++) {
     pick[k] = demo_zipf_pick(w->cdf, w->set->n, &w->r);
+    if (!w->requested[pick[k]]) {
+      w->requested[pick[k]] = 1;
+      w->rep.distinct++;
+    }
     encache_candidate cc = {sizeof(cc), w->set->img[pick[k]].id,
                             ENCACHE_MODALITY_IMAGE, w->o->dtype,
                             (uint64_t)w->o->tokens, (uint64_t)w->o->hidden,
@@ -293,9 +304,12 @@ static int worker_init(worker *w, const demo_opts *o, const image_set *set,
   w->miss_lat = malloc(sizeof(double) * max_lat);
   w->cdf = demo_zipf_table(set->n, o->skew);
   w->published = calloc((size_t)set->n, 1);
+  w->requested = calloc((size_t)set->n, 1);
   w->check = malloc(w->nbytes);
-  w->r.s = tool_mix64(o->seed * 1000003u + (unsigned)index);
-  if (!w->hit_lat || !w->miss_lat || !w->cdf || !w->published || !w->check ||
+  /* A burst gives every encoder the same stream. */
+  w->r.s = tool_mix64(o->seed * 1000003u + (o->burst ? 0u : (unsigned)index));
+  if (!w->hit_lat || !w->miss_lat || !w->cdf || !w->published ||
+      !w->requested || !w->check ||
       demo_encoder_init(&w->enc, o) < 0 || pool_init(&w->pool, w->nbytes) < 0) {
     fprintf(stderr, "encache demo: encoder %d: out of memory\n", index);
     return -1;
@@ -310,6 +324,7 @@ static void worker_free(worker *w) {
   free(w->miss_lat);
   free(w->cdf);
   free(w->published);
+  free(w->requested);
   free(w->check);
 }
 
@@ -322,10 +337,18 @@ int demo_encoder_run(const demo_opts *o, const image_set *set, int index,
   else if (use_cache && (w.ec = engine_open(&w, revision)) == NULL)
     w.rep.failed = 1;
   double t_start = measure_now();
-  for (int q = 0; q < o->requests && !w.rep.failed; q++) {
+  int q = 0;
+  for (; q < o->requests && !w.rep.failed; q++) {
+    if (o->burst)
+      demo_burst_gate(sh, o->encoders, q);
     serve_request(&w);
     __atomic_add_fetch(&sh->done[index], 1, __ATOMIC_RELAXED);
   }
+  /* An encoder that stops early arrives at every gate left, so that the
+   * others never wait for it. */
+  if (o->burst && q < o->requests)
+    __atomic_add_fetch(&sh->arrived, (uint64_t)(o->requests - q),
+                       __ATOMIC_RELEASE);
   if (w.ec != NULL)
     engine_finish(&w);
   w.rep.wall_s = measure_now() - t_start;
