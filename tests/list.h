@@ -154,6 +154,14 @@
   XX(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires)  \
   XX(redis_window_server_killed_mid_window_is_unavailable)                   \
   XX(redis_window_cluster_moved_and_asked_mid_read_and_mid_write)            \
+  XX(redis_lease_take_renew_held_drop)                                      \
+  XX(redis_lease_expires_at_its_ttl)                                        \
+  XX(redis_lease_holder_killed_holds_until_its_ttl)                         \
+  XX(redis_lease_race_one_winner_per_key)                                   \
+  XX(redis_lease_is_never_listed_counted_or_purged)                         \
+  XX(redis_lease_cluster_slots_and_redirections)                            \
+  XX(redis_lease_dead_server_is_unavailable_promptly)                       \
+  XX(redis_lease_on_the_url_under_test)                                     \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \
