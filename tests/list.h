@@ -61,6 +61,9 @@
   XX(store_list_and_stats)                                                   \
   XX(store_remove_prefix_removes_only_the_namespace)                         \
   XX(store_concurrent_processes_verify_content)                              \
+  XX(store_lease_take_renew_drop_and_never_an_object)                        \
+  XX(store_lease_ends_at_its_deadline)                                       \
+  XX(store_lease_races_have_one_winner_per_key)                              \
   XX(shm_url_errors)                                                         \
   XX(shm_refuses_foreign_or_corrupt_header)                                  \
   XX(shm_evicts_when_full_and_refuses_too_large)                             \
@@ -85,6 +88,10 @@
   XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(shm_concurrent_opens_of_a_large_new_segment)                              \
   XX(shm_create_no_never_creates)                                              \
+  XX(shm_lease_killed_holder_frees_at_once)                                  \
+  XX(shm_lease_closed_handle_and_forked_child)                               \
+  XX(shm_lease_full_table_is_recoverable)                                    \
+  XX(shm_lease_damaged_records_are_free)                                     \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \
