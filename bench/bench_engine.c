@@ -10,7 +10,9 @@
  * (b) encache_publish() on the caller's thread: p50/p99 per call for small
  *     and large payloads (target < 5 us, independent of size);
  * (c) sustained publication (publish + background write) vs raw Store
- *     writes of the same objects.
+ *     writes of the same objects;
+ * (d) single flight: the miss path (lookup, publish, write) with and
+ *     without leases, on a Store that has them.
  * Without --store a private shm segment is created and destroyed.
  */
 #include "bench_common.h"
@@ -180,6 +182,79 @@ static void bench_sustained(encache *ec, encache_store *st, int iters) {
   free(data);
 }
 
+/* One miss path on ec: a step, a lookup of 4 new ids (misses), their 4
+ * publications, the step closed, the writes flushed.  Adds the lookup's
+ * time to look and the whole path's to path. */
+static void miss_path(encache *ec, const char *prefix, int round, void *data,
+                      measure *look, measure *path) {
+  enum { N = 4 };
+  char ids[N][32];
+  encache_candidate c[N];
+  encache_result r[N];
+  int64_t shape[2] = {4, 1024};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
+  double t0 = measure_now();
+  encache_step *step = make_candidates(ec, prefix, round * N, N, ids, c, r,
+                                       4, 1024);
+  measure_add(look, measure_now() - t0);
+  encache_storage *stg = NULL;
+  encache_storage_new(data, 16u << 10, no_release, NULL, &stg);
+  for (int k = 0; k < N; k++)
+    bench_publish(step, ids[k], &v, stg);
+  encache_storage_unref(stg);
+  encache_step_close(step);
+  encache_flush(ec);
+  measure_add(path, measure_now() - t0);
+}
+
+/* (d): the miss path without and with single flight, rounds alternating
+ * on two handles of the same Store. */
+static void bench_flight(const char *url, encache *off, encache_store *st,
+                         int iters) {
+  printf("\n(d) single flight: a step of 4 misses of 16 KiB (lookup, "
+         "publish, write)\n");
+  if (!(encache_store_caps_of(st) & ENCACHE_STORE_CAP_LEASE)) {
+    printf("skipped: this Store has no leases\n");
+    return;
+  }
+  static const char flight_json[] =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
+      "\"single_flight\": true}}";
+  encache *on;
+  encache_store *st2;
+  if (bench_open("bench_engine", url, flight_json, &on, &st2) != 0)
+    return;
+  encache_store_close(st2);
+  int rounds = iters * 10;
+  measure look[2], path[2];
+  for (int k = 0; k < 2; k++) {
+    measure_init(&look[k], rounds);
+    measure_init(&path[k], rounds);
+  }
+  void *data = calloc(1, 16u << 10);
+  for (int i = 0; i < rounds; i++) {
+    miss_path(off, "d-off", i, data, &look[0], &path[0]);
+    miss_path(on, "d-on", i, data, &look[1], &path[1]);
+  }
+  double l0 = measure_pct(&look[0], 50), l1 = measure_pct(&look[1], 50);
+  double p0 = measure_pct(&path[0], 50), p1 = measure_pct(&path[1], 50);
+  printf("%-22s %12s %12s\n", "p50", "off", "on");
+  printf("%-22s %10.1fus %10.1fus  (x%.2f)\n", "lookup of 4 misses",
+         l0 * 1e6, l1 * 1e6, l1 / l0);
+  printf("%-22s %10.1fus %10.1fus  (x%.2f)\n", "whole miss path", p0 * 1e6,
+         p1 * 1e6, p1 / p0);
+  printf("lease cost: %.1fus per miss (take at the lookup, end after the "
+         "write): %.1f%% of this path, which has no encode; %.2f%% of it "
+         "with a 10 ms encode per image\n", (p1 - p0) / 4 * 1e6,
+         100.0 * (p1 - p0) / p0, 100.0 * (p1 - p0) / (p0 + 4 * 0.010));
+  free(data);
+  for (int k = 0; k < 2; k++) {
+    measure_free(&look[k]);
+    measure_free(&path[k]);
+  }
+  encache_close(on);
+}
+
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
@@ -205,6 +280,8 @@ int main(int argc, char **argv) {
     rc = bench_publish_per_call(ec, iters);
   if (rc == 0)
     bench_sustained(ec, st, iters);
+  if (rc == 0)
+    bench_flight(url, ec, st, iters);
   encache_close(ec);
   encache_store_close(st);
   if (own[0])

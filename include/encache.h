@@ -425,7 +425,20 @@ typedef struct encache_config encache_config;
   XX(TENANT_ID, MOONCAKE, tenant_id, TENANT, "\"default\"", DEFAULT_TENANT,  \
      NULL,                                                                   \
      "another tenant is refused: the Mooncake C ABI encache loads takes no " \
-     "tenant, so the client would join the default one")
+     "tenant, so the client would join the default one")                     \
+  XX(SINGLE_FLIGHT, EXTRA, single_flight, BOOL, "false", ANY, NULL,          \
+     "encache's own (vLLM ignores it): a lookup that misses takes a lease "  \
+     "on the key, so that one encoder encodes it while the others wait "     \
+     "for its output (single_flight_wait_ms) or answer IN_FLIGHT; needs a "  \
+     "Store with leases (shm, Redis), else it does nothing")                 \
+  XX(SINGLE_FLIGHT_TTL_MS, EXTRA, single_flight_ttl_ms, POSINT, "5000", ANY, \
+     NULL,                                                                   \
+     "how long a lease lasts when its holder never publishes (about one "    \
+     "encode; on shm a holder that dies loses it at once)")                  \
+  XX(SINGLE_FLIGHT_WAIT_MS, EXTRA, single_flight_wait_ms, UINT, "0", ANY,    \
+     NULL,                                                                   \
+     "how long a lookup waits for another encoder's output before it "       \
+     "answers IN_FLIGHT (0: at once); the caller's bound per lookup")
 
 typedef enum encache_option {
 #define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,
@@ -1171,10 +1184,15 @@ typedef enum encache_outcome {
   ENCACHE_INCOMPATIBLE = 2, /* an object is there but is not this output */
   ENCACHE_OVERSIZE = 3,     /* larger than store_read_buffer_bytes */
   ENCACHE_UNAVAILABLE = 4,  /* the Store failed, recoverably */
-  ENCACHE_SKIPPED = 5       /* not eligible (modality, dtype, device, ...) */
+  ENCACHE_SKIPPED = 5,      /* not eligible (modality, dtype, device, ...) */
+  /* Added in 1.2, only with single_flight on: another encoder holds the
+   * key's lease (it is encoding it) and its output did not come within
+   * single_flight_wait_ms.  Encode it, or look it up again later. */
+  ENCACHE_IN_FLIGHT = 6
 } encache_outcome;
 
-/* "HIT", "MISS", "INCOMPATIBLE", "OVERSIZE", "UNAVAILABLE", "SKIPPED". */
+/* "HIT", "MISS", "INCOMPATIBLE", "OVERSIZE", "UNAVAILABLE", "SKIPPED",
+ * "IN_FLIGHT". */
 ENCACHE_EXTERN const char *encache_outcome_name(int outcome);
 
 typedef struct encache_result {
@@ -1304,6 +1322,13 @@ typedef struct encache_stats {
   uint64_t staging_bytes;      /* its current size (0 = none) */
   uint64_t steps_open;         /* steps open now (at most ENCACHE_MAX_STEPS) */
   int poisoned;
+  /* Added in 1.2: single flight (all 0 when it is off). */
+  uint64_t in_flight;          /* IN_FLIGHT outcomes */
+  uint64_t leases_taken;       /* misses this handle took the lease of */
+  uint64_t leases_failed;      /* lease calls the Store failed: plain misses */
+  uint64_t waited;             /* candidates that waited for another's output */
+  uint64_t waited_hits;        /* ... and became HITs */
+  uint64_t wait_us;            /* time lookups spent waiting, microseconds */
 } encache_stats;
 
 #define ENCACHE_STATS_INIT {.size = sizeof(encache_stats)}

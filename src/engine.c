@@ -88,9 +88,10 @@ char *encache__make_key(const encache *ec, const char *id) {
 
 const char *encache_outcome_name(int outcome) {
   static const char *const names[] = {"HIT",      "MISS",        "INCOMPATIBLE",
-                                      "OVERSIZE", "UNAVAILABLE", "SKIPPED"};
-  return outcome >= 0 && outcome <= ENCACHE_SKIPPED ? names[outcome]
-                                                     : "UNKNOWN";
+                                      "OVERSIZE", "UNAVAILABLE", "SKIPPED",
+                                      "IN_FLIGHT"};
+  return outcome >= 0 && outcome <= ENCACHE_IN_FLIGHT ? names[outcome]
+                                                       : "UNKNOWN";
 }
 
 const char *encache_skip_name(int reason) {
@@ -156,6 +157,11 @@ static int configure(encache *ec, const encache_options *o) {
   ec->max_items = opt->store_max_pending_items;
   ec->max_bytes = opt->store_max_pending_bytes;
   ec->read_buf_bytes = opt->store_read_buffer_bytes;
+  ec->single_flight = opt->single_flight;
+  ec->lease_ttl_ms = opt->single_flight_ttl_ms > UINT32_MAX
+                         ? UINT32_MAX
+                         : (uint32_t)opt->single_flight_ttl_ms;
+  ec->lease_wait_ms = opt->single_flight_wait_ms;
 
   /* The namespace as vLLM writes it (encache_config_namespace): an
    * identity of "" or null gives "model:" or "model:None", with a warning
@@ -232,18 +238,29 @@ static int open_failed(encache *ec, int rc) {
   return rc;
 }
 
+/* single_flight needs a Store with leases: without, it is off (said). */
+static void check_single_flight(encache *ec) {
+  if (!ec->single_flight ||
+      (encache_store_caps_of(ec->store) & ENCACHE_STORE_CAP_LEASE))
+    return;
+  ec->single_flight = 0;
+  if (ec->log != NULL)
+    ec->log(ec->log_ctx, "encache: single_flight is on but this Store has "
+                         "no leases: every miss is encoded, as without it");
+}
+
 static int open_store(encache *ec, const char *url, encache_store *given) {
-  if (given != NULL) {
+  int rc = 0;
+  if (given != NULL)
     ec->store = given;
-    return 0;
-  }
-  int rc = encache_store_open(url, &ec->store);
-  if (rc < 0) {
+  else if ((rc = encache_store_open(url, &ec->store)) < 0) {
     encache__fail(ec, rc, "store: %s",
                   detail(encache_store_errmsg(ec->store), rc));
     encache_store_close(ec->store);
     ec->store = NULL;
   }
+  if (rc == 0)
+    check_single_flight(ec);
   return rc;
 }
 
@@ -327,6 +344,9 @@ int encache_close(encache *ec) {
        * jobs' memory: leave them, and the Store, alone. */
       return bury(ec);
     }
+    /* Before the Store goes: the steps end the leases they still hold
+     * (after the queued writes, which ended theirs). */
+    encache__steps_close_all(ec);
     encache__aligned_free(ec->staging);
     encache_store_close(ec->store);
   } else if (encache__is_poisoned(ec)) {
@@ -352,5 +372,12 @@ int encache_stats_get(const encache *ec, encache_stats *st) {
   for (size_t i = 0; i < n; i++)
     dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
   full.poisoned = __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
+  /* The counters added in 1.2, after poisoned, up to the end. */
+  src = &ec->stats.in_flight;
+  dst = &full.in_flight;
+  n = (sizeof(encache_stats) - offsetof(encache_stats, in_flight)) /
+      sizeof(uint64_t);
+  for (size_t i = 0; i < n; i++)
+    dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
   return encache__struct_out(st, &full, sizeof(full), ENCACHE__STATS_MIN);
 }

@@ -40,6 +40,7 @@ typedef struct job {
   const unsigned char *data;
   uint64_t nbytes;
   unsigned char hdr[ENCACHE_HEADER_SIZE];
+  uint64_t lease; /* the token of the key's lease it ends, 0 = none */
   int done;
   int result; /* enum job_result */
   char why[384]; /* JOB_FAILED, JOB_FATAL: the Store's reason */
@@ -50,6 +51,11 @@ struct encache {
   encache_store *store;
   char *ns;
   uint64_t max_items, max_bytes, read_buf_bytes;
+  /* Single flight (lease.c): on when the option is and the Store has
+   * leases (ENCACHE_STORE_CAP_LEASE). */
+  int single_flight;
+  uint32_t lease_ttl_ms;
+  uint64_t lease_wait_ms;
   void (*log)(void *ctx, const char *message);
   void *log_ctx;
   char errmsg[512];
@@ -117,6 +123,7 @@ struct encache_step {
   size_t slot;     /* its index in ec->steps */
   uint64_t *hash;  /* n of them */
   size_t *off;     /* id k is text + off[k] */
+  uint64_t *lease; /* id k's lease token while this step holds it, or 0 */
   char *text;
   size_t n, cap, text_len, text_cap;
   struct step_note *notes; /* the causes its lookups gave (result.why) */
@@ -129,6 +136,17 @@ int encache__step_reserve(encache_step *s, size_t more, size_t bytes);
 /* Adds id (room reserved) unless the set holds it. */
 void encache__step_add(encache_step *s, const char *id, uint64_t hash);
 int encache__step_has(const encache_step *s, const char *id);
+/* Where the step keeps id's lease token (0: none), or NULL when id is not
+ * a candidate of the step. */
+uint64_t *encache__step_lease(encache_step *s, const char *id);
+
+/* lease.c: single flight (docs/engine.md).  A random token, never 0. */
+uint64_t encache__lease_token(void);
+/* Ends the lease of key held by token (0: none) on ec's Store; a failure
+ * is counted and left to the lease's deadline.  Any thread. */
+void encache__lease_end(encache *ec, const char *key, uint64_t token);
+/* Ends every lease step still holds (it closes). */
+void encache__leases_end(encache_step *step);
 /* Keeps the text fmt formats in the step until it closes (one copy per
  * distinct text among the latest few) and returns it: an
  * encache_result.why.  Out of memory, returns fallback (a literal). */
@@ -144,7 +162,7 @@ void encache__steps_close_all(encache *ec);
 #define ENCACHE__CANDIDATE_MIN sizeof(encache_candidate)
 #define ENCACHE__RESULT_MIN offsetof(encache_result, why) /* 1.0 had no why */
 #define ENCACHE__ALLOCATOR_MIN sizeof(encache_allocator)
-#define ENCACHE__STATS_MIN sizeof(encache_stats)
+#define ENCACHE__STATS_MIN offsetof(encache_stats, in_flight) /* 1.0's */
 
 /* Test hook: replaces the copy of a payload into a destination (a device
  * copy may fail; a host copy cannot).  Non-zero return = failed copy. */

@@ -262,20 +262,25 @@ static int phase_classify(plan *p) {
     else if (cls != ENCACHE_ANSWER_OK || (ans != 0 && ans != 1))
       return encache__poison(p->ec, "the existence check answered an "
                                     "unknown code %d for %s", ans, it->key);
-    it->present = ans == 1;
-    if (it->present && it->osize > p->ec->read_buf_bytes) {
-      it->outcome = ENCACHE_OVERSIZE;
-      it->why = encache__step_note(
-          p->step, "larger than store_read_buffer_bytes",
-          "the object is %" PRIu64 " bytes, larger than the %" PRIu64
-          "-byte staging buffer: raise store_read_buffer_bytes to at least "
-          "%" PRIu64, it->osize, p->ec->read_buf_bytes, it->osize);
-      warn_oversize(p, it);
-    } else if (it->present) {
-      p->np++;
-    }
+    if (ans == 1)
+      encache__plan_present(p, it);
   }
   return 0;
+}
+
+void encache__plan_present(plan *p, item *it) {
+  it->present = 1;
+  if (it->osize > p->ec->read_buf_bytes) {
+    it->outcome = ENCACHE_OVERSIZE;
+    it->why = encache__step_note(
+        p->step, "larger than store_read_buffer_bytes",
+        "the object is %" PRIu64 " bytes, larger than the %" PRIu64
+        "-byte staging buffer: raise store_read_buffer_bytes to at least "
+        "%" PRIu64, it->osize, p->ec->read_buf_bytes, it->osize);
+    warn_oversize(p, it);
+  } else {
+    p->np++;
+  }
 }
 
 /* Phase chunk: present, fitting items first (stable; unique_of follows),
@@ -312,6 +317,8 @@ static int plan_run(plan *p) {
     return rc;
   if ((rc = phase_exists(p)) != 0 || (rc = phase_classify(p)) < 0)
     return rc < 0 ? rc : 0;
+  if (p->ec->single_flight && (rc = encache__plan_lease(p)) < 0)
+    return rc;
   phase_chunk(p);
   return encache__plan_read(p);
 }
@@ -326,6 +333,7 @@ static void count_outcome(encache *ec, int outcome) {
   case ENCACHE_UNAVAILABLE: STAT_ADD(ec, unavailable, 1); break;
   case ENCACHE_SKIPPED: STAT_ADD(ec, skipped, 1); break;
   case ENCACHE_HIT: STAT_ADD(ec, hits, 1); break;
+  case ENCACHE_IN_FLIGHT: STAT_ADD(ec, in_flight, 1); break;
   default: break;
   }
 }
@@ -342,6 +350,8 @@ static void phase_finish(plan *p) {
       }
       r->outcome = it->outcome;
       r->why = it->outcome == ENCACHE_HIT ? NULL : it->why;
+      if (it->waited && it->outcome == ENCACHE_HIT && i == it->first)
+        STAT_ADD(p->ec, waited_hits, 1);
     }
     count_outcome(p->ec, r->outcome);
   }

@@ -18,6 +18,7 @@ typedef struct item {
   uint64_t osize;  /* 24 + nbytes: the slot */
   uint64_t off;    /* slot offset in the staging buffer */
   int present;
+  int waited;      /* it waited for another encoder's output (lease.c) */
   int chunk_start; /* the first item of a chunk */
   int outcome;     /* for the unique item; copied to its duplicates */
   const char *why; /* its cause when not a HIT (kept by the step) */
@@ -82,5 +83,13 @@ const char *encache__plan_store_why(plan *p, const char *what, int64_t rc,
 void encache__plan_release_all(plan *p);
 /* Reads, validates and delivers every chunk of items[0..np). */
 int encache__plan_read(plan *p);
+/* An item found present: it will be read, or is OVERSIZE (lookup.c). */
+void encache__plan_present(plan *p, item *it);
+/* Phase lease (lease.c), between classify and chunk, with single flight
+ * on: each absent item takes its key's lease (it stays a MISS: encode it);
+ * one another encoder holds waits up to single_flight_wait_ms for that
+ * encoder's output (then present: it is read as any other), or for the
+ * lease, else is IN_FLIGHT.  0, or a negative code. */
+int encache__plan_lease(plan *p);
 
 #endif

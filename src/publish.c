@@ -215,6 +215,9 @@ static void *worker_main(void *arg) {
     } else {
       result = run_job(ec, j);
       fatal_seen = result == JOB_FATAL;
+      /* Written (or there, or not written): the waiters may go on. */
+      if (result != JOB_FATAL)
+        encache__lease_end(ec, j->key, j->lease);
     }
 
     pthread_mutex_lock(&ec->mu);
@@ -392,23 +395,10 @@ static int enqueue(encache *ec, job *j) {
   return reason;
 }
 
-int encache_publish(encache_step *step, const char *id,
-                    const encache_tensor *given, encache_storage *storage) {
-  encache_tensor full;
-  if (step == NULL || id == NULL || given == NULL || storage == NULL ||
-      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
-    return ENCACHE_EINVAL;
-  const encache_tensor *view = &full;
-  encache *ec = step->ec;
-  if (encache__is_poisoned(ec))
-    return ENCACHE_EPOISONED;
-  if (!ec->enabled)
-    return skip(ec, ENCACHE_SKIP_DISABLED);
-  int rc = encache__reap(ec);
-  if (rc < 0)
-    return rc;
-  if (!encache__step_has(step, id))
-    return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
+/* Queues the job of view under key; its lease token goes with it. */
+static int publish_job(encache *ec, const char *id,
+                       const encache_tensor *view, encache_storage *storage,
+                       uint64_t lease) {
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t nbytes;
   int reason = check_view(view, storage, hdr, &nbytes);
@@ -422,6 +412,7 @@ int encache_publish(encache_step *step, const char *id,
     return encache__fail(ec, ENCACHE_ENOMEM, "publish: out of memory");
   }
   j->key = key;
+  j->lease = lease;
   j->storage = storage;
   j->data = view->data;
   j->nbytes = nbytes;
@@ -433,4 +424,35 @@ int encache_publish(encache_step *step, const char *id,
   }
   STAT_ADD(ec, published_queued, 1);
   return ENCACHE_QUEUED;
+}
+
+int encache_publish(encache_step *step, const char *id,
+                    const encache_tensor *given, encache_storage *storage) {
+  encache_tensor full;
+  if (step == NULL || id == NULL || given == NULL || storage == NULL ||
+      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
+    return ENCACHE_EINVAL;
+  encache *ec = step->ec;
+  if (encache__is_poisoned(ec))
+    return ENCACHE_EPOISONED;
+  if (!ec->enabled)
+    return skip(ec, ENCACHE_SKIP_DISABLED);
+  int rc = encache__reap(ec);
+  if (rc < 0)
+    return rc;
+  uint64_t *lease = encache__step_lease(step, id);
+  if (lease == NULL)
+    return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
+  /* The step's lease of this output (single flight) goes with the job,
+   * which ends it once written; not queued, it ends now. */
+  uint64_t token = *lease;
+  *lease = 0;
+  rc = publish_job(ec, id, &full, storage, token);
+  if (rc != ENCACHE_QUEUED && token != 0) {
+    char *key = encache__make_key(ec, id);
+    if (key != NULL) /* out of memory: it ends at its deadline */
+      encache__lease_end(ec, key, token);
+    encache__free(key);
+  }
+  return rc;
 }

@@ -72,6 +72,8 @@ void encache_step_close(encache_step *s) {
   ec->steps[s->slot] = NULL;
   ec->nsteps--;
   __atomic_sub_fetch(&ec->stats.steps_open, 1, __ATOMIC_RELAXED);
+  encache__leases_end(s); /* the leases of outputs it never published */
+  encache__free(s->lease);
   encache__free(s->hash);
   encache__free(s->off);
   encache__free(s->text);
@@ -132,32 +134,40 @@ int encache__step_reserve(encache_step *s, size_t more, size_t bytes) {
   if (grow((void **)&s->hash, &cap, s->n + more, sizeof(*s->hash)) < 0)
     return ENCACHE_ENOMEM;
   if (cap != s->cap) {
-    size_t off_cap = s->cap;
-    if (grow((void **)&s->off, &off_cap, cap, sizeof(*s->off)) < 0)
+    size_t off_cap = s->cap, lease_cap = s->cap;
+    if (grow((void **)&s->off, &off_cap, cap, sizeof(*s->off)) < 0 ||
+        grow((void **)&s->lease, &lease_cap, cap, sizeof(*s->lease)) < 0)
       return ENCACHE_ENOMEM; /* hash grew: harmless, cap stays */
     s->cap = cap;
   }
   return grow((void **)&s->text, &s->text_cap, s->text_len + bytes, 1);
 }
 
-static int find(const encache_step *s, const char *id, uint64_t hash) {
+/* The index of id in the set, or SIZE_MAX. */
+static size_t find(const encache_step *s, const char *id, uint64_t hash) {
   for (size_t i = 0; i < s->n; i++)
     if (s->hash[i] == hash && strcmp(s->text + s->off[i], id) == 0)
-      return 1;
-  return 0;
+      return i;
+  return SIZE_MAX;
 }
 
 int encache__step_has(const encache_step *s, const char *id) {
-  return find(s, id, encache__hash_id(id));
+  return find(s, id, encache__hash_id(id)) != SIZE_MAX;
+}
+
+uint64_t *encache__step_lease(encache_step *s, const char *id) {
+  size_t i = find(s, id, encache__hash_id(id));
+  return i == SIZE_MAX ? NULL : &s->lease[i];
 }
 
 void encache__step_add(encache_step *s, const char *id, uint64_t hash) {
-  if (find(s, id, hash))
+  if (find(s, id, hash) != SIZE_MAX)
     return;
   size_t len = strlen(id) + 1;
   ENCACHE_ASSERT(s->n < s->cap && len <= s->text_cap - s->text_len);
   memcpy(s->text + s->text_len, id, len);
   s->hash[s->n] = hash;
+  s->lease[s->n] = 0;
   s->off[s->n++] = s->text_len;
   s->text_len += len;
 }

@@ -8,7 +8,8 @@
  * length (8 bytes, little-endian), the key, then the object.  A write
  * fills a private temporary file and link()s it to its name: link() fails
  * when the name exists, so writes are atomic put-if-absent and a reader
- * never sees a partial object.  The conformance suite (tests/test_store.c)
+ * never sees a partial object.  Leases (single flight) are files of their
+ * own, under a lock file.  The conformance suite (tests/test_store.c)
  * runs on it: ctest's conformance-dir.
  */
 #include "dir_store.h"
@@ -23,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct dir_store {
@@ -245,6 +248,82 @@ static int d_stats(encache_store *st, encache_store_stats *s) {
   return each_object(st, count_one, s);
 }
 
+/* Leases: a file per key ("l-" + the key's hash) holding the token and
+ * the deadline (CLOCK_MONOTONIC ms, one clock for the host's processes),
+ * read and written under an exclusive flock of the directory's lock file,
+ * so that of two takers one wins. */
+static int lease_lock(encache_store *st) {
+  char path[4200];
+  snprintf(path, sizeof(path), "%s/leases.lock", dir_of(st));
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The lease of key: 1 with its token and deadline, 0 when there is none. */
+static int lease_read(const char *path, uint64_t *token, uint64_t *deadline) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return 0;
+  unsigned long long t = 0, d = 0;
+  int n = fscanf(f, "%llu %llu", &t, &d);
+  fclose(f);
+  *token = t;
+  *deadline = d;
+  return n == 2;
+}
+
+static int d_lease_take(encache_store *st, const char *key, uint64_t token,
+                        uint32_t ttl_ms) {
+  char path[4200];
+  file_of(st, key, path, sizeof(path));
+  path[strlen(dir_of(st)) + 1] = 'l'; /* "l-" + the key's hash */
+  int lk = lease_lock(st);
+  if (lk < 0)
+    return sys_fail(st, "lock the leases of", key);
+  uint64_t t, deadline, now = mono_ms();
+  int rc = 0;
+  if (lease_read(path, &t, &deadline) && t != token && deadline > now) {
+    rc = encache_store_fail(st, ENCACHE_EEXIST, "%.80s: leased", key);
+  } else {
+    FILE *f = fopen(path, "w");
+    if (f == NULL || fprintf(f, "%llu %llu\n", (unsigned long long)token,
+                             (unsigned long long)(now + ttl_ms)) < 0)
+      rc = sys_fail(st, "write the lease of", key);
+    if (f != NULL && fclose(f) != 0 && rc == 0)
+      rc = sys_fail(st, "write the lease of", key);
+  }
+  close(lk);
+  return rc;
+}
+
+static int d_lease_drop(encache_store *st, const char *key, uint64_t token) {
+  char path[4200];
+  file_of(st, key, path, sizeof(path));
+  path[strlen(dir_of(st)) + 1] = 'l';
+  int lk = lease_lock(st);
+  if (lk < 0)
+    return sys_fail(st, "lock the leases of", key);
+  uint64_t t, deadline;
+  int rc = encache_store_fail(st, ENCACHE_ENOENT, "%.80s: not leased by this "
+                              "token", key);
+  if (lease_read(path, &t, &deadline) && t == token) {
+    rc = deadline > mono_ms() ? 0 : rc; /* an expired lease is not held */
+    unlink(path);
+  }
+  close(lk);
+  return rc;
+}
+
 static void d_close(encache_store *st) {
   free(encache_store_data(st));
   encache_store_free(st);
@@ -255,7 +334,7 @@ static const encache_store_backend dir_backend = {
     .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "testdir",
     .caps = ENCACHE_STORE_CAP_LIST | ENCACHE_STORE_CAP_PUT_IF_ABSENT |
-            ENCACHE_STORE_CAP_SHARED,
+            ENCACHE_STORE_CAP_SHARED | ENCACHE_STORE_CAP_LEASE,
     .exists = d_exists,
     .read = d_read,
     .object_size = d_object_size,
@@ -263,7 +342,9 @@ static const encache_store_backend dir_backend = {
     .remove = d_remove,
     .list = d_list,
     .stats = d_stats,
-    .close = d_close};
+    .close = d_close,
+    .lease_take = d_lease_take,
+    .lease_drop = d_lease_drop};
 
 int dir_store_open_as(const encache_store_backend *b, const char *url,
                       encache_store **out) {

@@ -61,6 +61,9 @@
   XX(store_list_and_stats)                                                   \
   XX(store_remove_prefix_removes_only_the_namespace)                         \
   XX(store_concurrent_processes_verify_content)                              \
+  XX(store_lease_take_renew_drop_and_never_an_object)                        \
+  XX(store_lease_ends_at_its_deadline)                                       \
+  XX(store_lease_races_have_one_winner_per_key)                              \
   XX(shm_url_errors)                                                         \
   XX(shm_refuses_foreign_or_corrupt_header)                                  \
   XX(shm_evicts_when_full_and_refuses_too_large)                             \
@@ -85,6 +88,10 @@
   XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(shm_concurrent_opens_of_a_large_new_segment)                              \
   XX(shm_create_no_never_creates)                                              \
+  XX(shm_lease_killed_holder_frees_at_once)                                  \
+  XX(shm_lease_closed_handle_and_forked_child)                               \
+  XX(shm_lease_full_table_is_recoverable)                                    \
+  XX(shm_lease_damaged_records_are_free)                                     \
   XX(engine_case01_keys_through_the_handle)                                  \
   XX(engine_case02_startup_refusals)                                         \
   XX(engine_case03_roundtrip_every_dtype)                                    \
@@ -99,6 +106,12 @@
   XX(engine_case12_unregistration_unconfirmed_quota_budget)                  \
   XX(engine_case13_view_charges_its_whole_storage)                           \
   XX(engine_case14_two_views_charged_once)                                   \
+  XX(engine_flight_a_miss_takes_the_lease_and_its_publication_ends_it)      \
+  XX(engine_flight_unpublished_leases_end_with_their_step_or_a_skip)        \
+  XX(engine_flight_a_waiter_gets_the_holders_output)                        \
+  XX(engine_flight_a_waiter_never_waits_past_its_bound)                     \
+  XX(engine_flight_a_killed_holder_never_stalls_the_others)                 \
+  XX(engine_flight_off_without_the_option_or_leases)                        \
   XX(engine_storage_ref_shares_the_charge)                                   \
   XX(engine_case15_fatal_after_reaper_looked)                                \
   XX(engine_case16_shutdown_drains)                                          \
@@ -148,6 +161,14 @@
   XX(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires)  \
   XX(redis_window_server_killed_mid_window_is_unavailable)                   \
   XX(redis_window_cluster_moved_and_asked_mid_read_and_mid_write)            \
+  XX(redis_lease_take_renew_held_drop)                                      \
+  XX(redis_lease_expires_at_its_ttl)                                        \
+  XX(redis_lease_holder_killed_holds_until_its_ttl)                         \
+  XX(redis_lease_race_one_winner_per_key)                                   \
+  XX(redis_lease_is_never_listed_counted_or_purged)                         \
+  XX(redis_lease_cluster_slots_and_redirections)                            \
+  XX(redis_lease_dead_server_is_unavailable_promptly)                       \
+  XX(redis_lease_on_the_url_under_test)                                     \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \

@@ -7,7 +7,8 @@
 # run and stopped after it, at the default window threshold and with
 # windows forced for every size (issue 14), then the tool's Store commands
 # on them (no output may show the password), purge (issue 16) and the
-# demo.  Exits 77 (skipped) without redis-server.
+# demo; and the Redis leases (issue 16: a race of processes, a lease never
+# listed, counted or purged) on each.  Exits 77 (skipped) without redis-server.
 set -u
 tests=$1
 tool=$2
@@ -25,7 +26,7 @@ rc=0
 for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   "$ENCACHE_REDIS_CLUSTER_URL"; do
   echo "# on $url"
-  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
+  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ redis_lease_on_ || rc=1
 done
 # Windows (issue 14) forced for every size: 16 KiB windows, 4 per
 # exchange, so that most objects of the suites take several exchanges.
@@ -40,7 +41,7 @@ done
 # environment (ENCACHE_REDIS_PASSWORD).
 echo "# on $ENCACHE_REDIS_AUTH_URL, password_file"
 ENCACHE_TEST_STORE="$ENCACHE_REDIS_AUTH_URL?password_file=$ENCACHE_REDIS_AUTH_FILE" \
-  "$tests" store_ || rc=1
+  "$tests" store_ redis_lease_on_ || rc=1
 echo "# on $ENCACHE_REDIS_AUTH_URL, ENCACHE_REDIS_PASSWORD"
 ENCACHE_REDIS_PASSWORD=$ENCACHE_REDIS_AUTH_PASSWORD \
   ENCACHE_TEST_STORE=$ENCACHE_REDIS_AUTH_URL "$tests" engine_ || rc=1

@@ -295,6 +295,9 @@ TEST(config_json_and_setters_give_the_same_values) {
       {ENCACHE_OPT_LOCAL_BUFFER_SIZE, "\"512MB\"", U, .u = 512ull << 20},
       {ENCACHE_OPT_ENABLE_OFFLOAD, "false", B, .b = 0},
       {ENCACHE_OPT_TENANT_ID, "\"default\"", S, .s = "default"},
+      {ENCACHE_OPT_SINGLE_FLIGHT, "true", B, .b = 1},
+      {ENCACHE_OPT_SINGLE_FLIGHT_TTL_MS, "2500", U, .u = 2500},
+      {ENCACHE_OPT_SINGLE_FLIGHT_WAIT_MS, "0", U, .u = 0},
   };
   /* Every option but the derived hostname has a case. */
   int covered[ENCACHE_OPT_COUNT] = {0};

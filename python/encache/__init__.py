@@ -39,7 +39,8 @@ __version__ = _encache.VERSION
 Outcome = enum.IntEnum("Outcome", [(n, i) for i, n in
                                    enumerate(_encache.OUTCOMES)])
 Outcome.__doc__ = """A lookup's outcome for one item: HIT (loaded; do not
-encode), MISS, INCOMPATIBLE, OVERSIZE, UNAVAILABLE, SKIPPED (encode)."""
+encode), MISS, INCOMPATIBLE, OVERSIZE, UNAVAILABLE, SKIPPED, IN_FLIGHT
+(encode)."""
 
 Skip = enum.IntEnum("Skip", [("QUEUED", 0)] +
                     [(name, value) for name, value, _ in _encache.SKIPS])
@@ -122,6 +123,12 @@ class Stats:
     staging_bytes: int
     steps_open: int
     poisoned: bool
+    in_flight: int = 0
+    leases_taken: int = 0
+    leases_failed: int = 0
+    waited: int = 0
+    waited_hits: int = 0
+    wait_us: int = 0
 
 
 _OUTPUTS = {"buffer": 0, "numpy": 1, "torch": 2}

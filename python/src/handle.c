@@ -292,7 +292,8 @@ static PyObject *handle_stats(PyObject *self, PyObject *args) {
   PUT(batched_reads) PUT(published_queued) PUT(published_written)
   PUT(published_present) PUT(published_failed) PUT(pending_items)
   PUT(pending_bytes) PUT(staging_allocations) PUT(staging_bytes)
-  PUT(steps_open)
+  PUT(steps_open) PUT(in_flight) PUT(leases_taken) PUT(leases_failed)
+  PUT(waited) PUT(waited_hits) PUT(wait_us)
 #undef PUT
   /* By reason code; the package names them. */
   for (int r = 0; r < ENCACHE_SKIP_COUNT_; r++) {

@@ -252,7 +252,7 @@ static int add_tables(PyObject *m) {
   }
   ENCACHE_SKIP_MAP(SKIP_)
 #undef SKIP_
-  for (int o = ENCACHE_HIT; rc == 0 && o <= ENCACHE_SKIPPED; o++) {
+  for (int o = ENCACHE_HIT; rc == 0 && o <= ENCACHE_IN_FLIGHT; o++) {
     PyObject *v = PyUnicode_FromString(encache_outcome_name(o));
     rc = v == NULL ? -1 : PyList_Append(outcomes, v);
     Py_XDECREF(v);

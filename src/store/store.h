@@ -97,6 +97,8 @@ typedef struct encache__shm_layout {
   uint64_t entries_off, entry_size, entry_pos_off;
   uint32_t nentries, nbuckets;
   uint64_t buckets_off, data_off, data_size;
+  uint64_t leases_off, lease_size; /* the lease table */
+  uint32_t nleases;
 } encache__shm_layout;
 int encache__shm_test_layout(encache_store *st, encache__shm_layout *out);
 /* Runs the structure check and, when it fails (or always), a repair. */

@@ -146,9 +146,11 @@ static void summary_text(const demo_opts *o, const char *url,
   printf("%-30s %16" PRIu64 "\n", "  hits from other encoders", t->hits_other);
   printf("%-30s %16" PRIu64 "\n", "  hits of own publications", t->hits_own);
   printf("%-30s %16s\n", "misses by reason", "");
-  static const char *const names[] = {"", "miss", "incompatible", "oversize",
-                                      "unavailable", "skipped"};
-  for (int k = 1; k <= ENCACHE_SKIPPED; k++)
+  static const char *const names[] = {"",         "miss",
+                                      "incompatible", "oversize",
+                                      "unavailable",  "skipped",
+                                      "in flight"};
+  for (int k = 1; k <= ENCACHE_IN_FLIGHT; k++)
     printf("  %-28s %16" PRIu64 "\n", names[k], t->outcome[k]);
   printf("%-30s %15.2fs %s\n", "encoder time", t->encode_s, bt);
   printf("%-30s %15.2fs%s\n", "encoder time saved", f->saved,
@@ -193,6 +195,11 @@ static const char demo_usage[] =
     "  --skew S           Zipf exponent of image popularity (default 1.1)\n"
     "  --verify MODE      all, sample (default: every 8th hit) or none\n"
     "  --no-baseline      skip the run without encache\n"
+    "  --burst            every encoder gets the same requests at the same\n"
+    "                     moment (new images reaching a fleet at once); the\n"
+    "                     fleet runs without, then with single flight (one\n"
+    "                     encoder encodes, the others wait up to 5 s for its\n"
+    "                     output) and the summary compares duplicate encodes\n"
     "  --seed N           workload seed (default 1)\n"
     "  --json             print the summary as JSON\n"
     "Exit status: 0 when it ran and verification passed, 1 otherwise.\n";
@@ -200,7 +207,7 @@ static const char demo_usage[] =
 
 enum {
   D_ENCODERS, D_REQUESTS, D_IMAGES, D_TOKENS, D_HIDDEN, D_DTYPE, D_SKEW,
-  D_VERIFY, D_BASELINE, D_NO_BASELINE, D_SEED
+  D_VERIFY, D_BASELINE, D_NO_BASELINE, D_SEED, D_BURST
 };
 
 static const tool_opt demo_opts_table[] = {
@@ -209,7 +216,8 @@ static const tool_opt demo_opts_table[] = {
     [D_HIDDEN] = {"hidden", 1},     [D_DTYPE] = {"dtype", 1},
     [D_SKEW] = {"skew", 1},         [D_VERIFY] = {"verify", 1},
     [D_BASELINE] = {"baseline", 0}, [D_NO_BASELINE] = {"no-baseline", 0},
-    [D_SEED] = {"seed", 1},         {NULL, 0}};
+    [D_SEED] = {"seed", 1},         [D_BURST] = {"burst", 0},
+    {NULL, 0}};
 
 /* An integer option, when given, into *out; -1 after a message. */
 static int int_opt(const tool_args *a, int which, const char *name, int lo,
@@ -221,7 +229,7 @@ static int int_opt(const tool_args *a, int which, const char *name, int lo,
 /* The demo's options into o; -1 after a message naming the option. */
 static int demo_args(const tool_args *a, demo_opts *o) {
   demo_opts d = {4, 100, 48, 64, 768, ENCACHE_FLOAT32, VERIFY_SAMPLE, 1,
-                 1.1, 1, NULL, NULL};
+                 1.1, 1, NULL, NULL, 0, 0, 0};
   *o = d;
   int seed = 1;
   const char *images = a->val[D_IMAGES], *v;
@@ -259,6 +267,10 @@ static int demo_args(const tool_args *a, demo_opts *o) {
   if (a->val[D_NO_BASELINE] != NULL && a->val[D_BASELINE] != NULL)
     return usage_error("demo", "--baseline and --no-baseline: give one"), -1;
   o->baseline = a->val[D_NO_BASELINE] == NULL;
+  o->burst = a->val[D_BURST] != NULL;
+  if (o->burst && a->val[D_BASELINE] != NULL)
+    return usage_error("demo", "--burst compares single flight off and on: "
+                               "it has no --baseline"), -1;
   return 0;
 }
 
@@ -396,6 +408,17 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
       encache_shm_destroy(own_name);
     demo_images_free(&set);
     return EXIT_FAIL;
+  }
+  if (o.burst) {
+    char revisions[2][64] = {"", ""};
+    int burst_rc = demo_burst_run(&o, &set, shown, g->json, revisions);
+    for (int f = 0; f < 2 && !own_name[0]; f++)
+      if (revisions[f][0])
+        clean_namespace(url, shown, revisions[f]);
+    if (own_name[0])
+      encache_shm_destroy(own_name);
+    demo_images_free(&set);
+    return burst_rc == 0 ? EXIT_OK : EXIT_FAIL;
   }
   /* A namespace of this run's own, so that hits are this run's. */
   snprintf(revision, sizeof(revision), "run-%d-%ld", (int)getpid(),

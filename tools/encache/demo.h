@@ -11,6 +11,8 @@
  *                     verify hits; its destinations come from a reused pool
  *   demo_fleet.c      the fleet: fork the encoder processes, show progress,
  *                     wait for them and collect their reports
+ *   demo_burst.c      --burst: the same new images reaching every encoder
+ *                     at once, with and without single flight
  */
 #ifndef ENCACHE_DEMO_H
 #define ENCACHE_DEMO_H
@@ -33,6 +35,10 @@ typedef struct demo_opts {
   unsigned seed;
   const char *images_dir;
   const char *store_url;
+  /* --burst: every encoder serves the same requests, each request started
+   * by all at the same moment (demo_burst.c); flight: the engine's single
+   * flight on (single_flight_wait_ms flight_wait_ms). */
+  int burst, flight, flight_wait_ms;
 } demo_opts;
 
 /* ------------------------------------------------------------ workload */
@@ -88,19 +94,32 @@ void demo_encode(demo_encoder *e, const image_set *set, const image *im,
  * encode_s is a uint64_t (the fleet sums them as an array). */
 typedef struct report {
   uint64_t requests, images, hits, hits_own, hits_other, encodes;
-  uint64_t outcome[6];
+  uint64_t outcome[ENCACHE_IN_FLIGHT + 1];
   uint64_t verified, verify_failed;
   uint64_t bytes_read, published_written, published_present, published_failed;
   uint64_t skipped[ENCACHE_SKIP_COUNT_];
+  uint64_t waited, waited_hits, wait_us; /* single flight */
   double encode_s, wall_s;
+  uint64_t distinct; /* images it requested: the fleet keeps the largest */
   int poisoned, failed;
   uint32_t nhit_lat, nmiss_lat;
 } report;
 
-/* Shared with the parent, for progress. */
+/* Shared with the parent, for progress, and the encoders' burst gate. */
 typedef struct demo_shared {
   uint64_t done[DEMO_MAX_ENCODERS]; /* requests done, per encoder */
+  uint64_t arrived;                 /* burst: arrivals at the gate */
 } demo_shared;
+
+/* --burst: waits until every encoder has reached request `q` (at most
+ * 10 s: an encoder that died does not stall the others for good). */
+void demo_burst_gate(demo_shared *sh, int encoders, int q);
+/* Runs the burst comparison (single flight off, then on, each in the
+ * namespace of the revision it writes in revisions[]) on o->store_url
+ * and prints its summary; 0, or 1 when an encoder failed or a hit
+ * differed. */
+int demo_burst_run(demo_opts *o, const image_set *set, const char *shown,
+                   int json, char revisions[2][64]);
 
 /* Runs encoder `index` (in a child process) and writes its report and
  * latencies to fd.  Returns the child's exit status. */

@@ -97,6 +97,7 @@ typedef struct worker {
   double *cdf;
   rng r;
   char *published; /* per image: this encoder published it */
+  unsigned char *requested; /* per image: this encoder was asked for it */
   void *check;     /* a fresh encode, to verify a hit against */
   uint64_t nbytes;
   report rep;
@@ -107,11 +108,14 @@ typedef struct worker {
 /* The engine calls of the demo, each in one place. */
 static encache *engine_open(const worker *w, const char *revision) {
   encache_options eo = ENCACHE_OPTIONS_INIT;
-  eo.ec_transfer_config =
-      "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
-      "\"ec_producer\", \"ec_connector_extra_config\": "
-      "{\"cross_encoder_cache\": true, \"embedding_cache_prefix\": "
-      "\"demo\"}}";
+  char json[512];
+  snprintf(json, sizeof(json),
+           "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
+           "\"ec_producer\", \"ec_connector_extra_config\": "
+           "{\"cross_encoder_cache\": true, \"embedding_cache_prefix\": "
+           "\"demo\", \"single_flight\": %s, \"single_flight_wait_ms\": %d}}",
+           w->o->flight ? "true" : "false", w->o->flight_wait_ms);
+  eo.ec_transfer_config = json;
   eo.model = "encache-demo/reference-encoder";
   eo.revision = revision;
   eo.model_dtype = w->o->dtype;
@@ -125,11 +129,12 @@ static encache *engine_open(const worker *w, const char *revision) {
   return ec;
 }
 
-/* Opens the request's step (closed by engine_step_done) and looks up. */
+/* Opens the request's step (closed by engine_step_done), unless open, and
+ * looks up. */
 static int engine_lookup(worker *w, const encache_candidate *c, size_t n,
                          encache_result *res) {
   encache_allocator a = {sizeof(a), &w->pool, pool_alloc, pool_release};
-  int rc = encache_step_open(w->ec, &w->step);
+  int rc = w->step != NULL ? 0 : encache_step_open(w->ec, &w->step);
   return rc < 0 ? rc : encache_lookup(w->step, c, n, &a, res);
 }
 
@@ -161,6 +166,9 @@ static void engine_finish(worker *w) {
   w->rep.published_written = st.published_written;
   w->rep.published_present = st.published_present;
   w->rep.published_failed = st.published_failed;
+  w->rep.waited = st.waited;
+  w->rep.waited_hits = st.waited_hits;
+  w->rep.wait_us = st.wait_us;
   for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
     w->rep.skipped[k] = st.published_skipped[k];
   if (encache_close(w->ec) != 0) {
@@ -224,6 +232,52 @@ static void on_miss(worker *w, int pick, double t_lookup) {
   }
 }
 
+/* Looks c[0..n) up (or not, for the baseline): the lookup's time, or a
+ * negative value after a message when it failed. */
+static double lookup_batch(worker *w, const encache_candidate *c, size_t n,
+                           encache_result *res) {
+  if (w->ec == NULL)
+    return 0;
+  double t0 = measure_now();
+  int hits = engine_lookup(w, c, n, res);
+  if (hits >= 0)
+    return measure_now() - t0;
+  fprintf(stderr, "encache demo: encoder %d: lookup: %s\n", w->index,
+          encache_errmsg(w->ec));
+  w->rep.failed = 1;
+  w->rep.poisoned = hits == ENCACHE_EPOISONED;
+  return -1;
+}
+
+/* Serves res[k] of the request (k in want[0..n)), and leaves in
+ * *later the ones IN_FLIGHT when `defer`: another encoder is encoding them,
+ * to look up again once this encoder's own encodes are published. */
+static void serve_results(worker *w, const int *pick, encache_result *res,
+                          const int *want, int n, double t_lookup,
+                          int defer, int *later, int *nlater) {
+  for (int j = 0; j < n && !w->rep.failed; j++) {
+    int k = want[j];
+    if (defer && res[k].outcome == ENCACHE_IN_FLIGHT) {
+      later[(*nlater)++] = k;
+      continue;
+    }
+    w->rep.images++;
+    if (w->ec != NULL)
+      w->rep.outcome[res[k].outcome]++;
+    if (res[k].outcome == ENCACHE_HIT) {
+      on_hit(w, pick[k], &res[k], t_lookup);
+      continue;
+    }
+    /* The same image twice in one request is encoded once, as a serving
+     * stack dedupes a batch by its content hash. */
+    int again = 0;
+    for (int e = 0; e < j && !again; e++)
+      again = pick[want[e]] == pick[k] && res[want[e]].outcome != ENCACHE_HIT;
+    if (!again)
+      on_miss(w, pick[k], t_lookup);
+  }
+}
+
 /* One request of 1 to DEMO_MAX_BATCH images. */
 static void serve_request(worker *w) {
   int n = 1 + (int)(rng_next(&w->r) % DEMO_MAX_BATCH);
@@ -232,6 +286,10 @@ static void serve_request(worker *w) {
   encache_result res[DEMO_MAX_BATCH];
   for (int k = 0; k < n; k++) {
     pick[k] = demo_zipf_pick(w->cdf, w->set->n, &w->r);
+    if (!w->requested[pick[k]]) {
+      w->requested[pick[k]] = 1;
+      w->rep.distinct++;
+    }
     encache_candidate cc = {sizeof(cc), w->set->img[pick[k]].id,
                             ENCACHE_MODALITY_IMAGE, w->o->dtype,
                             (uint64_t)w->o->tokens, (uint64_t)w->o->hidden,
@@ -240,30 +298,30 @@ static void serve_request(worker *w) {
     res[k].size = sizeof(res[k]);
     res[k].outcome = ENCACHE_MISS;
   }
-  double t_lookup = 0;
-  if (w->ec != NULL) {
-    double t0 = measure_now();
-    int hits = engine_lookup(w, c, (size_t)n, res);
-    t_lookup = measure_now() - t0;
-    if (hits < 0) {
-      fprintf(stderr, "encache demo: encoder %d: lookup: %s\n", w->index,
-              encache_errmsg(w->ec));
-      w->rep.failed = 1;
-      w->rep.poisoned = hits == ENCACHE_EPOISONED;
-      engine_step_done(w);
-      return;
+  int all[DEMO_MAX_BATCH], later[DEMO_MAX_BATCH], nlater = 0;
+  for (int k = 0; k < n; k++)
+    all[k] = k;
+  double t_lookup = lookup_batch(w, c, (size_t)n, res);
+  if (t_lookup >= 0)
+    serve_results(w, pick, res, all, n, t_lookup, 1, later, &nlater);
+  if (nlater > 0 && !w->rep.failed) {
+    /* Single flight: the images another encoder was encoding, looked up
+     * again (now waiting for its output) after this encoder's own. */
+    encache_candidate c2[DEMO_MAX_BATCH];
+    encache_result r2[DEMO_MAX_BATCH];
+    int pick2[DEMO_MAX_BATCH], idx[DEMO_MAX_BATCH];
+    for (int j = 0; j < nlater; j++) {
+      c2[j] = c[later[j]];
+      pick2[j] = pick[later[j]];
+      idx[j] = j;
+      r2[j].size = sizeof(r2[j]);
     }
+    double t2 = lookup_batch(w, c2, (size_t)nlater, r2);
+    if (t2 >= 0)
+      serve_results(w, pick2, r2, idx, nlater, t_lookup + t2, 0, NULL, NULL);
   }
-  for (int k = 0; k < n && !w->rep.failed; k++) {
-    w->rep.images++;
-    if (w->ec != NULL)
-      w->rep.outcome[res[k].outcome]++;
-    if (res[k].outcome == ENCACHE_HIT)
-      on_hit(w, pick[k], &res[k], t_lookup);
-    else
-      on_miss(w, pick[k], t_lookup);
-  }
-  engine_step_done(w);
+  if (w->ec != NULL)
+    engine_step_done(w);
   w->rep.requests++;
 }
 
@@ -293,9 +351,12 @@ static int worker_init(worker *w, const demo_opts *o, const image_set *set,
   w->miss_lat = malloc(sizeof(double) * max_lat);
   w->cdf = demo_zipf_table(set->n, o->skew);
   w->published = calloc((size_t)set->n, 1);
+  w->requested = calloc((size_t)set->n, 1);
   w->check = malloc(w->nbytes);
-  w->r.s = tool_mix64(o->seed * 1000003u + (unsigned)index);
-  if (!w->hit_lat || !w->miss_lat || !w->cdf || !w->published || !w->check ||
+  /* A burst gives every encoder the same stream. */
+  w->r.s = tool_mix64(o->seed * 1000003u + (o->burst ? 0u : (unsigned)index));
+  if (!w->hit_lat || !w->miss_lat || !w->cdf || !w->published ||
+      !w->requested || !w->check ||
       demo_encoder_init(&w->enc, o) < 0 || pool_init(&w->pool, w->nbytes) < 0) {
     fprintf(stderr, "encache demo: encoder %d: out of memory\n", index);
     return -1;
@@ -310,6 +371,7 @@ static void worker_free(worker *w) {
   free(w->miss_lat);
   free(w->cdf);
   free(w->published);
+  free(w->requested);
   free(w->check);
 }
 
@@ -322,10 +384,18 @@ int demo_encoder_run(const demo_opts *o, const image_set *set, int index,
   else if (use_cache && (w.ec = engine_open(&w, revision)) == NULL)
     w.rep.failed = 1;
   double t_start = measure_now();
-  for (int q = 0; q < o->requests && !w.rep.failed; q++) {
+  int q = 0;
+  for (; q < o->requests && !w.rep.failed; q++) {
+    if (o->burst)
+      demo_burst_gate(sh, o->encoders, q);
     serve_request(&w);
     __atomic_add_fetch(&sh->done[index], 1, __ATOMIC_RELAXED);
   }
+  /* An encoder that stops early arrives at every gate left, so that the
+   * others never wait for it. */
+  if (o->burst && q < o->requests)
+    __atomic_add_fetch(&sh->arrived, (uint64_t)(o->requests - q),
+                       __ATOMIC_RELEASE);
   if (w.ec != NULL)
     engine_finish(&w);
   w.rep.wall_s = measure_now() - t_start;

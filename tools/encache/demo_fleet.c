@@ -126,6 +126,8 @@ static int collect(phase *ph, const inbox *in) {
   for (size_t k = 0; k < nu; k++)
     dst[k] += src[k];
   ph->total.encode_s += r.encode_s;
+  if (r.distinct > ph->total.distinct)
+    ph->total.distinct = r.distinct;
   ph->total.poisoned |= r.poisoned;
   ph->total.failed |= r.failed;
   return 0;

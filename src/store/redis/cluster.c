@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cluster.c: Redis Cluster's key slots, the slot map read from CLUSTER
- * SLOTS, and the MOVED / ASK redirections that update it (see redis.h).
+ * SLOTS, the MOVED / ASK redirections that update it, and one command for
+ * a key with its redirections followed (see redis.h).
  * The map and the node table are guarded by the handle's mutex.
  */
 #include "redis.h"
@@ -201,3 +202,56 @@ int encache__redis_masters(redis_store *s, size_t *out, size_t *m) {
  * that is not [cursor, [key strings...]] is refused.  Returns 0, the
  * callback's non-zero value, or ENCACHE_EUNAVAIL.
  */
+
+/*
+ * One command for key (argv, lens NULL = C strings) on the key's node,
+ * following MOVED and ASK (ASKING first) for up to ROUNDS rounds; its
+ * reply, never a redirection, in *out.  Returns 0, or ENCACHE_EUNAVAIL /
+ * ENCACHE_ENOMEM with why set (the caller makes the message).
+ */
+int encache__redis_command(redis_store *s, const char *key, int argc,
+                           const char *const *argv, const size_t *lens,
+                           rreply *out, char *why, size_t whysize) {
+  rset *set = encache__redis_borrow(s);
+  if (set == NULL) {
+    snprintf(why, whysize, "out of memory");
+    return ENCACHE_ENOMEM;
+  }
+  encache__redis_ensure_slots(s);
+  size_t node = encache__redis_locate(s, key);
+  int rc = ENCACHE_EUNAVAIL, ask = 0;
+  snprintf(why, whysize, "no node serves the slot of %s", key);
+  static const char *const asking[1] = {"ASKING"};
+  for (int round = 0; round < ROUNDS && node < MAX_NODES; round++) {
+    obuf b = {NULL, 0, 0, 0};
+    if (ask)
+      encache__redis_cmd(&b, 1, asking, NULL);
+    encache__redis_cmd(&b, argc, argv, lens);
+    rreply r[2];
+    size_t nrep = ask ? 2 : 1;
+    rpipe p = {r, 0, nrep, NULL, 0, NULL, NULL, NULL, NULL};
+    struct iovec iov = {b.p, b.len};
+    int x = b.oom ? XR_FAIL
+                  : encache__redis_run_on(s, set, node, &iov, 1, nrep, &p,
+                                          encache__redis_deadline(s, 0), why,
+                                          whysize);
+    encache__free(b.p);
+    if (b.oom) {
+      snprintf(why, whysize, "out of memory");
+      rc = ENCACHE_ENOMEM;
+    }
+    if (x != XR_OK)
+      break;
+    *out = r[nrep - 1];
+    if (!is_redirect(out)) {
+      rc = 0;
+      break;
+    }
+    node = encache__redis_redirect(s, out->text, &ask);
+    snprintf(why, whysize, "%s: %s", key,
+             node < MAX_NODES ? "still redirected after 3 rounds"
+                              : "unusable redirection");
+  }
+  encache__redis_give_back(s, set);
+  return rc;
+}

@@ -3,7 +3,7 @@
  * ops.c: the Store operations of the Redis backend (see redis.h): batched
  * EXISTS / GET / STRLEN pipelined per node with redirections followed,
  * SET NX straight from the caller's buffers, DEL, listings, removal by
- * prefix and counters;
+ * prefix and counters (leases: lease.c);
  * the ops table and encache__redis_open().  Objects larger than
  * window_threshold go in windows (wread.c, wwrite.c).
  */
@@ -367,45 +367,20 @@ static int redis_write(encache_store *st, const char *key, const void *hdr,
 
 static int redis_remove(encache_store *st, const char *key) {
   redis_store *s = (redis_store *)st;
-  rset *set = encache__redis_borrow(s);
-  if (set == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
-  encache__redis_ensure_slots(s);
-  size_t node = encache__redis_route(s, key);
-  int rc = ENCACHE_EUNAVAIL;
-  char why[512] = "no node serves the key";
-  for (int round = 0; round < ROUNDS && node != NO_NODE; round++) {
-    rreply r;
-    const char *argv[2] = {"DEL", key};
-    obuf b = {NULL, 0, 0, 0};
-    encache__redis_cmd(&b, 2, argv, NULL);
-    rpipe p = {&r, 0, 1, NULL, 0, NULL, NULL, NULL, NULL};
-    struct iovec iov = {b.p, b.len};
-    int x = b.oom ? XR_FAIL
-                  : encache__redis_run_on(s, set, node, &iov, 1, 1, &p,
-                                          encache__redis_deadline(s, 0), why,
-                                          sizeof(why));
-    encache__free(b.p);
-    if (x != XR_OK) {
-      if (b.oom)
-        snprintf(why, sizeof(why), "out of memory");
-      break;
-    }
-    if (is_redirect(&r)) {
-      int ask;
-      node = encache__redis_redirect(s, r.text, &ask);
-      continue;
-    }
-    rc = r.type == REDIS_REPLY_INTEGER ? (r.integer > 0 ? 0 : ENCACHE_ENOENT)
-                                       : ENCACHE_EUNAVAIL;
+  const char *argv[2] = {"DEL", key};
+  char why[512];
+  rreply r;
+  int rc = encache__redis_command(s, key, 2, argv, NULL, &r, why, sizeof(why));
+  if (rc == 0 && r.type == REDIS_REPLY_INTEGER && r.integer > 0)
+    return 0;
+  if (rc == 0) {
+    rc = r.type == REDIS_REPLY_INTEGER ? ENCACHE_ENOENT : ENCACHE_EUNAVAIL;
     snprintf(why, sizeof(why), "%s",
-             r.type == REDIS_REPLY_INTEGER ? "no such key" : r.text);
-    break;
+             r.type == REDIS_REPLY_INTEGER ? "no such key"
+             : r.type == REDIS_REPLY_ERROR ? r.text
+                                           : "an unexpected answer");
   }
-  encache__redis_give_back(s, set);
-  return rc == 0 ? 0
-                 : encache__store_fail(st, rc, "%s: DEL %s: %s", s->base.url,
-                                       key, why);
+  return encache__store_fail(st, rc, "%s: DEL %s: %s", s->base.url, key, why);
 }
 
 /* A short-lived context of ordinary replies to node, for listings and
@@ -531,7 +506,7 @@ static const encache__store_ops redis_ops = {
     .kind = "redis",
     .caps = ENCACHE_STORE_CAP_READ_SPLIT | ENCACHE_STORE_CAP_LIST |
             ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED |
-            ENCACHE_STORE_CAP_REMOVE_PREFIX,
+            ENCACHE_STORE_CAP_REMOVE_PREFIX | ENCACHE_STORE_CAP_LEASE,
     .exists = redis_exists,
     .read = redis_read,
     .read_split = redis_read_split,
@@ -541,7 +516,9 @@ static const encache__store_ops redis_ops = {
     .list = redis_list,
     .stats = redis_stats,
     .close = redis_close,
-    .remove_prefix = redis_remove_prefix};
+    .remove_prefix = redis_remove_prefix,
+    .lease_take = encache__redis_lease_take,
+    .lease_drop = encache__redis_lease_drop};
 
 int encache__redis_open(const char *url, encache_store **out) {
   *out = NULL;

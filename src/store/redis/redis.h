@@ -8,9 +8,12 @@
  *              node backoff, one exchange on a node with one redial
  *   io.c       our own I/O around the hiredis reader: deadlines, bounds,
  *              the reply functions that copy values into caller buffers
- *   cluster.c  key slots, the slot map (CLUSTER SLOTS), MOVED and ASK
+ *   cluster.c  key slots, the slot map (CLUSTER SLOTS), MOVED and ASK,
+ *              one command for a key with its redirections followed
  *   ops.c      the Store operations (exists, read, write, remove, stats)
  *              and the ops table
+ *   lease.c    single-flight leases: a key of their own, taken and
+ *              renewed, dropped, by one script each (EVALSHA / EVAL)
  *   list.c     listing a node's keys (SCAN, STRLEN) and removing those
  *              under a prefix (SCAN, UNLINK), bounded
  *   wread.c    windowed reads of large objects (GETRANGE windows)
@@ -307,6 +310,22 @@ unsigned encache__redis_key_slot(const char *key);
 size_t encache__redis_redirect(redis_store *s, const char *text, int *ask);
 /* The distinct nodes that own slots (single node: node 0) into out. */
 int encache__redis_masters(redis_store *s, size_t *out, size_t *m);
+/* One command for key on its node, MOVED and ASK followed; its reply (never
+ * a redirection) in *out.  Returns 0, or ENCACHE_EUNAVAIL / ENCACHE_ENOMEM
+ * with why set. */
+int encache__redis_command(redis_store *s, const char *key, int argc,
+                           const char *const *argv, const size_t *lens,
+                           rreply *out, char *why, size_t whysize);
+
+/* ------------------------------------------------------------- lease.c */
+
+/* The prefix of a lease's key: the lease of object K is LEASE_PREFIX K. */
+#define LEASE_PREFIX "encache-lease:"
+/* As encache_store_lease_take() and encache_store_lease_drop(). */
+int encache__redis_lease_take(encache_store *st, const char *key,
+                              uint64_t token, uint32_t ttl_ms);
+int encache__redis_lease_drop(encache_store *st, const char *key,
+                              uint64_t token);
 
 /* ------------------------------------------------------------- list.c */
 

@@ -19,15 +19,10 @@
 /* The check word of entry id: covers what only the lock changes and that
  * readers or allocation trust (not the links, gen or referenced). */
 uint32_t encache__shm_entry_check(const shm_entry *e, uint32_t id) {
-  uint64_t h = mix64(0x9e3779b97f4a7c15ull ^ id);
-  h = mix64(h ^ e->hash);
-  h = mix64(h ^ e->pos);
-  h = mix64(h ^ e->obj_len);
-  h = mix64(h ^ e->owner_token);
-  h = mix64(h ^ e->sum);
-  h = mix64(h ^ ((uint64_t)e->key_len << 32 | e->state));
-  h = mix64(h ^ ((uint64_t)e->owner_slot << 32 | e->flags));
-  return (uint32_t)(h ^ h >> 32);
+  const uint64_t w[] = {e->hash, e->pos, e->obj_len, e->owner_token, e->sum,
+                        (uint64_t)e->key_len << 32 | e->state,
+                        (uint64_t)e->owner_slot << 32 | e->flags};
+  return check_words(0x9e3779b97f4a7c15ull, id, w, sizeof(w) / sizeof(w[0]));
 }
 
 /* After the lock changed any field entry_check() covers: writes those

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ops.c: the shm Store's operations (exists, read, read_split,
- * object_size, write, remove, list, stats, close) and their table.
+ * object_size, write, remove, list, stats, close) and their table (with
+ * the leases of lease.c).
  *
  * Each operation takes the segment lock only to look up or change the
  * structure (index.c, ring.c); object bytes are copied outside it, with
@@ -428,7 +429,8 @@ static const encache__store_ops shm_ops = {
     .version = ENCACHE_STORE_BACKEND_VERSION,
     .kind = "shm",
     .caps = ENCACHE_STORE_CAP_READ_SPLIT | ENCACHE_STORE_CAP_LIST |
-            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED,
+            ENCACHE_STORE_CAP_PUT_IF_ABSENT | ENCACHE_STORE_CAP_SHARED |
+            ENCACHE_STORE_CAP_LEASE,
     .exists = shm_exists,
     .read = shm_read,
     .read_split = shm_read_split,
@@ -437,7 +439,9 @@ static const encache__store_ops shm_ops = {
     .remove = shm_remove,
     .list = shm_list,
     .stats = shm_stats,
-    .close = shm_close};
+    .close = shm_close,
+    .lease_take = encache__shm_lease_take, /* lease.c */
+    .lease_drop = encache__shm_lease_drop};
 
 shm_store *encache__shm_handle(encache_store *st) {
   return st != NULL && st->ops == &shm_ops ? (shm_store *)st : NULL;

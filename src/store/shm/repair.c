@@ -7,8 +7,9 @@
  * (F_OFD_SETLK) on one byte of the segment file beyond its end, its slot,
  * for as long as it is open, and writes a random token into tokens[slot].
  * The kernel drops the lock when the handle is closed or its process dies,
- * whatever the PID namespace; a WRITING entry's writer lives while its
- * slot is locked and still holds its token.
+ * whatever the PID namespace; a WRITING entry's writer, and a lease's
+ * holder (lease.c), lives while its slot is locked and still holds its
+ * token.
  *
  * Crashes.  A process killed while holding the lock leaves it to the next
  * locker with EOWNERDEAD; that process runs repair(), which rebuilds all
@@ -40,18 +41,23 @@ static struct flock slot_range(uint64_t total, uint32_t first, uint32_t n) {
   return fl;
 }
 
-/* Whether the writer of the WRITING entry e (a checked copy) lives. */
-int encache__shm_owner_alive(shm_store *s, const shm_entry *e) {
-  uint32_t slot = e->owner_slot;
+/* Whether the handle of writer slot `slot`, slot token `token`, lives:
+ * its slot byte is locked and still holds that token. */
+int encache__shm_slot_alive(shm_store *s, uint32_t slot, uint64_t token) {
   if (slot >= s->nslots)
     return 0;
   if ((int)slot == s->slot)
-    return e->owner_token == s->token; /* our own lock does not show */
+    return token == s->token; /* our own lock does not show */
   struct flock fl = slot_range(s->total_size, slot, 1);
   if (fcntl(s->fd, F_OFD_GETLK, &fl) != 0)
     return 1; /* cannot tell: assume alive, never reclaim blindly */
   return fl.l_type != F_UNLCK &&
-         __atomic_load_n(&s->tokens[slot], __ATOMIC_ACQUIRE) == e->owner_token;
+         __atomic_load_n(&s->tokens[slot], __ATOMIC_ACQUIRE) == token;
+}
+
+/* Whether the writer of the WRITING entry e (a checked copy) lives. */
+int encache__shm_owner_alive(shm_store *s, const shm_entry *e) {
+  return encache__shm_slot_alive(s, e->owner_slot, e->owner_token);
 }
 
 static uint64_t new_token(const shm_store *s) {

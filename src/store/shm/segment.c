@@ -49,19 +49,32 @@ static void entry_counts(uint64_t total, uint32_t *nentries,
   *nbuckets = (uint32_t)nb;
 }
 
+/* How many leases a segment of nentries entries gets: one per 16
+ * entries, a power of two from 256 to 65536. */
+static uint32_t lease_count(uint32_t nentries) {
+  uint32_t n = 256;
+  while (n < 65536 && n < nentries / 16)
+    n <<= 1;
+  return n;
+}
+
 /* The layout formula: fills g's geometry (total_size, nentries, nbuckets,
- * nslots, and each region's offset; data_size, 0 when no room is left). */
+ * nslots, nleases, and each region's offset; data_size, 0 when no room is
+ * left). */
 static void layout(uint64_t total, uint32_t nentries, uint32_t nbuckets,
                    shm_header *g) {
   g->total_size = total;
   g->nentries = nentries;
   g->nbuckets = nbuckets;
   g->nslots = SHM_SLOTS;
+  g->nleases = lease_count(nentries);
   g->entries_off = align_up(sizeof(shm_header), SHM_PAGE);
   g->buckets_off = g->entries_off + (uint64_t)nentries * sizeof(shm_entry);
   g->slots_off =
       align_up(g->buckets_off + (uint64_t)nbuckets * sizeof(uint32_t), 64);
-  g->data_off = align_up(g->slots_off + SHM_SLOTS * sizeof(uint64_t), SHM_PAGE);
+  g->leases_off = align_up(g->slots_off + SHM_SLOTS * sizeof(uint64_t), 64);
+  g->data_off = align_up(
+      g->leases_off + (uint64_t)g->nleases * sizeof(shm_lease), SHM_PAGE);
   g->data_size = g->data_off < total ? total - g->data_off : 0;
 }
 
@@ -75,6 +88,7 @@ static int geometry_ok(const shm_header *a) {
   layout(a->total_size, a->nentries, a->nbuckets, &w);
   return a->entries_off == w.entries_off && a->buckets_off == w.buckets_off &&
          a->slots_off == w.slots_off && a->nslots == w.nslots &&
+         a->leases_off == w.leases_off && a->nleases == w.nleases &&
          a->data_off == w.data_off && a->data_off < a->total_size &&
          a->data_size == w.data_size;
 }
@@ -112,6 +126,7 @@ static int segment_init(shm_store *s, uint64_t total) {
   h->free_first = 1;
   memset(s->map + h->buckets_off, 0, nb * sizeof(uint32_t));
   memset(s->map + h->slots_off, 0, SHM_SLOTS * sizeof(uint64_t));
+  memset(s->map + h->leases_off, 0, h->nleases * sizeof(shm_lease)); /* free */
   h->format = SHM_FORMAT;
   __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_RELEASE);
   return 0;
@@ -166,6 +181,8 @@ static void bind_geometry(shm_store *s, const shm_header *g) {
   s->nbuckets = g->nbuckets;
   s->tokens = (uint64_t *)(s->map + g->slots_off);
   s->nslots = SHM_SLOTS;
+  s->leases = (shm_lease *)(s->map + g->leases_off);
+  s->nleases = g->nleases;
 }
 
 int encache__shm_test_layout(encache_store *st, encache__shm_layout *out) {
@@ -190,6 +207,9 @@ int encache__shm_test_layout(encache_store *st, encache__shm_layout *out) {
   out->buckets_off = (uint64_t)((unsigned char *)s->buckets - s->map);
   out->data_off = (uint64_t)(s->data - s->map);
   out->data_size = s->data_size;
+  out->leases_off = (uint64_t)((unsigned char *)s->leases - s->map);
+  out->lease_size = sizeof(shm_lease);
+  out->nleases = s->nleases;
   return 0;
 }
 

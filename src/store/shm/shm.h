@@ -17,6 +17,8 @@
  *   entries_off  nentries x shm_entry: one per object
  *   buckets_off  nbuckets x u32: hash chains of entries (index + 1)
  *   slots_off    nslots x u64: the token of each writer slot's holder
+ *   leases_off   nleases x shm_lease: the single-flight leases, an open
+ *                hash table by key (lease.c); never objects
  *   data_off     data_size bytes: a ring of records, one per object:
  *                the key, padding to 64 bytes, then the object bytes
  *                (rec_obj_off() and rec_size() below)
@@ -62,6 +64,7 @@
  *   ring.c      allocation in the data ring, eviction, second chance
  *   lock.c      the segment lock, stalls, publications left pending
  *   repair.c    writer liveness (slots), the structure check, repair
+ *   lease.c     single-flight leases: their table, taking and dropping
  *   checksum.c  object checksums, computed inside the copies
  *   ops.c       the Store operations and their table
  *   open.c      URL and options, opening, destroying, the fork registry
@@ -109,7 +112,7 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 
 #define SHM_MAGIC 0x314d48534e434e45ull      /* "ENCNSHM1" */
 #define SHM_INIT_MAGIC 0x54494e494e434e45ull /* "ENCNINIT": being created */
-#define SHM_VERSION 3u
+#define SHM_VERSION 4u /* 4: the lease table (lease.c) */
 #define REC_ALIGN 64u
 #define SHM_MAX_KEY (64u * 1024u)
 #define SHM_MAX_NAME 200
@@ -149,6 +152,24 @@ typedef struct shm_entry {
   uint32_t pad_;
 } shm_entry;
 
+/* One single-flight lease (lease.c): the lease of the key whose two
+ * hashes and length these are, held by `token` until deadline_ms
+ * (CLOCK_MONOTONIC) while the handle of writer slot owner_slot, token
+ * owner_token, lives.  token 0: free.  `check` is lease_check() of the
+ * rest (a lease that fails it is free: damage costs a duplicate encode,
+ * never a wrong hit).  Only the lock reads or writes a lease. */
+typedef struct shm_lease {
+  uint64_t hash;        /* hash_key() of the key */
+  uint64_t hash2;       /* a second, independent hash of the key */
+  uint64_t token;       /* the holder's token; 0 = free */
+  uint64_t deadline_ms; /* mono_ms() at which the lease ends */
+  uint64_t owner_token; /* the holding handle's slot token */
+  uint32_t owner_slot;  /* the holding handle's writer slot */
+  uint32_t key_len;
+  uint32_t check;
+  uint32_t pad_[3];
+} shm_lease;
+
 typedef struct shm_header {
   /* Immutable after creation. */
   uint64_t magic;
@@ -162,7 +183,8 @@ typedef struct shm_header {
   uint32_t nbuckets;
   uint64_t slots_off; /* nslots x u64: the token of each slot's holder */
   uint32_t nslots;
-  uint32_t pad_;
+  uint32_t nleases;    /* a power of two */
+  uint64_t leases_off; /* nleases x shm_lease */
   /* The lock, on its own cache line. */
   _Alignas(64) pthread_mutex_t lock;
   /* Mutable, under the lock. */
@@ -202,6 +224,15 @@ SHM_FIELD_AT(shm_entry, owner_slot, 68);
 SHM_FIELD_AT(shm_entry, referenced, 72);
 SHM_FIELD_AT(shm_entry, flags, 76);
 SHM_FIELD_AT(shm_entry, check, 80);
+_Static_assert(sizeof(shm_lease) == 64, "shm_lease size: bump SHM_VERSION");
+SHM_FIELD_AT(shm_lease, hash, 0);
+SHM_FIELD_AT(shm_lease, hash2, 8);
+SHM_FIELD_AT(shm_lease, token, 16);
+SHM_FIELD_AT(shm_lease, deadline_ms, 24);
+SHM_FIELD_AT(shm_lease, owner_token, 32);
+SHM_FIELD_AT(shm_lease, owner_slot, 40);
+SHM_FIELD_AT(shm_lease, key_len, 44);
+SHM_FIELD_AT(shm_lease, check, 48);
 _Static_assert(sizeof(pthread_mutex_t) <= 64,
                "the segment lock must fit its cache line");
 _Static_assert(sizeof(shm_header) == 256, "shm_header size: bump SHM_VERSION");
@@ -216,6 +247,8 @@ SHM_FIELD_AT(shm_header, nentries, 56);
 SHM_FIELD_AT(shm_header, nbuckets, 60);
 SHM_FIELD_AT(shm_header, slots_off, 64);
 SHM_FIELD_AT(shm_header, nslots, 72);
+SHM_FIELD_AT(shm_header, nleases, 76);
+SHM_FIELD_AT(shm_header, leases_off, 80);
 SHM_FIELD_AT(shm_header, lock, 128);
 SHM_FIELD_AT(shm_header, head, 192);
 SHM_FIELD_AT(shm_header, fifo_first, 200);
@@ -258,6 +291,8 @@ typedef struct shm_store {
   uint64_t data_size;
   uint32_t nentries, nbuckets, nslots;
   uint64_t *tokens;
+  shm_lease *leases;
+  uint32_t nleases;
   unsigned lock_timeout_ms;
   int checksum;         /* compute and verify object checksums */
   int validate_pending; /* check the structure at the next lock */
@@ -322,6 +357,15 @@ static inline uint64_t mix64(uint64_t h) {
   return h;
 }
 
+/* A check word: words w[0..n) mixed in turn after seed ^ id. */
+static inline uint32_t check_words(uint64_t seed, uint32_t id,
+                                   const uint64_t *w, size_t n) {
+  uint64_t h = mix64(seed ^ id);
+  for (size_t i = 0; i < n; i++)
+    h = mix64(h ^ w[i]);
+  return (uint32_t)(h ^ h >> 32);
+}
+
 static inline uint64_t hash_key(const char *key, size_t len) {
   /* FNV-1a, then a finalizer so that the low bits (the bucket) mix well. */
   uint64_t h = encache__fnv1a(key, len);
@@ -349,7 +393,8 @@ static inline int identity_ok(const shm_store *s) {
   const shm_header *h = s->h;
   return h->magic == SHM_MAGIC && h->format == SHM_FORMAT &&
          h->total_size == s->total_size && h->data_size == s->data_size &&
-         h->nentries == s->nentries && h->nbuckets == s->nbuckets;
+         h->nentries == s->nentries && h->nbuckets == s->nbuckets &&
+         h->nleases == s->nleases;
 }
 
 /* ------------------------------------------------- index.c: the entries */
@@ -409,6 +454,8 @@ int encache__shm_publish_record(shm_store *s, shm_entry *e, uint64_t gen,
 
 /* Whether the writer of a WRITING entry (a checked copy) lives. */
 int encache__shm_owner_alive(shm_store *s, const shm_entry *e);
+/* Whether the handle of writer slot `slot`, slot token `token`, lives. */
+int encache__shm_slot_alive(shm_store *s, uint32_t slot, uint64_t token);
 /* Takes a writer slot for the handle (s->slot -1: none left). */
 void encache__shm_take_slot(shm_store *s);
 /* Whether any handle holds a slot of the segment file fd of size bytes. */
@@ -417,6 +464,13 @@ int encache__shm_slots_held(int fd, uint64_t size);
 int encache__shm_repair(shm_store *s);
 /* Under the lock: whether every list and chain validates. */
 int encache__shm_structure_ok(shm_store *s);
+
+/* ----------------------------------------------------- lease.c: leases */
+
+int encache__shm_lease_take(encache_store *st, const char *key,
+                            uint64_t token, uint32_t ttl_ms);
+int encache__shm_lease_drop(encache_store *st, const char *key,
+                            uint64_t token);
 
 /* ------------------------------------------------ checksum.c: checksums */
 

@@ -1,0 +1,214 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * lease.c: single flight (docs/engine.md, "Single flight"): one encoder
+ * encodes a cold miss while the others wait for its output.
+ *
+ * With single_flight on and a Store with leases, a lookup's absent items
+ * take their key's lease (encache_store_lease_take) with a random token
+ * the step keeps: a taken lease leaves the item a MISS (the caller
+ * encodes it).  An item whose lease another encoder holds polls, up to
+ * single_flight_wait_ms: the object's existence (then it joins this
+ * lookup's reads and is a HIT like any other), and the lease (taken:
+ * a MISS, the holder gave up or died).  What is still held at the bound is
+ * IN_FLIGHT.  A lookup that took leases of its own does not wait (two
+ * encoders would wait for each other): its contended items are IN_FLIGHT
+ * at once, for a second lookup after its encodes.  A lease just taken is
+ * followed by a second existence check: a holder may have written the
+ * object and ended its lease in between, and the object is then read.  A lease is advisory: a Store that fails a lease call makes
+ * the item a plain MISS (counted), never UNAVAILABLE, and nothing here
+ * turns a miss into a hit without the normal read and validation.
+ *
+ * A publication hands the step's token to its job; the worker ends the
+ * lease once the object is written (or found present, or failed), so a
+ * waiter sees the object before the lease goes.  A publication that is
+ * skipped, and a step that closes with leases it never published, end
+ * them on the caller's thread.  Past its deadline (single_flight_ttl_ms)
+ * a lease ends by itself: a holder that never publishes delays the
+ * others by at most that, and on shm a holder that dies frees it at once.
+ */
+#include "lookup.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t encache__lease_token(void) {
+  static uint64_t counter; /* only when getrandom fails */
+  uint64_t t = 0;
+  while (t == 0) {
+    if (getrandom(&t, sizeof(t), GRND_NONBLOCK) != (ssize_t)sizeof(t)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      t = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
+          ((uint64_t)ts.tv_sec << 20) ^
+          __atomic_add_fetch(&counter, 0x9E3779B97F4A7C15ull, __ATOMIC_RELAXED);
+    }
+  }
+  return t;
+}
+
+void encache__lease_end(encache *ec, const char *key, uint64_t token) {
+  if (token == 0 || ec->store == NULL || encache__is_poisoned(ec))
+    return;
+  int rc = encache_store_lease_drop(ec->store, key, token);
+  if (rc != 0 && rc != ENCACHE_ENOENT) /* it ends at its deadline */
+    STAT_ADD(ec, leases_failed, 1);
+}
+
+void encache__leases_end(encache_step *step) {
+  encache *ec = step->ec;
+  for (size_t i = 0; i < step->n; i++) {
+    if (step->lease == NULL || step->lease[i] == 0)
+      continue;
+    char *key = encache__make_key(ec, step->text + step->off[i]);
+    if (key != NULL) /* out of memory: it ends at its deadline */
+      encache__lease_end(ec, key, step->lease[i]);
+    encache__free(key);
+    step->lease[i] = 0;
+  }
+}
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+enum { TAKEN = 0, HELD = 1 };
+
+/* Takes it's lease for the step (renewing the step's own): TAKEN (also
+ * when the Store failed: a plain miss) or HELD by another encoder. */
+static int take(plan *p, const item *it) {
+  encache *ec = p->ec;
+  uint64_t *slot = encache__step_lease(p->step, p->cand[it->first].id);
+  ENCACHE_ASSERT(slot != NULL); /* dedupe added every item's id */
+  uint64_t token = *slot != 0 ? *slot : encache__lease_token();
+  int rc = encache_store_lease_take(ec->store, it->key, token,
+                                    ec->lease_ttl_ms);
+  if (rc == 0) {
+    if (*slot == 0)
+      STAT_ADD(ec, leases_taken, 1);
+    *slot = token;
+    return TAKEN;
+  }
+  if (rc == ENCACHE_EEXIST)
+    return HELD;
+  STAT_ADD(ec, leases_failed, 1);
+  return TAKEN;
+}
+
+/* The existence of items[list[0..n)] into p->present; -1 when the check
+ * failed as a whole. */
+static int exists_of(plan *p, const size_t *list, size_t n) {
+  encache_store *st = p->ec->store;
+  for (size_t k = 0; k < n; k++)
+    p->keys[k] = p->items[list[k]].key;
+  int rc = st->ops->exists(st, p->keys, n, p->present);
+  return encache_store_classify(rc) == ENCACHE_ANSWER_OK ? 0 : -1;
+}
+
+/* The leases just taken of items[taken[0..n)]: a holder may have written
+ * its object and ended its lease between our existence check and our
+ * take.  An object there now is read (a hit, not a second encode), and
+ * its lease ends at once. */
+static void confirm_absent(plan *p, const size_t *taken, size_t n) {
+  if (n == 0 || exists_of(p, taken, n) < 0)
+    return; /* unknown: encode, as without the re-check */
+  for (size_t k = 0; k < n; k++) {
+    item *it = &p->items[taken[k]];
+    if (p->present[k] != 1)
+      continue;
+    uint64_t *slot = encache__step_lease(p->step, p->cand[it->first].id);
+    encache__lease_end(p->ec, it->key, *slot);
+    *slot = 0;
+    encache__plan_present(p, it);
+  }
+}
+
+/* One round of a wait: the held items' existence, then their leases.
+ * Keeps in held[0..*n) those still held; 0, or -1 when the existence
+ * check failed (the wait stops). */
+static int poll_held(plan *p, size_t *held, size_t *n, size_t *taken) {
+  if (exists_of(p, held, *n) < 0)
+    return -1;
+  size_t w = 0, nt = 0;
+  for (size_t k = 0; k < *n; k++) {
+    item *it = &p->items[held[k]];
+    if (p->present[k] == 1)
+      encache__plan_present(p, it); /* the holder's output: read it */
+    else if (take(p, it) == HELD)
+      held[w++] = held[k];
+    else
+      taken[nt++] = held[k];
+  }
+  *n = w;
+  confirm_absent(p, taken, nt);
+  return 0;
+}
+
+/* Waits up to single_flight_wait_ms while held[0..*n) are held (taken:
+ * scratch room for as many). */
+static void wait_held(plan *p, size_t *held, size_t *n, size_t *taken) {
+  encache *ec = p->ec;
+  uint64_t start = now_us(), deadline = start + ec->lease_wait_ms * 1000u;
+  uint64_t backoff = 1000; /* us: doubles up to 16 ms */
+  STAT_ADD(ec, waited, *n);
+  for (size_t k = 0; k < *n; k++)
+    p->items[held[k]].waited = 1;
+  for (uint64_t t = start; *n > 0 && t < deadline; t = now_us()) {
+    uint64_t nap = backoff < deadline - t ? backoff : deadline - t;
+    struct timespec ts = {(time_t)(nap / 1000000u),
+                          (long)(nap % 1000000u) * 1000};
+    nanosleep(&ts, NULL);
+    if (backoff < 16000)
+      backoff *= 2;
+    if (poll_held(p, held, n, taken) < 0)
+      break;
+  }
+  STAT_ADD(ec, wait_us, now_us() - start);
+}
+
+int encache__plan_lease(plan *p) {
+  /* Scratch of the plan that is free until phase chunk: newpos and dest
+   * (n each; items are at most n). */
+  size_t *held = p->newpos, *taken = p->dest, n = 0, nt = 0;
+  for (size_t u = 0; u < p->nu; u++) {
+    item *it = &p->items[u];
+    if (it->outcome != ENCACHE_MISS || it->present)
+      continue;
+    if (take(p, it) == HELD)
+      held[n++] = u;
+    else
+      taken[nt++] = u;
+  }
+  confirm_absent(p, taken, nt);
+  /* A lookup that now holds leases of its own does not wait: its caller
+   * must encode those first (two encoders each waiting for the other's
+   * image would both wait to the bound).  It answers IN_FLIGHT, and a
+   * second lookup of those items, after the encodes, waits. */
+  size_t own = 0;
+  for (size_t k = 0; k < nt; k++)
+    own += !p->items[taken[k]].present;
+  const char *why = "another encoder holds its lease: it is encoding it now "
+                    "(single flight)";
+  if (n > 0 && p->ec->lease_wait_ms > 0 && own > 0)
+    why = "another encoder holds its lease (it is encoding it); this lookup "
+          "took leases of its own: encode those, then look this up again "
+          "(single flight)";
+  else if (n > 0 && p->ec->lease_wait_ms > 0) {
+    wait_held(p, held, &n, taken);
+    why = encache__step_note(p->step, "another encoder holds its lease",
+                             "another encoder holds its lease (it is "
+                             "encoding it) and its output did not come "
+                             "within %" PRIu64 " ms (single_flight_wait_ms)",
+                             p->ec->lease_wait_ms);
+  }
+  for (size_t k = 0; k < n; k++) {
+    item *it = &p->items[held[k]];
+    it->outcome = ENCACHE_IN_FLIGHT;
+    it->why = why;
+  }
+  return 0;
+}
