@@ -168,6 +168,7 @@
   XX(redis_lease_is_never_listed_counted_or_purged)                         \
   XX(redis_lease_cluster_slots_and_redirections)                            \
   XX(redis_lease_dead_server_is_unavailable_promptly)                       \
+  XX(redis_lease_survives_a_failover_of_its_master)                          \
   XX(redis_lease_on_the_url_under_test)                                     \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \

@@ -19,6 +19,7 @@
 #include "runner.h"
 
 #include "encache.h"
+#include "redis_util.h"
 #include "resp_fake.h"
 
 #include <hiredis/hiredis.h>
@@ -33,121 +34,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static int have_redis(void) {
-  if (system("command -v redis-server >/dev/null 2>&1 && "
-             "command -v redis-cli >/dev/null 2>&1") == 0)
-    return 1;
-  printf("# skipped: redis-server or redis-cli is not installed\n");
-  return 0;
-}
-
-static int bindable(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-/* A free port below the ephemeral range, whose cluster bus port (+10000)
- * is free too. */
-static int free_port(void) {
-  static unsigned seed;
-  if (seed == 0)
-    seed = (unsigned)getpid() * 2654435761u;
-  for (int tries = 0; tries < 1000; tries++) {
-    seed = seed * 1103515245u + 12345u;
-    int port = 12000 + (int)((seed >> 8) % 18000);
-    if (bindable(port) && bindable(port + 10000))
-      return port;
-  }
-  test__fail(__FILE__, __LINE__, "no free port");
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static redisContext *connect_to(int port) {
-  struct timeval tv = {1, 0};
-  return redisConnectWithTimeout("127.0.0.1", port, tv);
-}
-
-/* Whether the server on port answers PING (after AUTH password when not
- * NULL). */
-static int answers_ping(int port, const char *password) {
-  redisContext *c = connect_to(port);
-  int ok = 0;
-  if (c != NULL && !c->err) {
-    redisReply *r = password ? redisCommand(c, "AUTH %s", password) : NULL;
-    if (r)
-      freeReplyObject(r);
-    r = redisCommand(c, "PING");
-    ok = r != NULL && r->type == REDIS_REPLY_STATUS;
-    if (r)
-      freeReplyObject(r);
-  }
-  if (c != NULL)
-    redisFree(c);
-  return ok;
-}
-
-/* Starts redis-server on port: in cluster mode with a config in dir when
- * dir is not NULL; with --requirepass password when that is not NULL.
- * Waits until it answers PING. */
-static pid_t spawn_redis_auth(int port, const char *dir,
-                              const char *password) {
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) {
-    char p[16], conf[256];
-    snprintf(p, sizeof(p), "%d", port);
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
-    const char *argv[24] = {"redis-server", "--port", p, "--bind",
-                            "127.0.0.1", "--save", "", "--appendonly", "no"};
-    int n = 9;
-    if (dir != NULL) {
-      snprintf(conf, sizeof(conf), "%s/nodes-%d.conf", dir, port);
-      const char *more[] = {"--dir", dir, "--cluster-enabled", "yes",
-                            "--cluster-config-file", conf,
-                            "--cluster-node-timeout", "2000",
-                            "--cluster-require-full-coverage", "no"};
-      for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++)
-        argv[n++] = more[i];
-    }
-    if (password != NULL) {
-      argv[n++] = "--requirepass";
-      argv[n++] = password;
-    }
-    argv[n] = NULL;
-    execvp("redis-server", (char *const *)argv);
-    _exit(127);
-  }
-  for (int i = 0; i < 200; i++) {
-    if (answers_ping(port, password))
-      return pid;
-    usleep(20000);
-  }
-  test__fail(__FILE__, __LINE__, "redis-server on port %d did not start", port);
-}
-
-static pid_t spawn_redis(int port, const char *dir) {
-  return spawn_redis_auth(port, dir, NULL);
-}
-
-static void kill_wait(pid_t pid, int sig) {
-  kill(pid, sig);
-  if (sig == SIGKILL || sig == SIGTERM)
-    waitpid(pid, NULL, 0);
-}
 
 /* --------------------------------------------------------- engine helpers */
 
@@ -221,7 +107,7 @@ static int publish(encache_step *step, const char *id) {
 /* ------------------------------------------------------------- the tests */
 
 TEST(redis_server_killed_then_restarted) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -271,7 +157,7 @@ TEST(redis_server_killed_then_restarted) {
 }
 
 TEST(redis_stopped_server_lookups_bounded_by_timeout) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -390,7 +276,7 @@ static int64_t read_one(encache_store *st, const char *key, void *buf,
 }
 
 TEST(redis_cluster_node_killed_others_still_hit) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   cluster cl;
   cluster_start(&cl);
@@ -455,7 +341,7 @@ static void on_node(int port, const char *fmt, const char *a, const char *b) {
 }
 
 TEST(redis_cluster_follows_moved_and_ask) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   cluster cl;
   cluster_start(&cl);
@@ -551,7 +437,7 @@ TEST(redis_url_errors) {
 }
 
 TEST(redis_ttl_and_auth) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -628,7 +514,7 @@ static void sigpipe_default(void) {
 }
 
 TEST(redis_killed_connections_never_raise_sigpipe) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -693,7 +579,7 @@ TEST(redis_fake_send_to_a_closing_server_never_raises_sigpipe) {
 }
 
 TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -882,7 +768,7 @@ TEST(redis_fake_scan_with_non_string_keys_is_refused) {
 }
 
 TEST(redis_large_value_into_small_buffer_is_refused_unread) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1093,7 +979,7 @@ static void password_files_remove(void) {
 }
 
 TEST(redis_auth_password_from_url_file_and_environment) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   const char *pw = "s3cr3t:p@ss/w0rd"; /* ':', '@' and '/' raw in URLs */
   int port = free_port();
@@ -1169,7 +1055,7 @@ TEST(redis_auth_password_from_url_file_and_environment) {
 }
 
 TEST(redis_auth_out_of_memory_is_an_error_never_a_connection_without_auth) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   const char *pw = "oom-s3cret";
   int port = free_port();
@@ -1259,7 +1145,7 @@ static void wh_arm(void (*action)(void)) {
 }
 
 TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   wh.port = free_port();
   pid_t pid = spawn_redis(wh.port, NULL);
@@ -1298,7 +1184,7 @@ TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
  * its first exchange) is a miss, never "an empty object": thousands of
  * reads race a 1 ms expiry (before the fix about 1 in 90 answered 0). */
 TEST(redis_window_key_expiring_mid_read_is_a_miss) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1361,7 +1247,7 @@ static void wh_evict_tmp(void) {
 }
 
 TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1429,7 +1315,7 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
 }
 
 TEST(redis_window_server_killed_mid_window_is_unavailable) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   wh.port = free_port();
   wh.server = spawn_redis(wh.port, NULL);
@@ -1490,7 +1376,7 @@ static void wh_migrate(void) {
 }
 
 TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   cluster cl;
   cluster_start(&cl);
@@ -1583,7 +1469,7 @@ static encache_store *open_url(int port, const char *query) {
 }
 
 TEST(redis_lease_take_renew_held_drop) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1640,7 +1526,7 @@ TEST(redis_lease_take_renew_held_drop) {
 }
 
 TEST(redis_lease_expires_at_its_ttl) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1664,7 +1550,7 @@ TEST(redis_lease_expires_at_its_ttl) {
 }
 
 TEST(redis_lease_holder_killed_holds_until_its_ttl) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1771,7 +1657,7 @@ static void lease_race(const char *url, const char *tag) {
 }
 
 TEST(redis_lease_race_one_winner_per_key) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1808,7 +1694,7 @@ static void lease_not_an_object(encache_store *st, const char *ns) {
 }
 
 TEST(redis_lease_is_never_listed_counted_or_purged) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
@@ -1824,7 +1710,7 @@ static void slot_of(int port, const char *key, char *slot, size_t size) {
 }
 
 TEST(redis_lease_cluster_slots_and_redirections) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   cluster cl;
   cluster_start(&cl);
@@ -1897,7 +1783,7 @@ TEST(redis_lease_cluster_slots_and_redirections) {
 }
 
 TEST(redis_lease_dead_server_is_unavailable_promptly) {
-  if (!have_redis())
+  if (!redis_have())
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* redis_util.h: the Redis test suites' servers (tests/redis_util.c). */
+#ifndef ENCACHE_TEST_REDIS_UTIL_H
+#define ENCACHE_TEST_REDIS_UTIL_H
+
+#include <hiredis/hiredis.h>
+#include <sys/types.h>
+
+/* 1 when redis-server and redis-cli are installed, else 0 (said). */
+int redis_have(void);
+/* A loopback port free now (and port + 10000, the cluster bus). */
+int free_port(void);
+double now_s(void);
+redisContext *connect_to(int port);
+int answers_ping(int port, const char *password);
+/* Starts redis-server on port: cluster-enabled with its config in dir when
+ * dir is not NULL, with --requirepass password when that is not NULL;
+ * waits until it answers PING. */
+pid_t spawn_redis_auth(int port, const char *dir, const char *password);
+pid_t spawn_redis(int port, const char *dir);
+/* Sends sig; waits for the process when it is SIGKILL or SIGTERM. */
+void kill_wait(pid_t pid, int sig);
+
+#endif
