@@ -1187,7 +1187,10 @@ typedef enum encache_outcome {
   ENCACHE_SKIPPED = 5,      /* not eligible (modality, dtype, device, ...) */
   /* Added in 1.2, only with single_flight on: another encoder holds the
    * key's lease (it is encoding it) and its output did not come within
-   * single_flight_wait_ms.  Encode it, or look it up again later. */
+   * single_flight_wait_ms; or this handle holds leases it has not
+   * published (it never waits then: docs/engine.md, "Single flight").
+   * Encode it, or (better) publish your own misses, then look it up again
+   * on the same step: that lookup waits. */
   ENCACHE_IN_FLIGHT = 6
 } encache_outcome;
 

@@ -176,6 +176,11 @@ static int configure(encache *ec, const encache_options *o) {
     rc = encache__fail(ec, ENCACHE_EDTYPE,
                        "model_dtype: %d is not float32, float16 or bfloat16",
                        o->model_dtype);
+  else if (opt->single_flight_wait_ms > 3600000 ||
+           opt->single_flight_ttl_ms > 3600000)
+    rc = encache__fail(ec, ENCACHE_ECONFIG,
+                       "single_flight_%s_ms: at most 3600000 (one hour)",
+                       opt->single_flight_wait_ms > 3600000 ? "wait" : "ttl");
   else if (ec->read_buf_bytes > SIZE_MAX / 2)
     rc = encache__fail(ec, ENCACHE_ECONFIG,
                        "store_read_buffer_bytes: too large for this machine");

@@ -56,6 +56,10 @@ struct encache {
   int single_flight;
   uint32_t lease_ttl_ms;
   uint64_t lease_wait_ms;
+  /* Leases its steps hold, not yet handed to a publication (the step
+   * slots that are not 0; caller's thread).  While there are any, a lookup
+   * does not wait for other encoders: they may be waiting for these. */
+  uint64_t leases_held;
   void (*log)(void *ctx, const char *message);
   void *log_ctx;
   char errmsg[512];
@@ -147,6 +151,13 @@ uint64_t encache__lease_token(void);
 void encache__lease_end(encache *ec, const char *key, uint64_t token);
 /* Ends every lease step still holds (it closes). */
 void encache__leases_end(encache_step *step);
+/* Sets a step's lease slot (0 ends nothing: it forgets), keeping
+ * ec->leases_held right; returns the token it held. */
+uint64_t encache__lease_slot_set(encache *ec, uint64_t *slot, uint64_t token);
+/* The token with which another open step of ec than `except` holds id's
+ * lease, or 0. */
+uint64_t encache__steps_lease_of(const encache *ec, const encache_step *except,
+                                 const char *id);
 /* Keeps the text fmt formats in the step until it closes (one copy per
  * distinct text among the latest few) and returns it: an
  * encache_result.why.  Out of memory, returns fallback (a literal). */

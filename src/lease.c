@@ -10,9 +10,10 @@
  * single_flight_wait_ms: the object's existence (then it joins this
  * lookup's reads and is a HIT like any other), and the lease (taken:
  * a MISS, the holder gave up or died).  What is still held at the bound is
- * IN_FLIGHT.  A lookup that took leases of its own does not wait (two
- * encoders would wait for each other): its contended items are IN_FLIGHT
- * at once, for a second lookup after its encodes.  A lease just taken is
+ * IN_FLIGHT.  A handle whose steps hold leases not yet published does
+ * not wait (two encoders would wait for each other, and a lease of its
+ * own step is encoded only after this lookup): its contended items are
+ * IN_FLIGHT at once, for a lookup after its own are published.  A lease just taken is
  * followed by a second existence check: a holder may have written the
  * object and ended its lease in between, and the object is then read.  A lease is advisory: a Store that fails a lease call makes
  * the item a plain MISS (counted), never UNAVAILABLE, and nothing here
@@ -57,16 +58,23 @@ void encache__lease_end(encache *ec, const char *key, uint64_t token) {
     STAT_ADD(ec, leases_failed, 1);
 }
 
+uint64_t encache__lease_slot_set(encache *ec, uint64_t *slot, uint64_t token) {
+  uint64_t old = *slot;
+  ec->leases_held += (token != 0) - (old != 0);
+  *slot = token;
+  return old;
+}
+
 void encache__leases_end(encache_step *step) {
   encache *ec = step->ec;
   for (size_t i = 0; i < step->n; i++) {
     if (step->lease == NULL || step->lease[i] == 0)
       continue;
     char *key = encache__make_key(ec, step->text + step->off[i]);
+    uint64_t token = encache__lease_slot_set(ec, &step->lease[i], 0);
     if (key != NULL) /* out of memory: it ends at its deadline */
-      encache__lease_end(ec, key, step->lease[i]);
+      encache__lease_end(ec, key, token);
     encache__free(key);
-    step->lease[i] = 0;
   }
 }
 
@@ -76,26 +84,31 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-enum { TAKEN = 0, HELD = 1 };
+enum { TAKEN = 0, HELD = 1, HELD_HERE = 2 };
 
-/* Takes it's lease for the step (renewing the step's own): TAKEN (also
- * when the Store failed: a plain miss) or HELD by another encoder. */
+/* Takes the item's lease for the step (renewing the step's own): TAKEN
+ * (also when the Store failed: a plain miss), HELD by another encoder, or
+ * HELD_HERE by another step of this handle (its encode comes after this
+ * lookup: never wait for it). */
 static int take(plan *p, const item *it) {
   encache *ec = p->ec;
-  uint64_t *slot = encache__step_lease(p->step, p->cand[it->first].id);
+  const char *id = p->cand[it->first].id;
+  uint64_t *slot = encache__step_lease(p->step, id);
   ENCACHE_ASSERT(slot != NULL); /* dedupe added every item's id */
+  if (*slot == 0 && encache__steps_lease_of(ec, p->step, id) != 0)
+    return HELD_HERE;
   uint64_t token = *slot != 0 ? *slot : encache__lease_token();
   int rc = encache_store_lease_take(ec->store, it->key, token,
                                     ec->lease_ttl_ms);
-  if (rc == 0) {
-    if (*slot == 0)
-      STAT_ADD(ec, leases_taken, 1);
-    *slot = token;
-    return TAKEN;
-  }
   if (rc == ENCACHE_EEXIST)
     return HELD;
-  STAT_ADD(ec, leases_failed, 1);
+  if (rc == 0 && *slot == 0)
+    STAT_ADD(ec, leases_taken, 1);
+  else if (rc != 0)
+    STAT_ADD(ec, leases_failed, 1);
+  /* Kept even when the call failed: the take may have happened with its
+   * answer lost, and ending a lease that is not there costs nothing. */
+  encache__lease_slot_set(ec, slot, token);
   return TAKEN;
 }
 
@@ -121,8 +134,8 @@ static void confirm_absent(plan *p, const size_t *taken, size_t n) {
     if (p->present[k] != 1)
       continue;
     uint64_t *slot = encache__step_lease(p->step, p->cand[it->first].id);
-    encache__lease_end(p->ec, it->key, *slot);
-    *slot = 0;
+    encache__lease_end(p->ec, it->key,
+                       encache__lease_slot_set(p->ec, slot, 0));
     encache__plan_present(p, it);
   }
 }
@@ -136,12 +149,13 @@ static int poll_held(plan *p, size_t *held, size_t *n, size_t *taken) {
   size_t w = 0, nt = 0;
   for (size_t k = 0; k < *n; k++) {
     item *it = &p->items[held[k]];
-    if (p->present[k] == 1)
+    int t = p->present[k] == 1 ? -1 : take(p, it);
+    if (t < 0)
       encache__plan_present(p, it); /* the holder's output: read it */
-    else if (take(p, it) == HELD)
-      held[w++] = held[k];
-    else
+    else if (t == TAKEN)
       taken[nt++] = held[k];
+    else
+      held[w++] = held[k];
   }
   *n = w;
   confirm_absent(p, taken, nt);
@@ -173,31 +187,32 @@ static void wait_held(plan *p, size_t *held, size_t *n, size_t *taken) {
 int encache__plan_lease(plan *p) {
   /* Scratch of the plan that is free until phase chunk: newpos and dest
    * (n each; items are at most n). */
-  size_t *held = p->newpos, *taken = p->dest, n = 0, nt = 0;
+  size_t *held = p->newpos, *taken = p->dest, n = 0, nt = 0, here = 0;
   for (size_t u = 0; u < p->nu; u++) {
     item *it = &p->items[u];
     if (it->outcome != ENCACHE_MISS || it->present)
       continue;
-    if (take(p, it) == HELD)
-      held[n++] = u;
-    else
+    int t = take(p, it);
+    if (t == TAKEN)
       taken[nt++] = u;
+    else
+      held[n++] = u;
+    it->held_here = t == HELD_HERE;
+    here += t == HELD_HERE;
   }
   confirm_absent(p, taken, nt);
-  /* A lookup that now holds leases of its own does not wait: its caller
-   * must encode those first (two encoders each waiting for the other's
-   * image would both wait to the bound).  It answers IN_FLIGHT, and a
-   * second lookup of those items, after the encodes, waits. */
-  size_t own = 0;
-  for (size_t k = 0; k < nt; k++)
-    own += !p->items[taken[k]].present;
+  /* A handle that holds leases (of this lookup, or of steps it has not
+   * published yet) does not wait: the encoders it would wait for may be
+   * waiting for those (both would wait to the bound), and its own leases'
+   * encodes come after this lookup.  It answers IN_FLIGHT at once; a
+   * lookup made after publishing its own waits. */
   const char *why = "another encoder holds its lease: it is encoding it now "
                     "(single flight)";
-  if (n > 0 && p->ec->lease_wait_ms > 0 && own > 0)
-    why = "another encoder holds its lease (it is encoding it); this lookup "
-          "took leases of its own: encode those, then look this up again "
-          "(single flight)";
-  else if (n > 0 && p->ec->lease_wait_ms > 0) {
+  if (n > here && p->ec->lease_wait_ms > 0 && p->ec->leases_held > 0)
+    why = "another encoder holds its lease (it is encoding it); this "
+          "encoder holds leases too: encode and publish those, then look "
+          "this up again (single flight)";
+  else if (n > 0 && p->ec->lease_wait_ms > 0 && p->ec->leases_held == 0) {
     wait_held(p, held, &n, taken);
     why = encache__step_note(p->step, "another encoder holds its lease",
                              "another encoder holds its lease (it is "
@@ -208,7 +223,9 @@ int encache__plan_lease(plan *p) {
   for (size_t k = 0; k < n; k++) {
     item *it = &p->items[held[k]];
     it->outcome = ENCACHE_IN_FLIGHT;
-    it->why = why;
+    it->why = it->held_here ? "this encoder holds its lease in another "
+                              "step, not published yet (single flight)"
+                            : why;
   }
   return 0;
 }

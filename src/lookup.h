@@ -19,6 +19,7 @@ typedef struct item {
   uint64_t off;    /* slot offset in the staging buffer */
   int present;
   int waited;      /* it waited for another encoder's output (lease.c) */
+  int held_here;   /* another step of this handle holds its lease */
   int chunk_start; /* the first item of a chunk */
   int outcome;     /* for the unique item; copied to its duplicates */
   const char *why; /* its cause when not a HIT (kept by the step) */

@@ -445,8 +445,7 @@ int encache_publish(encache_step *step, const char *id,
     return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
   /* The step's lease of this output (single flight) goes with the job,
    * which ends it once written; not queued, it ends now. */
-  uint64_t token = *lease;
-  *lease = 0;
+  uint64_t token = encache__lease_slot_set(ec, lease, 0);
   rc = publish_job(ec, id, &full, storage, token);
   if (rc != ENCACHE_QUEUED && token != 0) {
     char *key = encache__make_key(ec, id);

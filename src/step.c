@@ -160,6 +160,20 @@ uint64_t *encache__step_lease(encache_step *s, const char *id) {
   return i == SIZE_MAX ? NULL : &s->lease[i];
 }
 
+uint64_t encache__steps_lease_of(const encache *ec, const encache_step *except,
+                                 const char *id) {
+  if (ec->leases_held == 0)
+    return 0;
+  uint64_t hash = encache__hash_id(id);
+  for (size_t k = 0; k < ENCACHE_MAX_STEPS; k++) {
+    const encache_step *s = ec->steps[k];
+    size_t i = s == NULL || s == except ? SIZE_MAX : find(s, id, hash);
+    if (i != SIZE_MAX && s->lease[i] != 0)
+      return s->lease[i];
+  }
+  return 0;
+}
+
 void encache__step_add(encache_step *s, const char *id, uint64_t hash) {
   if (find(s, id, hash) != SIZE_MAX)
     return;

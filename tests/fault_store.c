@@ -53,6 +53,12 @@ static int f_exists(encache_store *st, const char *const *keys, size_t n,
   if (rc == 0 && c->exists_item)
     for (size_t i = 0; i < n; i++)
       results[i] = c->exists_item;
+  pthread_mutex_lock(&c->mu);
+  int absent = rc == 0 && c->exists_absent > 0;
+  c->exists_absent -= absent;
+  pthread_mutex_unlock(&c->mu);
+  for (size_t i = 0; absent && i < n; i++)
+    results[i] = 0;
   return rc;
 }
 
@@ -174,6 +180,17 @@ static void f_close(encache_store *st) {
   encache_store_free(st);
 }
 
+static int f_lease_take(encache_store *st, const char *key, uint64_t token,
+                        uint32_t ttl_ms) {
+  count(ctl_of(st), &ctl_of(st)->lease_calls);
+  return fwd(st, encache_store_lease_take(inner_of(st), key, token, ttl_ms));
+}
+
+static int f_lease_drop(encache_store *st, const char *key, uint64_t token) {
+  count(ctl_of(st), &ctl_of(st)->lease_calls);
+  return fwd(st, encache_store_lease_drop(inner_of(st), key, token));
+}
+
 /* With registration on, the wrapper offers no split reads, as a Store that
  * reads into registered memory would not; without it, it offers them when
  * the Store it wraps does. */
@@ -195,6 +212,11 @@ encache_store *fault_store_wrap(encache_store *inner, fault_ctl *ctl) {
   } else if (encache_store_caps_of(inner) & ENCACHE_STORE_CAP_READ_SPLIT) {
     s->ops.caps |= ENCACHE_STORE_CAP_READ_SPLIT;
     s->ops.read_split = f_read_split;
+  }
+  if (encache_store_caps_of(inner) & ENCACHE_STORE_CAP_LEASE) {
+    s->ops.caps |= ENCACHE_STORE_CAP_LEASE;
+    s->ops.lease_take = f_lease_take;
+    s->ops.lease_drop = f_lease_drop;
   }
   s->inner = inner;
   s->ctl = ctl;

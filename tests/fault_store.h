@@ -30,6 +30,8 @@ typedef struct fault_ctl {
   int fail_unregister;      /* 1: every unregistration fails */
   int exists_rc;            /* non-zero: the whole check fails with it */
   int exists_item;          /* non-zero: every item answers this */
+  int exists_absent;        /* the next N existence checks answer "absent" */
+  int lease_calls;          /* leases: forwarded when the Store has them */
   int read_rc;              /* non-zero: the whole read fails with it */
   int read_mode;
   int64_t read_item_code;

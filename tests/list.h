@@ -112,6 +112,10 @@
   XX(engine_flight_a_waiter_never_waits_past_its_bound)                     \
   XX(engine_flight_a_killed_holder_never_stalls_the_others)                 \
   XX(engine_flight_off_without_the_option_or_leases)                        \
+  XX(engine_flight_an_encoder_holding_leases_does_not_wait)                  \
+  XX(engine_flight_a_lease_taken_as_its_holder_finished_is_a_hit)            \
+  XX(engine_flight_a_waiter_takes_an_expired_lease)                          \
+  XX(engine_flight_options_bounded)                                          \
   XX(engine_storage_ref_shares_the_charge)                                   \
   XX(engine_case15_fatal_after_reaper_looked)                                \
   XX(engine_case16_shutdown_drains)                                          \

@@ -8,6 +8,7 @@
  */
 #include "dir_store.h"
 #include "engine.h"
+#include "fault_store.h"
 #include "runner.h"
 
 #include <pthread.h>
@@ -50,7 +51,8 @@ static void flight_done(void) {
     encache_shm_destroy(seg);
 }
 
-static encache *flight_open(int on, uint64_t ttl_ms, uint64_t wait_ms) {
+static encache *flight_open_on(int on, uint64_t ttl_ms, uint64_t wait_ms,
+                               fault_ctl *ctl) {
   char json[512];
   snprintf(json, sizeof(json),
            "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
@@ -65,9 +67,20 @@ static encache *flight_open(int on, uint64_t ttl_ms, uint64_t wait_ms) {
   o.model_dtype = ENCACHE_FLOAT32;
   o.store_url = url;
   encache *ec = NULL;
-  if (encache_open(&o, &ec) != 0)
+  encache_store *st = NULL;
+  int rc;
+  if (ctl == NULL)
+    rc = encache_open(&o, &ec);
+  else if ((rc = encache_store_open(url, &st)) == 0)
+    rc = encache__open_with_store(&o, fault_store_wrap(st, ctl), &ec);
+  if (rc != 0)
     test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
   return ec;
+}
+
+/* A handle on the Store under test, single flight on or off. */
+static encache *flight_open(int on, uint64_t ttl_ms, uint64_t wait_ms) {
+  return flight_open_on(on, ttl_ms, wait_ms, NULL);
 }
 
 static int m_alloc(void *ctx, size_t i, const encache_candidate *c,
@@ -194,7 +207,7 @@ TEST(engine_flight_a_waiter_gets_the_holders_output) {
   if (!flight_env())
     return;
   encache *a = flight_open(1, 30000, 0), *b = flight_open(1, 30000, 20000);
-  holder h = {a, NULL, 200};
+  holder h = {a, NULL, 500};
   encache_step *sb;
   ASSERT_EQ_INT(encache_step_open(a, &h.step), 0);
   ASSERT_EQ_INT(look(h.step, "hot", NULL, 0), ENCACHE_MISS);
@@ -329,4 +342,109 @@ TEST(engine_flight_off_without_the_option_or_leases) {
   char cmd[128];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   ASSERT_EQ_INT(system(cmd), 0);
+}
+
+/* A handle whose steps hold leases not yet published never waits: the
+ * encoder it would wait for may be waiting for those.  Once it published
+ * them, it waits. */
+TEST(engine_flight_an_encoder_holding_leases_does_not_wait) {
+  if (!flight_env())
+    return;
+  encache *a = flight_open(1, 30000, 0), *b = flight_open(1, 30000, 5000);
+  holder h = {a, NULL, 300};
+  encache_step *sb1, *sb2;
+  char why[256];
+  ASSERT_EQ_INT(encache_step_open(a, &h.step), 0);
+  ASSERT_EQ_INT(look(h.step, "hot", NULL, 0), ENCACHE_MISS);
+  ASSERT_EQ_INT(encache_step_open(b, &sb1), 0);
+  ASSERT_EQ_INT(look(sb1, "mine", NULL, 0), ENCACHE_MISS); /* b holds one */
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ASSERT_EQ_INT(look(sb1, "hot", why, sizeof(why)), ENCACHE_IN_FLIGHT);
+  ASSERT(ms_since(&t0) < 2500); /* not the 5 s bound */
+  ASSERT_CONTAINS(why, "this encoder holds leases too");
+  /* b's own step, pipelined: its lease is b's, never waited for. */
+  ASSERT_EQ_INT(encache_step_open(b, &sb2), 0);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ASSERT_EQ_INT(look(sb2, "mine", why, sizeof(why)), ENCACHE_IN_FLIGHT);
+  ASSERT(ms_since(&t0) < 2500);
+  ASSERT_CONTAINS(why, "holds its lease in another step");
+  /* Published: b holds nothing, and now waits for a's output. */
+  ASSERT_EQ_INT(publish(sb1, "mine", 1), ENCACHE_QUEUED);
+  pthread_t t;
+  pthread_create(&t, NULL, publish_later, &h);
+  ASSERT_EQ_INT(look(sb2, "hot", NULL, 0), ENCACHE_HIT);
+  pthread_join(t, NULL);
+  encache_step_close(sb1);
+  encache_step_close(sb2);
+  encache_step_close(h.step);
+  ASSERT_EQ_INT(encache_close(a), 0);
+  ASSERT_EQ_INT(encache_close(b), 0);
+  flight_done();
+}
+
+/* The holder wrote its output and ended its lease between a lookup's
+ * existence check and its take: the lease is taken, but the object is
+ * read (a hit), not encoded again, and the lease ends at once. */
+TEST(engine_flight_a_lease_taken_as_its_holder_finished_is_a_hit) {
+  if (!flight_env())
+    return;
+  encache *a = flight_open(1, 30000, 0);
+  encache_step *sa, *sb;
+  ASSERT_EQ_INT(encache_step_open(a, &sa), 0);
+  ASSERT_EQ_INT(look(sa, "done", NULL, 0), ENCACHE_MISS);
+  ASSERT_EQ_INT(publish(sa, "done", 1), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(a), 0); /* written, lease ended */
+  static fault_ctl ctl;
+  fault_ctl_init(&ctl);
+  ctl.exists_absent = 1; /* the first check misses it: the race */
+  encache *b = flight_open_on(1, 30000, 5000, &ctl);
+  ASSERT_EQ_INT(encache_step_open(b, &sb), 0);
+  ASSERT_EQ_INT(look(sb, "done", NULL, 0), ENCACHE_HIT);
+  encache_stats st = stats_of(b);
+  ASSERT_EQ_U64(st.hits, 1);
+  ASSERT_EQ_U64(b->leases_held, 0); /* ended at once */
+  encache_step_close(sb);
+  encache_step_close(sa);
+  /* Nobody holds it: a new step of a takes it. */
+  ASSERT_EQ_INT(encache_close(b), 0);
+  ASSERT_EQ_INT(encache_close(a), 0);
+  flight_done();
+}
+
+/* A holder that lives but never publishes: the waiter takes the lease
+ * when it expires, well before its own bound, and encodes (MISS). */
+TEST(engine_flight_a_waiter_takes_an_expired_lease) {
+  if (!flight_env())
+    return;
+  encache *a = flight_open(1, 300, 0), *b = flight_open(1, 300, 20000);
+  encache_step *sa, *sb;
+  ASSERT_EQ_INT(encache_step_open(a, &sa), 0);
+  ASSERT_EQ_INT(look(sa, "stuck", NULL, 0), ENCACHE_MISS);
+  ASSERT_EQ_INT(encache_step_open(b, &sb), 0);
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ASSERT_EQ_INT(look(sb, "stuck", NULL, 0), ENCACHE_MISS);
+  long waited = ms_since(&t0);
+  ASSERT(waited >= 250 && waited < 10000);
+  ASSERT_EQ_U64(stats_of(b).leases_taken, 1);
+  encache_step_close(sb);
+  encache_step_close(sa);
+  ASSERT_EQ_INT(encache_close(a), 0);
+  ASSERT_EQ_INT(encache_close(b), 0);
+  flight_done();
+}
+
+/* Bounds of the options: at most an hour. */
+TEST(engine_flight_options_bounded) {
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = "{\"ec_connector_extra_config\": {"
+                         "\"cross_encoder_cache\": true, \"single_flight\": "
+                         "true, \"single_flight_wait_ms\": 18446744073709552}}";
+  o.model = "m";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = "shm://encache-flight-bounds?size=1MiB";
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "single_flight_wait_ms");
 }
