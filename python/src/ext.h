@@ -74,7 +74,8 @@ PyObject *ec_text(const char *s);
  * or ""); returns NULL. */
 PyObject *ec_raise(int code, const char *detail);
 /* Raises InvalidError with a formatted message; returns NULL. */
-PyObject *ec_invalid(const char *fmt, ...);
+PyObject *ec_invalid(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
 /* 0 when h can be used now; else raises (ClosedError, ForkError, or
  * InvalidError for a call from code the Cache itself is running: its log
  * callable, or a finalizer of a tensor it releases), -1. */

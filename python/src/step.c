@@ -175,7 +175,7 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
       (key = PyUnicode_AsUTF8(id)) == NULL)
     goto done;
   if (strides != Py_None && nstrides != ndim) {
-    ec_invalid("strides %R do not match shape %R", strides, shape);
+    ec_invalid("%zd strides for %zd dimensions", nstrides, ndim);
     goto done;
   }
   /* describe() ran Python code, which may have closed the step. */
