@@ -74,6 +74,18 @@ def url_redact(url):
     return _encache.url_redact(url)
 
 
+def purge(store, namespace, dry_run=False):
+    """Removes every object of `namespace` (a Cache's .namespace: the keys
+    NAMESPACE "@id:" ...) from the Store at URL `store`, as `encache purge`
+    does; nothing outside it.  With dry_run, removes nothing and counts.
+    Returns (objects, bytes): bytes only for a dry run (else None).  Raises
+    encache.Error when the Store cannot list or remove (Mooncake cannot
+    count: a dry run there raises InvalidError)."""
+    if not namespace:
+        raise InvalidError("purge: give the namespace to remove")
+    return _encache.purge(store, namespace + "@id:", bool(dry_run))
+
+
 def model_identity(model_dir, label=None):
     """An identity string "LABEL@weights:xxh128:HEX" derived from a digest
     of the weight files under model_dir (as `encache identity`), to give
@@ -223,5 +235,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "__version__",
 ]

@@ -213,6 +213,17 @@ def report(args, run, cached, base):
     return 0
 
 
+def remove_run_objects(url, namespace):
+    """Removes the run's objects (its own namespace) from a Store it was
+    given, as `encache demo` does; says so when the Store cannot."""
+    import encache
+    try:
+        removed, _ = encache.purge(url, namespace)
+        say("removed the run's %d objects from %s" % (removed, url_shown(url)))
+    except encache.Error as e:
+        say("the run's objects stay in %s: %s" % (url_shown(url), e))
+
+
 def run(parser, args, cfg, shm_name):
     """Starts the encoders, probes the Store, runs the fleet, removes the
     private Store: the reports of both runs, or an exit status."""
@@ -225,12 +236,11 @@ def run(parser, args, cfg, shm_name):
         if status:
             say("cannot use the Store %s: %s" % (url_shown(url), said))
             return 1
-        if not shm_name:
-            say("the run's objects will stay in %s (this package cannot "
-                "remove them); to remove them: encache --store '%s' purge "
-                "--key-prefix '%s@id:'" % (url_shown(url), url_shown(url),
-                                           said))
-        return run_fleet(fleet, args, cfg)
+        try:
+            return run_fleet(fleet, args, cfg)
+        finally:
+            if not shm_name:
+                remove_run_objects(url, said)
     except FleetError as e:
         say(str(e).rstrip())
         say("the demo stopped")

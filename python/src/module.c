@@ -199,7 +199,38 @@ static PyObject *mod_identity(PyObject *self, PyObject *args) {
   return PyUnicode_FromString(out);
 }
 
+/* purge(url, prefix, dry_run) -> (objects, bytes or None) */
+static PyObject *mod_purge(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *url, *prefix;
+  int dry = 0;
+  if (!PyArg_ParseTuple(args, "ss|p:purge", &url, &prefix, &dry))
+    return NULL;
+  encache_store *st = NULL;
+  uint64_t objects = 0, bytes = 0;
+  char msg[1024] = "";
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = encache_store_open(url, &st);
+  if (rc == 0)
+    rc = dry ? encache_store_count_prefix(st, prefix, &objects, &bytes)
+             : encache_store_remove_prefix(st, prefix, &objects);
+  if (rc < 0)
+    PyOS_snprintf(msg, sizeof(msg), "%s", encache_store_errmsg(st));
+  encache_store_close(st);
+  Py_END_ALLOW_THREADS
+  if (rc < 0)
+    return ec_raise(rc, msg);
+  if (dry)
+    return Py_BuildValue("(KK)", (unsigned long long)objects,
+                         (unsigned long long)bytes);
+  return Py_BuildValue("(KO)", (unsigned long long)objects, Py_None);
+}
+
 static PyMethodDef methods[] = {
+    {"purge", mod_purge, METH_VARARGS,
+     "purge(url, prefix, dry_run=False) -> (objects, bytes or None): "
+     "removes (or counts) the objects whose keys start with prefix."},
     {"model_identity", mod_identity, METH_VARARGS,
      "model_identity(model_dir, label=None) -> str: an identity derived "
      "from the digest of the model's weight files, for "
