@@ -376,6 +376,21 @@ static void clean_namespace(const char *url, const char *shown,
   encache_store_close(st);
 }
 
+/* --burst (demo_burst.c) on url, then its objects removed (or the
+ * demo's own segment destroyed); the exit status. */
+static int run_burst(demo_opts *o, image_set *set, const char *url,
+                     const char *shown, const char *own_name, int json) {
+  char revisions[2][64] = {"", ""};
+  int rc = demo_burst_run(o, set, shown, json, revisions);
+  for (int f = 0; f < 2 && !own_name[0]; f++)
+    if (revisions[f][0])
+      clean_namespace(url, shown, revisions[f]);
+  if (own_name[0])
+    encache_shm_destroy(own_name);
+  demo_images_free(set);
+  return rc == 0 ? EXIT_OK : EXIT_FAIL;
+}
+
 static int run_demo(const tool_globals *g, const tool_args *a) {
   demo_opts o;
   image_set set;
@@ -409,17 +424,8 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
     demo_images_free(&set);
     return EXIT_FAIL;
   }
-  if (o.burst) {
-    char revisions[2][64] = {"", ""};
-    int burst_rc = demo_burst_run(&o, &set, shown, g->json, revisions);
-    for (int f = 0; f < 2 && !own_name[0]; f++)
-      if (revisions[f][0])
-        clean_namespace(url, shown, revisions[f]);
-    if (own_name[0])
-      encache_shm_destroy(own_name);
-    demo_images_free(&set);
-    return burst_rc == 0 ? EXIT_OK : EXIT_FAIL;
-  }
+  if (o.burst)
+    return run_burst(&o, &set, url, shown, own_name, g->json);
   /* A namespace of this run's own, so that hits are this run's. */
   snprintf(revision, sizeof(revision), "run-%d-%ld", (int)getpid(),
            (long)time(NULL));
