@@ -73,6 +73,8 @@ if [ -d "$build/python/encache" ] && [ -z "$cflags" ]; then
   step "the Python package imports from PREFIX, with PREFIX's library"
   init=$(find "$prefix" -path '*/encache/__init__.py')
   [ -n "$init" ] || fail "the Python package was not installed"
+  [ -f "$(dirname "$init")/demo_images/img0.png" ] ||
+    fail "the Python demo's images were not installed"
   PYTHONPATH=$(dirname "$(dirname "$init")") /usr/bin/python3 -c '
 import sys, encache
 assert encache.__file__.startswith(sys.argv[1]), encache.__file__

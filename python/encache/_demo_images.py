@@ -59,12 +59,16 @@ def load_dir(path, say, shown=None):
 
 def find_test_images():
     """The repository's tests/data/images, looked for above this file and
-    above the current directory; None when neither has it."""
+    above the current directory, else the copy of its images installed with
+    the package (demo_images): (directory, how to name it), or None."""
     starts = [Path(__file__).resolve().parent, Path.cwd().resolve()]
     for start in starts:
         for d in [start, *start.parents]:
             if (d / TEST_IMAGES).is_dir():
-                return str(d / TEST_IMAGES)
+                return str(d / TEST_IMAGES), TEST_IMAGES
+    installed = Path(__file__).resolve().parent / "demo_images"
+    if installed.is_dir():
+        return str(installed), "the package's copy of " + TEST_IMAGES
     return None
 
 
@@ -147,12 +151,13 @@ def make_images(arg, preprocessing, say):
     n = int(arg)
     if n < 1 or n > 10000:
         return None, "--images: a count must be from 1 to 10000"
-    where = find_test_images()
-    if where is None:
+    found = find_test_images()
+    if found is None:
         return None, ("--images %d: the repository's %s was not found above "
-                      "this package or the current directory: give --images "
-                      "DIR" % (n, TEST_IMAGES))
-    bases = load_dir(where, say, TEST_IMAGES)
+                      "this package or the current directory, nor installed "
+                      "with it: give --images DIR" % (n, TEST_IMAGES))
+    where, label = found
+    bases = load_dir(where, say, label)
     if not bases:
         return None, "--images %d: %s has no image" % (n, where)
     images = derive(bases, n, preprocessing)
@@ -161,4 +166,4 @@ def make_images(arg, preprocessing, say):
     names = ", ".join(b.name for b in bases)
     return images, ("%d distinct images derived deterministically from the %d "
                     "test images of %s (%s) by flips, rotations, crops and "
-                    "colour shifts" % (n, len(bases), TEST_IMAGES, names))
+                    "colour shifts" % (n, len(bases), label, names))
