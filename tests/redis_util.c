@@ -135,3 +135,26 @@ void kill_wait(pid_t pid, int sig) {
     waitpid(pid, NULL, 0);
 }
 
+
+int slot_owner(const int *ports, int n, int ask, const char *key) {
+  redisContext *c = connect_to(ask);
+  redisReply *slot = c && !c->err ? redisCommand(c, "CLUSTER KEYSLOT %s", key)
+                                  : NULL;
+  redisReply *slots = slot ? redisCommand(c, "CLUSTER SLOTS") : NULL;
+  int found = -1;
+  for (size_t e = 0; slots && e < slots->elements && found < 0; e++) {
+    redisReply *r = slots->element[e];
+    if (slot->integer >= r->element[0]->integer &&
+        slot->integer <= r->element[1]->integer)
+      for (int i = 0; i < n; i++)
+        if (r->element[2]->element[1]->integer == ports[i])
+          found = i;
+  }
+  if (slot)
+    freeReplyObject(slot);
+  if (slots)
+    freeReplyObject(slots);
+  if (c)
+    redisFree(c);
+  return found;
+}

@@ -18,6 +18,9 @@ int answers_ping(int port, const char *password);
  * waits until it answers PING. */
 pid_t spawn_redis_auth(int port, const char *dir, const char *password);
 pid_t spawn_redis(int port, const char *dir);
+/* The index in ports[0..n) of the master serving key's slot, as the
+ * node at port `ask` sees the cluster; -1 when none (or no answer). */
+int slot_owner(const int *ports, int n, int ask, const char *key);
 /* Sends sig; waits for the process when it is SIGKILL or SIGTERM. */
 void kill_wait(pid_t pid, int sig);
 

@@ -247,22 +247,7 @@ static void cluster_stop(cluster *cl) {
 
 /* Which of the cluster's nodes owns key (index into cl->port). */
 static int owner(cluster *cl, const char *key) {
-  redisContext *c = connect_to(cl->port[0]);
-  redisReply *slot = redisCommand(c, "CLUSTER KEYSLOT %s", key);
-  redisReply *slots = redisCommand(c, "CLUSTER SLOTS");
-  int found = -1;
-  for (size_t e = 0; e < slots->elements && found < 0; e++) {
-    redisReply *r = slots->element[e];
-    if (slot->integer >= r->element[0]->integer &&
-        slot->integer <= r->element[1]->integer)
-      for (int i = 0; i < 3; i++)
-        if (r->element[2]->element[1]->integer == cl->port[i])
-          found = i;
-  }
-  freeReplyObject(slot);
-  freeReplyObject(slots);
-  redisFree(c);
-  return found;
+  return slot_owner(cl->port, 3, cl->port[0], key);
 }
 
 static int64_t read_one(encache_store *st, const char *key, void *buf,

@@ -84,25 +84,7 @@ static void replicated_stop(replicated *rc) {
 
 /* The index of the master serving key's slot, asked of node `from`. */
 static int master_of(replicated *rc, int from, const char *key) {
-  redisContext *c = connect_to(rc->port[from]);
-  redisReply *slot = redisCommand(c, "CLUSTER KEYSLOT %s", key);
-  redisReply *slots = redisCommand(c, "CLUSTER SLOTS");
-  int found = -1;
-  for (size_t e = 0; slot && slots && e < slots->elements && found < 0;
-       e++) {
-    redisReply *r = slots->element[e];
-    if (slot->integer >= r->element[0]->integer &&
-        slot->integer <= r->element[1]->integer)
-      for (int i = 0; i < NODES; i++)
-        if (r->element[2]->element[1]->integer == rc->port[i])
-          found = i;
-  }
-  if (slot)
-    freeReplyObject(slot);
-  if (slots)
-    freeReplyObject(slots);
-  redisFree(c);
-  return found;
+  return slot_owner(rc->port, NODES, rc->port[from], key);
 }
 
 /* Waits (WAIT 1) until the master at port has given its writes to its

@@ -12,13 +12,6 @@ import sys
 from . import _encache
 from ._errors import InvalidError
 
-_DTYPE_NAMES = {
-    "float32": _encache.FLOAT32, "fp32": _encache.FLOAT32,
-    "float": _encache.FLOAT32, "float16": _encache.FLOAT16,
-    "fp16": _encache.FLOAT16, "half": _encache.FLOAT16,
-    "bfloat16": _encache.BFLOAT16, "bf16": _encache.BFLOAT16,
-}
-
 
 def dtype_of(obj):
     """The library's code of a dtype given as a torch dtype, a NumPy dtype
@@ -32,8 +25,8 @@ def dtype_of(obj):
         except TypeError:
             name = None
     if name is not None:
-        code = _DTYPE_NAMES.get(name.lower().removeprefix("torch."))
-        if code is not None:
+        code = _encache.dtype_parse(name.lower())  # the library's names
+        if code >= 0:
             return code
     raise InvalidError(
         f"dtype {obj!r} is not float32, float16 or bfloat16")
@@ -82,7 +75,7 @@ def _describe_torch(t):
 def _describe_numpy(a):
     item = a.itemsize
     strides = tuple(s // item if s % item == 0 else -1 for s in a.strides)
-    code = _DTYPE_NAMES.get(a.dtype.name, -1)
+    code = _encache.dtype_parse(a.dtype.name)
     root = a
     while isinstance(root.base, type(a)):
         root = root.base

@@ -14,22 +14,6 @@
 #include <stdio.h>
 #include <time.h>
 
-static int c_alloc(void *ctx, size_t i, const encache_candidate *c,
-                   uint64_t nbytes, void **data, void **blk) {
-  (void)ctx;
-  (void)i;
-  (void)c;
-  *data = *blk = malloc(nbytes > 0 ? (size_t)nbytes : 1);
-  return *data != NULL ? 0 : ENCACHE_ENOMEM;
-}
-
-static void c_release(void *ctx, size_t i, void *data, void *blk) {
-  (void)ctx;
-  (void)i;
-  (void)data;
-  free(blk);
-}
-
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -149,12 +133,12 @@ PyObject *ec_bench_c_publish(PyObject *self, PyObject *args) {
       break;
     res[0].size = sizeof(encache_result);
     encache_allocator a = ENCACHE_ALLOCATOR_INIT;
-    a.alloc = c_alloc;
-    a.release = c_release;
+    a.alloc = ec_block_alloc;
+    a.release = ec_block_release;
     rc = encache_lookup(st, c, (size_t)n, &a, res);
     for (int i = 0; rc >= 0 && i < n; i++) {
       if (res[i].outcome == ENCACHE_HIT)
-        free(res[i].handle);
+        ec_block_release(NULL, (size_t)i, res[i].data, res[i].handle);
       double t0 = now();
       rc = encache_publish(st, ids[i], &view, storage);
       t[k + i] = now() - t0;

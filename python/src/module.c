@@ -227,7 +227,20 @@ static PyObject *mod_purge(PyObject *self, PyObject *args) {
   return Py_BuildValue("(KO)", (unsigned long long)objects, Py_None);
 }
 
+static PyObject *mod_dtype_parse(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *name;
+  if (!PyArg_ParseTuple(args, "s:dtype_parse", &name))
+    return NULL;
+  int code = encache_dtype_parse(name);
+  return PyLong_FromLong(code < 0 ? -1 : code);
+}
+
 static PyMethodDef methods[] = {
+    {"dtype_parse", mod_dtype_parse, METH_VARARGS,
+     "dtype_parse(name) -> int: the library's code of a dtype name "
+     "(encache_dtype_parse: \"bfloat16\", \"torch.float16\", \"fp32\", "
+     "...), or -1."},
     {"purge", mod_purge, METH_VARARGS,
      "purge(url, prefix, dry_run=False) -> (objects, bytes or None): "
      "removes (or counts) the objects whose keys start with prefix."},
