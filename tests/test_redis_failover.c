@@ -88,13 +88,17 @@ static int master_of(replicated *rc, int from, const char *key) {
 }
 
 /* Waits (WAIT 1) until the master at port has given its writes to its
- * replica; 1 when it has. */
+ * replica, at most 30 s (a replica may still be in its first full sync
+ * after the cluster is created); 1 when it has. */
 static int replicated_to_one(int port) {
   redisContext *c = connect_to(port);
-  redisReply *r = redisCommand(c, "WAIT 1 5000");
-  int ok = r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1;
-  if (r)
-    freeReplyObject(r);
+  int ok = 0;
+  for (int k = 0; k < 30 && !ok; k++) {
+    redisReply *r = redisCommand(c, "WAIT 1 1000");
+    ok = r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1;
+    if (r)
+      freeReplyObject(r);
+  }
   redisFree(c);
   return ok;
 }
