@@ -61,12 +61,12 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define ENCACHE_VERSION_MAJOR 1
-#define ENCACHE_VERSION_MINOR 2
+#define ENCACHE_VERSION_MINOR 3
 #define ENCACHE_VERSION_PATCH 0
 #define ENCACHE_VERSION_HEX                                                  \
   ((ENCACHE_VERSION_MAJOR << 16) | (ENCACHE_VERSION_MINOR << 8) |            \
    (ENCACHE_VERSION_PATCH))
-#define ENCACHE_VERSION_STRING "1.2.0"
+#define ENCACHE_VERSION_STRING "1.3.0"
 
 /* The version of the library actually loaded, as "MAJOR.MINOR.PATCH".
  * Static storage; never free it. */

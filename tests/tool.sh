@@ -113,7 +113,7 @@ exact "identity as embedding_model_identity" \
 
 # --- global
 check "--help" 0 "Commands:" -- --help
-check "--version" 0 "encache 1.2.0" -- --version
+check "--version" 0 "encache 1.3.0" -- --version
 check "no command" 2 "usage: encache" --
 check "unknown command" 2 "unknown command 'frobnicate'" -- frobnicate
 check "unknown global option" 2 "unknown global option '--nope'" -- --nope key
