@@ -95,7 +95,7 @@ static inline int bench_write_object(encache_store *st, const char *key,
                                      void *data, uint64_t rows,
                                      uint64_t cols) {
   int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   unsigned char hdr[24];
   encache_header_encode(&v, hdr);
   return encache_store_write(st, key, hdr, 24, data, rows * cols * 4);

@@ -78,7 +78,7 @@ static int bench_publish_calls(encache *ec, size_t nbytes, int iters,
     int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
     for (int k = 0; k < B; k++) {
       /* Views of one storage: the budget charges it once. */
-      encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
+      encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
       double t0 = measure_now();
       int q = bench_publish(step, ids[k], &v, stg);
       double dt = measure_now() - t0;
@@ -131,7 +131,7 @@ static void bench_sustained(encache *ec, encache_store *st, int iters) {
   int total = iters * 16;
   void *data = calloc(1, nbytes);
   int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   double t0 = measure_now();
   for (int i = 0; i < total; i++) {
     char key[256], id[32];
@@ -192,7 +192,7 @@ static void miss_path(encache *ec, const char *prefix, int round, void *data,
   encache_candidate c[N];
   encache_result r[N];
   int64_t shape[2] = {4, 1024};
-  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   double t0 = measure_now();
   encache_step *step = make_candidates(ec, prefix, round * N, N, ids, c, r,
                                        4, 1024);

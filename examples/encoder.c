@@ -80,7 +80,7 @@ static int encode_and_publish(encache_step *step, const char *const *ids,
       return -1;
     }
     int64_t shape[2] = {TOKENS, HIDDEN};
-    encache_tensor view = {sizeof view, out, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_tensor view = {sizeof view, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
     int q = encache_publish(step, ids[i], &view, s);
     encache_storage_unref(s);
     printf("  %-8s %s, encoded, publication %s\n", ids[i],

@@ -242,6 +242,16 @@ typedef struct encache_tensor {
   int ndim;  /* only 2 is accepted */
   const int64_t *shape;
   const int64_t *strides;
+  /* Added in 1.3: where `data` lives (a caller compiled against an older
+   * header has host tensors).  device is an encache_device_kind,
+   * device_index the CUDA device's ordinal (0 for host memory).  stream is
+   * the caller's cudaStream_t the output is produced on (NULL = the legacy
+   * default stream); encache_publish() orders its copy of the output
+   * after the work queued on it so far (docs/engine.md, "Device outputs").
+   * encache_header_encode() ignores all three. */
+  int device;
+  int device_index;
+  void *stream;
 } encache_tensor;
 
 /* The decoded fields of a header. */
@@ -438,7 +448,17 @@ typedef struct encache_config encache_config;
   XX(SINGLE_FLIGHT_WAIT_MS, EXTRA, single_flight_wait_ms, UINT, "0", ANY,    \
      NULL,                                                                   \
      "how long a lookup waits for another encoder's output before it "       \
-     "answers IN_FLIGHT (0: at once); the caller's bound per lookup")
+     "answers IN_FLIGHT (0: at once); the caller's bound per lookup")      \
+  XX(DEVICE_PINNED_POOL_BYTES, EXTRA, device_pinned_pool_bytes, POSINT,     \
+     "268435456", ANY, NULL,                                                 \
+     "encache's own (added in 1.3): the page-locked host memory that "       \
+     "publications of CUDA outputs are copied into, at most; a "             \
+     "publication that finds no room is skipped (store_max_pending_bytes "   \
+     "reached)")                                                             \
+  XX(DEVICE_SYNC_TIMEOUT_MS, EXTRA, device_sync_timeout_ms, POSINT, "10000", \
+     ANY, NULL,                                                              \
+     "encache's own (added in 1.3): how long encache waits for a CUDA copy " \
+     "to complete; one that does not poisons the handle")
 
 typedef enum encache_option {
 #define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,
@@ -1050,8 +1070,10 @@ typedef struct encache_step encache_step;
 /* The most steps open at once on one handle. */
 #define ENCACHE_MAX_STEPS 64
 
-/* Where a destination lives.  Only host memory is supported for now;
- * candidates on another device are SKIPPED. */
+/* Where a destination (or a published output) lives.  CUDA (added in
+ * 1.3) needs the CUDA runtime, loaded at run time ($ENCACHE_CUDA_LIBRARY,
+ * else libcudart.so): without it a CUDA candidate is SKIPPED with the
+ * reason in its why; any other kind is SKIPPED. */
 typedef enum encache_device_kind {
   ENCACHE_DEVICE_HOST = 0,
   ENCACHE_DEVICE_CUDA = 1
@@ -1140,6 +1162,17 @@ ENCACHE_EXTERN const char *encache_namespace_of(const encache *ec);
  * *out is NULL on failure.
  */
 ENCACHE_EXTERN int encache_step_open(encache *ec, encache_step **out);
+
+/*
+ * Added in 1.3.  The CUDA stream (a cudaStream_t) on which the step's
+ * lookups copy hits into CUDA destinations; NULL (the default) = a stream
+ * the handle owns for the destination's device, created on first use.
+ * The stream must belong to the device of the step's CUDA candidates.  A
+ * lookup returns once its copies are complete, so that the caller may use
+ * the destinations on any stream.  Caller's thread, like the step.
+ * Errors: ENCACHE_EINVAL (step NULL).
+ */
+ENCACHE_EXTERN int encache_step_set_stream(encache_step *step, void *stream);
 
 /* Closes a step: releases its candidate set (publications already queued
  * are not affected).  NULL is a no-op. */
@@ -1293,6 +1326,20 @@ ENCACHE_EXTERN const char *encache_skip_name(int reason);
  * which stays retained until the job is reaped.  Returns ENCACHE_QUEUED
  * (0), a skip reason (> 0; the storage is not retained), or a negative
  * code: ENCACHE_EPOISONED, ENCACHE_EINVAL, ENCACHE_ENOMEM.
+ *
+ * Added in 1.3, a CUDA output (view->device ENCACHE_DEVICE_CUDA; storage
+ * and data are device addresses): on the caller's thread, without
+ * waiting, its bytes are copied into a page-locked buffer of a bounded
+ * pool (device_pinned_pool_bytes) by a copy queued on view->stream, then
+ * an event is recorded there; the worker waits for the event (at most
+ * device_sync_timeout_ms, else the handle is poisoned) and writes the
+ * buffer.  So the bytes written are the tensor's as of the publish call in
+ * the stream's order: the caller may go on writing it on that stream.
+ * Budgets charge the device storage as a host one.  No room in the pool:
+ * ENCACHE_SKIP_OVER_BYTES (stats: device_pool_full).  No CUDA runtime or
+ * no device: ENCACHE_ENOLIB, the handle's message saying why; a copy or
+ * an event the runtime refuses: ENCACHE_EIO (nothing queued); an event
+ * that cannot be recorded after the copy was queued: ENCACHE_EPOISONED.
  */
 ENCACHE_EXTERN int encache_publish(encache_step *step, const char *id,
                                    const encache_tensor *view,
@@ -1332,6 +1379,11 @@ typedef struct encache_stats {
   uint64_t waited;             /* candidates that waited for another's output */
   uint64_t waited_hits;        /* ... and became HITs */
   uint64_t wait_us;            /* time lookups spent waiting, microseconds */
+  /* Added in 1.3: CUDA devices (docs/engine.md, "Device outputs"). */
+  uint64_t device_bytes_copied; /* payload bytes copied to CUDA destinations */
+  uint64_t device_published;    /* publications of CUDA outputs queued */
+  uint64_t device_pool_bytes;   /* page-locked pool memory allocated now */
+  uint64_t device_pool_full;    /* CUDA publications skipped: pool full */
 } encache_stats;
 
 #define ENCACHE_STATS_INIT {.size = sizeof(encache_stats)}

@@ -60,7 +60,8 @@ int encache_header_encode(const encache_tensor *given,
                           unsigned char out[ENCACHE_HEADER_SIZE]) {
   encache_tensor full;
   if (given == NULL || out == NULL ||
-      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
+      encache__struct_in(&full, sizeof(full), given,
+                         ENCACHE__TENSOR_MIN) < 0)
     return ENCACHE_EINVAL;
   const encache_tensor *t = &full;
   if (encache_dtype_size(t->dtype) == 0)

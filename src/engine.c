@@ -13,6 +13,7 @@
  * the message in a thread-local buffer, encache_errmsg(NULL).
  */
 #include "engine.h"
+#include "device.h"
 #include "config/opts.h"
 
 #include <stdio.h>
@@ -162,6 +163,8 @@ static int configure(encache *ec, const encache_options *o) {
                          ? UINT32_MAX
                          : (uint32_t)opt->single_flight_ttl_ms;
   ec->lease_wait_ms = opt->single_flight_wait_ms;
+  ec->pinned_pool_max = opt->device_pinned_pool_bytes;
+  ec->device_timeout_ms = opt->device_sync_timeout_ms;
 
   /* The namespace as vLLM writes it (encache_config_namespace): an
    * identity of "" or null gives "model:" or "model:None", with a warning
@@ -344,6 +347,8 @@ int encache_close(encache *ec) {
       else
         ec->staging_registered = 0;
     }
+    if (!encache__is_poisoned(ec))
+      encache__device_free(ec); /* poisons when a copy is unconfirmed */
     if (encache__is_poisoned(ec)) {
       /* The Store may still write into the staging buffer and the kept
        * jobs' memory: leave them, and the Store, alone. */

@@ -44,6 +44,9 @@ typedef struct job {
   int done;
   int result; /* enum job_result */
   char why[384]; /* JOB_FAILED, JOB_FATAL: the Store's reason */
+  /* A CUDA output (device.c): its page-locked copy, which `data` points
+   * into; NULL for a host output. */
+  struct encache__pinned *pinned;
 } job;
 
 struct encache {
@@ -88,6 +91,11 @@ struct encache {
   int worker_started;
   pthread_t worker;
 
+  /* CUDA devices (device.c): the options, and the state (streams,
+   * events, the pinned pool; caller's thread), NULL until first used. */
+  uint64_t pinned_pool_max, device_timeout_ms;
+  struct encache__device *dev;
+
   encache_stats stats; /* fields updated atomically */
   encache *next_buried; /* see bury() in engine.c */
 };
@@ -131,6 +139,7 @@ struct encache_step {
   char *text;
   size_t n, cap, text_len, text_cap;
   struct step_note *notes; /* the causes its lookups gave (result.why) */
+  void *stream; /* encache_step_set_stream(): a cudaStream_t, or NULL */
 };
 
 /* Makes room for `more` ids totalling `bytes` bytes (NULs included), so

@@ -74,6 +74,10 @@ int encache__struct_out(void *out, const void *full, size_t full_size,
 #define ENCACHE__AT(type, base, i)                                           \
   ((type *)(void *)((char *)(base) + (i) * (base)->size))
 
+/* The minimum accepted size of an encache_tensor: its size at API 1.0
+ * (the device fields were added in 1.3). */
+#define ENCACHE__TENSOR_MIN offsetof(encache_tensor, device)
+
 /*
  * Mooncake's result codes (src/store/mooncake.c holds the one table): the
  * encache code a Mooncake answer means for an existence check, a read or a

@@ -36,6 +36,7 @@
  * list and the carving walks the same list, with a bounds assertion.
  */
 #include "lookup.h"
+#include "device.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -159,8 +160,10 @@ static const char *ineligible(const encache_candidate *c) {
     return "no id (NULL or empty)";
   if (c->modality != ENCACHE_MODALITY_IMAGE)
     return "not an image (only image outputs are cached)";
-  if (c->device != ENCACHE_DEVICE_HOST)
-    return "the destination is not host memory";
+  const char *why;
+  if (c->device != ENCACHE_DEVICE_HOST &&
+      (why = encache__device_ineligible(c)) != NULL)
+    return why; /* device.c: no CUDA runtime, or not a device of it */
   if (c->rows == 0 || c->cols == 0)
     return "rows or cols is 0";
   if (encache_dtype_size(c->dtype) == 0)

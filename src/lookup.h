@@ -57,6 +57,7 @@ typedef struct plan {
   size_t np;    /* items[0..np) are present and fit the staging buffer */
   size_t ndest; /* dest[0..ndest) */
   int direct;   /* payloads read straight into destinations */
+  int device;   /* some hit may go to a CUDA device (device.c) */
   int hits;
 #define PLAN_FIELD_(name, type, count) type *name;
   PLAN_ARRAYS(PLAN_FIELD_)

@@ -6,6 +6,7 @@
  * encache_store_classify().
  */
 #include "lookup.h"
+#include "device.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -261,6 +262,9 @@ static const item *hit_of(const plan *p, size_t i, size_t from, size_t to) {
 /* Copies a payload to a destination; a failed (device) copy poisons. */
 static int copy_out(plan *p, size_t i, const void *src, size_t n) {
   void *dst = p->res[i].data;
+  if (p->cand[i].device == ENCACHE_DEVICE_CUDA) /* poisons on failure */
+    return encache__device_copy_in(p->step, p->cand[i].device_index, dst,
+                                   src, n);
   if (encache__copy_hook != NULL ? encache__copy_hook(dst, src, n) != 0
                                  : (memcpy(dst, src, n), 0))
     /* A device copy may still be in flight: keep the staging buffer and
@@ -301,11 +305,16 @@ int encache__plan_read(plan *p) {
   /* Payloads go straight to host destinations when the Store can split
    * its reads and needs no registered memory. */
   const encache__store_ops *ops = p->ec->store->ops;
+  for (size_t i = 0; i < p->n; i++) /* CUDA hits go through the staging */
+    if (p->unique_of[i] < p->np && p->cand[i].device == ENCACHE_DEVICE_CUDA)
+      p->device = 1;
   p->direct = (ops->caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
-              !(ops->caps & ENCACHE_STORE_CAP_REGISTER);
+              !(ops->caps & ENCACHE_STORE_CAP_REGISTER) && !p->device;
   if (p->np == 0)
     return 0;
   int rc = p->direct ? 0 : staging_ensure(p->ec);
+  if (rc == 0 && p->device)
+    rc = encache__device_pin_staging(p->ec);
   if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
     encache__plan_unavailable(p, 0, p->np,
                               encache__step_note(p->step, "registering the "
@@ -317,8 +326,9 @@ int encache__plan_read(plan *p) {
     for (to = from + 1; to < p->np && !p->items[to].chunk_start; to++)
       ;
     rc = phase_read(p, from, to);
-    if (rc == 0 && (rc = phase_validate(p, from, to)) == 0)
-      rc = phase_deliver(p, from, to);
+    if (rc == 0 && (rc = phase_validate(p, from, to)) == 0 &&
+        (rc = phase_deliver(p, from, to)) == 0 && p->device)
+      rc = encache__device_sync(p->step); /* before the next chunk's read */
     if (rc == 1)
       rc = 0;
   }

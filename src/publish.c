@@ -25,6 +25,7 @@
  * fatal); pending_bytes = sum of nbytes of storages with views_pending > 0.
  */
 #include "engine.h"
+#include "device.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -143,6 +144,10 @@ static int write_result(encache_store *st, job *j, int rc) {
 /* Runs one job against the Store; returns an enum job_result. */
 static int run_job(encache *ec, job *j) {
   encache_store *st = ec->store;
+  /* A CUDA output: its copy into the pinned buffer first (bounded). */
+  if (j->pinned != NULL &&
+      encache__pinned_wait(ec, j->pinned, j->why, sizeof(j->why)) < 0)
+    return JOB_FATAL;
   int result = job_exists(st, j);
   if (result >= 0)
     return result;
@@ -300,6 +305,8 @@ int encache__reap(encache *ec) {
       }
       break;
     }
+    if (j->pinned != NULL)
+      encache__pinned_release(ec, j->pinned);
     encache_storage_unref(j->storage);
     encache__free(j->key);
     encache__free(j);
@@ -417,12 +424,25 @@ static int publish_job(encache *ec, const char *id,
   j->data = view->data;
   j->nbytes = nbytes;
   memcpy(j->hdr, hdr, sizeof(hdr));
+  if (view->device != ENCACHE_DEVICE_HOST) { /* device.c */
+    if ((reason = encache__device_publish_begin(ec, view, nbytes,
+                                                &j->pinned)) != 0) {
+      encache__free(key);
+      encache__free(j);
+      return reason < 0 ? reason : skip(ec, reason);
+    }
+    j->data = encache__pinned_data(j->pinned);
+  }
   if ((reason = enqueue(ec, j)) != ENCACHE_QUEUED) {
+    if (j->pinned != NULL)
+      encache__pinned_release(ec, j->pinned);
     encache__free(key);
     encache__free(j);
     return skip(ec, reason);
   }
   STAT_ADD(ec, published_queued, 1);
+  if (j->pinned != NULL)
+    STAT_ADD(ec, device_published, 1);
   return ENCACHE_QUEUED;
 }
 
@@ -430,13 +450,17 @@ int encache_publish(encache_step *step, const char *id,
                     const encache_tensor *given, encache_storage *storage) {
   encache_tensor full;
   if (step == NULL || id == NULL || given == NULL || storage == NULL ||
-      encache__struct_in(&full, sizeof(full), given, sizeof(full)) < 0)
+      encache__struct_in(&full, sizeof(full), given,
+                         ENCACHE__TENSOR_MIN) < 0)
     return ENCACHE_EINVAL;
   encache *ec = step->ec;
   if (encache__is_poisoned(ec))
     return ENCACHE_EPOISONED;
   if (!ec->enabled)
     return skip(ec, ENCACHE_SKIP_DISABLED);
+  if (full.device != ENCACHE_DEVICE_HOST && full.device != ENCACHE_DEVICE_CUDA)
+    return encache__fail(ec, ENCACHE_EINVAL, "publish: device %d is not an "
+                         "encache_device_kind (host 0, CUDA 1)", full.device);
   int rc = encache__reap(ec);
   if (rc < 0)
     return rc;

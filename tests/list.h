@@ -194,4 +194,14 @@
   XX(identity_vector)                                                        \
   XX(identity_errors_name_the_path)                                          \
   XX(identity_refuses_bad_arguments)                                         \
-  XX(identity_out_of_memory_every_allocation)
+  XX(identity_out_of_memory_every_allocation)                                \
+  XX(device_no_runtime_is_skipped_with_why)                                  \
+  XX(device_no_device_is_skipped_with_why)                                   \
+  XX(device_lookup_bit_for_bit_chunks_duplicates_oversize)                   \
+  XX(device_lookup_on_the_callers_stream)                                    \
+  XX(device_publish_snapshot_in_stream_order)                                \
+  XX(device_publish_pool_is_bounded)                                         \
+  XX(device_copy_error_poisons)                                              \
+  XX(device_event_never_completing_poisons_after_the_timeout)                \
+  XX(device_publish_event_never_completing_poisons)                          \
+  XX(device_registration_failure_is_clear)

@@ -203,12 +203,12 @@ TEST(abi_sizes_of_key_and_object_structs) {
   struct {
     encache_tensor t;
     uint64_t future;
-  } tv = {{sizeof tv, NULL, ENCACHE_FLOAT32, 2, shape, NULL}, 0};
+  } tv = {{sizeof tv, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL}, 0};
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   ASSERT_EQ_INT(encache_header_encode(&tv.t, hdr), 0);
   tv.future = 7;
   ASSERT_EQ_INT(encache_header_encode(&tv.t, hdr), ENCACHE_EINVAL);
-  encache_tensor zero = {0, NULL, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor zero = {0, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_header_encode(&zero, hdr), ENCACHE_EINVAL);
 }
 

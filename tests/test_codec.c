@@ -15,7 +15,7 @@ static const unsigned char vector_2x2[40] = {
 static size_t build(unsigned char *obj, int dtype, int64_t rows, int64_t cols,
                     const void *payload) {
   int64_t shape[2] = {rows, cols};
-  encache_tensor t = {sizeof t, payload, dtype, 2, shape, NULL};
+  encache_tensor t = {sizeof t, payload, dtype, 2, shape, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
   size_t n = (size_t)(rows * cols) * encache_dtype_size(dtype);
   memcpy(obj + ENCACHE_HEADER_SIZE, payload, n);
@@ -77,7 +77,7 @@ TEST(codec_refuses_non_matrices) {
   unsigned char out[24];
   memset(out, 0xAA, sizeof(out));
   int64_t shape3[3] = {2, 2, 2};
-  encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 3, shape3, NULL};
+  encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 3, shape3, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_header_encode(&t, out), ENCACHE_ESHAPE);
   t.ndim = 1;
   ASSERT_EQ_INT(encache_header_encode(&t, out), ENCACHE_ESHAPE);
@@ -108,7 +108,7 @@ TEST(codec_contiguity_as_pytorch) {
   unsigned char out[24];
   int64_t one_row[2] = {1, 8};
   int64_t odd[2] = {12345, 1};
-  encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, one_row, odd};
+  encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, one_row, odd, 0, 0, NULL};
   ASSERT_EQ_INT(encache_header_encode(&t, out), 0); /* size-1 dim: any stride */
   int64_t shape[2] = {3, 8};
   int64_t dense[2] = {8, 1};

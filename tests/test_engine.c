@@ -182,7 +182,7 @@ static int publish_ref(encache_step *step, const char *id) {
   encache_storage *s = storage_of(&data, ROWS * COLS);
   encode(id, data);
   int64_t shape[2] = {ROWS, COLS};
-  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   int rc = encache_publish(step, id, &v, s);
   encache_storage_unref(s);
   return rc;
@@ -208,7 +208,7 @@ static size_t ref_object(const char *id, unsigned char *obj) {
   float out[ROWS * COLS];
   encode(id, out);
   int64_t shape[2] = {ROWS, COLS};
-  encache_tensor t = {sizeof t, out, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor t = {sizeof t, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
   memcpy(obj + 24, out, sizeof(out));
   return 24 + sizeof(out);
@@ -339,7 +339,7 @@ TEST(engine_case03_roundtrip_every_dtype) {
     encache_storage *s = NULL;
     encache_storage_new(copy, nbytes, storage_release, copy, &s);
     int64_t shape[2] = {2, 3};
-    encache_tensor v = {sizeof v, copy, dtypes[k], 2, shape, NULL};
+    encache_tensor v = {sizeof v, copy, dtypes[k], 2, shape, NULL, 0, 0, NULL};
     ASSERT_EQ_INT(encache_publish(step, ids[k], &v, s), ENCACHE_QUEUED);
     encache_storage_unref(s);
     ASSERT_EQ_INT(encache_flush(ec), 0);
@@ -561,14 +561,14 @@ TEST(engine_case08_3d_output_refused_before_registration) {
   float *data;
   encache_storage *s = storage_of(&data, 8);
   int64_t shape[3] = {2, 2, 2};
-  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 3, shape, NULL};
+  encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 3, shape, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_publish(step, "three", &v, s), ENCACHE_SKIP_NOT_MATRIX);
   int64_t strides[2] = {1, 2};
   int64_t shape2[2] = {2, 2};
-  encache_tensor tv = {sizeof tv, data, ENCACHE_FLOAT32, 2, shape2, strides};
+  encache_tensor tv = {sizeof tv, data, ENCACHE_FLOAT32, 2, shape2, strides, 0, 0, NULL};
   ASSERT_EQ_INT(encache_publish(step, "three", &tv, s),
                 ENCACHE_SKIP_NOT_CONTIGUOUS);
-  encache_tensor iv = {sizeof iv, data, 7, 2, shape2, NULL};
+  encache_tensor iv = {sizeof iv, data, 7, 2, shape2, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_publish(step, "three", &iv, s), ENCACHE_SKIP_DTYPE);
   encache_storage_unref(s);
   ASSERT_EQ_INT(storage_releases, 1); /* not retained */
@@ -831,7 +831,7 @@ TEST(engine_case13_view_charges_its_whole_storage) {
   float *data;
   encache_storage *s = storage_of(&data, 16); /* 64 bytes */
   int64_t shape[2] = {2, 2};
-  encache_tensor v = {sizeof v, data + 4, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, data + 4, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   storage_releases = 0;
   ASSERT_EQ_INT(encache_publish(step, "v1", &v, s), ENCACHE_QUEUED);
   encache_stats st = ENCACHE_STATS_INIT;
@@ -839,7 +839,7 @@ TEST(engine_case13_view_charges_its_whole_storage) {
   ASSERT_EQ_U64(st.pending_bytes, 64);
   ASSERT_EQ_U64(st.pending_items, 1);
   /* The item limit. */
-  encache_tensor v2 = {sizeof v2, data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v2 = {sizeof v2, data + 8, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_publish(step, "v2", &v2, s), ENCACHE_SKIP_OVER_ITEMS);
   encache_storage_unref(s);
   ASSERT_EQ_INT(storage_releases, 0);
@@ -872,8 +872,8 @@ TEST(engine_case14_two_views_charged_once) {
     float *data;
     encache_storage *s = storage_of(&data, 16); /* 64 bytes */
     int64_t shape[2] = {1, 4};
-    encache_tensor a = {sizeof a, data, ENCACHE_FLOAT32, 2, shape, NULL};
-    encache_tensor b = {sizeof b, data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_tensor a = {sizeof a, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+    encache_tensor b = {sizeof b, data + 8, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
     storage_releases = 0;
     ASSERT_EQ_INT(encache_publish(step, "w1", &a, s), ENCACHE_QUEUED);
     ASSERT_EQ_INT(encache_publish(step, "w2", &b, s), ENCACHE_QUEUED);
@@ -928,8 +928,8 @@ TEST(engine_storage_ref_shares_the_charge) {
   float *data;
   encache_storage *s = storage_of(&data, 16); /* 64 bytes */
   int64_t shape[2] = {1, 4};
-  encache_tensor a = {sizeof a, data, ENCACHE_FLOAT32, 2, shape, NULL};
-  encache_tensor b = {sizeof b, data + 8, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor a = {sizeof a, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  encache_tensor b = {sizeof b, data + 8, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   storage_releases = 0;
   ASSERT_EQ_INT(encache_publish(step, "r1", &a, s), ENCACHE_QUEUED);
   encache_storage_unref(s); /* only the queued write holds it now */
@@ -1582,7 +1582,7 @@ TEST(engine_out_of_memory_every_allocation) {
     }
     static float out[ROWS * COLS]; /* a storage of the caller's own */
     int64_t shape[2] = {ROWS, COLS};
-    encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
     encache_storage *s = NULL;
     if ((rc = encache_step_open(ec, &step)) == 0 &&
         (rc = lookup_ids(step, ids, 2, r, &t)) >= 0) {
@@ -1621,7 +1621,8 @@ TEST(engine_results_say_why) {
   encache_candidate c[5] = {cand("y0"), cand("y1"), cand("vid"), cand("gpu"),
                             cand("y0")};
   c[2].modality = ENCACHE_MODALITY_VIDEO;
-  c[3].device = ENCACHE_DEVICE_CUDA;
+  c[3].device = ENCACHE_DEVICE_CUDA; /* no CUDA runtime (test_device.c) */
+  setenv("ENCACHE_CUDA_LIBRARY", "/nonexistent/libcudart.so", 1);
   c[4].rows = ROWS * COLS; /* same bytes, another shape */
   c[4].cols = 1;
   encache_result r[5];
@@ -1638,7 +1639,7 @@ TEST(engine_results_say_why) {
   ASSERT_EQ_INT(r[2].outcome, ENCACHE_SKIPPED);
   ASSERT_CONTAINS(r[2].why, "not an image");
   ASSERT_EQ_INT(r[3].outcome, ENCACHE_SKIPPED);
-  ASSERT_CONTAINS(r[3].why, "not host memory");
+  ASSERT_CONTAINS(r[3].why, "CUDA runtime not available");
   ASSERT_EQ_INT(r[4].outcome, ENCACHE_INCOMPATIBLE);
   ASSERT_EQ_STR(r[4].why, "shape 2x2 (expected 4x1)");
   const char *kept = r[4].why;

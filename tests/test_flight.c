@@ -120,7 +120,7 @@ static float out[4] = {1, 2, 3, 4};
 static int publish(encache_step *step, const char *id, int contiguous) {
   int64_t shape[2] = {2, 2}, strides[2] = {1, 2};
   encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape,
-                      contiguous ? NULL : strides};
+                      contiguous ? NULL : strides, 0, 0, NULL};
   encache_storage *s = NULL;
   ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
   int rc = encache_publish(step, id, &v, s);

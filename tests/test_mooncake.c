@@ -169,7 +169,7 @@ static encache *open_wrapped(fault_ctl *ctl, char *seg, size_t seglen) {
   /* One object to hit. */
   float v[4] = {1, 2, 3, 4};
   int64_t shape[2] = {2, 2};
-  encache_tensor t = {sizeof t, v, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor t = {sizeof t, v, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   unsigned char hdr[24];
   encache_header_encode(&t, hdr);
   char key[256];
@@ -230,7 +230,7 @@ static int run_code(int op, int64_t code) {
     encache_storage *s = NULL;
     encache_storage_new(out, sizeof(out), NULL, NULL, &s);
     int64_t shape[2] = {2, 2};
-    encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL};
+    encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
     ASSERT_EQ_INT(encache_publish(step, "new", &v, s), ENCACHE_QUEUED);
     encache_storage_unref(s);
     ret = encache_flush(ec);

@@ -98,7 +98,7 @@ static int publish(encache_step *step, const char *id) {
   encache_storage *s = NULL;
   encache_storage_new(f, 8 * sizeof(float), free_ctx, f, &s);
   int64_t shape[2] = {2, 4};
-  encache_tensor v = {sizeof v, f, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor v = {sizeof v, f, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   int q = encache_publish(step, id, &v, s);
   encache_storage_unref(s);
   return q;

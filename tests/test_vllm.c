@@ -208,7 +208,7 @@ TEST(vllm_vectors_headers) {
         payload[2 * k + 1] = (unsigned char)(h[(int)x] >> 8);
       }
     }
-    encache_tensor t = {sizeof t, payload, dtype, 2, shape, NULL};
+    encache_tensor t = {sizeof t, payload, dtype, 2, shape, NULL, 0, 0, NULL};
     unsigned char obj[128];
     ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
     size_t nb = n * encache_dtype_size(dtype);

@@ -238,7 +238,7 @@ static int publish_one(encache *ec, const char *id, int dtype, uint64_t rows,
     free(data);
   if (rc >= 0) {
     int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-    encache_tensor v = {sizeof v, data, dtype, 2, shape, NULL};
+    encache_tensor v = {sizeof v, data, dtype, 2, shape, NULL, 0, 0, NULL};
     rc = engine_publish(step, id, &v, s);
     encache_storage_unref(s);
   }

@@ -151,7 +151,7 @@ static int engine_publish(worker *w, const char *id, void *out) {
     return rc;
   }
   int64_t shape[2] = {w->o->tokens, w->o->hidden};
-  encache_tensor v = {sizeof v, out, w->o->dtype, 2, shape, NULL};
+  encache_tensor v = {sizeof v, out, w->o->dtype, 2, shape, NULL, 0, 0, NULL};
   rc = encache_publish(w->step, id, &v, s);
   encache_storage_unref(s);
   return rc;

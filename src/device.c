@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * device.c: CUDA destinations and outputs without a CUDA build or run
+ * dependency (docs/engine.md, "Device outputs").
+ *
+ * The runtime: libcudart is dlopen()ed once per process (pthread_once):
+ * $ENCACHE_CUDA_LIBRARY, else "libcudart.so" then versioned sonames; only
+ * the functions below are resolved, declared here with the C types of
+ * their ABI (cudaError_t is an int, streams and events are pointers), so
+ * that no CUDA header is needed.  A missing library, symbol or device
+ * leaves a static reason that every CUDA candidate's why carries.
+ *
+ * Lookups: the staging buffer is page-locked (cudaHostRegister) on the
+ * first lookup with a CUDA hit; each hit is copied from it with
+ * cudaMemcpyAsync on the step's stream (encache_step_set_stream()) or on
+ * a non-blocking stream the handle owns per device; after each chunk an
+ * event is recorded on every stream used and waited for (polled, at most
+ * device_sync_timeout_ms) before the next chunk's read may overwrite the
+ * staging buffer.  So chunks do not overlap: the chunk's copies overlap
+ * each other only.  A copy or a wait that fails poisons the handle.
+ *
+ * Publication: a bounded pool of page-locked buffers (cudaHostAlloc, at
+ * most device_pinned_pool_bytes in all).  The caller's thread queues the
+ * device-to-host copy on the output's stream and records the buffer's
+ * event after it; the worker polls the event before writing the buffer.
+ * A buffer given back goes to a "busy" list until its event is seen
+ * complete, then to the free list.
+ *
+ * Threads: everything here runs on the handle's caller thread, except
+ * encache__pinned_wait() (the worker, which touches only its job's
+ * buffer) and the runtime's one-time load.  The current device of the
+ * caller's thread is restored after every call that must change it.
+ */
+#include "device.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------ the runtime */
+
+enum { CUDA_OK = 0, CUDA_NOT_READY = 600 };
+enum { H2D = 1, D2H = 2 };        /* cudaMemcpyKind */
+#define STREAM_NON_BLOCKING 1u    /* cudaStreamNonBlocking */
+#define EVENT_DISABLE_TIMING 2u   /* cudaEventDisableTiming */
+
+/* X(field, symbol, type): the functions used, resolved in this order. */
+#define CUDA_FNS(X)                                                          \
+  X(get_error_string, cudaGetErrorString, const char *(*)(int))              \
+  X(get_device_count, cudaGetDeviceCount, int (*)(int *))                    \
+  X(get_device, cudaGetDevice, int (*)(int *))                               \
+  X(set_device, cudaSetDevice, int (*)(int))                                 \
+  X(stream_create, cudaStreamCreateWithFlags, int (*)(void **, unsigned))    \
+  X(stream_destroy, cudaStreamDestroy, int (*)(void *))                      \
+  X(event_create, cudaEventCreateWithFlags, int (*)(void **, unsigned))      \
+  X(event_record, cudaEventRecord, int (*)(void *, void *))                  \
+  X(event_query, cudaEventQuery, int (*)(void *))                            \
+  X(event_destroy, cudaEventDestroy, int (*)(void *))                        \
+  X(memcpy_async, cudaMemcpyAsync,                                           \
+    int (*)(void *, const void *, size_t, int, void *))                      \
+  X(host_register, cudaHostRegister, int (*)(void *, size_t, unsigned))      \
+  X(host_unregister, cudaHostUnregister, int (*)(void *))                    \
+  X(host_alloc, cudaHostAlloc, int (*)(void **, size_t, unsigned))           \
+  X(free_host, cudaFreeHost, int (*)(void *))
+
+static struct {
+#define CUDA_FIELD_(field, sym, type) __typeof__(type) field;
+  CUDA_FNS(CUDA_FIELD_)
+#undef CUDA_FIELD_
+  int devices;     /* how many, once loaded */
+  char why[512];   /* "" when loaded, else why not */
+} rt;
+
+static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
+
+static const char *err_str(int e) {
+  const char *s = rt.get_error_string != NULL ? rt.get_error_string(e) : NULL;
+  return s != NULL ? s : "unknown CUDA error";
+}
+
+static void *open_runtime(void) {
+  const char *env = getenv("ENCACHE_CUDA_LIBRARY");
+  if (env != NULL && env[0] != '\0') {
+    void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+      snprintf(rt.why, sizeof(rt.why), "CUDA runtime not available: cannot "
+               "load %s (ENCACHE_CUDA_LIBRARY): %s", env, dlerror());
+    return h;
+  }
+  static const char *const names[] = {"libcudart.so", "libcudart.so.13",
+                                      "libcudart.so.12", "libcudart.so.11.0"};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL)
+      return h;
+  }
+  snprintf(rt.why, sizeof(rt.why), "CUDA runtime not available: cannot load "
+           "libcudart.so (nor .so.13, .so.12, .so.11.0): %s; set "
+           "ENCACHE_CUDA_LIBRARY to its path", dlerror());
+  return NULL;
+}
+
+static void load_runtime(void) {
+  void *h = open_runtime();
+  if (h == NULL)
+    return;
+  void *sym;
+#define CUDA_LOAD_(field, name, type)                                        \
+  if ((sym = dlsym(h, #name)) == NULL) {                                     \
+    snprintf(rt.why, sizeof(rt.why), "CUDA runtime not available: the "     \
+             "library has no symbol " #name);                                \
+    return;                                                                  \
+  }                                                                          \
+  memcpy(&rt.field, &sym, sizeof(rt.field));
+  CUDA_FNS(CUDA_LOAD_)
+#undef CUDA_LOAD_
+  int n = 0, e = rt.get_device_count(&n);
+  if (e != CUDA_OK || n <= 0) {
+    snprintf(rt.why, sizeof(rt.why), "CUDA runtime not available: no CUDA "
+             "device (cudaGetDeviceCount: %s)",
+             e != CUDA_OK ? err_str(e) : "0 devices");
+    return;
+  }
+  rt.devices = n;
+}
+
+/* NULL when the runtime is loaded and has a device, else why not. */
+static const char *runtime_why(void) {
+  pthread_once(&rt_once, load_runtime);
+  return rt.devices > 0 ? NULL : rt.why;
+}
+
+const char *encache__device_ineligible(const encache_candidate *c) {
+  if (c->device != ENCACHE_DEVICE_CUDA)
+    return "the destination is neither host memory nor a CUDA device";
+  const char *why = runtime_why();
+  if (why != NULL)
+    return why;
+  if (c->device_index < 0 || c->device_index >= rt.devices ||
+      c->device_index >= ENCACHE__MAX_DEVICES)
+    return "device_index is not a CUDA device of this process (0 .. the "
+           "device count - 1, at most 15)";
+  return NULL;
+}
+
+/* Makes dev the calling thread's device; *prev is the one to restore. */
+static int device_enter(int dev, int *prev) {
+  *prev = dev;
+  int e = rt.get_device(prev);
+  if (e == CUDA_OK && *prev != dev)
+    e = rt.set_device(dev);
+  return e;
+}
+
+static void device_leave(int dev, int prev) {
+  if (prev != dev)
+    rt.set_device(prev);
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Polls ev until it completes (0) or fails or times out (-1, why set). */
+static int wait_event(void *ev, uint64_t timeout_ms, const char *what,
+                      char *why, size_t size) {
+  uint64_t deadline = now_ms() + timeout_ms;
+  for (unsigned spins = 0;; spins++) {
+    int e = rt.event_query(ev);
+    if (e == CUDA_OK)
+      return 0;
+    if (e != CUDA_NOT_READY) {
+      snprintf(why, size, "%s: its completion cannot be confirmed "
+               "(cudaEventQuery: %s)", what, err_str(e));
+      return -1;
+    }
+    if (now_ms() >= deadline) {
+      snprintf(why, size, "%s did not complete within %llu ms "
+               "(device_sync_timeout_ms)", what,
+               (unsigned long long)timeout_ms);
+      return -1;
+    }
+    if (spins < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 10000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+/* ---------------------------------------------------- the handle's state */
+
+struct encache__pinned {
+  encache__pinned *next;
+  void *p;
+  size_t cap;
+  void *event;   /* created on event_dev, recorded after the copy */
+  int event_dev;
+};
+
+typedef struct encache__device {
+  void *stream[ENCACHE__MAX_DEVICES]; /* owned, created on first use */
+  void *event[ENCACHE__MAX_DEVICES];  /* a lookup chunk's end, per device */
+  void *queued[ENCACHE__MAX_DEVICES]; /* the stream copies went on, or NULL */
+  int queued_any;
+  int staging_pinned;
+  encache__pinned *free_list; /* completed, reusable */
+  encache__pinned *busy;      /* given back, copy maybe still running */
+  encache__pinned *kept;      /* unconfirmed: never reused nor freed */
+} encache__device;
+
+static encache__device *state(encache *ec) {
+  if (ec->dev == NULL)
+    ec->dev = encache__calloc(1, sizeof(encache__device));
+  return ec->dev;
+}
+
+int encache_step_set_stream(encache_step *step, void *stream) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  step->stream = stream;
+  return 0;
+}
+
+/* ------------------------------------------------------------- lookups */
+
+int encache__device_pin_staging(encache *ec) {
+  encache__device *d = state(ec);
+  if (d == NULL)
+    return encache__fail(ec, ENCACHE_EUNAVAIL, "out of memory (the CUDA "
+                         "state)");
+  if (d->staging_pinned)
+    return 0;
+  int e = rt.host_register(ec->staging, (size_t)ec->read_buf_bytes, 0);
+  if (e != CUDA_OK)
+    return encache__fail(ec, ENCACHE_EUNAVAIL, "page-locking the %llu-byte "
+                         "staging buffer for CUDA copies failed "
+                         "(cudaHostRegister: %s)",
+                         (unsigned long long)ec->read_buf_bytes, err_str(e));
+  d->staging_pinned = 1;
+  return 0;
+}
+
+/* The handle's event of device dev (and its stream, unless the caller
+ * gave one), created on first use. */
+static int own_stream(encache__device *d, int dev, int need_stream) {
+  int prev, e = device_enter(dev, &prev);
+  if (e == CUDA_OK && need_stream && d->stream[dev] == NULL)
+    e = rt.stream_create(&d->stream[dev], STREAM_NON_BLOCKING);
+  if (e == CUDA_OK && d->event[dev] == NULL)
+    e = rt.event_create(&d->event[dev], EVENT_DISABLE_TIMING);
+  device_leave(dev, prev);
+  return e;
+}
+
+int encache__device_copy_in(encache_step *step, int dev, void *dst,
+                            const void *src, size_t n) {
+  encache *ec = step->ec;
+  encache__device *d = ec->dev; /* pin_staging made it */
+  int e = own_stream(d, dev, step->stream == NULL);
+  const char *what = "creating a CUDA stream and event";
+  void *stream = step->stream != NULL ? step->stream : d->stream[dev];
+  if (e == CUDA_OK) {
+    what = "cudaMemcpyAsync";
+    /* Queued before it is known to be refused: a refused copy may be a
+     * sticky error of earlier work still reading the staging buffer. */
+    d->queued[dev] = stream;
+    d->queued_any = 1;
+    e = rt.memcpy_async(dst, src, n, H2D, stream);
+  }
+  if (e != CUDA_OK)
+    return encache__poison(ec, "copying %zu bytes to CUDA device %d failed "
+                           "(%s: %s)", n, dev, what, err_str(e));
+  STAT_ADD(ec, device_bytes_copied, n);
+  return 0;
+}
+
+int encache__device_sync(encache_step *step) {
+  encache *ec = step->ec;
+  encache__device *d = ec->dev;
+  if (d == NULL || !d->queued_any)
+    return 0;
+  char why[400];
+  for (int dev = 0; dev < ENCACHE__MAX_DEVICES; dev++) {
+    if (d->queued[dev] == NULL)
+      continue;
+    int e = rt.event_record(d->event[dev], d->queued[dev]);
+    if (e != CUDA_OK)
+      return encache__poison(ec, "the copies to CUDA device %d cannot be "
+                             "confirmed (cudaEventRecord: %s)", dev,
+                             err_str(e));
+    snprintf(why, sizeof(why), "the copies to CUDA device %d", dev);
+    if (wait_event(d->event[dev], ec->device_timeout_ms, why, why,
+                   sizeof(why)) < 0)
+      return encache__poison(ec, "%s", why);
+    d->queued[dev] = NULL;
+  }
+  d->queued_any = 0;
+  return 0;
+}
+
+/* --------------------------------------------------------- publication */
+
+static void pinned_destroy(encache__pinned *b) {
+  if (b->event != NULL)
+    rt.event_destroy(b->event);
+  rt.free_host(b->p);
+  encache__free(b);
+}
+
+/* Moves the busy buffers whose copy completed to the free list. */
+static void reclaim(encache__device *d) {
+  for (encache__pinned **pp = &d->busy; *pp != NULL;) {
+    encache__pinned *b = *pp;
+    int e = rt.event_query(b->event);
+    if (e == CUDA_NOT_READY) {
+      pp = &b->next;
+      continue;
+    }
+    *pp = b->next;
+    encache__pinned **to = e == CUDA_OK ? &d->free_list : &d->kept;
+    b->next = *to;
+    *to = b;
+  }
+}
+
+/* A free buffer of at least n bytes (removed from the list), or NULL. */
+static encache__pinned *best_fit(encache__device *d, size_t n) {
+  encache__pinned **best = NULL;
+  for (encache__pinned **pp = &d->free_list; *pp != NULL; pp = &(*pp)->next)
+    if ((*pp)->cap >= n && (best == NULL || (*pp)->cap < (*best)->cap))
+      best = pp;
+  if (best == NULL)
+    return NULL;
+  encache__pinned *b = *best;
+  *best = b->next;
+  return b;
+}
+
+static void pool_gauge(encache *ec, int64_t delta) {
+  __atomic_add_fetch(&ec->stats.device_pool_bytes, (uint64_t)delta,
+                     __ATOMIC_RELAXED);
+}
+
+/* A buffer of n bytes from the pool: 0 (*out set), 1 (full), or a negative
+ * code with the handle's message. */
+static int pool_take(encache *ec, encache__device *d, size_t n,
+                     encache__pinned **out) {
+  reclaim(d);
+  if ((*out = best_fit(d, n)) != NULL)
+    return 0;
+  size_t cap = (n + 4095) & ~(size_t)4095;
+  if (cap == 0)
+    cap = 4096;
+  uint64_t used = __atomic_load_n(&ec->stats.device_pool_bytes,
+                                  __ATOMIC_RELAXED);
+  while (used + cap > ec->pinned_pool_max && d->free_list != NULL) {
+    encache__pinned *b = d->free_list; /* too small: make room */
+    d->free_list = b->next;
+    used -= b->cap;
+    pool_gauge(ec, -(int64_t)b->cap);
+    pinned_destroy(b);
+  }
+  if (used + cap > ec->pinned_pool_max)
+    return 1;
+  encache__pinned *b = encache__calloc(1, sizeof(*b));
+  if (b == NULL)
+    return encache__fail(ec, ENCACHE_ENOMEM, "publish: out of memory");
+  int e = rt.host_alloc(&b->p, cap, 0);
+  if (e != CUDA_OK) {
+    encache__free(b);
+    return encache__fail(ec, ENCACHE_EIO, "publish: allocating %zu bytes of "
+                         "page-locked memory failed (cudaHostAlloc: %s)",
+                         cap, err_str(e));
+  }
+  b->cap = cap;
+  b->event_dev = -1;
+  pool_gauge(ec, (int64_t)cap);
+  *out = b;
+  return 0;
+}
+
+/* Queues view's copy into b and records b's event after it, on the
+ * calling thread's device dev: 0, or a negative code (message set). */
+static int copy_out_of(encache *ec, encache__device *d, encache__pinned *b,
+                       const encache_tensor *view, size_t n) {
+  int dev = view->device_index;
+  if (b->event != NULL && b->event_dev != dev) {
+    rt.event_destroy(b->event);
+    b->event = NULL;
+  }
+  int e = CUDA_OK;
+  const char *what = "cudaEventCreateWithFlags";
+  if (b->event == NULL && (e = rt.event_create(&b->event, EVENT_DISABLE_TIMING)) == CUDA_OK)
+    b->event_dev = dev;
+  if (e == CUDA_OK) {
+    what = "cudaMemcpyAsync";
+    e = rt.memcpy_async(b->p, view->data, n, D2H, view->stream);
+  }
+  if (e != CUDA_OK) {
+    b->next = d->free_list; /* nothing was queued into it */
+    d->free_list = b;
+    return encache__fail(ec, ENCACHE_EIO, "publish: copying %zu bytes from "
+                         "CUDA device %d failed (%s: %s); nothing queued",
+                         n, dev, what, err_str(e));
+  }
+  if ((e = rt.event_record(b->event, view->stream)) != CUDA_OK) {
+    b->next = d->kept; /* the copy may write into it at any time */
+    d->kept = b;
+    return encache__poison(ec, "publish: the copy from CUDA device %d "
+                           "cannot be confirmed (cudaEventRecord: %s)", dev,
+                           err_str(e));
+  }
+  return 0;
+}
+
+int encache__device_publish_begin(encache *ec, const encache_tensor *view,
+                                  uint64_t nbytes, encache__pinned **out) {
+  encache_candidate c = {.size = sizeof(c), .device = view->device,
+                         .device_index = view->device_index};
+  const char *why = encache__device_ineligible(&c);
+  if (why != NULL)
+    return encache__fail(ec, ENCACHE_ENOLIB, "publish: %s", why);
+  encache__device *d = state(ec);
+  if (d == NULL)
+    return encache__fail(ec, ENCACHE_ENOMEM, "publish: out of memory");
+  encache__pinned *b;
+  int rc = pool_take(ec, d, (size_t)nbytes, &b);
+  if (rc != 0) {
+    if (rc == 1)
+      STAT_ADD(ec, device_pool_full, 1);
+    return rc == 1 ? ENCACHE_SKIP_OVER_BYTES : rc;
+  }
+  int prev, e = device_enter(view->device_index, &prev);
+  if (e != CUDA_OK) {
+    device_leave(view->device_index, prev);
+    b->next = d->free_list;
+    d->free_list = b;
+    return encache__fail(ec, ENCACHE_EIO, "publish: cudaSetDevice(%d): %s",
+                         view->device_index, err_str(e));
+  }
+  rc = copy_out_of(ec, d, b, view, (size_t)nbytes);
+  device_leave(view->device_index, prev);
+  if (rc == 0)
+    *out = b;
+  return rc;
+}
+
+const void *encache__pinned_data(const encache__pinned *b) { return b->p; }
+
+int encache__pinned_wait(encache *ec, encache__pinned *b, char *why,
+                         size_t size) {
+  return wait_event(b->event, ec->device_timeout_ms,
+                    "the copy of the output from its CUDA device", why, size);
+}
+
+void encache__pinned_release(encache *ec, encache__pinned *b) {
+  encache__device *d = ec->dev;
+  b->next = d->busy;
+  d->busy = b;
+}
+
+/* --------------------------------------------------------------- close */
+
+static void destroy_list(encache *ec, encache__pinned *b) {
+  while (b != NULL) {
+    encache__pinned *next = b->next;
+    pool_gauge(ec, -(int64_t)b->cap);
+    pinned_destroy(b);
+    b = next;
+  }
+}
+
+int encache__device_free(encache *ec) {
+  encache__device *d = ec->dev;
+  if (d == NULL)
+    return 0;
+  char why[400];
+  for (encache__pinned *b = d->busy; b != NULL; b = b->next)
+    if (wait_event(b->event, ec->device_timeout_ms, "a publication's copy",
+                   why, sizeof(why)) < 0)
+      return encache__poison(ec, "%s", why);
+  if (d->kept != NULL)
+    return encache__poison(ec, "a copy from a CUDA device was never "
+                           "confirmed: its page-locked buffer is kept");
+  if (d->staging_pinned) {
+    int e = rt.host_unregister(ec->staging);
+    if (e != CUDA_OK)
+      return encache__poison(ec, "unpinning the staging buffer failed "
+                             "(cudaHostUnregister: %s)", err_str(e));
+    d->staging_pinned = 0;
+  }
+  destroy_list(ec, d->busy);
+  destroy_list(ec, d->free_list);
+  for (int i = 0; i < ENCACHE__MAX_DEVICES; i++) {
+    if (d->event[i] != NULL)
+      rt.event_destroy(d->event[i]);
+    if (d->stream[i] != NULL)
+      rt.stream_destroy(d->stream[i]);
+  }
+  encache__free(d);
+  ec->dev = NULL;
+  return 0;
+}
