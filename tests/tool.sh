@@ -213,6 +213,17 @@ check "lookup --json" 0 '"outcome": "HIT"' -- lookup --json --model m --dtype fl
 check "lookup via --config identity" 0 "img1 HIT" -- lookup --config '{"ec_connector_extra_config": {"cross_encoder_cache": true, "embedding_model_identity": "m"}}' --dtype float32 --rows 2 --cols 2 img1
 check "lookup --config off" 2 "cross_encoder_cache is false" -- lookup --config '{}' --model m --dtype float32 --rows 2 --cols 2 img1
 check "lookup prefix namespace differs" 0 "img1 MISS" -- lookup --prefix team --model m --dtype float32 --rows 2 --cols 2 img1
+# --device cuda:N on the fake CUDA runtime (tests/fake_cudart.c), and without one
+if [ -n "${ENCACHE_TEST_FAKE_CUDART:-}" ]; then
+  export ENCACHE_CUDA_LIBRARY="$ENCACHE_TEST_FAKE_CUDART"
+  check "lookup --device cuda:1" 0 "img1 HIT float32 2 2" -- lookup --device cuda:1 --model m --dtype float32 --rows 2 --cols 2 img1 img2
+  check "lookup --device cuda:1 miss" 0 "img2 MISS" -- lookup --device cuda:1 --model m --dtype float32 --rows 2 --cols 2 img1 img2
+  check "lookup --device beyond the devices" 0 "img1 SKIPPED device_index is not a CUDA device" -- lookup --device cuda:7 --model m --dtype float32 --rows 2 --cols 2 img1
+  export ENCACHE_CUDA_LIBRARY=/nonexistent/libcudart.so
+  check "lookup --device without a runtime" 0 "img1 SKIPPED CUDA runtime not available: cannot load /nonexistent/libcudart.so" -- lookup --device cuda:0 --model m --dtype float32 --rows 2 --cols 2 img1
+  unset ENCACHE_CUDA_LIBRARY
+fi
+check "lookup --device names the form" 2 "--device: 'gpu0' is neither host nor cuda:N" -- lookup --device gpu0 --model m --dtype float32 --rows 2 --cols 2 img1
 check "publish wrong size" 2 "holds 16 bytes, but 2x3 float32 needs 24" -- publish --model m --dtype float32 --rows 2 --cols 3 --id x "$tmp/payload"
 check "publish endless file" 2 "holds more than 16 bytes, but 2x2 float32 needs 16" -- publish --model m --dtype float32 --rows 2 --cols 2 --id x /dev/zero
 check "publish needs --id" 2 "--id is required" -- publish --model m --dtype float32 --rows 2 --cols 2 "$tmp/payload"

@@ -5,6 +5,7 @@
  */
 #include "tool.h"
 
+#include "cuda_rt.h"
 #include "encache.h"
 
 #include <inttypes.h>
@@ -34,17 +35,56 @@ static void host_release(void *ctx, size_t i, void *data, void *handle) {
 const encache_allocator tool_host_allocator = {sizeof(encache_allocator), NULL,
                                                host_alloc, host_release};
 
+/* lookup --device cuda:N: destinations in that device's memory, allocated
+ * through the CUDA runtime the tool loads as the library does
+ * (bench/cuda_rt.c); NULL ctx: no runtime (the library then answers
+ * SKIPPED with the reason, and alloc is never called). */
+static int device_alloc(void *ctx, size_t i, const encache_candidate *c,
+                        uint64_t nbytes, void **data, void **handle) {
+  (void)i;
+  cuda_rt *rt = ctx;
+  *handle = NULL;
+  if (rt == NULL || rt->set_device(c->device_index) != 0 ||
+      rt->malloc_(data, nbytes ? (size_t)nbytes : 1) != 0)
+    return ENCACHE_ENOMEM;
+  return 0;
+}
+
+static void device_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)i;
+  (void)handle;
+  cuda_rt *rt = ctx;
+  if (rt != NULL)
+    rt->free_(data);
+}
+
+/* Parses --device: "host" (0) or "cuda:N" (1, *index = N); -1 after a
+ * message. */
+static int device_arg(const char *v, int *index) {
+  long long n;
+  *index = 0;
+  if (v == NULL || strcmp(v, "host") == 0)
+    return 0;
+  if (strncmp(v, "cuda:", 5) != 0)
+    return usage_error("lookup", "--device: '%s' is neither host nor cuda:N",
+                       v), -1;
+  if (tool_int("lookup", "--device cuda:", v + 5, 0, 15, &n) < 0)
+    return -1;
+  *index = (int)n;
+  return 1;
+}
+
 void tool_free(void *p) { free(p); }
 
 /* The engine calls of lookup and publish, each in one place: one step
  * (opened on *step, closed by the caller) looks up c[0..n). */
 static int engine_lookup(encache *ec, encache_step **step,
                          const encache_candidate *c, size_t n,
-                         encache_result *res) {
+                         encache_result *res, const encache_allocator *a) {
   for (size_t i = 0; i < n; i++)
     res[i].size = sizeof(res[i]);
   int rc = encache_step_open(ec, step);
-  return rc < 0 ? rc : encache_lookup(*step, c, n, &tool_host_allocator, res);
+  return rc < 0 ? rc : encache_lookup(*step, c, n, a, res);
 }
 
 static int engine_publish(encache_step *step, const char *id,
@@ -58,10 +98,11 @@ static void engine_stats(encache *ec, encache_stats *st) {
 }
 
 /* --rows and --cols of lookup and publish. */
-enum { E_ROWS = NS_COUNT_, E_COLS, E_ID };
+enum { E_ROWS = NS_COUNT_, E_COLS, E_ID, E_DEVICE = E_ID /* lookup's */ };
 
 static const tool_opt lookup_opts[] = {
-    TOOL_NS_OPTS, [E_ROWS] = {"rows", 1}, [E_COLS] = {"cols", 1}, {NULL, 0}};
+    TOOL_NS_OPTS, [E_ROWS] = {"rows", 1}, [E_COLS] = {"cols", 1},
+    [E_DEVICE] = {"device", 1}, {NULL, 0}};
 
 static const tool_opt publish_opts[] = {TOOL_NS_OPTS, [E_ROWS] = {"rows", 1},
                                         [E_COLS] = {"cols", 1},
@@ -104,7 +145,7 @@ static const char lookup_usage[] =
     "           [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
     "            [--vllm-mm-encoder-attn-backend NAME]]\n"
     "           [--config JSON|@FILE] --dtype DTYPE\n"
-    "           --rows N --cols N [--json] ID...\n"
+    "           --rows N --cols N [--device host|cuda:N] [--json] ID...\n"
     "\n"
     "Looks the identifiers up as an encoder would (one batched existence\n"
     "check, chunked reads, validation against DTYPE ROWSxCOLS) and prints one\n"
@@ -113,7 +154,10 @@ static const char lookup_usage[] =
     "(both sizes), UNAVAILABLE (the Store's message: a wrong password, a\n"
     "refused connection, ...), SKIPPED (the rule).  --json adds the cause as\n"
     "\"why\".  --config takes the vLLM ec-transfer-config (its prefix, model\n"
-    "identity and limits) in place of --prefix.  Exit 0 when the Store\n"
+    "identity and limits) in place of --prefix.  --device cuda:N reads the\n"
+    "hits into memory of CUDA device N, through the CUDA runtime loaded at\n"
+    "run time ($ENCACHE_CUDA_LIBRARY, else libcudart.so); without one they\n"
+    "are SKIPPED with the reason.  Exit 0 when the Store\n"
     "answered, even if nothing was a hit; 1 when it could not be opened, an\n"
     "outcome is UNAVAILABLE or the lookup failed.\n";
 
@@ -160,8 +204,14 @@ static int close_engine(const char *cmd, encache *ec, int exit_code) {
 static int run_lookup(const tool_globals *g, const tool_args *a) {
   ns_opts o;
   uint64_t rows, cols;
-  if (engine_args("lookup", a, &o, &rows, &cols) < 0)
+  int dev_index, device = device_arg(a->val[E_DEVICE], &dev_index);
+  if (device < 0 || engine_args("lookup", a, &o, &rows, &cols) < 0)
     return EXIT_USAGE;
+  static cuda_rt rt;
+  char why[256];
+  encache_allocator alloc = {sizeof(alloc), NULL, device_alloc, device_release};
+  if (device && cuda_rt_load(&rt, why, sizeof(why)) == 0)
+    alloc.ctx = &rt; /* else the library says why: SKIPPED */
   int exit_code = EXIT_OK;
   encache *ec = open_engine("lookup", g, &o, 1, &exit_code);
   if (ec == NULL)
@@ -177,11 +227,14 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
   }
   for (size_t i = 0; i < n; i++) {
     encache_candidate cc = {sizeof(cc), a->argv[i], ENCACHE_MODALITY_IMAGE,
-                            o.dtype, rows, cols, ENCACHE_DEVICE_HOST, 0};
+                            o.dtype, rows, cols,
+                            device ? ENCACHE_DEVICE_CUDA : ENCACHE_DEVICE_HOST,
+                            dev_index};
     cands[i] = cc;
   }
   encache_step *step = NULL;
-  if (engine_lookup(ec, &step, cands, n, res) < 0) {
+  if (engine_lookup(ec, &step, cands, n, res,
+                    device ? &alloc : &tool_host_allocator) < 0) {
     fprintf(stderr, "encache lookup: %s\n", encache_errmsg(ec));
     exit_code = EXIT_FAIL;
   } else {
@@ -189,7 +242,10 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
       printf("[");
     for (size_t i = 0; i < n; i++) {
       print_result(&cands[i], &res[i], g->json, i);
-      free(res[i].data);
+      if (device && res[i].data != NULL)
+        device_release(alloc.ctx, i, res[i].data, NULL);
+      else
+        free(res[i].data);
       /* The Store failed: the lookup did not answer (as stats exits 1
        * when it cannot reach the Store). */
       if (res[i].outcome == ENCACHE_UNAVAILABLE)
@@ -226,7 +282,7 @@ static int publish_one(encache *ec, const char *id, int dtype, uint64_t rows,
                             rows, cols, ENCACHE_DEVICE_HOST, 0};
   encache_result res;
   encache_step *step = NULL;
-  int rc = engine_lookup(ec, &step, &cand, 1, &res);
+  int rc = engine_lookup(ec, &step, &cand, 1, &res, &tool_host_allocator);
   if (rc > 0)
     free(res.data);
   char key[4096];
