@@ -94,7 +94,7 @@ static int is_pinned(const void *p, size_t n) {
 /* ------------------------------------------------------ streams, events */
 
 typedef struct event {
-  uint64_t recorded;  /* the latest record's number */
+  uint64_t recorded;  /* atomic: the latest record's number */
   uint64_t completed; /* atomic: the latest executed */
 } event;
 
@@ -305,13 +305,14 @@ EXPORT int cudaEventRecord(void *handle, void *strm) {
     return e == NULL ? E_INVALID_VALUE : E_MEMORY;
   }
   o->ev = e;
-  o->seq = ++e->recorded;
+  o->seq = __atomic_add_fetch(&e->recorded, 1, __ATOMIC_RELEASE);
   return push(strm, o);
 }
 
 EXPORT int cudaEventQuery(void *handle) {
   event *e = handle;
-  return __atomic_load_n(&e->completed, __ATOMIC_ACQUIRE) >= e->recorded
+  uint64_t recorded = __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE);
+  return __atomic_load_n(&e->completed, __ATOMIC_ACQUIRE) >= recorded
              ? OK
              : E_NOT_READY;
 }

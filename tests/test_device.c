@@ -91,15 +91,26 @@ static int runtime_init(dev_env *e) {
   return 0;
 }
 
-/* Opens a handle on a fresh shm segment with these extra options. */
+/* Opens a handle with these extra options on $ENCACHE_TEST_STORE (the
+ * Redis suites), else on a fresh shm segment; in a namespace of its own
+ * (the revision), so that runs on a shared Store never meet. */
 static void env_open(dev_env *e, uint64_t read_buf, const char *extra) {
-  snprintf(e->seg, sizeof(e->seg), "encache-devtest-%d", (int)getpid());
-  encache_shm_destroy(e->seg);
-  if (!seg_at_exit[0])
-    atexit(seg_destroy);
-  snprintf(seg_at_exit, sizeof(seg_at_exit), "%s", e->seg);
-  char url[128], json[1024];
-  snprintf(url, sizeof(url), "shm://%s?size=16MiB", e->seg);
+  char url[512], json[1024], revision[64];
+  const char *given = getenv("ENCACHE_TEST_STORE");
+  if (given != NULL && given[0] != '\0') {
+    snprintf(url, sizeof(url), "%s", given);
+  } else {
+    snprintf(e->seg, sizeof(e->seg), "encache-devtest-%d", (int)getpid());
+    encache_shm_destroy(e->seg);
+    if (!seg_at_exit[0])
+      atexit(seg_destroy);
+    snprintf(seg_at_exit, sizeof(seg_at_exit), "%s", e->seg);
+    snprintf(url, sizeof(url), "shm://%s?size=16MiB", e->seg);
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  snprintf(revision, sizeof(revision), "d%d-%lld%09ld", (int)getpid(),
+           (long long)ts.tv_sec, ts.tv_nsec);
   snprintf(json, sizeof(json),
            "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
            "\"ec_both\", \"ec_connector_extra_config\": {"
@@ -109,6 +120,7 @@ static void env_open(dev_env *e, uint64_t read_buf, const char *extra) {
   encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = json;
   o.model = "device/model";
+  o.revision = revision;
   o.model_dtype = ENCACHE_FLOAT32;
   o.store_url = url;
   int rc = encache_open(&o, &e->ec);
