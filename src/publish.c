@@ -17,6 +17,12 @@
  * bytes are retained.  Bytes are charged per backing storage, once however
  * many views of it are pending, and released when the last is reaped.
  *
+ * A CUDA output (device.c) is the exception: publish queues its copy
+ * into a pooled page-locked buffer on the output's stream, with an event
+ * after it (no wait on the caller's thread), before the budgets are
+ * applied; the worker waits for the event (bounded: else the job is
+ * fatal) and writes the buffer; reaping gives the buffer back.
+ *
  * A job whose write cannot be confirmed is fatal: it keeps its storage and
  * charge forever, the worker stops touching the Store (later jobs are
  * released unwritten), and the next reap poisons the handle.
