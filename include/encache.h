@@ -232,7 +232,8 @@ ENCACHE_EXTERN int encache_vllm_encoder_hash(const char *tp_mode,
 #define ENCACHE_HEADER_SIZE 24
 #define ENCACHE_MAGIC 0x4D4F4F4Eu
 
-/* A strided view of a host tensor, as a serving stack holds it.  Strides
+/* A strided view of a tensor in host memory (or, added in 1.3, CUDA
+ * memory: see `device`), as a serving stack holds it.  Strides
  * are in elements (as PyTorch and DLPack count them); NULL strides mean
  * row-major contiguous. */
 typedef struct encache_tensor {
