@@ -18,6 +18,7 @@
  *   fake_cudart_fail_copy_after(n)  the copies after the next n fail
  *                                   (cudaErrorIllegalAddress); -1: none
  *   fake_cudart_hang_events(on)     recorded events never complete
+ *   fake_cudart_fail_records(on)    cudaEventRecord fails
  *   fake_cudart_fail_host_memory(on) cudaHostRegister/cudaHostAlloc fail
  *   fake_cudart_set_devices(n)      the device count (0: no device)
  * and observations: fake_cudart_pageable_copies() (async copies whose
@@ -43,7 +44,7 @@ enum {
 };
 
 static long fail_copy_after = -1; /* atomics */
-static int hang_events, fail_host, devices = 2, devices_set;
+static int hang_events, fail_records, fail_host, devices = 2, devices_set;
 static long delay_us, pageable, live[4]; /* streams, events, host, device */
 static _Thread_local int current_device;
 
@@ -299,6 +300,8 @@ EXPORT int cudaEventDestroy(void *handle) {
  * the latest executed, as CUDA does (an event never recorded is done). */
 EXPORT int cudaEventRecord(void *handle, void *strm) {
   event *e = handle;
+  if (__atomic_load_n(&fail_records, __ATOMIC_RELAXED))
+    return E_ILLEGAL_ADDRESS;
   op *o = calloc(1, sizeof(*o));
   if (e == NULL || o == NULL) {
     free(o);
@@ -399,6 +402,9 @@ EXPORT void fake_cudart_fail_copy_after(long n) {
 }
 EXPORT void fake_cudart_hang_events(int on) {
   __atomic_store_n(&hang_events, on, __ATOMIC_RELAXED);
+}
+EXPORT void fake_cudart_fail_records(int on) {
+  __atomic_store_n(&fail_records, on, __ATOMIC_RELAXED);
 }
 EXPORT void fake_cudart_fail_host_memory(int on) {
   __atomic_store_n(&fail_host, on, __ATOMIC_RELAXED);

@@ -204,4 +204,6 @@
   XX(device_copy_error_poisons)                                              \
   XX(device_event_never_completing_poisons_after_the_timeout)                \
   XX(device_publish_event_never_completing_poisons)                          \
-  XX(device_registration_failure_is_clear)
+  XX(device_registration_failure_is_clear)                                   \
+  XX(device_unrecorded_event_poisons)                                        \
+  XX(device_unrecorded_lookup_event_poisons)

@@ -566,3 +566,40 @@ TEST(device_registration_failure_is_clear) {
   ASSERT_EQ_INT(e.rt.free_(o.ptr), 0);
   env_close(&e, 0);
 }
+
+TEST(device_unrecorded_event_poisons) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  env_open(&e, 1 << 20, "");
+  static const char *const ids[] = {"e0"};
+  seed(&e, ids, 1, 2);
+  candidate(&e, "e1", 2);
+  fake_set_int(&e, "fake_cudart_fail_records", 1);
+  /* A publication: the copy is queued, no event can follow it. */
+  dev_out o;
+  dev_out_make(&e, &o, "e1", 2, 0);
+  ASSERT_EQ_INT(encache_publish(e.step, "e1", &o.v, o.st), ENCACHE_EPOISONED);
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "cudaEventRecord");
+  encache_stats s = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(e.ec, &s), 0);
+  ASSERT_EQ_INT(s.poisoned, 1);
+  encache_storage_unref(o.st);
+  env_close(&e, ENCACHE_EPOISONED);
+}
+
+TEST(device_unrecorded_lookup_event_poisons) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  env_open(&e, 1 << 20, "");
+  static const char *const ids[] = {"u0"};
+  seed(&e, ids, 1, 2);
+  fake_set_int(&e, "fake_cudart_fail_records", 1);
+  encache_candidate c = cand("u0", 2, ENCACHE_DEVICE_CUDA);
+  encache_result r = ENCACHE_RESULT_INIT;
+  encache_allocator a = allocator(&e);
+  ASSERT_EQ_INT(encache_lookup(e.step, &c, 1, &a, &r), ENCACHE_EPOISONED);
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "cannot be confirmed (cudaEventRecord");
+  env_close(&e, ENCACHE_EPOISONED);
+}
