@@ -161,17 +161,24 @@ static void device_leave(int dev, int prev) {
     rt.set_device(prev);
 }
 
-static uint64_t now_ms(void) {
+static uint64_t now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
+
+/* How long a wait yields the processor between polls before it sleeps
+ * between them: a copy of a few MiB completes within it, and a sleep's
+ * timer slack (about 50 us) would add to every such lookup. */
+#define SPIN_US 500
 
 /* Polls ev until it completes (0) or fails or times out (-1, why set). */
 static int wait_event(void *ev, uint64_t timeout_ms, const char *what,
                       char *why, size_t size) {
-  uint64_t deadline = now_ms() + timeout_ms;
-  for (unsigned spins = 0;; spins++) {
+  /* Any timeout beyond a day waits a day: no overflow of the deadline. */
+  uint64_t bound = timeout_ms < 86400000u ? timeout_ms : 86400000u;
+  uint64_t start = now_us(), deadline = start + bound * 1000u;
+  for (;;) {
     int e = rt.event_query(ev);
     if (e == CUDA_OK)
       return 0;
@@ -180,13 +187,14 @@ static int wait_event(void *ev, uint64_t timeout_ms, const char *what,
                "(cudaEventQuery: %s)", what, err_str(e));
       return -1;
     }
-    if (now_ms() >= deadline) {
+    uint64_t now = now_us();
+    if (now >= deadline) {
       snprintf(why, size, "%s did not complete within %llu ms "
                "(device_sync_timeout_ms)", what,
                (unsigned long long)timeout_ms);
       return -1;
     }
-    if (spins < 64) {
+    if (now - start < SPIN_US) {
       sched_yield();
     } else {
       struct timespec ts = {0, 10000};
