@@ -247,7 +247,8 @@ static int run(encache *ec, encache_store *st, int iters) {
   for (size_t i = 0; rc == 0 && i < sizeof(sizes) / sizeof(sizes[0]); i++)
     rc = bench_size(ec, st, sizes[i], iters);
   void *dev = NULL;
-  if (rc == 0 && (rc = cuda_ok(rt.malloc_(&dev, 8u << 20), "cudaMalloc")) == 0) {
+  if (rc == 0 &&
+      (rc = cuda_ok(rt.malloc_(&dev, 8u << 20), "cudaMalloc")) == 0) {
     void *host = malloc(8u << 20);
     if (host != NULL) { /* outputs of some value */
       memset(host, 7, 8u << 20);

@@ -295,7 +295,7 @@ int encache__device_sync(encache_step *step) {
   encache__device *d = ec->dev;
   if (d == NULL || !d->queued_any)
     return 0;
-  char why[400];
+  char what[64], why[400];
   for (int dev = 0; dev < ENCACHE__MAX_DEVICES; dev++) {
     if (d->queued[dev] == NULL)
       continue;
@@ -304,8 +304,8 @@ int encache__device_sync(encache_step *step) {
       return encache__poison(ec, "the copies to CUDA device %d cannot be "
                              "confirmed (cudaEventRecord: %s)", dev,
                              err_str(e));
-    snprintf(why, sizeof(why), "the copies to CUDA device %d", dev);
-    if (wait_event(d->event[dev], ec->device_timeout_ms, why, why,
+    snprintf(what, sizeof(what), "the copies to CUDA device %d", dev);
+    if (wait_event(d->event[dev], ec->device_timeout_ms, what, why,
                    sizeof(why)) < 0)
       return encache__poison(ec, "%s", why);
     d->queued[dev] = NULL;
@@ -364,6 +364,8 @@ static int pool_take(encache *ec, encache__device *d, size_t n,
   reclaim(d);
   if ((*out = best_fit(d, n)) != NULL)
     return 0;
+  if (n > ec->pinned_pool_max) /* never fits (and no overflow below) */
+    return 1;
   size_t cap = (n + 4095) & ~(size_t)4095;
   if (cap == 0)
     cap = 4096;
@@ -406,7 +408,8 @@ static int copy_out_of(encache *ec, encache__device *d, encache__pinned *b,
   }
   int e = CUDA_OK;
   const char *what = "cudaEventCreateWithFlags";
-  if (b->event == NULL && (e = rt.event_create(&b->event, EVENT_DISABLE_TIMING)) == CUDA_OK)
+  if (b->event == NULL &&
+      (e = rt.event_create(&b->event, EVENT_DISABLE_TIMING)) == CUDA_OK)
     b->event_dev = dev;
   if (e == CUDA_OK) {
     what = "cudaMemcpyAsync";

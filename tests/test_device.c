@@ -459,6 +459,14 @@ TEST(device_publish_pool_is_bounded) {
   ASSERT_EQ_INT(encache_flush(e.ec), 0);
   ASSERT_EQ_INT(encache_stats_get(e.ec, &s), 0);
   ASSERT(s.device_pool_bytes <= 65536);
+  /* An output larger than the whole pool never fits. */
+  dev_out big;
+  candidate(&e, "q3", 32);
+  dev_out_make(&e, &big, "q3", 32, 0); /* 128 KiB */
+  ASSERT_EQ_INT(encache_publish(e.step, "q3", &big.v, big.st),
+                ENCACHE_SKIP_OVER_BYTES);
+  encache_storage_unref(big.st);
+  ASSERT_EQ_INT(e.rt.free_(big.ptr), 0);
   for (int i = 0; i < 3; i++) {
     check_stored(&e, ids[i], 8, 0);
     encache_storage_unref(o[i].st);
