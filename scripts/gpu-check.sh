@@ -6,7 +6,9 @@
 # folder ($BUILD_DIR, default build-gpu), runs the device tests on the real
 # CUDA runtime ($ENCACHE_CUDA_LIBRARY if set, else libcudart.so; the tests
 # that need the fake runtime's failure injection say "skipped"), then on
-# the fake runtime, then bench_device on the real one.  About 2 to 4
+# the fake runtime, then bench_device on the real one, then (when $PYTHON,
+# default python3, has torch with CUDA) the Python package's
+# tests/python/gpu_check.py.  About 2 to 4
 # minutes; each step is bounded.  Exit status: that of the first step
 # that failed.
 set -eu
@@ -35,4 +37,14 @@ echo "== device tests on the fake runtime (failure injection)"
 timeout 120 "$build/encache_tests" device_
 echo "== bench_device on the real CUDA runtime"
 timeout 150 "$build/bench_device" --iterations 20
+py=${PYTHON:-python3}
+echo "== the Python package on CUDA torch ($py)"
+if "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  cmake -S . -B "$build" -DENCACHE_PYTHON=ON \
+    -DPython3_EXECUTABLE="$(command -v "$py")" >/dev/null
+  timeout 240 cmake --build "$build" -j "$jobs" --target encache_python >/dev/null
+  PYTHONPATH="$build/python" timeout 120 "$py" tests/python/gpu_check.py
+else
+  echo "skipped: $py has no torch with CUDA"
+fi
 echo "== gpu-check: done"

@@ -165,8 +165,10 @@ static stream *legacy;
 static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
 static void legacy_init(void) { legacy = stream_new(); }
 
+/* NULL, cudaStreamLegacy (0x1) and cudaStreamPerThread (0x2) are the one
+ * default stream here. */
 static stream *stream_of(void *handle) {
-  if (handle != NULL)
+  if ((uintptr_t)handle > 2)
     return handle;
   pthread_once(&legacy_once, legacy_init);
   return legacy;

@@ -141,6 +141,10 @@ class Stats:
     waited: int = 0
     waited_hits: int = 0
     wait_us: int = 0
+    device_bytes_copied: int = 0
+    device_published: int = 0
+    device_pool_bytes: int = 0
+    device_pool_full: int = 0
 
 
 _OUTPUTS = {"buffer": 0, "numpy": 1, "torch": 2}
@@ -228,7 +232,9 @@ _encache._init(
         Skip(i) if i in Skip._value2member_map_ else i
         for i in range(max(Skip) + 1)),
     describe=_tensors.describe, dtype_of=_tensors.dtype_of,
-    device_of=_tensors.device_of)
+    device_of=_tensors.device_of,
+    # Looked up at each call, so that a test can replace it.
+    device_empty=lambda *a: _tensors.device_empty(*a))
 
 __all__ = [
     "Cache", "Item", "Step", "Result", "Buffer", "Outcome", "Skip", "Stats",

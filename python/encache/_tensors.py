@@ -57,19 +57,75 @@ def _torch_codes(torch):
 _torch_dtypes = None
 
 
-def _describe_torch(t):
+def _torch_dtype_codes():
     global _torch_dtypes
-    if not t.is_cpu:
-        raise InvalidError(
-            f"a tensor on {t.device} cannot be published: publication reads "
-            "host memory (pass tensor.cpu())")
     if _torch_dtypes is None:
         _torch_dtypes = _torch_codes(sys.modules["torch"])
+    return _torch_dtypes
+
+
+def _stream(value):
+    """The library's stream argument for a CUDA stream handle: 0 (NULL) is
+    the legacy default stream, as in the CUDA runtime."""
+    return int(value or 0)
+
+
+def _describe_torch(t):
+    if t.is_cuda:
+        torch = sys.modules["torch"]
+        index = t.device.index if t.device.index is not None else 0
+        # The output is ordered on the stream current for its device: the
+        # library records an event there and copies once it has passed.
+        place = (_encache.DEVICE_CUDA, index,
+                 _stream(torch.cuda.current_stream(t.device).cuda_stream))
+    elif t.is_cpu:
+        place = (_encache.DEVICE_HOST, 0, 0)
+    else:
+        raise InvalidError(
+            f"a tensor on {t.device} cannot be published: publication reads "
+            "host or CUDA memory (pass tensor.cpu())")
     st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
     # The storage, not the tensor, is kept: a tensor can be given other
     # memory (set_, resize_) while its old memory is still being written.
-    return (t.data_ptr(), _torch_dtypes.get(t.dtype, -1), t.shape, t.stride(),
-            st.data_ptr(), st.nbytes(), st)
+    return (t.data_ptr(), _torch_dtype_codes().get(t.dtype, -1), t.shape,
+            t.stride(), st.data_ptr(), st.nbytes(), st) + place
+
+
+# __cuda_array_interface__ type strings (there is none for bfloat16).
+_CAI_CODES = {"<f4": "float32", "<f2": "float16"}
+
+
+def _describe_cuda_array(obj, cai):
+    """An object with a __cuda_array_interface__ (CuPy, Numba, ...)."""
+    typestr = str(cai.get("typestr", ""))
+    name = _CAI_CODES.get(typestr)
+    code = _encache.dtype_parse(name) if name else -1
+    shape = tuple(int(d) for d in cai["shape"])
+    item = int(typestr[2:]) if typestr[2:].isdigit() else 1
+    strides = cai.get("strides")
+    if strides is not None:
+        strides = tuple(s // item if s % item == 0 else -1 for s in strides)
+    data = int(cai["data"][0] or 0)
+    # The extent the view spans, as its storage.
+    steps = strides if strides is not None else _contiguous(shape)
+    span = 0 if 0 in shape else (
+        1 + sum((d - 1) * abs(s) for d, s in zip(shape, steps))) * item
+    # Version 3's stream: None (no synchronisation needed) and 1 both
+    # mean the legacy default stream here; 2 is the per-thread one.
+    stream = cai.get("stream")
+    device = getattr(obj, "device", None)
+    index = getattr(device, "id", getattr(device, "index", 0)) or 0
+    return (data, code, shape, strides, data, span, obj,
+            _encache.DEVICE_CUDA, int(index), 0 if stream in (None, 1)
+            else _stream(stream))
+
+
+def _contiguous(shape):
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
 
 
 def _describe_numpy(a):
@@ -81,19 +137,38 @@ def _describe_numpy(a):
         root = root.base
     base = root.__array_interface__["data"][0]
     return (a.__array_interface__["data"][0], code, a.shape, strides, base,
-            root.nbytes, root)
+            root.nbytes, root, _encache.DEVICE_HOST, 0, 0)
 
 
 def describe(obj):
     """(data, dtype code or -1, shape, strides in elements, storage base,
-    storage bytes, what keeps the storage alive) of a CPU tensor or array
-    to publish."""
+    storage bytes, what keeps the storage alive, device kind, device
+    index, stream) of a tensor or array to publish."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         return _describe_torch(obj)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
         return _describe_numpy(obj)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        return _describe_cuda_array(obj, cai)
     raise InvalidError(
-        f"publish takes a torch.Tensor or a numpy.ndarray, not "
-        f"{type(obj).__name__}")
+        f"publish takes a torch.Tensor, a numpy.ndarray or an object with "
+        f"a __cuda_array_interface__, not {type(obj).__name__}")
+
+
+def device_empty(code, rows, cols, index):
+    """(tensor, address, stream) of a new rows x cols torch tensor of dtype
+    code on CUDA device index, for a lookup's destination, with the stream
+    current there (the library copies hits on it, so the tensor is ordered
+    as torch's own allocations are); None when torch cannot allocate on
+    CUDA (not imported, or built without CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    dtype = {v: k for k, v in _torch_dtype_codes().items()}[code]
+    device = torch.device("cuda", index)
+    t = torch.empty((rows, cols), dtype=dtype, device=device)
+    return (t, t.data_ptr(),
+            _stream(torch.cuda.current_stream(device).cuda_stream))

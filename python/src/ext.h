@@ -63,6 +63,10 @@ extern PyObject *ec_skips;     /* tuple: Skip members by code */
 extern PyObject *ec_describe;  /* callable(tensor) -> publish description */
 extern PyObject *ec_dtype_of;  /* callable(obj) -> dtype code (cached) */
 extern PyObject *ec_device_of; /* callable(obj) -> (kind, index) (cached) */
+/* callable(dtype code, rows, cols, index) -> (object, address, stream) of
+ * a new matrix on CUDA device index, or None when nothing can allocate
+ * there (the destinations of a lookup's CUDA items). */
+extern PyObject *ec_device_empty;
 extern PyObject *ec_from_dlpack; /* torch's from_dlpack, or NULL */
 extern PyObject *ec_as_array;    /* numpy.asarray, or NULL */
 extern unsigned long ec_fork_gen;

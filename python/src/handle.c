@@ -293,7 +293,8 @@ static PyObject *handle_stats(PyObject *self, PyObject *args) {
   PUT(published_present) PUT(published_failed) PUT(pending_items)
   PUT(pending_bytes) PUT(staging_allocations) PUT(staging_bytes)
   PUT(steps_open) PUT(in_flight) PUT(leases_taken) PUT(leases_failed)
-  PUT(waited) PUT(waited_hits) PUT(wait_us)
+  PUT(waited) PUT(waited_hits) PUT(wait_us) PUT(device_bytes_copied)
+  PUT(device_published) PUT(device_pool_bytes) PUT(device_pool_full)
 #undef PUT
   /* By reason code; the package names them. */
   for (int r = 0; r < ENCACHE_SKIP_COUNT_; r++) {

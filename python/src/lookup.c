@@ -7,8 +7,11 @@
  * (rows, cols) and, optionally, device.  dtype and device objects (torch,
  * numpy, strings) are resolved once by the package's functions and cached
  * here by identity of value (dicts), so the common case costs two dict
- * lookups.  Destinations come from buffer.c's allocator, which needs no
- * GIL.
+ * lookups.  Host destinations come from buffer.c's allocator, which
+ * needs no GIL; the destinations of CUDA items are made before the lookup
+ * (with the GIL, by the package's device_empty: torch tensors from torch's
+ * own allocator) and handed out by the allocator, so a miss costs a
+ * tensor that is dropped.
  */
 #include "ext.h"
 
@@ -259,16 +262,107 @@ static void invalid_item(Py_ssize_t i) {
   Py_XDECREF(tb);
 }
 
+/* ------------------------------------------------------ CUDA destinations */
+
+/* cudaStreamLegacy, as cuda_runtime_api.h defines it. */
+#define CUDA_STREAM_LEGACY ((uintptr_t)0x1)
+
+typedef struct dests {
+  const encache_candidate *c;
+  Py_ssize_t n;
+  PyObject **obj;    /* per candidate: its CUDA destination, or NULL */
+  uintptr_t *addr;   /* ... its address */
+  uint64_t *cap;     /* ... its bytes */
+  uintptr_t stream;  /* the stream current on their device */
+  int device_index;  /* -1 until a CUDA item is seen */
+  Py_ssize_t failed; /* the CUDA candidate alloc had nothing for, or -1 */
+} dests;
+
+static int dest_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **blk) {
+  dests *d = ctx;
+  if (c->device != ENCACHE_DEVICE_CUDA)
+    return ec_block_alloc(NULL, i, c, nbytes, data, blk);
+  if (d->obj == NULL || d->obj[i] == NULL || nbytes > d->cap[i]) {
+    d->failed = (Py_ssize_t)i;
+    return -ENODEV;
+  }
+  *data = (void *)d->addr[i];
+  *blk = NULL;
+  return 0;
+}
+
+static void dest_release(void *ctx, size_t i, void *data, void *blk) {
+  const dests *d = ctx;
+  if (d->c[i].device != ENCACHE_DEVICE_CUDA)
+    ec_block_release(NULL, i, data, blk);
+}
+
+static void dests_free(dests *d) {
+  for (Py_ssize_t i = 0; d->obj != NULL && i < d->n; i++)
+    Py_XDECREF(d->obj[i]);
+  PyMem_Free(d->obj);
+  PyMem_Free(d->addr);
+  PyMem_Free(d->cap);
+}
+
+/* Makes the destination of CUDA candidate i (none when the package cannot
+ * allocate there: the lookup then fails only if the library has a hit for
+ * it); 0 or -1 raised. */
+static int dest_make(dests *d, Py_ssize_t i) {
+  const encache_candidate *c = &d->c[i];
+  if (d->device_index >= 0 && c->device_index != d->device_index)
+    return ec_invalid("on cuda:%d, another item on cuda:%d: one CUDA "
+                      "device per lookup", c->device_index, d->device_index),
+           -1;
+  d->device_index = c->device_index;
+  if (d->obj == NULL &&
+      ((d->obj = PyMem_Calloc((size_t)d->n, sizeof(*d->obj))) == NULL ||
+       (d->addr = PyMem_Calloc((size_t)d->n, sizeof(*d->addr))) == NULL ||
+       (d->cap = PyMem_Calloc((size_t)d->n, sizeof(*d->cap))) == NULL))
+    return PyErr_NoMemory(), -1;
+  PyObject *r = PyObject_CallFunction(
+      ec_device_empty, "iKKi", c->dtype, (unsigned long long)c->rows,
+      (unsigned long long)c->cols, c->device_index);
+  PyObject *t;
+  unsigned long long addr, stream;
+  int rc = r == NULL ? -1 : 0;
+  if (r != NULL && r != Py_None) {
+    if (!PyArg_ParseTuple(r, "OKK", &t, &addr, &stream))
+      rc = -1;
+    else {
+      d->obj[i] = Py_NewRef(t);
+      d->addr[i] = (uintptr_t)addr;
+      d->cap[i] = c->rows * c->cols * encache_dtype_size(c->dtype);
+      d->stream = (uintptr_t)stream;
+    }
+  }
+  Py_XDECREF(r);
+  return rc;
+}
+
+/* The destinations of the CUDA candidates among c[0..n); 0 or -1. */
+static int dests_make(dests *d, const encache_candidate *c, Py_ssize_t n) {
+  *d = (dests){.c = c, .n = n, .device_index = -1, .failed = -1};
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (c[i].device == ENCACHE_DEVICE_CUDA && dest_make(d, i) < 0) {
+      invalid_item(i);
+      return -1;
+    }
+  return 0;
+}
+
 /* The Result of r (for candidate c); its hit's block is taken over, or
  * freed on failure. */
-static PyObject *result_of(int output, PyObject *id,
-                           const encache_candidate *c,
-                           const encache_result *r) {
+static PyObject *result_of(int output, PyObject *id, const dests *d,
+                           Py_ssize_t i, const encache_result *r) {
+  const encache_candidate *c = &d->c[i];
   PyObject *o = ec_result_type.tp_alloc(&ec_result_type, 0);
-  PyObject *tensor = r->outcome == ENCACHE_HIT
-                         ? ec_block_wrap(r->handle, output, c->dtype,
-                                         c->rows, c->cols)
-                         : Py_NewRef(Py_None);
+  PyObject *tensor = r->outcome != ENCACHE_HIT ? Py_NewRef(Py_None)
+                     : c->device == ENCACHE_DEVICE_CUDA
+                         ? Py_NewRef(d->obj[i])
+                         : ec_block_wrap(r->handle, output, c->dtype,
+                                         c->rows, c->cols);
   PyObject *why = r->why != NULL ? ec_text(r->why) : Py_NewRef(Py_None);
   if (o == NULL || tensor == NULL || why == NULL) {
     Py_XDECREF(o);
@@ -295,22 +389,36 @@ static void copy_whys(encache_result *res, Py_ssize_t n) {
       res[i].why = strdup(res[i].why);
 }
 
-/* Looks candidates c[0..n) up on s; the results in res (their reasons
- * copied: free them), or -1 raised. */
-static int lookup_locked(step *s, handle *h, const encache_candidate *c,
-                         Py_ssize_t n, encache_result *res) {
+/* Looks d's candidates up on s; the results in res (their reasons
+ * copied: free them), or -1 raised.  CUDA hits are copied on the stream
+ * current on their device (torch's allocator orders its memory there). */
+static int lookup_locked(step *s, handle *h, dests *d, encache_result *res) {
   encache_allocator a = ENCACHE_ALLOCATOR_INIT;
-  a.alloc = ec_block_alloc;
-  a.release = ec_block_release;
+  a.ctx = d;
+  a.alloc = dest_alloc;
+  a.release = dest_release;
   res[0].size = sizeof(encache_result);
   char msg[1024] = "";
   int rc = 0;
   EC_LOCKED(h, rc,
-            rc = s->st == NULL ? ENCACHE_ECLOSED
-                               : encache_lookup(s->st, c, (size_t)n, &a, res);
-            if (rc >= 0) copy_whys(res, n);
+            rc = s->st == NULL ? ENCACHE_ECLOSED : 0;
+            /* torch's 0 is the legacy default stream (NULL would be the
+             * handle's own). */
+            if (rc == 0 && d->obj != NULL)
+              rc = encache_step_set_stream(
+                  s->st, (void *)(d->stream ? d->stream : CUDA_STREAM_LEGACY));
+            if (rc == 0)
+              rc = encache_lookup(s->st, d->c, (size_t)d->n, &a, res);
+            if (rc >= 0) copy_whys(res, d->n);
             if (rc < 0 && rc != ENCACHE_ECLOSED)
               PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
+  if (rc == -ENODEV && d->failed >= 0) {
+    ec_invalid("item %zd: a hit on cuda:%d, but no CUDA tensor could be "
+               "made for it (torch is not imported, or "
+               "torch.cuda.is_available() is False)", d->failed,
+               d->c[d->failed].device_index);
+    return -1;
+  }
   if (rc < 0) {
     ec_raise(rc, rc == ENCACHE_ECLOSED ? "the step or its Cache is closed"
                                        : msg);
@@ -321,16 +429,16 @@ static int lookup_locked(step *s, handle *h, const encache_candidate *c,
 
 /* The Results of res[0..n) as a new list; every hit's block is taken
  * over (or freed) whatever happens. */
-static PyObject *results_of(int output, PyObject **ids,
-                            const encache_candidate *c, Py_ssize_t n,
+static PyObject *results_of(int output, PyObject **ids, const dests *d,
                             encache_result *res) {
+  Py_ssize_t n = d->n;
   PyObject *out = PyList_New(n);
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *r = out != NULL ? result_of(output, ids[i], &c[i], &res[i])
+    PyObject *r = out != NULL ? result_of(output, ids[i], d, i, &res[i])
                               : NULL;
     if (r == NULL) {
       if (res[i].outcome == ENCACHE_HIT && out == NULL)
-        ec_block_release(NULL, (size_t)i, res[i].data, res[i].handle);
+        dest_release((void *)d, (size_t)i, res[i].data, res[i].handle);
       Py_CLEAR(out);
       continue; /* the remaining hits' blocks are freed */
     }
@@ -373,9 +481,13 @@ PyObject *ec_step_lookup(step *s, PyObject *items) {
       invalid_item(parsed);
       goto done;
     }
-  if (lookup_locked(s, h, c, n, res) < 0)
+  dests d;
+  if (dests_make(&d, c, n) < 0 || lookup_locked(s, h, &d, res) < 0) {
+    dests_free(&d);
     goto done;
-  out = results_of(h->output, ids, c, n, res);
+  }
+  out = results_of(h->output, ids, &d, res);
+  dests_free(&d);
   for (Py_ssize_t i = 0; i < n; i++)
     free((char *)res[i].why);
   if (out != NULL) {

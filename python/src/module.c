@@ -13,6 +13,7 @@
 #include <string.h>
 
 PyObject *ec_outcomes, *ec_skips, *ec_describe, *ec_dtype_of, *ec_device_of,
+    *ec_device_empty,
     *ec_from_dlpack, *ec_as_array;
 static PyObject *errors;      /* dict: library code -> exception class */
 static PyObject *error_base;  /* encache.Error */
@@ -104,18 +105,20 @@ static PyObject *mod_init(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
   static const char *names[] = {"errors", "error_base", "invalid_error",
                           "closed_error", "fork_error", "outcomes", "skips",
-                          "describe", "dtype_of", "device_of", NULL};
-  PyObject *v[10];
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOOO!O!OOO:_init", (char **)names,
-                                   &PyDict_Type, &v[0], &v[1], &v[2], &v[3],
-                                   &v[4], &PyTuple_Type, &v[5], &PyTuple_Type,
-                                   &v[6], &v[7], &v[8], &v[9]))
+                          "describe", "dtype_of", "device_of", "device_empty",
+                          NULL};
+  PyObject *v[11];
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOOO!O!OOOO:_init",
+                                   (char **)names, &PyDict_Type, &v[0], &v[1],
+                                   &v[2], &v[3], &v[4], &PyTuple_Type, &v[5],
+                                   &PyTuple_Type, &v[6], &v[7], &v[8], &v[9],
+                                   &v[10]))
     return NULL;
-  PyObject **slots[] = {&errors,       &error_base, &invalid_error,
-                        &closed_error, &fork_error, &ec_outcomes,
+  PyObject **slots[] = {&errors,       &error_base,  &invalid_error,
+                        &closed_error, &fork_error,  &ec_outcomes,
                         &ec_skips,     &ec_describe, &ec_dtype_of,
-                        &ec_device_of};
-  for (int i = 0; i < 10; i++)
+                        &ec_device_of, &ec_device_empty};
+  for (int i = 0; i < 11; i++)
     Py_XSETREF(*slots[i], Py_NewRef(v[i]));
   Py_RETURN_NONE;
 }

@@ -152,12 +152,12 @@ static Py_ssize_t int64s(PyObject *t, int64_t *out, Py_ssize_t cap) {
 
 /* publish(id, tensor): the package's describe(tensor) gives (data, dtype
  * code or -1, shape, strides, storage base, storage bytes, the object
- * that keeps the storage alive). */
+ * that keeps the storage alive, device kind, device index, stream). */
 static PyObject *step_publish(PyObject *self, PyObject *args) {
   step *s = (step *)self;
   PyObject *id, *tensor, *shape, *strides, *keep;
-  unsigned long long data, base, nbytes;
-  int dtype;
+  unsigned long long data, base, nbytes, stream;
+  int dtype, device, device_index;
   if (!PyArg_ParseTuple(args, "UO:publish", &id, &tensor) ||
       ec_step_usable(s) < 0)
     return NULL;
@@ -168,8 +168,9 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
   ec_pub *prep = NULL;
   const char *key = NULL;
   if (d == NULL ||
-      !PyArg_ParseTuple(d, "KiO!OKKO", &data, &dtype, &PyTuple_Type, &shape,
-                        &strides, &base, &nbytes, &keep) ||
+      !PyArg_ParseTuple(d, "KiO!OKKOiiK", &data, &dtype, &PyTuple_Type,
+                        &shape, &strides, &base, &nbytes, &keep, &device,
+                        &device_index, &stream) ||
       (ndim = int64s(shape, dims, 8)) < 0 ||
       (strides != Py_None && (nstrides = int64s(strides, steps, 8)) < 0) ||
       (key = PyUnicode_AsUTF8(id)) == NULL)
@@ -188,7 +189,10 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
                          .dtype = dtype,
                          .ndim = ndim > 8 ? 9 : (int)ndim,
                          .shape = dims,
-                         .strides = strides == Py_None ? NULL : steps};
+                         .strides = strides == Py_None ? NULL : steps,
+                         .device = device,
+                         .device_index = device_index,
+                         .stream = (void *)(uintptr_t)stream};
   if ((prep = ec_pub_prepare(h, keep, (uintptr_t)base, nbytes)) != NULL)
     out = publish_locked(s, h, key, &view, prep);
 done:

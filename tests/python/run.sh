@@ -29,6 +29,11 @@ fi
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 export ENCACHE_TOOL="$build/encache"
 export ENCACHE_PYFAULT_LIB="${ENCACHE_PYFAULT_LIB:-$build/libencache_pyfault.so}"
+# test_cuda.py runs on the fake CUDA runtime the tests build
+# (tests/fake_cudart.c); no other test touches a device.
+if [ -f "$build/libencache_fakecudart.so" ]; then
+  export ENCACHE_CUDA_LIBRARY="$build/libencache_fakecudart.so"
+fi
 # Nothing of the caller's may choose the Store or the Redis servers.
 unset ENCACHE_STORE ENCACHE_REDIS_URL ENCACHE_REDIS_CLUSTER_URL \
   ENCACHE_REDIS_PASSWORD

@@ -101,9 +101,11 @@ def test_unavailable_when_the_server_dies(open_cache, tmp_path):
     assert not st.poisoned
 
 
-@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)],
+@pytest.mark.parametrize("device", ["cuda:7", torch.device("cuda", 9)],
                          ids=str)
 def test_skipped_device(open_cache, device):
+    """A CUDA device that does not exist (the fake runtime has 2; without
+    a runtime every CUDA item is SKIPPED: test_cuda.py)."""
     c = open_cache()
     with c.lookup([encache.Item(id="gpu", dtype=F32, shape=(2, 2),
                                 device=device)]) as step:

@@ -120,3 +120,10 @@ def test_views_of_one_storage_are_charged_once(open_cache, shm, fault):
     reader = open_cache(ectest.shm_of(url))
     r = lookup_one(reader, "v1", F32, (16, 32))
     assert r.hit and ectest.torch_bits_equal(r.tensor, big[16:32])
+
+
+def test_a_tensor_neither_on_the_cpu_nor_on_cuda_is_refused(open_cache):
+    c = open_cache()
+    with c.lookup([("m", F32, (2, 2))]) as step:
+        with pytest.raises(ectest.encache.InvalidError, match="meta"):
+            step.publish("m", torch.empty(2, 2, device="meta"))
