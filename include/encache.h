@@ -850,6 +850,16 @@ typedef struct encache_store_stats {
   uint64_t repairs;     /* shm: repairs of the index (a process died
                            holding the lock, or damage was found) and
                            objects dropped because their checksum failed */
+  /* Added in 1.3: the tiered Store's counters (tier:..., docs/stores.md),
+   * this handle's since it was opened; UINT64_MAX on other Stores.  The
+   * fields above are then the local tier's. */
+  uint64_t tier_local_hits;        /* objects read from the local tier */
+  uint64_t tier_remote_hits;       /* objects read from the remote tier */
+  uint64_t tier_remote_errors;     /* items the remote tier failed */
+  uint64_t tier_promotions_queued; /* remote hits queued for the local tier */
+  uint64_t tier_promotions_done;   /* ... and now in it */
+  uint64_t tier_promotions_dropped;/* not promoted: queue full, out of
+                                      memory, malformed object, refused */
 } encache_store_stats;
 
 ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,
