@@ -194,4 +194,14 @@
   XX(identity_vector)                                                        \
   XX(identity_errors_name_the_path)                                          \
   XX(identity_refuses_bad_arguments)                                         \
-  XX(identity_out_of_memory_every_allocation)
+  XX(identity_out_of_memory_every_allocation)                                \
+  XX(tier_url_errors_name_what_is_wrong)                                     \
+  XX(tier_url_shown_redacted_and_caps_of_both_tiers)                         \
+  XX(tier_local_hit_never_asks_the_remote)                                   \
+  XX(tier_remote_hit_is_promoted_then_local)                                 \
+  XX(tier_remote_outage_keeps_local_hits)                                    \
+  XX(tier_engine_outage_hit_and_unavailable)                                 \
+  XX(tier_incompatible_remote_object_never_promoted)                         \
+  XX(tier_local_eviction_refilled_from_the_remote)                           \
+  XX(tier_full_promotion_queue_drops_without_waiting)                        \
+  XX(tier_writes_answer_as_the_shared_tier)

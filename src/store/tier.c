@@ -220,13 +220,19 @@ static int tier_exists(encache_store *st, const char *const *keys, size_t n,
       sk[j++] = keys[i];
     }
   rc = t->remote->ops->exists(t->remote, sk, m, sr);
-  for (size_t j = 0; j < m; j++)
+  uint64_t errors = 0;
+  for (size_t j = 0; j < m; j++) {
     results[idx[j]] = rc < 0 ? rc : sr[j];
-  encache__free(idx);
-  if (rc < 0) {
-    count(&t->n.remote_errors, m);
-    rc = relay(t, t->remote, rc);
+    int cls = encache_store_classify(results[idx[j]]);
+    errors += cls == ENCACHE_ANSWER_RECOVERABLE ||
+              cls == ENCACHE_ANSWER_UNCONFIRMED;
   }
+  encache__free(idx);
+  if (errors > 0) {
+    count(&t->n.remote_errors, errors);
+    relay(t, t->remote, rc < 0 ? rc : ENCACHE_EUNAVAIL);
+  }
+  /* A failed batch fails the call only when no item was answered here. */
   return rc < 0 && m == n ? rc : 0;
 }
 
