@@ -309,6 +309,31 @@ TEST(tier_remote_hit_is_promoted_then_local) {
   ASSERT_EQ_INT(res[0], OBJ_LEN);
   make_obj(want, 9);
   ASSERT_EQ_MEM(got, want, OBJ_LEN);
+  /* A large object (above TIER_COPY_MAX) is read again from the remote
+   * by the promotion thread, not copied by the lookup. */
+  enum { BIG = ENCACHE_HEADER_SIZE + 4 * 100000 };
+  static unsigned char big[BIG], back[BIG];
+  int64_t shape[2] = {1, 100000};
+  encache_tensor tb = {sizeof tb, big + ENCACHE_HEADER_SIZE, ENCACHE_FLOAT32, 2,
+                       shape, NULL};
+  for (size_t i = ENCACHE_HEADER_SIZE; i < BIG; i++)
+    big[i] = (unsigned char)(i * 7);
+  ASSERT_EQ_INT(encache_header_encode(&tb, big), 0);
+  key_of(k2, "big");
+  ASSERT_EQ_INT(encache_store_write(w.remote, k2, NULL, 0, big, BIG), 0);
+  void *bb[1] = {back};
+  size_t bc[1] = {BIG};
+  int r0 = w.ctl.read_calls;
+  ASSERT_EQ_INT(encache_store_read(w.tier, &kk, 1, bb, bc, res), 0);
+  ASSERT_EQ_INT(res[0], BIG);
+  encache__tier_drain(w.tier);
+  ASSERT_EQ_INT(w.ctl.read_calls, r0 + 2); /* the lookup's, the thread's */
+  memset(back, 0, BIG);
+  ASSERT_EQ_INT(encache_store_read(w.local, &kk, 1, bb, bc, res), 0);
+  ASSERT_EQ_INT(res[0], BIG);
+  ASSERT_EQ_MEM(back, big, BIG);
+  s = stats_of(w.tier);
+  ASSERT_EQ_U64(s.tier_promotions_done, 3);
   world_stop(&w);
 }
 

@@ -427,6 +427,7 @@ static void tier_close(encache_store *st) {
   pthread_mutex_destroy(&t->mu);
   pthread_cond_destroy(&t->cv);
   pthread_cond_destroy(&t->idle);
+  encache__free(t->fbuf);
   encache__free(t->base.url);
   encache__free(t);
 }

@@ -21,12 +21,18 @@
 #define TIER_QUEUE_ITEMS 1024
 #define TIER_QUEUE_BYTES (64ull << 20)
 
-/* One remote hit waiting to be copied into the local tier. */
+/* Objects up to this size are copied by the lookup that found them; a
+ * larger one is read again from the remote tier by the promotion thread,
+ * so that the lookup never pays for copying it (tier_promote.c). */
+#define TIER_COPY_MAX (256u << 10)
+
+/* One remote hit waiting to be written into the local tier. */
 typedef struct tier_promo {
   struct tier_promo *next;
   char *key;
-  size_t len;
-  unsigned char data[]; /* the whole object, header first */
+  size_t len;   /* the object's length */
+  int fetch;    /* 1: data is empty, read the object from the remote */
+  unsigned char data[]; /* the whole object, header first (or nothing) */
 } tier_promo;
 
 /* Counters, updated with atomics (any thread). */
@@ -54,6 +60,8 @@ typedef struct tier_store {
   uint64_t qbytes, max_bytes;
   int stop, thread_started, busy;
   pthread_t thread;
+  unsigned char *fbuf; /* the promotion thread's: objects read again */
+  size_t fcap;
   tier_counts n;
 } tier_store;
 
