@@ -1349,6 +1349,14 @@ typedef struct encache_stats {
 /* Fills *st (st->size set by the caller).  Errors: ENCACHE_EINVAL. */
 ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
 
+/* Added in 1.3: the counters of the Store the engine opened, as
+ * encache_store_stats_get() gives them (a tier: Store's per-tier counters
+ * are then this engine's: hits of the local and the remote tier,
+ * promotions).  Any thread.  Errors: ENCACHE_EINVAL (ec or st NULL, a bad
+ * st->size, or a disabled handle, which has no Store), the Store's. */
+ENCACHE_EXTERN int encache_engine_store_stats(const encache *ec,
+                                              encache_store_stats *st);
+
 /* ------------------------------------------------------ model identity */
 
 /*

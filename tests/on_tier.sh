@@ -38,4 +38,23 @@ if printf '%s' "$out" | grep -q "^kind *tier" &&
 else
   echo "not ok - stats on a tier"; printf '%s\n' "$out"; rc=1
 fi
+# The demo with two simulated hosts (two shm tiers in front of one Redis):
+# every hit verified, hits reported per tier, some of them remote (an
+# image one host published, read by the other), the hosts' segments gone.
+out=$("$tool" --store "tier:shm://$seg?size=64MiB+$ENCACHE_REDIS_URL" demo \
+  --hosts 2 --encoders 4 --requests 40 --images 16 --tokens 16 --hidden 128 \
+  --verify all --no-baseline 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&
+   printf '%s' "$out" | grep -Eq "store hits by tier +[1-9][0-9]* local, [1-9][0-9]* remote .*2 hosts" &&
+   ! [ -e "/dev/shm/$seg-h0" ] && ! [ -e "/dev/shm/$seg-h1" ]; then
+  echo "ok - demo --hosts 2 on a tier"
+else
+  echo "not ok - demo --hosts 2 on a tier"; printf '%s\n' "$out"; rc=1
+fi
+"$tool" --store "$ENCACHE_REDIS_URL" demo --hosts 2 >/dev/null 2>"$dir/err"
+if [ $? -eq 2 ] && grep -q "needs --store tier:" "$dir/err"; then
+  echo "ok - demo --hosts 2 without a tier is refused"
+else
+  echo "not ok - demo --hosts 2 without a tier"; cat "$dir/err"; rc=1
+fi
 exit $rc
