@@ -89,6 +89,8 @@ static void remote_answered(tier_store *t, const rd *r) {
     }
   }
   count(&t->n.remote_hits, hits);
+  if (hits > 0)
+    encache__tier_promote_kick(t);
   if (errors > 0) {
     count(&t->n.remote_errors, errors);
     relay(t, t->remote, ENCACHE_EUNAVAIL);
@@ -292,7 +294,8 @@ static int tier_remove_prefix(encache_store *st, const char *prefix,
 /* --------------------------------------------------------------- list */
 
 /* The remote's keys, as listed, so that the local tier's copies of them
- * are not listed twice. */
+ * are not listed twice (a copy of every key that matches: listing is an
+ * operator's tool, not an encoder's path). */
 typedef struct seen {
   char **keys;
   size_t n, cap;

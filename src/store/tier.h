@@ -85,5 +85,7 @@ void encache__tier_promote_stop(tier_store *t);
  * dropped.  Never blocks on the local tier. */
 void encache__tier_promote(tier_store *t, const char *key, const void *head,
                            size_t hlen, const void *body, size_t blen);
+/* Wakes the promotion thread for what encache__tier_promote() queued. */
+void encache__tier_promote_kick(tier_store *t);
 
 #endif

@@ -95,19 +95,20 @@ static int split(const char *body, char *local, size_t size,
   memcpy(local, body, (size_t)(plus - body));
   local[plus - body] = '\0';
   *remote = plus + 1;
+  shown(local, a, sizeof(a));
   if (**remote == '\0')
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s+: the remote "
                               "Store URL after '+' is missing (use " SYNTAX
-                              ")", local);
+                              ")", a);
   if (starts(*remote, "tier:"))
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s+%s: a tier of a "
                               "tier: the remote Store cannot be a tier: Store",
-                              local, shown(*remote, b, sizeof(b)));
+                              a, shown(*remote, b, sizeof(b)));
   if (starts(*remote, "shm:"))
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s+%s: the remote "
                               "tier is host-local shm: give a distributed "
                               "Store (redis://, redis-cluster://, unix://, "
-                              "mooncake:, ...)", local,
+                              "mooncake:, ...)", a,
                               shown(*remote, b, sizeof(b)));
   return 0;
 }

@@ -97,7 +97,15 @@ void encache__tier_promote(tier_store *t, const char *key, const void *head,
     t->head = p;
   t->tail = p;
   count(&t->n.promo_queued);
-  pthread_cond_signal(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
+void encache__tier_promote_kick(tier_store *t) {
+  /* Once per lookup, not per object: a wake-up per object would hand the
+   * CPU to the promotion thread in the middle of the lookup. */
+  pthread_mutex_lock(&t->mu);
+  if (t->head != NULL)
+    pthread_cond_signal(&t->cv);
   pthread_mutex_unlock(&t->mu);
 }
 
@@ -124,7 +132,12 @@ static const unsigned char *fetch(tier_store *t, tier_promo *p) {
 
 /* Writes one promotion into the local tier. */
 static void promote_one(tier_store *t, tier_promo *p) {
-  const unsigned char *obj = p->fetch ? fetch(t, p) : p->data;
+  /* Closing: a copy is written, but nothing more is asked of the remote
+   * (which may be down: close must not wait for its timeouts). */
+  int stopping = __atomic_load_n(&t->stop, __ATOMIC_RELAXED);
+  const unsigned char *obj = !p->fetch ? p->data
+                             : stopping ? NULL
+                                        : fetch(t, p);
   if (obj == NULL) {
     count(&t->n.promo_dropped);
     return;
@@ -178,7 +191,7 @@ void encache__tier_promote_stop(tier_store *t) {
   if (!t->thread_started)
     return;
   pthread_mutex_lock(&t->mu);
-  t->stop = 1;
+  __atomic_store_n(&t->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_signal(&t->cv);
   pthread_mutex_unlock(&t->mu);
   pthread_join(t->thread, NULL);
