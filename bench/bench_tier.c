@@ -188,8 +188,8 @@ int main(int argc, char **argv) {
   char seg[64], lseg[64], shm_url[128], local_url[128], tier_url[1024];
   snprintf(seg, sizeof(seg), "bench-tier-shm-%d", (int)getpid());
   snprintf(lseg, sizeof(lseg), "bench-tier-local-%d", (int)getpid());
-  snprintf(shm_url, sizeof(shm_url), "shm://%s?size=256MiB", seg);
-  snprintf(local_url, sizeof(local_url), "shm://%s?size=256MiB", lseg);
+  snprintf(shm_url, sizeof(shm_url), "shm://%s?size=128MiB", seg);
+  snprintf(local_url, sizeof(local_url), "shm://%s?size=128MiB", lseg);
   snprintf(tier_url, sizeof(tier_url), "tier:%s+%s", local_url, url);
   const char *json = "{\"ec_connector_extra_config\": {\"cross_encoder_cache\""
                      ": true, \"store_read_buffer_bytes\": 67108864}}";

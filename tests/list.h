@@ -200,7 +200,7 @@
   XX(tier_local_hit_never_asks_the_remote)                                   \
   XX(tier_remote_hit_is_promoted_then_local)                                 \
   XX(tier_remote_outage_keeps_local_hits)                                    \
-  XX(tier_engine_outage_hit_and_unavailable)                                 \
+  XX(tier_remote_outage_seen_by_an_engine)                                   \
   XX(tier_incompatible_remote_object_never_promoted)                         \
   XX(tier_local_eviction_refilled_from_the_remote)                           \
   XX(tier_full_promotion_queue_drops_without_waiting)                        \

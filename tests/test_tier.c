@@ -15,6 +15,7 @@
 #include "tier.h"
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,7 @@ static int world_start(world *w, const char *size, size_t items,
   snprintf(w->local_url, sizeof(w->local_url), "shm://%s?size=%s", w->shm,
            size);
   snprintf(w->remote_url, sizeof(w->remote_url),
-           "redis://127.0.0.1:%d?connect_timeout_ms=300&timeout_ms=500",
+           "redis://127.0.0.1:%d?connect_timeout_ms=2000&timeout_ms=5000",
            w->port);
   fault_ctl_init(&w->ctl);
   encache_store *remote = fault_store_wrap(open_url(w->remote_url), &w->ctl);
@@ -215,6 +216,12 @@ TEST(tier_url_shown_redacted_and_caps_of_both_tiers) {
   st = open_url(url);
   s = stats_of(st);
   ASSERT_EQ_U64(s.tier_local_hits, UINT64_MAX);
+  /* A caller built before 1.3 (a struct without the tier fields). */
+  encache_store_stats old;
+  memset(&old, 0x5a, sizeof(old));
+  old.size = offsetof(encache_store_stats, tier_local_hits);
+  ASSERT_EQ_INT(encache_store_stats_get(st, &old), 0);
+  ASSERT_EQ_U64(old.tier_local_hits, 0x5a5a5a5a5a5a5a5aull); /* untouched */
   encache_store_close(st);
   encache_shm_destroy(name);
 }
@@ -391,7 +398,7 @@ static void t_release(void *ctx, size_t i, void *data, void *handle) {
 
 /* The engine over the tier with the remote gone: a local object is a
  * HIT, the others UNAVAILABLE (encoded), as over any failing Store. */
-TEST(tier_engine_outage_hit_and_unavailable) {
+TEST(tier_remote_outage_seen_by_an_engine) {
   world w;
   if (world_start(&w, "4MiB", 0, 0) < 0)
     return;

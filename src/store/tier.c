@@ -169,13 +169,14 @@ static int lookup(tier_store *t, const rd *r) {
   int rc = rd_call(t->local, r);
   if (rc < 0 && encache_store_classify(rc) == ENCACHE_ANSWER_UNCONFIRMED)
     return relay(t, t->local, rc);
-  size_t m = 0;
+  size_t m = 0, hits = 0;
   for (size_t i = 0; i < r->n; i++) {
     if (rc < 0) /* the whole local batch failed: all to the remote */
       r->res[i] = rc;
     m += ask_remote(r->res[i]) != 0;
+    hits += r->res[i] >= 0;
   }
-  count(&t->n.local_hits, r->n - m);
+  count(&t->n.local_hits, hits);
   return m == 0 ? 0 : read_remote(t, r, m);
 }
 
@@ -212,7 +213,9 @@ static int tier_exists(encache_store *st, const char *const *keys, size_t n,
     for (size_t i = 0; i < n; i++)
       if (ask_remote(results[i]))
         results[i] = ENCACHE_ENOMEM;
-    return m == n ? encache_store_fail(st, ENCACHE_ENOMEM, "out of memory") : 0;
+    return m == n ? encache_store_fail(st, ENCACHE_ENOMEM, "tier: out of "
+                                       "memory asking the remote tier")
+                  : 0;
   }
   const char **sk = (const char **)(void *)(idx + m);
   int *sr = (int *)(void *)(sk + m);

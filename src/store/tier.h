@@ -60,8 +60,11 @@ typedef struct tier_store {
   uint64_t qbytes, max_bytes;
   int stop, thread_started, busy;
   pthread_t thread;
-  unsigned char *fbuf; /* the promotion thread's: objects read again */
+  /* The promotion thread's own: the buffer objects are read again into;
+   * fetch_off after an unconfirmed read (the buffer is then abandoned). */
+  unsigned char *fbuf;
   size_t fcap;
+  int fetch_off;
   tier_counts n;
 } tier_store;
 

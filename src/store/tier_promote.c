@@ -123,8 +123,17 @@ static const unsigned char *fetch(tier_store *t, tier_promo *p) {
   void *bufs[1] = {t->fbuf};
   size_t caps[1] = {p->len};
   int64_t res[1];
-  if (t->remote->ops->read(t->remote, keys, 1, bufs, caps, res) != 0 ||
-      res[0] != (int64_t)p->len ||
+  int rc = t->remote->ops->read(t->remote, keys, 1, bufs, caps, res);
+  if (encache_store_classify(rc) == ENCACHE_ANSWER_UNCONFIRMED ||
+      (rc == 0 && encache_store_classify(res[0]) == ENCACHE_ANSWER_UNCONFIRMED)) {
+    /* The remote may still write into the buffer: it is never freed or
+     * reused (deliberately leaked), and nothing more is read again. */
+    t->fbuf = NULL;
+    t->fcap = 0;
+    t->fetch_off = 1;
+    return NULL;
+  }
+  if (rc != 0 || res[0] != (int64_t)p->len ||
       encache_object_describe(t->fbuf, p->len, NULL, 0) != 0)
     return NULL;
   return t->fbuf;
@@ -135,9 +144,9 @@ static void promote_one(tier_store *t, tier_promo *p) {
   /* Closing: a copy is written, but nothing more is asked of the remote
    * (which may be down: close must not wait for its timeouts). */
   int stopping = __atomic_load_n(&t->stop, __ATOMIC_RELAXED);
-  const unsigned char *obj = !p->fetch ? p->data
-                             : stopping ? NULL
-                                        : fetch(t, p);
+  const unsigned char *obj = !p->fetch              ? p->data
+                             : stopping || t->fetch_off ? NULL
+                                                        : fetch(t, p);
   if (obj == NULL) {
     count(&t->n.promo_dropped);
     return;
