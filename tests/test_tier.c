@@ -396,8 +396,32 @@ static void t_release(void *ctx, size_t i, void *data, void *handle) {
   free(data);
 }
 
-/* The engine over the tier with the remote gone: a local object is a
- * HIT, the others UNAVAILABLE (encoded), as over any failing Store. */
+/* Looks ids up through ec (every outcome into r; hits freed). */
+static void engine_lookup(encache *ec, const char *const *ids, int n,
+                          encache_result *r, const unsigned char *want) {
+  encache_candidate c[4];
+  for (int i = 0; i < n; i++)
+    c[i] = (encache_candidate){sizeof(c[i]), ids[i], ENCACHE_MODALITY_IMAGE,
+                               ENCACHE_FLOAT32, ROWS, COLS,
+                               ENCACHE_DEVICE_HOST, 0};
+  r[0].size = sizeof(r[0]);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  encache_allocator a = {sizeof(a), NULL, t_alloc, t_release};
+  ASSERT(encache_lookup(step, c, (size_t)n, &a, r) >= 0);
+  for (int i = 0; i < n; i++)
+    if (r[i].outcome == ENCACHE_HIT) {
+      ASSERT_EQ_MEM(r[i].data, want + ENCACHE_HEADER_SIZE,
+                    OBJ_LEN - ENCACHE_HEADER_SIZE);
+      free(r[i].data);
+    }
+  encache_step_close(step);
+}
+
+/* The engine over the tier: an object malformed in the remote tier is
+ * INCOMPATIBLE and never promoted; with the remote gone, a local object
+ * is a HIT, the others UNAVAILABLE (encoded), as over any failing Store,
+ * and a local incompatible object stays INCOMPATIBLE. */
 TEST(tier_remote_outage_seen_by_an_engine) {
   world w;
   if (world_start(&w, "4MiB", 0, 0) < 0)
@@ -411,40 +435,40 @@ TEST(tier_remote_outage_seen_by_an_engine) {
   o.model = "tier/model";
   o.model_dtype = ENCACHE_FLOAT32;
   encache *ec = NULL;
+  encache_store *tier = w.tier;
   ASSERT_EQ_INT(encache__open_with_store(&o, w.tier, &ec), 0);
   w.tier = NULL; /* the engine closes it */
-  char key[512];
+  char key[512], fresh[512];
   unsigned char obj[OBJ_LEN], bad[OBJ_LEN];
   make_obj(obj, 3);
+  memcpy(bad, obj, OBJ_LEN);
+  bad[0] ^= 0xff;
+  ASSERT(encache_key(encache_namespace_of(ec), "remote-bad", key, sizeof(key)) > 0);
+  ASSERT_EQ_INT(encache_store_write(w.remote, key, NULL, 0, bad, OBJ_LEN), 0);
+  ASSERT(encache_key(encache_namespace_of(ec), "fresh", fresh, sizeof(fresh)) > 0);
+  ASSERT_EQ_INT(encache_store_write(w.remote, fresh, NULL, 0, obj, OBJ_LEN), 0);
+  static const char *const first[2] = {"remote-bad", "fresh"};
+  encache_result r[3];
+  engine_lookup(ec, first, 2, r, obj);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_INCOMPATIBLE);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_HIT);
+  encache__tier_drain(tier);
+  ASSERT_EQ_INT(has(w.local, key), 0);
+  ASSERT_EQ_INT(has(w.local, fresh), 1);
   ASSERT(encache_key(encache_namespace_of(ec), "local", key, sizeof(key)) > 0);
   ASSERT_EQ_INT(encache_store_write(w.local, key, NULL, 0, obj, OBJ_LEN), 0);
   /* An incompatible object (bad magic) in the local tier: INCOMPATIBLE,
    * never replaced by the remote's good one. */
-  memcpy(bad, obj, OBJ_LEN);
-  bad[0] ^= 0xff;
   ASSERT(encache_key(encache_namespace_of(ec), "broken", key, sizeof(key)) > 0);
   ASSERT_EQ_INT(encache_store_write(w.local, key, NULL, 0, bad, OBJ_LEN), 0);
   ASSERT_EQ_INT(encache_store_write(w.remote, key, NULL, 0, obj, OBJ_LEN), 0);
   kill_wait(w.redis, SIGKILL);
   w.redis = 0;
-  encache_candidate c[3];
-  const char *ids[3] = {"local", "broken", "remote"};
-  for (int i = 0; i < 3; i++)
-    c[i] = (encache_candidate){sizeof(c[i]), ids[i], ENCACHE_MODALITY_IMAGE,
-                               ENCACHE_FLOAT32, ROWS, COLS,
-                               ENCACHE_DEVICE_HOST, 0};
-  encache_result r[3];
-  r[0].size = sizeof(r[0]);
-  encache_step *step = NULL;
-  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
-  encache_allocator a = {sizeof(a), NULL, t_alloc, t_release};
-  ASSERT(encache_lookup(step, c, 3, &a, r) >= 0);
+  static const char *const ids[3] = {"local", "broken", "remote"};
+  engine_lookup(ec, ids, 3, r, obj);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT);
-  ASSERT_EQ_MEM(r[0].data, obj + ENCACHE_HEADER_SIZE, OBJ_LEN - ENCACHE_HEADER_SIZE);
   ASSERT_EQ_INT(r[1].outcome, ENCACHE_INCOMPATIBLE);
   ASSERT_EQ_INT(r[2].outcome, ENCACHE_UNAVAILABLE);
-  free(r[0].data);
-  encache_step_close(step);
   ASSERT_EQ_INT(encache_close(ec), 0);
   world_stop(&w);
 }
