@@ -6,7 +6,8 @@
  * the fault Store (tests/fault_store.c), whose counters prove when the
  * remote tier was not asked.  The Store conformance suite and the
  * engine's acceptance cases run on a tier URL too (tests/on_tier.sh).
- * Tests say "skipped" and pass without redis-server.
+ * Tests say "skipped" and pass without redis-server.  One file for the
+ * tier's suite (about 630 lines), its helpers shared by every test.
  */
 #include "fault_store.h"
 #include "redis_util.h"
