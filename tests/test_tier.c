@@ -35,13 +35,19 @@ typedef struct world {
   encache_store *tier, *local, *remote; /* local, remote: handles of our own */
 } world;
 
-static world *the_world; /* for the exit handler */
+/* What the exit handler cleans up when a test fails half way (a test
+ * that ends cleans up in world_stop()): copies, not pointers into the
+ * test's stack, which is gone by then. */
+static pid_t exit_redis;
+static char exit_shm[64];
 
 static void world_exit(void) {
-  if (the_world != NULL && the_world->redis > 0)
-    kill_wait(the_world->redis, SIGKILL);
-  if (the_world != NULL)
-    encache_shm_destroy(the_world->shm);
+  if (exit_redis > 0)
+    kill_wait(exit_redis, SIGKILL);
+  exit_redis = 0;
+  if (exit_shm[0])
+    encache_shm_destroy(exit_shm);
+  exit_shm[0] = '\0';
 }
 
 static encache_store *open_url(const char *url) {
@@ -60,10 +66,10 @@ static int world_start(world *w, const char *size, size_t items,
   if (!redis_have())
     return -1;
   w->port = free_port();
-  w->redis = spawn_redis(w->port, NULL);
-  the_world = w;
-  atexit(world_exit);
+  w->redis = exit_redis = spawn_redis(w->port, NULL);
   snprintf(w->shm, sizeof(w->shm), "encache-tier-%d", (int)getpid());
+  snprintf(exit_shm, sizeof(exit_shm), "%s", w->shm);
+  atexit(world_exit);
   encache_shm_destroy(w->shm);
   snprintf(w->local_url, sizeof(w->local_url), "shm://%s?size=%s", w->shm,
            size);
@@ -80,10 +86,14 @@ static int world_start(world *w, const char *size, size_t items,
   return 0;
 }
 
+/* Closes the handles, stops the server (unless the test did) and removes
+ * the segment. */
 static void world_stop(world *w) {
   encache_store_close(w->tier);
   encache_store_close(w->local);
   encache_store_close(w->remote);
+  exit_redis = w->redis; /* 0 when the test killed it */
+  world_exit();
 }
 
 /* A well-formed v3 object (float32 ROWS x COLS) whose payload depends on
@@ -257,7 +267,7 @@ TEST(tier_local_hit_never_asks_the_remote) {
   ASSERT_EQ_U64(s.tier_remote_hits, 0);
   /* With the remote server gone, local hits are still hits. */
   kill_wait(w.redis, SIGKILL);
-  w.redis = 0;
+  w.redis = exit_redis = 0;
   read_n(w.tier, keys, 3, res, seeds);
   for (int i = 0; i < 3; i++)
     ASSERT_EQ_INT(res[i], OBJ_LEN);
@@ -356,7 +366,7 @@ TEST(tier_remote_outage_keeps_local_hits) {
   put(w.tier, keys[0], 1);
   put(w.remote, keys[1], 2);
   kill_wait(w.redis, SIGKILL);
-  w.redis = 0;
+  w.redis = exit_redis = 0;
   const char *k[3] = {keys[0], keys[1], keys[2]};
   int present[3];
   ASSERT_EQ_INT(encache_store_exists(w.tier, k, 3, present), 0);
@@ -464,7 +474,7 @@ TEST(tier_remote_outage_seen_by_an_engine) {
   ASSERT_EQ_INT(encache_store_write(w.local, key, NULL, 0, bad, OBJ_LEN), 0);
   ASSERT_EQ_INT(encache_store_write(w.remote, key, NULL, 0, obj, OBJ_LEN), 0);
   kill_wait(w.redis, SIGKILL);
-  w.redis = 0;
+  w.redis = exit_redis = 0;
   static const char *const ids[3] = {"local", "broken", "remote"};
   engine_lookup(ec, ids, 3, r, obj);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT);
