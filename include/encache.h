@@ -871,6 +871,17 @@ typedef struct encache_store_stats {
   uint64_t repairs;     /* shm: repairs of the index (a process died
                            holding the lock, or damage was found) and
                            objects dropped because their checksum failed */
+  /* Added in 1.3: the tiered Store's counters (tier:..., docs/stores.md),
+   * this handle's since it was opened; UINT64_MAX on other Stores.  The
+   * fields above are then the local tier's. */
+  uint64_t tier_local_hits;        /* objects read from the local tier */
+  uint64_t tier_remote_hits;       /* objects read from the remote tier */
+  uint64_t tier_remote_errors;     /* items the remote tier failed */
+  uint64_t tier_promotions_queued; /* remote hits queued for the local tier */
+  uint64_t tier_promotions_done;   /* ... and now in it */
+  uint64_t tier_promotions_dropped;/* not promoted: queue full, out of
+                                      memory, malformed object, refused by
+                                      the local tier, gone when read again */
 } encache_store_stats;
 
 ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,
@@ -1391,6 +1402,14 @@ typedef struct encache_stats {
 
 /* Fills *st (st->size set by the caller).  Errors: ENCACHE_EINVAL. */
 ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
+
+/* Added in 1.3: the counters of the Store the engine opened, as
+ * encache_store_stats_get() gives them (a tier: Store's per-tier counters
+ * are then this engine's: hits of the local and the remote tier,
+ * promotions).  Any thread.  Errors: ENCACHE_EINVAL (ec or st NULL, a bad
+ * st->size, or a disabled handle, which has no Store), the Store's. */
+ENCACHE_EXTERN int encache_engine_store_stats(const encache *ec,
+                                              encache_store_stats *st);
 
 /* ------------------------------------------------------ model identity */
 

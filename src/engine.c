@@ -391,3 +391,9 @@ int encache_stats_get(const encache *ec, encache_stats *st) {
     dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
   return encache__struct_out(st, &full, sizeof(full), ENCACHE__STATS_MIN);
 }
+
+int encache_engine_store_stats(const encache *ec, encache_store_stats *st) {
+  if (ec == NULL || st == NULL || ec->store == NULL)
+    return ENCACHE_EINVAL;
+  return encache_store_stats_get(ec->store, st);
+}

@@ -206,4 +206,14 @@
   XX(device_publish_event_never_completing_poisons)                          \
   XX(device_registration_failure_is_clear)                                   \
   XX(device_unrecorded_event_poisons)                                        \
-  XX(device_unrecorded_lookup_event_poisons)
+  XX(device_unrecorded_lookup_event_poisons)                                 \
+  XX(tier_url_errors_name_what_is_wrong)                                     \
+  XX(tier_url_shown_redacted_and_caps_of_both_tiers)                         \
+  XX(tier_local_hit_never_asks_the_remote)                                   \
+  XX(tier_remote_hit_is_promoted_then_local)                                 \
+  XX(tier_remote_outage_keeps_local_hits)                                    \
+  XX(tier_remote_outage_seen_by_an_engine)                                   \
+  XX(tier_incompatible_remote_object_never_promoted)                         \
+  XX(tier_local_eviction_refilled_from_the_remote)                           \
+  XX(tier_full_promotion_queue_drops_without_waiting)                        \
+  XX(tier_writes_answer_as_the_shared_tier)

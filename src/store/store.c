@@ -7,6 +7,7 @@
  * the backend.
  */
 #include "store.h"
+#include "tier.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -87,14 +88,19 @@ static int open_mooncake(const char *url, void *arg, encache_store **out) {
   (void)arg;
   return encache__mooncake_open(url, out);
 }
+static int open_tier(const char *url, void *arg, encache_store **out) {
+  (void)arg;
+  return encache__tier_open(url, out);
+}
 
-enum { BUILTIN_SCHEMES = 5, MAX_SCHEMES = BUILTIN_SCHEMES + 16 };
+enum { BUILTIN_SCHEMES = 6, MAX_SCHEMES = BUILTIN_SCHEMES + 16 };
 static scheme schemes[MAX_SCHEMES] = {
     {"shm", open_shm, NULL},
     {"redis", open_redis, NULL},
     {"redis-cluster", open_redis, NULL},
     {"unix", open_redis, NULL},
-    {"mooncake", open_mooncake, NULL}};
+    {"mooncake", open_mooncake, NULL},
+    {"tier", open_tier, NULL}};
 static size_t nschemes = BUILTIN_SCHEMES; /* atomic: read without mu */
 static pthread_mutex_t schemes_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -379,10 +385,13 @@ int encache_store_stats_get(encache_store *st, encache_store_stats *stats) {
   int rc = st->ops->stats(st, &full);
   if (rc < 0)
     return rc;
-  rc = encache__struct_out(stats, &full, sizeof(full), sizeof(full));
+  rc = encache__struct_out(stats, &full, sizeof(full),
+                           offsetof(encache_store_stats, tier_local_hits));
   return rc < 0 ? encache_store_fail(st, rc, "encache_store_stats: size %zu "
                                      "is not a struct's size (API 1.0's is "
-                                     "%zu; set it)", stats->size, sizeof(full))
+                                     "%zu; set it)", stats->size,
+                                     offsetof(encache_store_stats,
+                                              tier_local_hits))
                 : 0;
 }
 

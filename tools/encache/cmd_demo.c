@@ -97,6 +97,10 @@ static void summary_json(const demo_opts *o, const char *url,
   for (int k = 1; k < ENCACHE_SKIP_COUNT_; k++)
     if (t->skipped[k])
       printf(", \"skipped_%s\": %" PRIu64, skip_ids[k], t->skipped[k]);
+  if (t->tier_local + t->tier_remote > 0)
+    printf("},\n  \"tier\": {\"hosts\": %d, \"local_hits\": %" PRIu64
+           ", \"remote_hits\": %" PRIu64 ", \"promoted\": %" PRIu64, o->hosts,
+           t->tier_local, t->tier_remote, t->tier_promoted);
   printf("},\n  \"verification\": {\"mode\": \"%s\", \"checked\": %" PRIu64
          ", \"failed\": %" PRIu64 ", \"passed\": %s}\n}\n",
          o->verify == VERIFY_ALL ? "all" : o->verify == VERIFY_SAMPLE ? "sample" : "none",
@@ -161,6 +165,10 @@ static void summary_text(const demo_opts *o, const char *url,
   printf("%-30s %9.3f / %.3f ms\n", "hit latency p50 / p99", f->hp50, f->hp99);
   printf("%-30s %9.3f / %.3f ms\n", "miss latency p50 / p99", f->mp50, f->mp99);
   printf("%-30s %16s\n", "bytes read", rb);
+  if (t->tier_local + t->tier_remote > 0)
+    printf("%-30s %9" PRIu64 " local, %" PRIu64 " remote (%" PRIu64
+           " promoted; %d host%s)\n", "store hits by tier", t->tier_local,
+           t->tier_remote, t->tier_promoted, o->hosts, o->hosts > 1 ? "s" : "");
   printf("%-30s %16s  (%" PRIu64 " objects; %" PRIu64 " already present)\n",
          "bytes published", wb, t->published_written, t->published_present);
   printf("%-30s %16" PRIu64, "publications skipped", f->skipped + t->published_failed);
@@ -201,13 +209,18 @@ static const char demo_usage[] =
     "                     encoder encodes, the others wait up to 5 s for its\n"
     "                     output) and the summary compares duplicate encodes\n"
     "  --seed N           workload seed (default 1)\n"
+    "  --hosts N          with --store tier:shm://NAME?...+REMOTE: N simulated\n"
+    "                     hosts (1 to 16), each its own shm tier NAME-h0,\n"
+    "                     NAME-h1, ... (removed after the run) in front of\n"
+    "                     the one REMOTE; encoder i runs on host i %% N; the\n"
+    "                     summary adds hits per tier (default 1)\n"
     "  --json             print the summary as JSON\n"
     "Exit status: 0 when it ran and verification passed, 1 otherwise.\n";
 
 
 enum {
   D_ENCODERS, D_REQUESTS, D_IMAGES, D_TOKENS, D_HIDDEN, D_DTYPE, D_SKEW,
-  D_VERIFY, D_BASELINE, D_NO_BASELINE, D_SEED, D_BURST
+  D_VERIFY, D_BASELINE, D_NO_BASELINE, D_SEED, D_BURST, D_HOSTS
 };
 
 static const tool_opt demo_opts_table[] = {
@@ -217,6 +230,7 @@ static const tool_opt demo_opts_table[] = {
     [D_SKEW] = {"skew", 1},         [D_VERIFY] = {"verify", 1},
     [D_BASELINE] = {"baseline", 0}, [D_NO_BASELINE] = {"no-baseline", 0},
     [D_SEED] = {"seed", 1},         [D_BURST] = {"burst", 0},
+    [D_HOSTS] = {"hosts", 1},
     {NULL, 0}};
 
 /* An integer option, when given, into *out; -1 after a message. */
@@ -229,7 +243,7 @@ static int int_opt(const tool_args *a, int which, const char *name, int lo,
 /* The demo's options into o; -1 after a message naming the option. */
 static int demo_args(const tool_args *a, demo_opts *o) {
   demo_opts d = {4, 100, 48, 64, 768, ENCACHE_FLOAT32, VERIFY_SAMPLE, 1,
-                 1.1, 1, NULL, NULL, 0, 0, 0};
+                 1.1, 1, NULL, NULL, 0, 0, 0, 1};
   *o = d;
   int seed = 1;
   const char *images = a->val[D_IMAGES], *v;
@@ -242,7 +256,8 @@ static int demo_args(const tool_args *a, demo_opts *o) {
       int_opt(a, D_REQUESTS, "--requests", 1, 10000000, &o->requests) < 0 ||
       int_opt(a, D_TOKENS, "--tokens", 1, 65536, &o->tokens) < 0 ||
       int_opt(a, D_HIDDEN, "--hidden", 1, 65536, &o->hidden) < 0 ||
-      int_opt(a, D_SEED, "--seed", 0, INT32_MAX, &seed) < 0)
+      int_opt(a, D_SEED, "--seed", 0, INT32_MAX, &seed) < 0 ||
+      int_opt(a, D_HOSTS, "--hosts", 1, 16, &o->hosts) < 0)
     return -1;
   o->seed = (unsigned)seed;
   if ((v = a->val[D_DTYPE]) != NULL && (o->dtype = encache_dtype_parse(v)) < 0)
@@ -271,6 +286,8 @@ static int demo_args(const tool_args *a, demo_opts *o) {
   if (o->burst && a->val[D_BASELINE] != NULL)
     return usage_error("demo", "--burst compares single flight off and on: "
                                "it has no --baseline"), -1;
+  if (o->hosts > 1 && o->burst)
+    return usage_error("demo", "--hosts and --burst: give one"), -1;
   return 0;
 }
 
@@ -376,6 +393,32 @@ static void clean_namespace(const char *url, const char *shown,
   encache_store_close(st);
 }
 
+/* store_probe() on every simulated host's Store (the one given when
+ * --hosts is 1). */
+static int hosts_probe(const demo_opts *o, char *why, size_t size) {
+  for (int h = 0; h < o->hosts; h++) {
+    char url[1024];
+    if (demo_host_url(o, h, url, sizeof(url)) < 0)
+      return snprintf(why, size, "the Store URL is too long"), -1;
+    if (store_probe(url, why, size) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* clean_namespace() through the first host's Store (the one given when
+ * --hosts is 1; a tier removes from both its tiers), then the simulated
+ * hosts' segments, which are the demo's. */
+static void hosts_clean(const demo_opts *o, const char *shown,
+                        const char *revision) {
+  char url[1024], seg[256];
+  if (demo_host_url(o, 0, url, sizeof(url)) == 0)
+    clean_namespace(url, shown, revision);
+  for (int h = 0; h < o->hosts; h++)
+    if (demo_host_segment(o, h, seg, sizeof(seg)) == 0)
+      encache_shm_destroy(seg);
+}
+
 /* --burst (demo_burst.c) on url, then its objects removed (or the
  * demo's own segment destroyed); the exit status. */
 static int run_burst(demo_opts *o, image_set *set, const char *url,
@@ -417,7 +460,13 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
   o.store_url = url;
   char why[1024], shown[256];
   measure_url_shown(url, shown, sizeof(shown));
-  if (store_probe(url, why, sizeof(why)) < 0) {
+  if (o.hosts > 1 && !demo_is_tier(url)) {
+    demo_images_free(&set);
+    return usage_error("demo", "--hosts %d needs --store tier:shm://NAME?..."
+                       "+REMOTE (each host its own shm tier), not %s", o.hosts,
+                       shown);
+  }
+  if (hosts_probe(&o, why, sizeof(why)) < 0) {
     fprintf(stderr, "encache demo: cannot use the Store %s: %s\n", shown, why);
     if (own_name[0])
       encache_shm_destroy(own_name);
@@ -443,7 +492,7 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
   if (own_name[0])
     encache_shm_destroy(own_name);
   else
-    clean_namespace(url, shown, revision);
+    hosts_clean(&o, shown, revision);
   if (rc != 0) {
     if (rc < 0)
       fprintf(stderr, "encache demo: could not start the encoders\n");

@@ -223,6 +223,14 @@ static int run_stats(const tool_globals *g, const tool_args *a) {
   stat_line("evictions", s.evictions);
   stat_line("reinsertions", s.reinsertions);
   stat_line("repairs", s.repairs);
+  if (s.tier_local_hits != UINT64_MAX) { /* a tier: Store (since 1.3) */
+    stat_line("local_hits", s.tier_local_hits);
+    stat_line("remote_hits", s.tier_remote_hits);
+    stat_line("remote_errors", s.tier_remote_errors);
+    stat_line("promo_queued", s.tier_promotions_queued);
+    stat_line("promo_done", s.tier_promotions_done);
+    stat_line("promo_dropped", s.tier_promotions_dropped);
+  }
   return EXIT_OK;
 }
 

@@ -39,6 +39,9 @@ typedef struct demo_opts {
    * by all at the same moment (demo_burst.c); flight: the engine's single
    * flight on (single_flight_wait_ms flight_wait_ms). */
   int burst, flight, flight_wait_ms;
+  /* --hosts: simulated hosts, each its own shm tier of a tier: Store
+   * (demo_tier.c); 1 = the Store as given. */
+  int hosts;
 } demo_opts;
 
 /* ------------------------------------------------------------ workload */
@@ -99,6 +102,7 @@ typedef struct report {
   uint64_t bytes_read, published_written, published_present, published_failed;
   uint64_t skipped[ENCACHE_SKIP_COUNT_];
   uint64_t waited, waited_hits, wait_us; /* single flight */
+  uint64_t tier_local, tier_remote, tier_promoted; /* a tier: Store's */
   double encode_s, wall_s;
   uint64_t distinct; /* images it requested: the fleet keeps the largest */
   int poisoned, failed;
@@ -144,5 +148,17 @@ int demo_fleet_run(const demo_opts *o, const image_set *set, int use_cache,
                    const char *revision, phase *ph);
 void demo_phase_free(phase *ph);
 
+/* ------------------------------------------------------- hosts (tiers) */
+
+/* Whether url is a tier: Store with an shm local tier. */
+int demo_is_tier(const char *url);
+/* The Store URL of simulated host `host`: o->store_url with the local
+ * segment NAME made NAME-h<host> (as given when o->hosts is 1).  0, or
+ * -1 when buf is too small. */
+int demo_host_url(const demo_opts *o, int host, char *buf, size_t size);
+/* That host's segment name; -1 when o->hosts is 1. */
+int demo_host_segment(const demo_opts *o, int host, char *buf, size_t size);
+/* A tier: Store's per-tier counters of ec into rep (nothing otherwise). */
+void demo_tier_counts(encache *ec, report *rep);
 
 #endif

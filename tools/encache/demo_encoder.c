@@ -119,7 +119,14 @@ static encache *engine_open(const worker *w, const char *revision) {
   eo.model = "encache-demo/reference-encoder";
   eo.revision = revision;
   eo.model_dtype = w->o->dtype;
-  eo.store_url = w->o->store_url;
+  char host_url[1024];
+  if (demo_host_url(w->o, w->index % w->o->hosts, host_url,
+                    sizeof(host_url)) < 0) {
+    fprintf(stderr, "encache demo: encoder %d: the Store URL is too long\n",
+            w->index);
+    return NULL;
+  }
+  eo.store_url = host_url;
   encache *ec = NULL;
   if (encache_open(&eo, &ec) != 0) {
     fprintf(stderr, "encache demo: encoder %d: %s\n", w->index,
@@ -171,6 +178,7 @@ static void engine_finish(worker *w) {
   w->rep.wait_us = st.wait_us;
   for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
     w->rep.skipped[k] = st.published_skipped[k];
+  demo_tier_counts(w->ec, &w->rep);
   if (encache_close(w->ec) != 0) {
     w->rep.poisoned = 1;
     w->rep.failed = 1;

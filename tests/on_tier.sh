@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# on_tier.sh ENCACHE_TESTS ENCACHE_TOOL: runs the Store conformance suite
+# and the engine's acceptance cases on the tiered Store (issue 17): a
+# fresh shm segment in front of a real Redis server, and in front of a
+# real three-master Redis Cluster, started on free loopback ports for the
+# run; then the tool's stats on a tier (its counters) and the demo with
+# two simulated hosts.  Exits 77 (skipped) without redis-server.
+set -u
+tests=$1
+tool=$2
+here=$(cd "$(dirname "$0")/.." && pwd)
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "skipped: redis-server is not installed"
+  exit 77
+fi
+dir=$(mktemp -d)
+seg="encache-tier-ctest-$$"
+trap 'bash "$here/scripts/redis-servers.sh" stop "$dir"; rm -rf "$dir";
+  "$tool" shm destroy "$seg" >/dev/null 2>&1;
+  "$tool" shm destroy "$seg-a" >/dev/null 2>&1;
+  "$tool" shm destroy "$seg-b" >/dev/null 2>&1' EXIT
+bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
+# shellcheck disable=SC1091
+. "$dir/env"
+rc=0
+for remote in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
+  url="tier:shm://$seg?size=64MiB+$remote"
+  echo "# on $url"
+  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
+  "$tool" shm destroy "$seg" >/dev/null
+done
+# The tool shows the tier's counters.
+out=$("$tool" --store "tier:shm://$seg?size=8MiB+$ENCACHE_REDIS_URL" stats)
+if printf '%s' "$out" | grep -q "^kind *tier" &&
+   printf '%s' "$out" | grep -q "^promo_dropped *0"; then
+  echo "ok - stats on a tier"
+else
+  echo "not ok - stats on a tier"; printf '%s\n' "$out"; rc=1
+fi
+# The demo with two simulated hosts (two shm tiers in front of one Redis):
+# every hit verified, hits reported per tier, some of them remote (an
+# image one host published, read by the other), the hosts' segments gone.
+out=$("$tool" --store "tier:shm://$seg?size=64MiB+$ENCACHE_REDIS_URL" demo \
+  --hosts 2 --encoders 4 --requests 40 --images 16 --tokens 16 --hidden 128 \
+  --verify all --no-baseline 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&
+   printf '%s' "$out" | grep -Eq "store hits by tier +[1-9][0-9]* local, [1-9][0-9]* remote .*2 hosts" &&
+   ! [ -e "/dev/shm/$seg-h0" ] && ! [ -e "/dev/shm/$seg-h1" ]; then
+  echo "ok - demo --hosts 2 on a tier"
+else
+  echo "not ok - demo --hosts 2 on a tier"; printf '%s\n' "$out"; rc=1
+fi
+"$tool" --store "$ENCACHE_REDIS_URL" demo --hosts 2 >/dev/null 2>"$dir/err"
+if [ $? -eq 2 ] && grep -q "needs --store tier:" "$dir/err"; then
+  echo "ok - demo --hosts 2 without a tier is refused"
+else
+  echo "not ok - demo --hosts 2 without a tier"; cat "$dir/err"; rc=1
+fi
+exit $rc
