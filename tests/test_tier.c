@@ -103,7 +103,7 @@ static void make_obj(unsigned char *obj, unsigned seed) {
   for (int i = 0; i < ROWS * COLS; i++)
     v[i] = (float)(seed * 100 + (unsigned)i);
   int64_t shape[2] = {ROWS, COLS};
-  encache_tensor t = {sizeof t, v, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_tensor t = {sizeof t, v, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
   ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
   memcpy(obj + ENCACHE_HEADER_SIZE, v, sizeof(v));
 }
@@ -333,7 +333,7 @@ TEST(tier_remote_hit_is_promoted_then_local) {
   static unsigned char big[BIG], back[BIG];
   int64_t shape[2] = {1, 100000};
   encache_tensor tb = {sizeof tb, big + ENCACHE_HEADER_SIZE, ENCACHE_FLOAT32, 2,
-                       shape, NULL};
+                       shape, NULL, 0, 0, NULL};
   for (size_t i = ENCACHE_HEADER_SIZE; i < BIG; i++)
     big[i] = (unsigned char)(i * 7);
   ASSERT_EQ_INT(encache_header_encode(&tb, big), 0);
@@ -532,7 +532,7 @@ TEST(tier_local_eviction_refilled_from_the_remote) {
     /* A v3 header of a 1 x (LEN-24)/4 float32 matrix, payload of seed i. */
     int64_t shape[2] = {1, (LEN - ENCACHE_HEADER_SIZE) / 4};
     encache_tensor t = {sizeof t, obj + ENCACHE_HEADER_SIZE, ENCACHE_FLOAT32, 2,
-                        shape, NULL};
+                        shape, NULL, 0, 0, NULL};
     memset(obj + ENCACHE_HEADER_SIZE, i + 1, LEN - ENCACHE_HEADER_SIZE);
     ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
     ASSERT_EQ_INT(encache_store_write(w.tier, key[i], NULL, 0, obj, LEN), 0);
