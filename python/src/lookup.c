@@ -276,6 +276,7 @@ typedef struct dests {
   uintptr_t stream;  /* the stream current on their device */
   int device_index;  /* -1 until a CUDA item is seen */
   Py_ssize_t failed; /* the CUDA candidate alloc had nothing for, or -1 */
+  int poisoned;      /* the lookup poisoned the handle: keep them all */
 } dests;
 
 static int dest_alloc(void *ctx, size_t i, const encache_candidate *c,
@@ -298,8 +299,11 @@ static void dest_release(void *ctx, size_t i, void *data, void *blk) {
     ec_block_release(NULL, i, data, blk);
 }
 
+/* Drops the destinations, except after a poisoning lookup: a copy may
+ * still write into them, so they are never freed (as the library keeps
+ * its own buffers then). */
 static void dests_free(dests *d) {
-  for (Py_ssize_t i = 0; d->obj != NULL && i < d->n; i++)
+  for (Py_ssize_t i = 0; d->obj != NULL && !d->poisoned && i < d->n; i++)
     Py_XDECREF(d->obj[i]);
   PyMem_Free(d->obj);
   PyMem_Free(d->addr);
@@ -412,6 +416,7 @@ static int lookup_locked(step *s, handle *h, dests *d, encache_result *res) {
             if (rc >= 0) copy_whys(res, d->n);
             if (rc < 0 && rc != ENCACHE_ECLOSED)
               PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
+  d->poisoned = rc == ENCACHE_EPOISONED;
   if (rc == -ENODEV && d->failed >= 0) {
     ec_invalid("item %zd: a hit on cuda:%d, but no CUDA tensor could be "
                "made for it (torch is not imported, or "

@@ -6,9 +6,11 @@ Debian's torch has no CUDA, so the device arrays here are a small class
 with a __cuda_array_interface__ over the fake's device memory, and the
 package's device_empty is replaced by one that makes them."""
 import ctypes
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -202,13 +204,23 @@ def test_a_full_pinned_pool_is_a_skip(open_cache):
     assert c.stats().device_pool_full == 1
 
 
-def test_a_failed_device_copy_poisons(open_cache):
+def test_a_failed_device_copy_poisons(open_cache, fake):
     c = open_cache()
     publish_one(c, "p", sample(8, 8))
-    RT.fake_cudart_fail_copy_after(0)
+    publish_one(c, "q", sample(8, 8))
+    RT.fake_cudart_delay_us(200000)  # the first copy is still queued ...
+    RT.fake_cudart_fail_copy_after(1)  # ... when the second is refused
     with pytest.raises(ectest.encache.PoisonedError):
-        c.lookup([("p", F32, (8, 8), "cuda:0")])
+        c.lookup([("p", F32, (8, 8), "cuda:0"), ("q", F32, (8, 8), "cuda:0")])
     assert c.stats().poisoned
+    # A copy may still write the destinations: the binding keeps them
+    # (never freed, as the library keeps its own buffers).
+    alive = [weakref.ref(a) for a, _ in fake]
+    fake.clear()
+    gc.collect()
+    assert alive and all(r() is not None for r in alive), \
+        "destinations freed while a copy may write them"
+    RT.cudaDeviceSynchronize()
     with pytest.raises(ectest.encache.PoisonedError):
         c.lookup([("p", F32, (8, 8))])
 
