@@ -212,6 +212,7 @@
   XX(device_pool_event_query_error_poisons)                                  \
   XX(device_publish_messages_name_the_bound)                                 \
   XX(device_lookup_own_stream_after_the_default_streams_work)                \
+  XX(device_publish_budgets_checked_before_the_copy)                         \
   XX(tier_url_errors_name_what_is_wrong)                                     \
   XX(tier_url_shown_redacted_and_caps_of_both_tiers)                         \
   XX(tier_local_hit_never_asks_the_remote)                                   \

@@ -817,3 +817,35 @@ TEST(device_lookup_own_stream_after_the_default_streams_work) {
   ASSERT_EQ_INT(e.rt.free_(stale_work), 0);
   env_close(&e, 0);
 }
+
+/* A CUDA publication the budgets skip (PENDING, OVER_ITEMS) is skipped
+ * before its copy: no pool buffer is taken for it. */
+TEST(device_publish_budgets_checked_before_the_copy) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  fake_set_long(&e, "fake_cudart_delay_us", 100000); /* p0 stays pending */
+  env_open(&e, 1 << 20, "\"store_max_pending_items\": 1");
+  candidate(&e, "k0", 8);
+  candidate(&e, "k1", 8);
+  dev_out o[2];
+  dev_out_make(&e, &o[0], "k0", 8, 0);
+  dev_out_make(&e, &o[1], "k1", 8, 0);
+  ASSERT_EQ_INT(encache_publish(e.step, "k0", &o[0].v, o[0].st),
+                ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_publish(e.step, "k0", &o[0].v, o[0].st),
+                ENCACHE_SKIP_PENDING);
+  ASSERT_EQ_INT(encache_publish(e.step, "k1", &o[1].v, o[1].st),
+                ENCACHE_SKIP_OVER_ITEMS);
+  encache_stats s = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(e.ec, &s), 0);
+  ASSERT_EQ_U64(s.device_pool_bytes, o[0].n); /* k0's buffer only */
+  ASSERT_EQ_U64(s.device_published, 1);
+  ASSERT_EQ_INT(encache_flush(e.ec), 0);
+  check_stored(&e, "k0", 8, 0);
+  for (int i = 0; i < 2; i++) {
+    encache_storage_unref(o[i].st);
+    ASSERT_EQ_INT(e.rt.free_(o[i].ptr), 0);
+  }
+  env_close(&e, 0);
+}
