@@ -19,8 +19,9 @@
  * the item's device current (then the caller's is restored); after each
  * chunk an event is recorded on every stream used and waited for
  * (polled, at most device_sync_timeout_ms) before the next chunk's read
- * may overwrite the staging buffer.  So chunks do not overlap: the chunk's copies overlap
- * each other only.  A copy or a wait that fails poisons the handle.
+ * may overwrite the staging buffer.  So chunks do not overlap: the chunk's
+ * copies overlap each other only.  A copy or a wait that fails poisons
+ * the handle.
  *
  * Publication: a bounded pool of page-locked buffers (cudaHostAlloc, at
  * most device_pinned_pool_bytes in all).  The caller's thread queues the
@@ -294,7 +295,7 @@ int encache__device_copy_in(encache_step *step, int dev, void *dst,
   encache *ec = step->ec;
   encache__device *d = ec->dev; /* pin_staging made it */
   int prev, e = device_enter(dev, &prev);
-  const char *what = "cudaSetDevice";
+  const char *what = "cudaGetDevice/cudaSetDevice";
   if (e == CUDA_OK) {
     what = "creating a CUDA stream and event";
     e = own_stream(d, dev, step->stream == NULL);
@@ -326,7 +327,7 @@ int encache__device_sync(encache_step *step) {
     if (d->queued[dev] == NULL)
       continue;
     int prev, e = device_enter(dev, &prev);
-    const char *fn = "cudaSetDevice";
+    const char *fn = "cudaGetDevice/cudaSetDevice";
     if (e == CUDA_OK) {
       fn = "cudaEventRecord";
       e = rt.event_record(d->event[dev], d->queued[dev]);
