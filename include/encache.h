@@ -454,8 +454,8 @@ typedef struct encache_config encache_config;
      "268435456", ANY, NULL,                                                 \
      "encache's own (added in 1.3): the page-locked host memory that "       \
      "publications of CUDA outputs are copied into, at most; a "             \
-     "publication that finds no room is skipped (store_max_pending_bytes "   \
-     "reached)")                                                             \
+     "publication that finds no room is skipped as OVER_BYTES, counted "    \
+     "in device_pool_full")                                                  \
   XX(DEVICE_SYNC_TIMEOUT_MS, EXTRA, device_sync_timeout_ms, POSINT, "10000", \
      ANY, NULL,                                                              \
      "encache's own (added in 1.3): how long encache waits for a CUDA copy " \
@@ -1178,7 +1178,10 @@ ENCACHE_EXTERN int encache_step_open(encache *ec, encache_step **out);
 /*
  * Added in 1.3.  The CUDA stream (a cudaStream_t) on which the step's
  * lookups copy hits into CUDA destinations; NULL (the default) = a stream
- * the handle owns for the destination's device, created on first use.
+ * the handle owns for the destination's device, created on first use
+ * (blocking: ordered after the legacy default stream's work only).
+ * Destinations from a stream-ordered allocator (torch's caching
+ * allocator, cudaMallocAsync) need their allocation stream here.
  * The stream must belong to the device of the step's CUDA candidates.  A
  * lookup returns once its copies are complete, so that the caller may use
  * the destinations on any stream.  Caller's thread, like the step.
@@ -1349,7 +1352,8 @@ ENCACHE_EXTERN const char *encache_skip_name(int reason);
  * the stream's order: the caller may go on writing it on that stream.
  * Budgets charge the device storage as a host one.  No room in the pool:
  * ENCACHE_SKIP_OVER_BYTES (stats: device_pool_full).  No CUDA runtime or
- * no device: ENCACHE_ENOLIB, the handle's message saying why; a copy or
+ * no device: ENCACHE_ENOLIB, the handle's message saying why; a
+ * device_index the runtime does not have: ENCACHE_EINVAL; a copy or
  * an event the runtime refuses: ENCACHE_EIO (nothing queued); an event
  * that cannot be recorded after the copy was queued: ENCACHE_EPOISONED.
  */

@@ -4,7 +4,9 @@
  * dependency (docs/engine.md, "Device outputs").
  *
  * The runtime: libcudart is dlopen()ed once per process (pthread_once):
- * $ENCACHE_CUDA_LIBRARY, else "libcudart.so" then versioned sonames; only
+ * $ENCACHE_CUDA_LIBRARY, else one already loaded in the process (as
+ * "libcudart.so.13", ".so.12", ".so.11.0", "libcudart.so": torch's), else
+ * "libcudart.so" then those versioned sonames; only
  * the functions below are resolved, declared here with the C types of
  * their ABI (cudaError_t is an int, streams and events are pointers), so
  * that no CUDA header is needed.  A missing library, symbol or device
@@ -13,11 +15,13 @@
  * Lookups: the staging buffer is page-locked (cudaHostRegister) on the
  * first lookup with a CUDA hit; each hit is copied from it with
  * cudaMemcpyAsync on the step's stream (encache_step_set_stream()) or on
- * a non-blocking stream the handle owns per device; after each chunk an
- * event is recorded on every stream used and waited for (polled, at most
- * device_sync_timeout_ms) before the next chunk's read may overwrite the
- * staging buffer.  So chunks do not overlap: the chunk's copies overlap
- * each other only.  A copy or a wait that fails poisons the handle.
+ * a blocking stream the handle owns per device (STREAM_FLAGS), each with
+ * the item's device current (then the caller's is restored); after each
+ * chunk an event is recorded on every stream used and waited for
+ * (polled, at most device_sync_timeout_ms) before the next chunk's read
+ * may overwrite the staging buffer.  So chunks do not overlap: the chunk's
+ * copies overlap each other only.  A copy or a wait that fails poisons
+ * the handle.
  *
  * Publication: a bounded pool of page-locked buffers (cudaHostAlloc, at
  * most device_pinned_pool_bytes in all).  The caller's thread queues the
@@ -45,7 +49,12 @@
 
 enum { CUDA_OK = 0, CUDA_NOT_READY = 600 };
 enum { H2D = 1, D2H = 2 };        /* cudaMemcpyKind */
-#define STREAM_NON_BLOCKING 1u    /* cudaStreamNonBlocking */
+/* The handle's own streams are blocking (cudaStreamDefault): ordered
+ * after the legacy default stream's work, so that a destination allocated
+ * there (torch's default stream) is not written before its previous
+ * user's kernels ran; other streams need encache_step_set_stream()
+ * (docs/engine.md, "Device outputs"). */
+#define STREAM_FLAGS 0u
 #define EVENT_DISABLE_TIMING 2u   /* cudaEventDisableTiming */
 
 /* X(field, symbol, type): the functions used, resolved in this order. */
@@ -91,10 +100,20 @@ static void *open_runtime(void) {
                "load %s (ENCACHE_CUDA_LIBRARY): %s", env, dlerror());
     return h;
   }
-  static const char *const names[] = {"libcudart.so", "libcudart.so.13",
-                                      "libcudart.so.12", "libcudart.so.11.0"};
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  /* A runtime already in the process (torch's) first: one copy of the
+   * runtime, one set of contexts and handles; then one to load. */
+  static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
+                                      "libcudart.so.11.0", "libcudart.so"};
+  size_t count = sizeof(names) / sizeof(names[0]);
+  for (size_t i = 0; i < count; i++) {
+    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h != NULL)
+      return h;
+  }
+  static const char *const load[] = {"libcudart.so", "libcudart.so.13",
+                                     "libcudart.so.12", "libcudart.so.11.0"};
+  for (size_t i = 0; i < count; i++) {
+    void *h = dlopen(load[i], RTLD_NOW | RTLD_LOCAL);
     if (h != NULL)
       return h;
   }
@@ -257,23 +276,30 @@ int encache__device_pin_staging(encache *ec) {
 }
 
 /* The handle's event of device dev (and its stream, unless the caller
- * gave one), created on first use. */
+ * gave one), created on first use; dev is the thread's current device. */
 static int own_stream(encache__device *d, int dev, int need_stream) {
-  int prev, e = device_enter(dev, &prev);
-  if (e == CUDA_OK && need_stream && d->stream[dev] == NULL)
-    e = rt.stream_create(&d->stream[dev], STREAM_NON_BLOCKING);
+  int e = CUDA_OK;
+  if (need_stream && d->stream[dev] == NULL)
+    e = rt.stream_create(&d->stream[dev], STREAM_FLAGS);
   if (e == CUDA_OK && d->event[dev] == NULL)
     e = rt.event_create(&d->event[dev], EVENT_DISABLE_TIMING);
-  device_leave(dev, prev);
   return e;
 }
 
+/* The copy is queued with dev current, and its event is recorded so
+ * (device_sync): the default stream handles (NULL, cudaStreamLegacy,
+ * cudaStreamPerThread) name the current device's stream, and CUDA refuses
+ * to record an event on a stream of another device than the event's. */
 int encache__device_copy_in(encache_step *step, int dev, void *dst,
                             const void *src, size_t n) {
   encache *ec = step->ec;
   encache__device *d = ec->dev; /* pin_staging made it */
-  int e = own_stream(d, dev, step->stream == NULL);
-  const char *what = "creating a CUDA stream and event";
+  int prev, e = device_enter(dev, &prev);
+  const char *what = "cudaGetDevice/cudaSetDevice";
+  if (e == CUDA_OK) {
+    what = "creating a CUDA stream and event";
+    e = own_stream(d, dev, step->stream == NULL);
+  }
   void *stream = step->stream != NULL ? step->stream : d->stream[dev];
   if (e == CUDA_OK) {
     what = "cudaMemcpyAsync";
@@ -283,6 +309,7 @@ int encache__device_copy_in(encache_step *step, int dev, void *dst,
     d->queued_any = 1;
     e = rt.memcpy_async(dst, src, n, H2D, stream);
   }
+  device_leave(dev, prev);
   if (e != CUDA_OK)
     return encache__poison(ec, "copying %zu bytes to CUDA device %d failed "
                            "(%s: %s)", n, dev, what, err_str(e));
@@ -299,11 +326,16 @@ int encache__device_sync(encache_step *step) {
   for (int dev = 0; dev < ENCACHE__MAX_DEVICES; dev++) {
     if (d->queued[dev] == NULL)
       continue;
-    int e = rt.event_record(d->event[dev], d->queued[dev]);
+    int prev, e = device_enter(dev, &prev);
+    const char *fn = "cudaGetDevice/cudaSetDevice";
+    if (e == CUDA_OK) {
+      fn = "cudaEventRecord";
+      e = rt.event_record(d->event[dev], d->queued[dev]);
+    }
+    device_leave(dev, prev);
     if (e != CUDA_OK)
       return encache__poison(ec, "the copies to CUDA device %d cannot be "
-                             "confirmed (cudaEventRecord: %s)", dev,
-                             err_str(e));
+                             "confirmed (%s: %s)", dev, fn, err_str(e));
     snprintf(what, sizeof(what), "the copies to CUDA device %d", dev);
     if (wait_event(d->event[dev], ec->device_timeout_ms, what, why,
                    sizeof(why)) < 0)
@@ -323,8 +355,9 @@ static void pinned_destroy(encache__pinned *b) {
   encache__free(b);
 }
 
-/* Moves the busy buffers whose copy completed to the free list. */
-static void reclaim(encache__device *d) {
+/* Moves the busy buffers whose copy completed to the free list: 0, or a
+ * poison (an event that cannot be queried: its buffer is kept). */
+static int reclaim(encache *ec, encache__device *d) {
   for (encache__pinned **pp = &d->busy; *pp != NULL;) {
     encache__pinned *b = *pp;
     int e = rt.event_query(b->event);
@@ -336,7 +369,13 @@ static void reclaim(encache__device *d) {
     encache__pinned **to = e == CUDA_OK ? &d->free_list : &d->kept;
     b->next = *to;
     *to = b;
+    if (e != CUDA_OK)
+      return encache__poison(ec, "publish: a copy from CUDA device %d "
+                             "cannot be confirmed (cudaEventQuery: %s): its "
+                             "page-locked buffer is kept", b->event_dev,
+                             err_str(e));
   }
+  return 0;
 }
 
 /* A free buffer of at least n bytes (removed from the list), or NULL. */
@@ -361,7 +400,9 @@ static void pool_gauge(encache *ec, int64_t delta) {
  * code with the handle's message. */
 static int pool_take(encache *ec, encache__device *d, size_t n,
                      encache__pinned **out) {
-  reclaim(d);
+  int rc = reclaim(ec, d);
+  if (rc < 0)
+    return rc;
   if ((*out = best_fit(d, n)) != NULL)
     return 0;
   if (n > ec->pinned_pool_max) /* never fits (and no overflow below) */
@@ -434,21 +475,31 @@ static int copy_out_of(encache *ec, encache__device *d, encache__pinned *b,
 
 int encache__device_publish_begin(encache *ec, const encache_tensor *view,
                                   uint64_t nbytes, encache__pinned **out) {
-  encache_candidate c = {.size = sizeof(c), .device = view->device,
-                         .device_index = view->device_index};
-  const char *why = encache__device_ineligible(&c);
+  const char *why = runtime_why();
   if (why != NULL)
     return encache__fail(ec, ENCACHE_ENOLIB, "publish: %s", why);
+  if (view->device_index < 0 || view->device_index >= rt.devices ||
+      view->device_index >= ENCACHE__MAX_DEVICES)
+    return encache__fail(ec, ENCACHE_EINVAL, "publish: cuda:%d: the CUDA "
+                         "runtime has %d device%s (encache serves at most "
+                         "%d)", view->device_index, rt.devices,
+                         rt.devices == 1 ? "" : "s", ENCACHE__MAX_DEVICES);
   encache__device *d = state(ec);
   if (d == NULL)
     return encache__fail(ec, ENCACHE_ENOMEM, "publish: out of memory");
   encache__pinned *b;
   int rc = pool_take(ec, d, (size_t)nbytes, &b);
-  if (rc != 0) {
-    if (rc == 1)
-      STAT_ADD(ec, device_pool_full, 1);
-    return rc == 1 ? ENCACHE_SKIP_OVER_BYTES : rc;
+  if (rc == 1) { /* a bound of its own, reported as the bytes budget */
+    STAT_ADD(ec, device_pool_full, 1);
+    return encache__fail(ec, ENCACHE_SKIP_OVER_BYTES, "publish: no room "
+                         "for %llu bytes in the page-locked pool of CUDA "
+                         "outputs (device_pinned_pool_bytes %llu): skipped "
+                         "as OVER_BYTES, counted in device_pool_full",
+                         (unsigned long long)nbytes,
+                         (unsigned long long)ec->pinned_pool_max);
   }
+  if (rc != 0)
+    return rc;
   int prev, e = device_enter(view->device_index, &prev);
   if (e != CUDA_OK) {
     device_leave(view->device_index, prev);
@@ -468,6 +519,16 @@ const void *encache__pinned_data(const encache__pinned *b) { return b->p; }
 
 int encache__pinned_wait(encache *ec, encache__pinned *b, char *why,
                          size_t size) {
+  /* The worker's own thread: its device is the event's, chosen before any
+   * runtime call (a thread without one would have device 0's primary
+   * context made current: memory on a GPU the process may not use).  Not
+   * restored: nothing else runs CUDA on this thread. */
+  int e = rt.set_device(b->event_dev);
+  if (e != CUDA_OK) {
+    snprintf(why, size, "the copy of the output from CUDA device %d cannot "
+             "be confirmed (cudaSetDevice: %s)", b->event_dev, err_str(e));
+    return -1;
+  }
   return wait_event(b->event, ec->device_timeout_ms,
                     "the copy of the output from its CUDA device", why, size);
 }

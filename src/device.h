@@ -21,8 +21,9 @@ const char *encache__device_ineligible(const encache_candidate *c);
 
 /* Lookups (caller's thread). */
 /* Page-locks the staging buffer for CUDA copies (once); 0, or
- * ENCACHE_EUNAVAIL with the handle's message (the device items of the
- * lookup are then UNAVAILABLE; nothing is kept). */
+ * ENCACHE_EUNAVAIL with the handle's message (lookup_read.c then answers
+ * every item the lookup would read UNAVAILABLE, host ones too, since the
+ * staging buffer serves them all; nothing is kept). */
 int encache__device_pin_staging(encache *ec);
 /* Queues the copy of src[0..n) (pinned) to device address dst on device
  * dev, on the step's stream (or the handle's own).  0, or a negative code
@@ -39,14 +40,16 @@ typedef struct encache__pinned encache__pinned;
  * the pool, queues the copy on view->stream and records an event after
  * it, in *out.  0; ENCACHE_SKIP_OVER_BYTES (the pool is full); or a
  * negative code with the handle's message: ENCACHE_ENOLIB (no runtime),
- * ENCACHE_EIO (nothing queued), ENCACHE_EPOISONED (the copy was queued but
- * no event follows it: the buffer is kept forever). */
+ * ENCACHE_EINVAL (device_index out of range), ENCACHE_EIO (nothing
+ * queued), ENCACHE_EPOISONED (the copy was queued but no event follows
+ * it, or a pool buffer's event cannot be queried: kept forever). */
 int encache__device_publish_begin(encache *ec, const encache_tensor *view,
                                   uint64_t nbytes, encache__pinned **out);
 /* The buffer's bytes (the payload to write). */
 const void *encache__pinned_data(const encache__pinned *b);
-/* Worker: waits for the copy (bounded).  0, or -1 with why[0..size) set
- * (the job is fatal: the buffer must be kept). */
+/* Worker: makes the event's device the thread's current one, then waits
+ * for the copy (bounded).  0, or -1 with why[0..size) set (the job is
+ * fatal: the buffer must be kept). */
 int encache__pinned_wait(encache *ec, encache__pinned *b, char *why,
                          size_t size);
 /* Caller's thread: gives the buffer back to the pool (its copy need not

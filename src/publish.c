@@ -374,8 +374,9 @@ static int check_view(const encache_tensor *view, const encache_storage *s,
   return 0;
 }
 
-/* Queues j under the budgets: ENCACHE_QUEUED or a skip reason. */
-static int enqueue(encache *ec, job *j) {
+/* Queues j under the budgets: ENCACHE_QUEUED or a skip reason; with
+ * dry_run, only says (a CUDA output checks before its copy). */
+static int enqueue(encache *ec, job *j, int dry_run) {
   encache_storage *storage = j->storage;
   pthread_mutex_lock(&ec->mu);
   int reason = ENCACHE_QUEUED;
@@ -388,7 +389,7 @@ static int enqueue(encache *ec, job *j) {
     reason = ENCACHE_SKIP_OVER_ITEMS;
   else if (charge > ec->max_bytes - ec->pending_bytes)
     reason = ENCACHE_SKIP_OVER_BYTES;
-  if (reason == ENCACHE_QUEUED) {
+  if (reason == ENCACHE_QUEUED && !dry_run) {
     __atomic_add_fetch(&storage->refs, 1, __ATOMIC_RELAXED);
     storage->views_pending++;
     ec->pending_bytes += charge;
@@ -431,7 +432,8 @@ static int publish_job(encache *ec, const char *id,
   j->nbytes = nbytes;
   memcpy(j->hdr, hdr, sizeof(hdr));
   if (view->device != ENCACHE_DEVICE_HOST) { /* device.c */
-    if ((reason = encache__device_publish_begin(ec, view, nbytes,
+    if ((reason = enqueue(ec, j, 1)) != ENCACHE_QUEUED ||
+        (reason = encache__device_publish_begin(ec, view, nbytes,
                                                 &j->pinned)) != 0) {
       encache__free(key);
       encache__free(j);
@@ -439,7 +441,7 @@ static int publish_job(encache *ec, const char *id,
     }
     j->data = encache__pinned_data(j->pinned);
   }
-  if ((reason = enqueue(ec, j)) != ENCACHE_QUEUED) {
+  if ((reason = enqueue(ec, j, 0)) != ENCACHE_QUEUED) {
     if (j->pinned != NULL)
       encache__pinned_release(ec, j->pinned);
     encache__free(key);

@@ -10,8 +10,20 @@
  * Each stream is a thread executing its queued copies and event records
  * in order, after an optional delay per operation (fake_cudart_delay_us),
  * so that a caller that does not wait for an event reads stale bytes and
- * a race shows under the sanitizers.  The legacy default stream (NULL) is
- * one more such thread.  "Device memory" is malloc()ed.
+ * a race shows under the sanitizers.  "Device memory" is malloc()ed.
+ *
+ * Devices, as CUDA has them: each thread has a current device (0 until it
+ * calls cudaSetDevice); a stream and an event belong to the device current
+ * when they were created; each device has its default stream (one more
+ * thread), and the handles NULL, cudaStreamLegacy (0x1) and
+ * cudaStreamPerThread (0x2) name the default stream of the calling
+ * thread's current device.  cudaEventRecord of an event on a stream of
+ * another device fails with cudaErrorInvalidResourceHandle (400), as
+ * CUDA's does; a copy may be queued on a stream of any device, as CUDA
+ * allows.  A blocking stream (created without cudaStreamNonBlocking) is
+ * ordered after its device's legacy default stream: here an operation
+ * queued on it first waits, on the caller's thread, for the default
+ * stream's queued work (the other direction is not modelled).
  *
  * Failure injection, through exported controls the tests reach with
  * dlsym() (or FAKE_CUDART_DEVICES for the device count):
@@ -21,6 +33,12 @@
  *   fake_cudart_fail_records(on)    cudaEventRecord fails
  *   fake_cudart_fail_host_memory(on) cudaHostRegister/cudaHostAlloc fail
  *   fake_cudart_set_devices(n)      the device count (0: no device)
+ *   fake_cudart_fail_queries(on)    cudaEventQuery fails
+ *   fake_cudart_strict_queries(on)  cudaEventQuery fails (400) unless the
+ *                                   calling thread's current device is the
+ *                                   event's: a thread that queries without
+ *                                   choosing its device would, on CUDA,
+ *                                   create a context on device 0
  * and observations: fake_cudart_pageable_copies() (async copies whose
  * host side was not page-locked), fake_cudart_live() (streams, events,
  * host and device allocations alive).
@@ -39,12 +57,14 @@ enum {
   E_MEMORY = 2,
   E_INVALID_DEVICE = 101,
   E_NO_DEVICE = 100,
+  E_INVALID_HANDLE = 400,
   E_NOT_READY = 600,
   E_ILLEGAL_ADDRESS = 700
 };
 
 static long fail_copy_after = -1; /* atomics */
 static int hang_events, fail_records, fail_host, devices = 2, devices_set;
+static int fail_queries, strict_queries;
 static long delay_us, pageable, live[4]; /* streams, events, host, device */
 static _Thread_local int current_device;
 
@@ -95,6 +115,7 @@ static int is_pinned(const void *p, size_t n) {
 /* ------------------------------------------------------ streams, events */
 
 typedef struct event {
+  int dev;            /* the device current at its creation */
   uint64_t recorded;  /* atomic: the latest record's number */
   uint64_t completed; /* atomic: the latest executed */
 } event;
@@ -113,6 +134,8 @@ typedef struct stream {
   pthread_cond_t cv;
   op *head, *tail;
   int busy, stop;
+  int dev;      /* the device current at its creation */
+  int blocking; /* ordered after dev's legacy default stream */
   pthread_t thread;
 } stream;
 
@@ -148,10 +171,11 @@ static void *stream_main(void *arg) {
   return NULL;
 }
 
-static stream *stream_new(void) {
+static stream *stream_new(int dev) {
   stream *s = calloc(1, sizeof(*s));
   if (s == NULL)
     return NULL;
+  s->dev = dev;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
@@ -161,17 +185,31 @@ static stream *stream_new(void) {
   return s;
 }
 
-static stream *legacy;
-static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
-static void legacy_init(void) { legacy = stream_new(); }
+#define MAX_DEVICES 16
+static stream *legacy[MAX_DEVICES]; /* per device, made on first use */
+static pthread_mutex_t legacy_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* NULL, cudaStreamLegacy (0x1) and cudaStreamPerThread (0x2) are the one
- * default stream here. */
+/* NULL, cudaStreamLegacy (0x1) and cudaStreamPerThread (0x2): the default
+ * stream of the calling thread's current device (one stream here). */
 static stream *stream_of(void *handle) {
   if ((uintptr_t)handle > 2)
     return handle;
-  pthread_once(&legacy_once, legacy_init);
-  return legacy;
+  int dev = current_device;
+  if (dev < 0 || dev >= MAX_DEVICES)
+    return NULL;
+  pthread_mutex_lock(&legacy_mu);
+  if (legacy[dev] == NULL)
+    legacy[dev] = stream_new(dev);
+  stream *s = legacy[dev];
+  pthread_mutex_unlock(&legacy_mu);
+  return s;
+}
+
+static void drain(stream *s) {
+  pthread_mutex_lock(&s->mu);
+  while (s->head != NULL || s->busy)
+    pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
 }
 
 static int push(void *handle, op *o) {
@@ -179,6 +217,13 @@ static int push(void *handle, op *o) {
   if (s == NULL) {
     free(o);
     return E_MEMORY;
+  }
+  if (s->blocking) {
+    pthread_mutex_lock(&legacy_mu);
+    stream *l = legacy[s->dev];
+    pthread_mutex_unlock(&legacy_mu);
+    if (l != NULL)
+      drain(l);
   }
   pthread_mutex_lock(&s->mu);
   if (s->tail != NULL)
@@ -191,12 +236,6 @@ static int push(void *handle, op *o) {
   return OK;
 }
 
-static void drain(stream *s) {
-  pthread_mutex_lock(&s->mu);
-  while (s->head != NULL || s->busy)
-    pthread_cond_wait(&s->cv, &s->mu);
-  pthread_mutex_unlock(&s->mu);
-}
 
 /* --------------------------------------------------------- the runtime */
 
@@ -207,6 +246,7 @@ EXPORT const char *cudaGetErrorString(int e) {
   case E_MEMORY: return "out of memory (fake: injected)";
   case E_NO_DEVICE: return "no CUDA-capable device is detected (fake)";
   case E_INVALID_DEVICE: return "invalid device ordinal (fake)";
+  case E_INVALID_HANDLE: return "invalid resource handle (fake)";
   case E_ILLEGAL_ADDRESS: return "an illegal memory access was encountered "
                                  "(fake: injected)";
   default: return "unknown error (fake)";
@@ -232,17 +272,17 @@ EXPORT int cudaGetDevice(int *d) {
 }
 
 EXPORT int cudaSetDevice(int d) {
-  if (d < 0 || d >= devices)
+  if (d < 0 || d >= devices || d >= MAX_DEVICES)
     return E_INVALID_DEVICE;
   current_device = d;
   return OK;
 }
 
 EXPORT int cudaStreamCreateWithFlags(void **out, unsigned flags) {
-  (void)flags;
-  stream *s = stream_new();
+  stream *s = stream_new(current_device);
   if (s == NULL)
     return E_MEMORY;
+  s->blocking = !(flags & 1u); /* cudaStreamNonBlocking */
   __atomic_add_fetch(&live[0], 1, __ATOMIC_RELAXED);
   *out = s;
   return OK;
@@ -262,7 +302,7 @@ EXPORT int cudaStreamSynchronize(void *handle) {
 
 EXPORT int cudaStreamDestroy(void *handle) {
   stream *s = handle;
-  if (s == NULL)
+  if ((uintptr_t)handle <= 2) /* a default stream */
     return E_INVALID_VALUE;
   pthread_mutex_lock(&s->mu);
   s->stop = 1; /* its queued work completes first, as CUDA's does */
@@ -285,6 +325,7 @@ EXPORT int cudaEventCreateWithFlags(void **out, unsigned flags) {
   event *e = calloc(1, sizeof(*e));
   if (e == NULL)
     return E_MEMORY;
+  e->dev = current_device;
   __atomic_add_fetch(&live[1], 1, __ATOMIC_RELAXED);
   *out = e;
   return OK;
@@ -299,11 +340,15 @@ EXPORT int cudaEventDestroy(void *handle) {
 }
 
 /* Records are numbered per event: a query compares the latest record with
- * the latest executed, as CUDA does (an event never recorded is done). */
+ * the latest executed, as CUDA does (an event never recorded is done).
+ * The event and the stream must be of one device, as CUDA's must. */
 EXPORT int cudaEventRecord(void *handle, void *strm) {
   event *e = handle;
   if (__atomic_load_n(&fail_records, __ATOMIC_RELAXED))
     return E_ILLEGAL_ADDRESS;
+  stream *s = stream_of(strm);
+  if (e != NULL && s != NULL && s->dev != e->dev)
+    return E_INVALID_HANDLE;
   op *o = calloc(1, sizeof(*o));
   if (e == NULL || o == NULL) {
     free(o);
@@ -316,6 +361,11 @@ EXPORT int cudaEventRecord(void *handle, void *strm) {
 
 EXPORT int cudaEventQuery(void *handle) {
   event *e = handle;
+  if (__atomic_load_n(&fail_queries, __ATOMIC_RELAXED))
+    return E_ILLEGAL_ADDRESS;
+  if (__atomic_load_n(&strict_queries, __ATOMIC_RELAXED) &&
+      current_device != e->dev)
+    return E_INVALID_HANDLE;
   uint64_t recorded = __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE);
   return __atomic_load_n(&e->completed, __ATOMIC_ACQUIRE) >= recorded
              ? OK
@@ -410,6 +460,12 @@ EXPORT void fake_cudart_fail_records(int on) {
 }
 EXPORT void fake_cudart_fail_host_memory(int on) {
   __atomic_store_n(&fail_host, on, __ATOMIC_RELAXED);
+}
+EXPORT void fake_cudart_fail_queries(int on) {
+  __atomic_store_n(&fail_queries, on, __ATOMIC_RELAXED);
+}
+EXPORT void fake_cudart_strict_queries(int on) {
+  __atomic_store_n(&strict_queries, on, __ATOMIC_RELAXED);
 }
 EXPORT void fake_cudart_set_devices(int n) {
   devices = n;

@@ -207,6 +207,12 @@
   XX(device_registration_failure_is_clear)                                   \
   XX(device_unrecorded_event_poisons)                                        \
   XX(device_unrecorded_lookup_event_poisons)                                 \
+  XX(device_lookup_on_another_device_than_the_current_one)                   \
+  XX(device_publish_worker_uses_the_events_device)                           \
+  XX(device_pool_event_query_error_poisons)                                  \
+  XX(device_publish_messages_name_the_bound)                                 \
+  XX(device_lookup_own_stream_after_the_default_streams_work)                \
+  XX(device_publish_budgets_checked_before_the_copy)                         \
   XX(tier_url_errors_name_what_is_wrong)                                     \
   XX(tier_url_shown_redacted_and_caps_of_both_tiers)                         \
   XX(tier_local_hit_never_asks_the_remote)                                   \

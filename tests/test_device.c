@@ -6,7 +6,9 @@
  * injection).  With ENCACHE_TEST_CUDA_REAL=1 (scripts/gpu-check.sh) the
  * same tests run on the real runtime (ENCACHE_CUDA_LIBRARY as the caller
  * set it, else libcudart.so); those that need the fake's injection say
- * "skipped" and pass.
+ * "skipped" and pass.  Past 600 lines: the tests share this file's
+ * environment (the runtime, the Store, the allocators), which a second
+ * file would have to repeat.
  */
 #include "runner.h"
 
@@ -616,4 +618,234 @@ TEST(device_unrecorded_lookup_event_poisons) {
   ASSERT_EQ_INT(encache_lookup(e.step, &c, 1, &a, &r), ENCACHE_EPOISONED);
   ASSERT_CONTAINS(encache_errmsg(e.ec), "cannot be confirmed (cudaEventRecord");
   env_close(&e, ENCACHE_EPOISONED);
+}
+
+/* ------------------------------------- devices other than the current one */
+
+/* The runtime's cudaGetDevice / cudaSetDevice, for the test's own use. */
+static int current_device(const dev_env *e) {
+  int (*get)(int *);
+  void *p = dlsym(e->rt.lib, "cudaGetDevice");
+  ASSERT(p != NULL);
+  memcpy(&get, &p, sizeof(get));
+  int d = -1;
+  ASSERT_EQ_INT(get(&d), 0);
+  return d;
+}
+
+/* An allocator as torch's: allocates on the candidate's device and gives
+ * the caller's current device back (a device guard). */
+static int guarded_alloc(void *ctx, size_t i, const encache_candidate *c,
+                         uint64_t nbytes, void **data, void **handle) {
+  dev_env *e = ctx;
+  int prev = current_device(e);
+  int rc = dev_alloc(ctx, i, c, nbytes, data, handle);
+  if (e->rt.set_device(prev) != 0)
+    rc = ENCACHE_EIO;
+  return rc;
+}
+
+/* Hits on device 1 while the caller's current device is 0: on the
+ * handle's own stream, on the default stream's handles (NULL names the
+ * handle's own; 0x1 and 0x2 the current device's default stream), on a
+ * stream of device 1; the caller's device is 0 again after each. */
+TEST(device_lookup_on_another_device_than_the_current_one) {
+  dev_env e;
+  if (runtime_init(&e) < 0)
+    return;
+  if (e.rt.devices < 2) {
+    printf("# skipped: needs two CUDA devices\n");
+    return;
+  }
+  env_open(&e, 1 << 20, "");
+  static const char *const ids[] = {"x0"};
+  seed(&e, ids, 1, 4);
+  void *mine = NULL;
+  ASSERT_EQ_INT(e.rt.set_device(1), 0);
+  ASSERT_EQ_INT(e.rt.stream_create(&mine, 1), 0);
+  ASSERT_EQ_INT(e.rt.set_device(0), 0);
+  void *const streams[] = {NULL, (void *)1, (void *)2, mine};
+  encache_allocator a = allocator(&e);
+  a.alloc = guarded_alloc;
+  for (int k = 0; k < 4; k++) {
+    ASSERT_EQ_INT(encache_step_set_stream(e.step, streams[k]), 0);
+    encache_candidate c = cand("x0", 4, ENCACHE_DEVICE_CUDA);
+    c.device_index = 1;
+    encache_result r = ENCACHE_RESULT_INIT;
+    if (encache_lookup(e.step, &c, 1, &a, &r) != 1)
+      test__fail(__FILE__, __LINE__, "stream %d: %s", k,
+                 encache_errmsg(e.ec));
+    ASSERT_EQ_INT(current_device(&e), 0); /* the caller's, restored */
+    check_hit(&e, &r, "x0", 4, ENCACHE_DEVICE_CUDA, 0);
+    dev_release(&e, 0, r.data, r.handle);
+  }
+  /* And from device 1 to device 0. */
+  ASSERT_EQ_INT(e.rt.set_device(1), 0);
+  ASSERT_EQ_INT(encache_step_set_stream(e.step, (void *)1), 0);
+  encache_candidate c = cand("x0", 4, ENCACHE_DEVICE_CUDA);
+  encache_result r = ENCACHE_RESULT_INIT;
+  ASSERT_EQ_INT(encache_lookup(e.step, &c, 1, &a, &r), 1);
+  ASSERT_EQ_INT(current_device(&e), 1);
+  ASSERT_EQ_INT(e.rt.set_device(0), 0);
+  check_hit(&e, &r, "x0", 4, ENCACHE_DEVICE_CUDA, 0);
+  dev_release(&e, 0, r.data, r.handle);
+  encache_step_close(e.step);
+  ASSERT_EQ_INT(e.rt.stream_destroy(mine), 0);
+  env_close(&e, 0);
+}
+
+/* The worker polls a publication's event with the event's device current
+ * (the fake's strict mode refuses a query made from another device: on
+ * CUDA, a thread that chose none would create a context on device 0). */
+TEST(device_publish_worker_uses_the_events_device) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  env_open(&e, 1 << 20, "");
+  candidate(&e, "v0", 4);
+  ASSERT_EQ_INT(e.rt.set_device(1), 0);
+  dev_out o;
+  dev_out_make(&e, &o, "v0", 4, 0);
+  o.v.device_index = 1;
+  fake_set_int(&e, "fake_cudart_strict_queries", 1);
+  ASSERT_EQ_INT(encache_publish(e.step, "v0", &o.v, o.st), ENCACHE_QUEUED);
+  if (encache_flush(e.ec) != 0)
+    test__fail(__FILE__, __LINE__, "flush: %s", encache_errmsg(e.ec));
+  fake_set_int(&e, "fake_cudart_strict_queries", 0);
+  ASSERT_EQ_INT(e.rt.set_device(0), 0);
+  check_stored(&e, "v0", 4, 0);
+  encache_storage_unref(o.st);
+  ASSERT_EQ_INT(e.rt.free_(o.ptr), 0);
+  env_close(&e, 0);
+}
+
+/* A pool buffer whose event cannot be queried poisons the handle at once
+ * (its buffer is kept: the copy may still write it). */
+TEST(device_pool_event_query_error_poisons) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  env_open(&e, 1 << 20, "");
+  candidate(&e, "g0", 2);
+  candidate(&e, "g1", 2);
+  dev_out o[2];
+  dev_out_make(&e, &o[0], "g0", 2, 0);
+  dev_out_make(&e, &o[1], "g1", 2, 0);
+  ASSERT_EQ_INT(encache_publish(e.step, "g0", &o[0].v, o[0].st),
+                ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(e.ec), 0); /* g0's buffer given back */
+  fake_set_int(&e, "fake_cudart_fail_queries", 1);
+  ASSERT_EQ_INT(encache_publish(e.step, "g1", &o[1].v, o[1].st),
+                ENCACHE_EPOISONED);
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "cudaEventQuery");
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "illegal memory access");
+  encache_storage_unref(o[0].st);
+  encache_storage_unref(o[1].st);
+  kept_for_the_device = o[1].ptr; /* o[0]'s copy completed */
+  ASSERT_EQ_INT(e.rt.free_(o[0].ptr), 0);
+  env_close(&e, ENCACHE_EPOISONED);
+}
+
+/* A device_index the runtime does not have: EINVAL naming the index and
+ * the device count; a full pool: its own message. */
+TEST(device_publish_messages_name_the_bound) {
+  dev_env e;
+  if (runtime_init(&e) < 0)
+    return;
+  env_open(&e, 1 << 20, "\"device_pinned_pool_bytes\": 16384");
+  candidate(&e, "m0", 8); /* 32 KiB: more than the pool */
+  dev_out o;
+  dev_out_make(&e, &o, "m0", 8, 0);
+  o.v.device_index = 7 + e.rt.devices;
+  char want[96];
+  snprintf(want, sizeof(want), "cuda:%d: the CUDA runtime has %d device",
+           o.v.device_index, e.rt.devices);
+  ASSERT_EQ_INT(encache_publish(e.step, "m0", &o.v, o.st), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(e.ec), want);
+  o.v.device_index = 0;
+  ASSERT_EQ_INT(encache_publish(e.step, "m0", &o.v, o.st),
+                ENCACHE_SKIP_OVER_BYTES);
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "device_pinned_pool_bytes 16384");
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "device_pool_full");
+  encache_storage_unref(o.st);
+  ASSERT_EQ_INT(e.rt.free_(o.ptr), 0);
+  env_close(&e, 0);
+}
+
+/* ------------------------------------------ stream-ordered destinations */
+
+static void *stale_work; /* device bytes a previous user's work writes */
+
+/* An allocator as a stream-ordered one whose block's previous user still
+ * has work queued on the legacy default stream: three copies of garbage
+ * into the block, queued before the block is handed out. */
+static int stream_ordered_alloc(void *ctx, size_t i,
+                                const encache_candidate *c, uint64_t nbytes,
+                                void **data, void **handle) {
+  dev_env *e = ctx;
+  int rc = dev_alloc(ctx, i, c, nbytes, data, handle);
+  for (int k = 0; rc == 0 && k < 3; k++)
+    if (e->rt.memcpy_async(*data, stale_work, (size_t)nbytes, 3, NULL) != 0)
+      rc = ENCACHE_EIO;
+  return rc;
+}
+
+/* Without encache_step_set_stream(), the handle's own stream is ordered
+ * after the legacy default stream's work (a blocking stream): the hit is
+ * not overwritten by work queued there before the lookup. */
+TEST(device_lookup_own_stream_after_the_default_streams_work) {
+  dev_env e;
+  if (runtime_init(&e) < 0)
+    return;
+  fake_set_long(&e, "fake_cudart_delay_us", 20000);
+  env_open(&e, 1 << 20, "");
+  static const char *const ids[] = {"o0"};
+  seed(&e, ids, 1, 4);
+  size_t n = 4 * COLS * 4;
+  ASSERT_EQ_INT(e.rt.malloc_(&stale_work, n), 0);
+  void *zeros = calloc(1, n);
+  ASSERT(zeros != NULL);
+  ASSERT_EQ_INT(e.rt.memcpy_(stale_work, zeros, n, CUDA_RT_H2D), 0);
+  free(zeros);
+  encache_allocator a = allocator(&e);
+  a.alloc = stream_ordered_alloc;
+  encache_candidate c = cand("o0", 4, ENCACHE_DEVICE_CUDA);
+  encache_result r = ENCACHE_RESULT_INIT;
+  ASSERT_EQ_INT(encache_lookup(e.step, &c, 1, &a, &r), 1);
+  check_hit(&e, &r, "o0", 4, ENCACHE_DEVICE_CUDA, 0); /* after the stale */
+  dev_release(&e, 0, r.data, r.handle);
+  ASSERT_EQ_INT(e.rt.free_(stale_work), 0);
+  env_close(&e, 0);
+}
+
+/* A CUDA publication the budgets skip (PENDING, OVER_ITEMS) is skipped
+ * before its copy: no pool buffer is taken for it. */
+TEST(device_publish_budgets_checked_before_the_copy) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  fake_set_long(&e, "fake_cudart_delay_us", 100000); /* p0 stays pending */
+  env_open(&e, 1 << 20, "\"store_max_pending_items\": 1");
+  candidate(&e, "k0", 8);
+  candidate(&e, "k1", 8);
+  dev_out o[2];
+  dev_out_make(&e, &o[0], "k0", 8, 0);
+  dev_out_make(&e, &o[1], "k1", 8, 0);
+  ASSERT_EQ_INT(encache_publish(e.step, "k0", &o[0].v, o[0].st),
+                ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_publish(e.step, "k0", &o[0].v, o[0].st),
+                ENCACHE_SKIP_PENDING);
+  ASSERT_EQ_INT(encache_publish(e.step, "k1", &o[1].v, o[1].st),
+                ENCACHE_SKIP_OVER_ITEMS);
+  encache_stats s = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(e.ec, &s), 0);
+  ASSERT_EQ_U64(s.device_pool_bytes, o[0].n); /* k0's buffer only */
+  ASSERT_EQ_U64(s.device_published, 1);
+  ASSERT_EQ_INT(encache_flush(e.ec), 0);
+  check_stored(&e, "k0", 8, 0);
+  for (int i = 0; i < 2; i++) {
+    encache_storage_unref(o[i].st);
+    ASSERT_EQ_INT(e.rt.free_(o[i].ptr), 0);
+  }
+  env_close(&e, 0);
 }
