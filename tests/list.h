@@ -194,4 +194,11 @@
   XX(identity_vector)                                                        \
   XX(identity_errors_name_the_path)                                          \
   XX(identity_refuses_bad_arguments)                                         \
-  XX(identity_out_of_memory_every_allocation)
+  XX(identity_out_of_memory_every_allocation)                                \
+  XX(fleet_slots_appear_on_open_and_vanish_on_close)                         \
+  XX(fleet_counters_match_stats_get_and_histograms_count)                    \
+  XX(fleet_histogram_buckets_are_log2_microseconds)                          \
+  XX(fleet_killed_encoder_slot_is_reclaimed)                                 \
+  XX(fleet_full_registry_degrades_without_failing_open)                      \
+  XX(fleet_damaged_or_other_version_segment_is_refused_clearly)              \
+  XX(fleet_off_and_bad_names)
