@@ -183,6 +183,22 @@ static int seg_check(seg *s, size_t size, char *why, size_t whysz) {
   return 0;
 }
 
+/* Takes the segment's flock (held while it is created or checked, a few
+ * system calls), waiting a second at most: a creator stopped in the
+ * middle must not hang every encoder's open. */
+static int seg_flock(int fd, int op) {
+  for (int tries = 0;; tries++) {
+    if (flock(fd, op | LOCK_NB) == 0)
+      return 0;
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      return -errno;
+    if (tries == 100)
+      return -EWOULDBLOCK;
+    struct timespec ts = {0, 10000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* Opens (creates when create is set) and maps the segment at path. */
 static int seg_open(seg *s, const char *path, int create, char *why,
                     size_t whysz) {
@@ -198,7 +214,7 @@ static int seg_open(seg *s, const char *path, int create, char *why,
     snprintf(why, whysz, "%s", e == ENOENT ? "no such registry" : strerror(e));
     return e == ENOENT ? ENCACHE_ENOENT : -e;
   }
-  int rc = flock(s->fd, create ? LOCK_EX : LOCK_SH) < 0 ? -errno : 0;
+  int rc = seg_flock(s->fd, create ? LOCK_EX : LOCK_SH);
   struct stat sb;
   if (rc == 0 && fstat(s->fd, &sb) < 0)
     rc = -errno;
@@ -209,7 +225,9 @@ static int seg_open(seg *s, const char *path, int create, char *why,
         magic == FLEET_INIT_MAGIC))) /* none, or its creator died */
     rc = seg_init(s, why, whysz);
   else if (rc < 0)
-    snprintf(why, whysz, "%s", strerror(-rc));
+    snprintf(why, whysz, "%s", rc == -EWOULDBLOCK
+                                   ? "busy: its creator holds its lock"
+                                   : strerror(-rc));
   if (rc == 0 && fstat(s->fd, &sb) < 0)
     snprintf(why, whysz, "%s", strerror(-(rc = -errno)));
   if (rc == 0)
@@ -234,26 +252,27 @@ static void seg_close(seg *s) {
   close(s->fd);
 }
 
-/* Sets (F_WRLCK) or drops (F_UNLCK) the lock of slot i: 0, or -1 when
- * another holds it. */
-static int slot_lock(int fd, unsigned i, short type) {
+/* The lock of slot i, as fcntl() takes it (l_pid 0, as OFD locks need). */
+static struct flock slot_flock(unsigned i, short type) {
   struct flock fl;
   memset(&fl, 0, sizeof(fl));
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
   fl.l_start = slot_off(i);
   fl.l_len = 1;
-  return fcntl(fd, F_OFD_SETLK, &fl) < 0 ? -1 : 0;
+  return fl;
+}
+
+/* Sets (F_WRLCK) or drops (F_UNLCK) the lock of slot i: 0, or -errno
+ * (-EAGAIN or -EACCES: another holds it). */
+static int slot_lock(int fd, unsigned i, short type) {
+  struct flock fl = slot_flock(i, type);
+  return fcntl(fd, F_OFD_SETLK, &fl) < 0 ? -errno : 0;
 }
 
 /* Whether another descriptor holds the lock of slot i. */
 static int slot_locked(int fd, unsigned i) {
-  struct flock fl;
-  memset(&fl, 0, sizeof(fl));
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = slot_off(i);
-  fl.l_len = 1;
+  struct flock fl = slot_flock(i, F_WRLCK);
   return fcntl(fd, F_OFD_GETLK, &fl) < 0 || fl.l_type != F_UNLCK;
 }
 
@@ -339,8 +358,12 @@ encache__fleet *encache__fleet_attach(const char *segment, const char *encoder,
     return NULL;
   }
   encache__fleet *f = encache__calloc(1, sizeof(*f));
-  for (unsigned i = 0; f != NULL && i < s.nslots; i++) {
-    if (slot_lock(s.fd, i, F_WRLCK) == 0) {
+  int err = 0;
+  for (unsigned i = 0; f != NULL && i < s.nslots && err == 0; i++) {
+    int rc = slot_lock(s.fd, i, F_WRLCK);
+    if (rc != 0 && rc != -EAGAIN && rc != -EACCES)
+      err = rc; /* not "taken": the locks do not work here */
+    if (rc == 0) {
       f->fd = s.fd;
       f->base = s.base;
       f->size = s.size;
@@ -351,6 +374,8 @@ encache__fleet *encache__fleet_attach(const char *segment, const char *encoder,
   }
   if (f == NULL)
     snprintf(why, sizeof(why), "out of memory");
+  else if (err != 0)
+    snprintf(why, sizeof(why), "cannot lock a slot: %s", strerror(-err));
   else
     snprintf(why, sizeof(why), "full: its %u slots are taken by live "
              "handles", s.nslots);

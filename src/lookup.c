@@ -420,8 +420,12 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
                    const encache_allocator *a, encache_result *results) {
   if (step == NULL)
     return ENCACHE_EINVAL;
-  uint64_t t0 = encache__fleet_clock(step->ec->fleet);
+  encache *ec = step->ec;
+  uint64_t t0 = encache__fleet_clock(ec->fleet);
+  uint64_t counted = __atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED);
   int rc = lookup(step, c, n, a, results);
-  encache__fleet_observe(step->ec->fleet, ENCACHE__FLEET_LOOKUP, t0, 0);
+  /* Only the calls `lookups` counts (not those refused at once). */
+  if (__atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED) != counted)
+    encache__fleet_observe(ec->fleet, ENCACHE__FLEET_LOOKUP, t0, 0);
   return rc;
 }
