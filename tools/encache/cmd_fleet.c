@@ -206,12 +206,22 @@ static void respond_text(int fd, const char *status, const char *extra,
           0);
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Reads the request head into buf (NUL-terminated): its length, 0 when
- * the client sent nothing (or left), -1 when it is not one (too long,
- * or cut by the timeout). */
+ * the client sent nothing (or left), -1 when it is not one (too long, or
+ * not complete within EXPORTER_TIMEOUT_S: a client sending a byte now
+ * and then holds the exporter no longer than a silent one). */
 static ssize_t read_head(int fd, char *buf, size_t cap) {
   size_t n = 0;
+  double deadline = now_s() + EXPORTER_TIMEOUT_S;
   while (n + 1 < cap) {
+    if (now_s() > deadline)
+      return n == 0 ? 0 : -1;
     ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
     if (r < 0 && errno == EINTR && !stop_requested)
       continue;
