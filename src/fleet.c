@@ -408,15 +408,18 @@ uint64_t encache__fleet_clock(const encache__fleet *f) {
   return ns != 0 ? ns : 1;
 }
 
+unsigned encache__fleet_bucket(uint64_t ns) {
+  uint64_t us = ns / 1000 + (ns % 1000 != 0); /* rounded up */
+  unsigned i = us <= 1 ? 0 : 64u - (unsigned)__builtin_clzll(us - 1);
+  return i < ENCACHE_HISTOGRAM_BUCKETS ? i : ENCACHE_HISTOGRAM_BUCKETS - 1;
+}
+
 void encache__fleet_observe(encache__fleet *f, int which, uint64_t t0,
                             uint64_t bytes) {
   if (f == NULL || t0 == 0)
     return;
   uint64_t ns = encache__fleet_clock(f) - t0;
-  uint64_t us = (ns + 999) / 1000;
-  unsigned i = us <= 1 ? 0 : 64u - (unsigned)__builtin_clzll(us - 1);
-  if (i >= ENCACHE_HISTOGRAM_BUCKETS)
-    i = ENCACHE_HISTOGRAM_BUCKETS - 1;
+  unsigned i = encache__fleet_bucket(ns);
   encache_histogram *h = &f->slot->hist[which];
   __atomic_add_fetch(&h->bucket[i], 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&h->sum_ns, ns, __ATOMIC_RELAXED);

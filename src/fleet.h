@@ -38,6 +38,10 @@ uint64_t encache__fleet_clock(const encache__fleet *f);
 void encache__fleet_observe(encache__fleet *f, int which, uint64_t t0,
                             uint64_t bytes);
 
+/* The histogram bucket of a duration of ns nanoseconds: the smallest i
+ * with ns <= 2^i microseconds, the last bucket beyond. */
+unsigned encache__fleet_bucket(uint64_t ns);
+
 /* Test hook: the number of slots of a registry created from now on. */
 extern unsigned encache__fleet_slots;
 

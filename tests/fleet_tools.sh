@@ -73,10 +73,9 @@ thaw() { for p in $(encoders); do kill -CONT "$p"; done; }
 "$tool" --store "$store" demo --encoders 2 --requests 100000 --no-baseline \
   --verify none >"$tmp/demo" 2>&1 &
 demo_pid=$!
-for _ in $(seq 100); do
+for _ in $(seq 300); do
   "$tool" stats --store "$store" --format json >"$tmp/json" 2>/dev/null &&
-    grep -q '"lookups": [1-9]' "$tmp/json" &&
-    [ "$(grep -o '"slot"' "$tmp/json" | wc -l)" -eq 2 ] && break
+    [ "$(grep -o '"hits": [1-9]' "$tmp/json" | wc -l)" -eq 2 ] && break
   sleep 0.1
 done
 if [ "$(grep -o '"slot"' "$tmp/json" | wc -l)" -eq 2 ]; then ok "the demo's 2 encoders are in the registry"

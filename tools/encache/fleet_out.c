@@ -94,7 +94,8 @@ enum { COUNTER, GAUGE };
 
 /* Every field of encache_stats, in its order (poisoned apart). */
 typedef struct metric {
-  const char *name; /* encache_NAME (counters: + "_total") */
+  const char *field; /* its name in encache_stats (and in the JSON) */
+  const char *name;  /* encache_NAME (counters: + "_total") */
   int type;
   size_t off;   /* in encache_stats */
   double scale; /* 1, or 1e-6 for microseconds shown in seconds */
@@ -102,7 +103,7 @@ typedef struct metric {
 } metric;
 
 #define M_(field, name, type, scale, help)                                   \
-  {name, type, offsetof(encache_stats, field), scale, help}
+  {#field, name, type, offsetof(encache_stats, field), scale, help}
 
 static const metric metrics[] = {
     M_(lookups, "lookups", COUNTER, 1, "encache_lookup() calls"),
@@ -361,7 +362,7 @@ static void json_row(FILE *out, const fleet_row *r) {
   json_string(out, r->ns);
   fputs(", \"stats\": {", out);
   for (size_t m = 0; m < NMETRICS; m++)
-    fprintf(out, "%s\"%s\": %" PRIu64, m ? ", " : "", metrics[m].name,
+    fprintf(out, "%s\"%s\": %" PRIu64, m ? ", " : "", metrics[m].field,
             field_of(&r->st, metrics[m].off));
   fputs(", \"published_skipped\": {", out);
   for (int s = 1; s < ENCACHE_SKIP_COUNT_; s++) {
