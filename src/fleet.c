@@ -136,13 +136,15 @@ static int seg_init(seg *s, char *why, size_t whysz) {
   unsigned n = encache__fleet_slots ? encache__fleet_slots : 1;
   size_t size = sizeof(fleet_header) + (size_t)n * sizeof(fleet_slot);
   if (ftruncate(s->fd, (off_t)size) < 0) {
-    snprintf(why, whysz, "cannot size it: %s", strerror(errno));
-    return -errno;
+    int e = errno;
+    snprintf(why, whysz, "cannot size it: %s", strerror(e));
+    return -e;
   }
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
   if (p == MAP_FAILED) {
-    snprintf(why, whysz, "cannot map it: %s", strerror(errno));
-    return -errno;
+    int e = errno;
+    snprintf(why, whysz, "cannot map it: %s", strerror(e));
+    return -e;
   }
   fleet_header *h = p;
   h->magic = FLEET_INIT_MAGIC;
@@ -222,7 +224,7 @@ static int seg_open(seg *s, const char *path, int create, char *why,
   if (rc == 0 && create &&
       (sb.st_size == 0 ||
        (pread(s->fd, &magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
-        magic == FLEET_INIT_MAGIC))) /* none, or its creator died */
+        (magic == FLEET_INIT_MAGIC || magic == 0)))) /* its creator died */
     rc = seg_init(s, why, whysz);
   else if (rc < 0)
     snprintf(why, whysz, "%s", rc == -EWOULDBLOCK
