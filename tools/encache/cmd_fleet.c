@@ -40,7 +40,7 @@ int stats_fleet(const char *format, const char *segment, encache_store *st) {
   } else if (text) {
     fleet_text(stdout, &v);
   } else if ((format[0] == 'j' ? fleet_json(stdout, st, &v, why, sizeof(why))
-                               : fleet_prometheus(stdout, st, &v, why,
+                               : fleet_prometheus(stdout, st, &v, 0, why,
                                                   sizeof(why))) < 0) {
     fprintf(stderr, "encache stats: %s\n", why);
     rc = -1;
@@ -80,7 +80,8 @@ static const char exporter_usage[] =
     "Serves `encache stats --format prometheus` over HTTP for Prometheus to\n"
     "scrape: GET /metrics answers the counters and histograms of every\n"
     "engine handle open on this host (and the Store's counters when --store\n"
-    "or $ENCACHE_STORE names one), read afresh for each request.  Runs until\n"
+    "or $ENCACHE_STORE names one: it must answer at start; later failures\n"
+    "give encache_store_up 0), read afresh for each request.  Runs until\n"
     "SIGINT or SIGTERM.\n"
     "\n"
     "  --listen HOST:PORT  where to listen (default 127.0.0.1:9464; port 0:\n"
@@ -246,7 +247,7 @@ static void metrics_body(const char *segment, encache_store *st, char **body,
   if (m == NULL)
     snprintf(why, wsz, "out of memory");
   else if (rc == 0)
-    rc = fleet_prometheus(m, st, &v, why, wsz);
+    rc = fleet_prometheus(m, st, &v, 1, why, wsz);
   if (m != NULL && fclose(m) != 0 && rc == 0) {
     snprintf(why, wsz, "out of memory");
     rc = -1;
@@ -314,8 +315,18 @@ static int run_exporter(const tool_globals *g, const tool_args *a) {
                           a->val[1] != NULL, &code);
   if (lfd < 0)
     return code;
+  /* A Store that does not answer at start is a mistake to say at once;
+   * one that stops answering later gives encache_store_up 0. */
   encache_store *st = NULL;
-  if (g->store_url != NULL && (st = tool_open_store("exporter", g, 1)) == NULL) {
+  encache_store_stats ss = {.size = sizeof(ss)};
+  if (g->store_url != NULL && (st = tool_open_store("exporter", g, 1)) != NULL &&
+      encache_store_stats_get(st, &ss) < 0) {
+    fprintf(stderr, "encache exporter: the Store does not answer: %s\n",
+            encache_store_errmsg(st));
+    encache_store_close(st);
+    st = NULL;
+  }
+  if (g->store_url != NULL && st == NULL) {
     close(lfd);
     return EXIT_FAIL;
   }

@@ -305,11 +305,26 @@ static uint64_t store_field(const encache_store_stats *s, size_t off) {
   return v;
 }
 
+/* encache_store_up: whether the Store answered (its counters follow). */
+static void store_up(FILE *out, encache_store *st, int up) {
+  family(out, "encache_store_up", "gauge",
+         "1 when the Store answered for its counters, else 0");
+  fputs("encache_store_up{store=\"", out);
+  label_value(out, encache_store_url(st));
+  fprintf(out, "\"} %d\n", up);
+}
+
 int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
-                     char *why, size_t n) {
+                     int tolerant, char *why, size_t n) {
   encache_store_stats s;
-  if (st != NULL && store_stats(st, &s, why, n) < 0)
-    return -1;
+  if (st != NULL && store_stats(st, &s, why, n) < 0) {
+    if (!tolerant)
+      return -1;
+    store_up(out, st, 0);
+    st = NULL; /* the handles' metrics all the same */
+  } else if (st != NULL) {
+    store_up(out, st, 1);
+  }
   for (size_t m = 0; st != NULL && m < sizeof(store_metrics) /
                                            sizeof(store_metrics[0]); m++) {
     uint64_t val = store_field(&s, store_metrics[m].off);

@@ -43,9 +43,10 @@ double fleet_quantile(const encache_histogram *h, double q);
 
 /* The Prometheus text format (0.0.4) of the Store's counters (st NULL:
  * none) and of every handle of v.  Returns 0, or -1 with the reason in
- * why (the Store's counters cannot be read). */
+ * why when the Store's counters cannot be read, unless tolerant: then
+ * encache_store_up is 0 and the handles' metrics follow. */
 int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
-                     char *why, size_t n);
+                     int tolerant, char *why, size_t n);
 /* One JSON object: {"store": {...} or null, "handles": [...]}. */
 int fleet_json(FILE *out, encache_store *st, const fleet_view *v, char *why,
                size_t n);
