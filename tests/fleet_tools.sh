@@ -24,11 +24,13 @@ seg=fltools-$$
 export ENCACHE_STATS_SEGMENT=encache.fltools-$$
 store="shm://$seg?size=64MiB"
 sock=fleet-tools-$$
-demo_pid="" exp_pid=""
+demo_pid="" demo2_pid="" exp_pid=""
 cleanup() {
   [ -n "$demo_pid" ] && kill -CONT "$demo_pid" 2>/dev/null
   [ -n "$demo_pid" ] && pkill -KILL -P "$demo_pid" 2>/dev/null
   [ -n "$demo_pid" ] && { kill -KILL "$demo_pid"; wait "$demo_pid"; } 2>/dev/null
+  [ -n "$demo2_pid" ] && pkill -KILL -P "$demo2_pid" 2>/dev/null
+  [ -n "$demo2_pid" ] && { kill -KILL "$demo2_pid"; wait "$demo2_pid"; } 2>/dev/null
   [ -n "$exp_pid" ] && kill -KILL "$exp_pid" 2>/dev/null
   tmux -L "$sock" kill-server 2>/dev/null
   rm -f "/dev/shm/encache-$seg" "/dev/shm/$ENCACHE_STATS_SEGMENT"
@@ -223,14 +225,30 @@ if grep -q "top-exited-0" "$tmp/cap3"; then ok "q quits top (exit 0)"; else not_
 if [ $? -eq 0 ] && [ "$(grep -c '%' "$tmp/once")" -ge 2 ]; then ok "top --once prints one frame"
 else not_ok "top --once" "$tmp/once"; fi
 
-# --- a killed encoder disappears from the registry
-victim=$(encoders | cut -d' ' -f1)
+# --- a killed encoder disappears from the registry, the others stay: the
+# victim is the one encoder of a second demo (a demo ends its fleet when
+# an encoder dies).
+"$tool" --store "$store" demo --encoders 1 --requests 100000 --no-baseline \
+  --verify none >"$tmp/demo2" 2>&1 &
+demo2_pid=$!
+victim=""
+for _ in $(seq 300); do
+  victim=$(pgrep -P "$demo2_pid")
+  [ -n "$victim" ] && "$tool" stats --store "$store" --format prometheus 2>&1 |
+    grep -q "^encache_lookups_total{.*pid=\"$victim\"" && break
+  sleep 0.1
+done
+survivors=$(encoders)
 kill -KILL "$victim"
 sleep 0.3
 "$tool" stats --store "$store" --format prometheus >"$tmp/prom" 2>&1
-if grep -q "^encache_handles 1$" "$tmp/prom" && ! grep -q "pid=\"$victim\"" "$tmp/prom"; then
-  ok "a SIGKILLed encoder's slot is gone"
-else not_ok "killed encoder still listed" "$tmp/prom"; fi
+listed=0
+for p in $survivors; do grep -q "^encache_lookups_total{.*pid=\"$p\"" "$tmp/prom" && listed=$((listed + 1)); done
+if [ -n "$victim" ] && ! grep -q "pid=\"$victim\"" "$tmp/prom" && [ "$listed" -eq 2 ]; then
+  ok "a SIGKILLed encoder's slot is gone, the others stay"
+else not_ok "killed encoder $victim still listed, or survivors ($listed of 2) gone" "$tmp/prom"; fi
+{ kill -KILL "$demo2_pid"; wait "$demo2_pid"; } 2>/dev/null
+demo2_pid=""
 
 echo "1..$n"
 [ "$fails" -eq 0 ]
