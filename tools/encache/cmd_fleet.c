@@ -338,8 +338,12 @@ static int run_exporter(const tool_globals *g, const tool_args *a) {
     if (r <= 0)
       continue; /* a timeout, or EINTR: look at the flag */
     int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (cfd < 0)
+    if (cfd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
+          errno == ENOBUFS)
+        poll(NULL, 0, 100); /* out of something: no busy loop */
       continue;
+    }
     serve(cfd, segment, st);
     close(cfd);
   }
