@@ -63,22 +63,45 @@ typedef struct fleet_header {
   unsigned char reserved[40];
 } fleet_header;
 
-/* Invariant: while state is SLOT_LIVE, the owner holds the slot's lock. */
-typedef struct fleet_slot {
-  uint64_t seq;   /* odd while the identity changes */
-  uint32_t state; /* SLOT_FREE or SLOT_LIVE */
-  int32_t pid;
+/* Who holds a slot: written once per claim, under the slot's seq. */
+typedef struct fleet_ident {
+  int64_t pid;
   uint64_t start_time;
-  uint64_t bytes_written; /* atomic */
   char encoder[128];
   char store[256];
   char ns[256];
+} fleet_ident;
+
+#define IDENT_WORDS (sizeof(fleet_ident) / 8)
+#define HIST_WORDS (2 * sizeof(encache_histogram) / 8)
+
+/* Invariant: while state is SLOT_LIVE, the owner holds the slot's lock.
+ * Every field is accessed with atomics only: the owner's counters field
+ * by field (STAT_ADD, fleet_observe), everything else word by word
+ * through the unions' uint64_t views. */
+typedef struct fleet_slot {
+  uint64_t seq;   /* odd while the identity changes */
+  uint32_t state; /* SLOT_FREE or SLOT_LIVE */
+  uint32_t unused;
+  uint64_t bytes_written;
   union {
-    encache_stats stats; /* atomics: the owner's counters */
+    fleet_ident id;
+    uint64_t w[IDENT_WORDS];
+  } ident;
+  union {
+    encache_stats stats; /* the owner's counters (engine.h's STAT_ADD) */
     uint64_t room[FLEET_STATS_ROOM / 8];
   } u;
-  encache_histogram hist[2]; /* atomics; count unused (sum of buckets) */
+  union {
+    encache_histogram hist[2]; /* count unused: the buckets' sum */
+    uint64_t w[HIST_WORDS];
+  } h;
 } __attribute__((aligned(64))) fleet_slot;
+
+_Static_assert(sizeof(fleet_ident) % 8 == 0 &&
+                   sizeof(encache_histogram) % 8 == 0 &&
+                   sizeof(encache_stats) % 8 == 0,
+               "fleet: the slot's parts are whole words");
 
 _Static_assert(sizeof(encache_stats) <= FLEET_STATS_ROOM,
                "fleet: encache_stats outgrew the slot's room: a new version");
@@ -307,30 +330,55 @@ static uint64_t start_time(void) {
   return v;
 }
 
+/* Seqlock without fences (ThreadSanitizer refuses them): the writer's
+ * stores after the odd seq are release stores, so none is seen before
+ * it; the reader's loads before the second look at seq are acquire
+ * loads, so that look is not made before them. */
+static void put_words(uint64_t *dst, const void *src, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    uint64_t w = 0;
+    if (src != NULL)
+      memcpy(&w, (const unsigned char *)src + k * 8, 8);
+    __atomic_store_n(&dst[k], w, __ATOMIC_RELEASE);
+  }
+}
+
+static void get_words(void *dst, const uint64_t *src, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    uint64_t w = __atomic_load_n(&src[k], __ATOMIC_ACQUIRE);
+    memcpy((unsigned char *)dst + k * 8, &w, 8);
+  }
+}
+
 /* Writes the identity of a slot the caller holds, counters zeroed. */
 static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
                       const char *ns) {
-  uint64_t q = __atomic_load_n(&sl->seq, __ATOMIC_RELAXED) | 1; /* odd */
-  __atomic_store_n(&sl->seq, q, __ATOMIC_RELAXED);
-  __atomic_thread_fence(__ATOMIC_RELEASE);
-  __atomic_store_n(&sl->state, SLOT_FREE, __ATOMIC_RELAXED);
-  sl->pid = (int32_t)getpid();
-  sl->start_time = start_time();
-  sl->bytes_written = 0;
+  fleet_ident id;
+  memset(&id, 0, sizeof(id));
+  id.pid = (int64_t)getpid();
+  id.start_time = start_time();
   if (encoder != NULL && encoder[0] != '\0') {
-    snprintf(sl->encoder, sizeof(sl->encoder), "%s", encoder);
+    snprintf(id.encoder, sizeof(id.encoder), "%s", encoder);
   } else {
     char host[64];
     if (gethostname(host, sizeof(host)) < 0)
       snprintf(host, sizeof(host), "localhost");
     host[sizeof(host) - 1] = '\0';
-    snprintf(sl->encoder, sizeof(sl->encoder), "%d@%s", (int)getpid(), host);
+    snprintf(id.encoder, sizeof(id.encoder), "%d@%s", (int)getpid(), host);
   }
-  snprintf(sl->store, sizeof(sl->store), "%s", store);
-  snprintf(sl->ns, sizeof(sl->ns), "%s", ns);
-  memset(&sl->u, 0, sizeof(sl->u));
-  sl->u.stats.size = sizeof(encache_stats);
-  memset(sl->hist, 0, sizeof(sl->hist));
+  snprintf(id.store, sizeof(id.store), "%s", store);
+  snprintf(id.ns, sizeof(id.ns), "%s", ns);
+  encache_stats zero;
+  memset(&zero, 0, sizeof(zero));
+  zero.size = sizeof(zero);
+  uint64_t q = __atomic_load_n(&sl->seq, __ATOMIC_RELAXED) | 1; /* odd */
+  __atomic_store_n(&sl->seq, q, __ATOMIC_RELAXED);
+  __atomic_store_n(&sl->state, SLOT_FREE, __ATOMIC_RELEASE);
+  __atomic_store_n(&sl->bytes_written, 0, __ATOMIC_RELEASE);
+  put_words(sl->ident.w, &id, IDENT_WORDS);
+  put_words(sl->u.room, NULL, FLEET_STATS_ROOM / 8);
+  put_words(sl->u.room, &zero, sizeof(zero) / 8);
+  put_words(sl->h.w, NULL, HIST_WORDS);
   __atomic_store_n(&sl->seq, q + 1, __ATOMIC_RELEASE);
   __atomic_store_n(&sl->state, SLOT_LIVE, __ATOMIC_RELEASE);
 }
@@ -422,7 +470,7 @@ void encache__fleet_observe(encache__fleet *f, int which, uint64_t t0,
     return;
   uint64_t ns = encache__fleet_clock(f) - t0;
   unsigned i = encache__fleet_bucket(ns);
-  encache_histogram *h = &f->slot->hist[which];
+  encache_histogram *h = &f->slot->h.hist[which];
   __atomic_add_fetch(&h->bucket[i], 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&h->sum_ns, ns, __ATOMIC_RELAXED);
   if (bytes != 0)
@@ -433,17 +481,11 @@ void encache__fleet_observe(encache__fleet *f, int which, uint64_t t0,
 
 /* What a reader copies out of a slot. */
 typedef struct slot_copy {
-  int64_t pid;
-  uint64_t start_time, bytes_written;
-  char encoder[128], store[256], ns[256];
+  fleet_ident id;
+  uint64_t bytes_written;
   encache_stats stats;
   encache_histogram hist[2];
 } slot_copy;
-
-static void load_words(uint64_t *dst, const uint64_t *src, size_t n) {
-  for (size_t k = 0; k < n; k++)
-    dst[k] = __atomic_load_n(&src[k], __ATOMIC_RELAXED);
-}
 
 /* Copies live slot i into *c: 1, or 0 when it is not live (a dead owner's
  * slot is freed on the way when the segment is writable). */
@@ -461,26 +503,19 @@ static int slot_read(seg *s, unsigned i, slot_copy *c) {
     }
     return 0;
   }
-  c->pid = sl->pid;
-  c->start_time = sl->start_time;
-  memcpy(c->encoder, sl->encoder, sizeof(c->encoder));
-  memcpy(c->store, sl->store, sizeof(c->store));
-  memcpy(c->ns, sl->ns, sizeof(c->ns));
-  c->encoder[sizeof(c->encoder) - 1] = c->store[sizeof(c->store) - 1] =
-      c->ns[sizeof(c->ns) - 1] = '\0';
-  c->bytes_written = __atomic_load_n(&sl->bytes_written, __ATOMIC_RELAXED);
-  uint64_t room[FLEET_STATS_ROOM / 8];
-  load_words(room, sl->u.room, FLEET_STATS_ROOM / 8);
-  memcpy(&c->stats, room, sizeof(c->stats));
+  get_words(&c->id, sl->ident.w, IDENT_WORDS);
+  c->id.encoder[sizeof(c->id.encoder) - 1] =
+      c->id.store[sizeof(c->id.store) - 1] =
+          c->id.ns[sizeof(c->id.ns) - 1] = '\0';
+  c->bytes_written = __atomic_load_n(&sl->bytes_written, __ATOMIC_ACQUIRE);
+  get_words(&c->stats, sl->u.room, sizeof(c->stats) / 8);
   c->stats.size = sizeof(c->stats);
-  load_words((uint64_t *)(void *)c->hist, (const uint64_t *)(void *)sl->hist,
-             sizeof(c->hist) / 8);
+  get_words(c->hist, sl->h.w, HIST_WORDS);
   for (int h = 0; h < 2; h++) { /* count = the buckets' sum, consistent */
     c->hist[h].count = 0;
     for (int b = 0; b < ENCACHE_HISTOGRAM_BUCKETS; b++)
       c->hist[h].count += c->hist[h].bucket[b];
   }
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
   return __atomic_load_n(&sl->seq, __ATOMIC_RELAXED) == q;
 }
 
@@ -506,8 +541,8 @@ int encache_fleet_read(const char *segment, encache_fleet_fn fn, void *ctx) {
     if (!slot_read(&s, i, c))
       continue;
     encache_fleet_entry e = {
-        .size = sizeof(e), .pid = c->pid, .start_time = c->start_time,
-        .encoder = c->encoder, .store = c->store, .ns = c->ns,
+        .size = sizeof(e), .pid = c->id.pid, .start_time = c->id.start_time,
+        .encoder = c->id.encoder, .store = c->id.store, .ns = c->id.ns,
         .stats = &c->stats, .lookup = &c->hist[ENCACHE__FLEET_LOOKUP],
         .write = &c->hist[ENCACHE__FLEET_WRITE],
         .bytes_written = c->bytes_written, .slot = i};
