@@ -13,7 +13,8 @@
  * owner's identity (pid, start time, encoder label, Store URL, namespace),
  * its encache_stats (in room for any later, larger version of the struct)
  * and two histograms.  Version 1 is the only one; a segment of another
- * version or format is refused with a message (never written to).
+ * version or format is refused with a message (never written to) while
+ * a process uses it, and made afresh by the next opener once none does.
  *
  * Ownership and liveness: a slot belongs to whoever holds the
  * open-file-description lock (F_OFD_SETLK) on the slot's first byte of the
@@ -154,10 +155,15 @@ static int seg_path(const char *name, char *path, size_t n, char *why,
   return 0;
 }
 
-/* Lays a new segment out (under the flock); the magic goes last. */
+/* Lays a new segment out (under the flock); the magic goes last.  A file
+ * is never made shorter: a process of another version may still map it
+ * (it would die of SIGBUS past the end). */
 static int seg_init(seg *s, char *why, size_t whysz) {
   unsigned n = encache__fleet_slots ? encache__fleet_slots : 1;
   size_t size = sizeof(fleet_header) + (size_t)n * sizeof(fleet_slot);
+  struct stat sb;
+  if (fstat(s->fd, &sb) == 0 && (size_t)sb.st_size > size)
+    size = (size_t)sb.st_size;
   if (ftruncate(s->fd, (off_t)size) < 0) {
     int e = errno;
     snprintf(why, whysz, "cannot size it: %s", strerror(e));
@@ -198,7 +204,7 @@ static int seg_check(seg *s, size_t size, char *why, size_t whysz) {
   }
   if (h.format != FLEET_FORMAT || h.slot_size != sizeof(fleet_slot) ||
       h.nslots == 0 ||
-      size != sizeof(h) + (size_t)h.nslots * sizeof(fleet_slot)) {
+      size < sizeof(h) + (size_t)h.nslots * sizeof(fleet_slot)) {
     snprintf(why, whysz, "damaged header (format 0x%016" PRIx64 ", %u slots "
              "of %u bytes in %zu bytes; expected format 0x%016" PRIx64 ")",
              h.format, h.nslots, h.slot_size, size, (uint64_t)FLEET_FORMAT);
@@ -224,6 +230,48 @@ static int seg_flock(int fd, int op) {
   }
 }
 
+/* Whether a process holds an OFD lock on some byte of the file: a slot in
+ * use, whatever the layout version (every version holds such a lock for
+ * each slot it uses: the one rule that no later version may change). */
+static int seg_in_use(int fd) {
+  struct flock fl;
+  memset(&fl, 0, sizeof(fl));
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET; /* l_start 0, l_len 0: the whole file */
+  return fcntl(fd, F_OFD_GETLK, &fl) < 0 || fl.l_type != F_UNLCK;
+}
+
+/* The segment's size in *size, after it was laid out when it is to be
+ * (under the flock): a new or unfinished one (its creator died), and, for
+ * a creator, a registry of another layout version or format that no
+ * process uses (encoders of an older encache all gone).  A file that is
+ * not a registry (another magic) is never touched. */
+static int seg_prepare(seg *s, int create, size_t *size, char *why,
+                       size_t whysz) {
+  uint64_t magic = 0;
+  if (pread(s->fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))
+    magic = 0; /* empty (just created) or cut short */
+  int rc = 0;
+  if (create && (magic == FLEET_INIT_MAGIC || magic == 0))
+    rc = seg_init(s, why, whysz);
+  for (int pass = 0; rc == 0 && pass < 2; pass++) {
+    struct stat sb;
+    if (fstat(s->fd, &sb) < 0) {
+      rc = -errno;
+      snprintf(why, whysz, "%s", strerror(-rc));
+      break;
+    }
+    *size = (size_t)sb.st_size;
+    rc = seg_check(s, *size, why, whysz);
+    if (rc == ENCACHE_EFORMAT && pass == 0 && create &&
+        magic == FLEET_MAGIC && !seg_in_use(s->fd))
+      rc = seg_init(s, why, whysz); /* ours, unused: made afresh */
+    else
+      break;
+  }
+  return rc;
+}
+
 /* Opens (creates when create is set) and maps the segment at path. */
 static int seg_open(seg *s, const char *path, int create, char *why,
                     size_t whysz) {
@@ -239,27 +287,17 @@ static int seg_open(seg *s, const char *path, int create, char *why,
     snprintf(why, whysz, "%s", e == ENOENT ? "no such registry" : strerror(e));
     return e == ENOENT ? ENCACHE_ENOENT : -e;
   }
+  size_t size = 0;
   int rc = seg_flock(s->fd, create ? LOCK_EX : LOCK_SH);
-  struct stat sb;
-  if (rc == 0 && fstat(s->fd, &sb) < 0)
-    rc = -errno;
-  uint64_t magic = 0;
-  if (rc == 0 && create &&
-      (sb.st_size == 0 ||
-       (pread(s->fd, &magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
-        (magic == FLEET_INIT_MAGIC || magic == 0)))) /* its creator died */
-    rc = seg_init(s, why, whysz);
-  else if (rc < 0)
+  if (rc < 0)
     snprintf(why, whysz, "%s", rc == -EWOULDBLOCK
                                    ? "busy: its creator holds its lock"
                                    : strerror(-rc));
-  if (rc == 0 && fstat(s->fd, &sb) < 0)
-    snprintf(why, whysz, "%s", strerror(-(rc = -errno)));
-  if (rc == 0)
-    rc = seg_check(s, (size_t)sb.st_size, why, whysz);
+  else
+    rc = seg_prepare(s, create, &size, why, whysz);
   flock(s->fd, LOCK_UN);
   if (rc == 0) {
-    s->size = (size_t)sb.st_size;
+    s->size = size;
     void *p = mmap(NULL, s->size, PROT_READ | (s->writable ? PROT_WRITE : 0),
                    MAP_SHARED, s->fd, 0);
     if (p == MAP_FAILED)

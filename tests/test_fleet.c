@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -305,22 +306,36 @@ TEST(fleet_full_registry_degrades_without_failing_open) {
   ASSERT_EQ_INT(read_reg(&s), 0);
 }
 
-/* Fills the registry's shm object with a header of the test's making. */
-static void write_segment(const void *bytes, size_t n, size_t total) {
+/* Fills the registry's shm object with a header of the test's making;
+ * returns its descriptor. */
+static int write_segment(const void *bytes, size_t n, size_t total) {
   char path[80];
   snprintf(path, sizeof(path), "/%s", reg_name);
   int fd = shm_open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT(fd >= 0);
   ASSERT_EQ_INT(ftruncate(fd, (off_t)total), 0);
   ASSERT_EQ_INT(pwrite(fd, bytes, n, 0), (long long)n);
-  close(fd);
+  return fd;
+}
+
+/* Holds (F_WRLCK) or drops (F_UNLCK) an OFD lock on byte 1000 of fd's
+ * file, as a process of another version using a slot would. */
+static void hold_slot(int fd, short type) {
+  struct flock fl;
+  memset(&fl, 0, sizeof(fl));
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 1000;
+  fl.l_len = 1;
+  ASSERT_EQ_INT(fcntl(fd, F_OFD_SETLK, &fl), 0);
 }
 
 TEST(fleet_damaged_or_other_version_segment_is_refused_clearly) {
+  encache__fleet_slots = 4; /* smaller than the other version's file */
   fleet_env();
   char junk[4096];
   memset(junk, 'x', sizeof(junk));
-  write_segment(junk, sizeof(junk), sizeof(junk));
+  close(write_segment(junk, sizeof(junk), sizeof(junk)));
   seen s;
   last_log[0] = '\0';
   encache *ec = open_as(reg_name, "e"); /* never a failed open */
@@ -329,9 +344,18 @@ TEST(fleet_damaged_or_other_version_segment_is_refused_clearly) {
   encache_close(ec);
   ASSERT_EQ_INT(encache_fleet_read(reg_name, see, &s), ENCACHE_EFORMAT);
   ASSERT_CONTAINS(encache_errmsg(NULL), "not an encache statistics registry");
-  /* The layout of version 1 (src/fleet.c), with version 2 in the format. */
+  char path[80], head[8];
+  snprintf(path, sizeof(path), "/%s", reg_name);
+  int jfd = shm_open(path, O_RDONLY, 0);
+  ASSERT(jfd >= 0);
+  ASSERT_EQ_INT(pread(jfd, head, sizeof(head), 0), (long long)sizeof(head));
+  ASSERT_EQ_MEM(head, junk, sizeof(head)); /* not ours: never touched */
+  close(jfd);
+  /* The header of version 1 (src/fleet.c) with version 2 in the format,
+   * in use by a process of that version: refused, never written. */
   uint64_t hdr[8] = {UINT64_C(0x7465656c66636e65), (UINT64_C(2) << 48), 0};
-  write_segment(hdr, sizeof(hdr), 65536);
+  int fd = write_segment(hdr, sizeof(hdr), 65536);
+  hold_slot(fd, F_WRLCK);
   last_log[0] = '\0';
   ec = open_as(reg_name, "e");
   ASSERT_CONTAINS(last_log, "layout version 2, but this library reads "
@@ -339,6 +363,22 @@ TEST(fleet_damaged_or_other_version_segment_is_refused_clearly) {
   encache_close(ec);
   ASSERT_EQ_INT(encache_fleet_read(reg_name, see, &s), ENCACHE_EFORMAT);
   ASSERT_CONTAINS(encache_errmsg(NULL), "layout version 2");
+  uint64_t after[8];
+  ASSERT_EQ_INT(pread(fd, after, sizeof(after), 0), (long long)sizeof(after));
+  ASSERT_EQ_MEM(after, hdr, sizeof(hdr));
+  /* Once nobody uses it, the next encoder makes it afresh (never shorter:
+   * a process of the other version may still map it). */
+  hold_slot(fd, F_UNLCK);
+  last_log[0] = '\0';
+  ec = open_as(reg_name, "e2");
+  ASSERT_EQ_STR(last_log, "");
+  ASSERT_EQ_INT(read_reg(&s), 1);
+  ASSERT_EQ_STR(s.encoder[0], "e2");
+  struct stat sb;
+  ASSERT_EQ_INT(fstat(fd, &sb), 0);
+  ASSERT(sb.st_size >= 65536);
+  encache_close(ec);
+  close(fd);
 }
 
 TEST(fleet_off_and_bad_names) {
