@@ -72,7 +72,7 @@ freeze() {
 thaw() { for p in $(encoders); do kill -CONT "$p"; done; }
 
 # --- a running demo: 2 encoders, enough requests to outlast the test
-"$tool" --store "$store" demo --encoders 2 --requests 100000 --no-baseline \
+"$tool" --store "$store" demo --encoders 2 --requests 2000000 --no-baseline \
   --verify none >"$tmp/demo" 2>&1 &
 demo_pid=$!
 for _ in $(seq 300); do
@@ -228,7 +228,7 @@ else not_ok "top --once" "$tmp/once"; fi
 # --- a killed encoder disappears from the registry, the others stay: the
 # victim is the one encoder of a second demo (a demo ends its fleet when
 # an encoder dies).
-"$tool" --store "$store" demo --encoders 1 --requests 100000 --no-baseline \
+"$tool" --store "$store" demo --encoders 1 --requests 2000000 --no-baseline \
   --verify none >"$tmp/demo2" 2>&1 &
 demo2_pid=$!
 victim=""
