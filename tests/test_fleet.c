@@ -31,16 +31,20 @@ static void cleanup(void) {
   encache_shm_destroy(store_seg);
 }
 
-/* A registry and a Store of the test's own. */
+/* A registry and a Store of the test's own (the previous test's removed,
+ * when the tests share a process: ENCACHE_TEST_NOFORK). */
 static void fleet_env(void) {
   static int count;
+  if (reg_name[0] != '\0')
+    cleanup();
+  else
+    atexit(cleanup);
   snprintf(reg_name, sizeof(reg_name), "encache.ftest-%d-%d", (int)getpid(),
            count);
   snprintf(store_seg, sizeof(store_seg), "encache-ftest-%d-%d", (int)getpid(),
            count++);
   snprintf(store_url, sizeof(store_url), "shm://%s?size=4MiB", store_seg);
   cleanup();
-  atexit(cleanup);
 }
 
 static char last_log[1024];
