@@ -97,7 +97,7 @@ struct encache {
    * `stats` (set at open, back to `stats` before the slot is freed). */
   struct encache__fleet *fleet;
   encache_stats *live;
-  char *fleet_segment, *fleet_encoder; /* the options, until open ends */
+  char *fleet_segment, *fleet_encoder; /* stats_segment, encoder_name */
 };
 
 /* Atomic counter helpers: the counters are ec->live's. */
