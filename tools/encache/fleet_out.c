@@ -151,6 +151,17 @@ static const metric metrics[] = {
 
 #define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
 
+/* Every counter of encache_stats has a row (published_skipped[] and
+ * poisoned are printed apart): a field added to the struct must be added
+ * here too, or this fails to compile. */
+_Static_assert(NMETRICS ==
+                   (offsetof(encache_stats, poisoned) -
+                    offsetof(encache_stats, lookups)) / sizeof(uint64_t) -
+                       ENCACHE_SKIP_COUNT_ +
+                       (sizeof(encache_stats) -
+                        offsetof(encache_stats, in_flight)) / sizeof(uint64_t),
+               "fleet_out.c: a field of encache_stats has no metric");
+
 static uint64_t field_of(const encache_stats *st, size_t off) {
   uint64_t v;
   memcpy(&v, (const unsigned char *)st + off, sizeof(v));
