@@ -12,7 +12,10 @@
  * (c) sustained publication (publish + background write) vs raw Store
  *     writes of the same objects;
  * (d) single flight: the miss path (lookup, publish, write) with and
- *     without leases, on a Store that has them.
+ *     without leases, on a Store that has them;
+ * (e) fleet statistics (added in 1.3): a lookup of one 16 KiB hit by a
+ *     handle that publishes into a statistics registry vs one with
+ *     stats_segment off (its counters in its own memory, no clock read).
  * Without --store a private shm segment is created and destroyed.
  */
 #include "bench_common.h"
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define NOBJ 4
@@ -259,6 +263,77 @@ static void bench_flight(const char *url, encache *off, encache_store *st,
   encache_close(on);
 }
 
+/* One lookup of id (a hit) in a new step: its time. */
+static double one_hit(encache *ec, const char *id, void *buf) {
+  encache_candidate c = bench_candidate(id, 4, 1024);
+  encache_result r;
+  void *bufs[1] = {buf};
+  bench_pool pool = {bufs};
+  encache_allocator a = {sizeof(a), &pool, bench_pool_alloc, NULL};
+  encache_step *step = NULL;
+  double t0 = measure_now();
+  bench_lookup(ec, &step, &c, 1, &a, &r);
+  double t = measure_now() - t0;
+  encache_step_close(step);
+  return t;
+}
+
+/* (e): rounds alternating on two handles of the same Store and namespace,
+ * one publishing into a private registry, one with stats_segment off. */
+static void bench_fleet(const char *url, int iters) {
+  char js[2][256], reg[64];
+  snprintf(reg, sizeof(reg), "encache.bench-%d", (int)getpid());
+  encache *h[2] = {NULL, NULL};
+  encache_store *st[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) {
+    snprintf(js[k], sizeof(js[k]), "{\"ec_connector_extra_config\": {"
+             "\"cross_encoder_cache\": true, \"stats_segment\": \"%s\"}}",
+             k ? reg : "off");
+    if (bench_open("bench_engine", url, js[k], &h[k], &st[k]) != 0)
+      break;
+  }
+  printf("\n(e) fleet statistics: a lookup of one 16 KiB hit (step open, "
+         "lookup, close)\n");
+  void *data = calloc(1, 16u << 10), *buf = malloc(16u << 10);
+  if (h[0] != NULL && h[1] != NULL && data != NULL && buf != NULL) {
+    char ids[1][32];
+    encache_candidate c[1];
+    encache_result r[1];
+    encache_step *step = make_candidates(h[0], "e", 0, 1, ids, c, r, 4, 1024);
+    int64_t shape[2] = {4, 1024};
+    encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+    encache_storage *stg = NULL;
+    encache_storage_new(data, 16u << 10, no_release, NULL, &stg);
+    bench_publish(step, ids[0], &v, stg);
+    encache_storage_unref(stg);
+    encache_step_close(step);
+    encache_flush(h[0]);
+    int rounds = iters * 100;
+    measure m[2];
+    measure_init(&m[0], rounds);
+    measure_init(&m[1], rounds);
+    for (int i = 0; i < rounds; i++)
+      for (int k = 0; k < 2; k++)
+        measure_add(&m[k], one_hit(h[k], ids[0], buf));
+    double p0 = measure_pct(&m[0], 50), p1 = measure_pct(&m[1], 50);
+    printf("%-22s %12s %12s\n", "p50", "off", "registry");
+    printf("%-22s %10.2fus %10.2fus  (x%.3f, %+.0f ns; %d lookups each)\n",
+           "lookup of 1 hit", p0 * 1e6, p1 * 1e6, p1 / p0, (p1 - p0) * 1e9,
+           rounds);
+    measure_free(&m[0]);
+    measure_free(&m[1]);
+  }
+  free(data);
+  free(buf);
+  for (int k = 0; k < 2; k++) {
+    encache_close(h[k]);
+    encache_store_close(st[k]);
+  }
+  char path[80];
+  snprintf(path, sizeof(path), "/%s", reg);
+  shm_unlink(path);
+}
+
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
@@ -286,6 +361,8 @@ int main(int argc, char **argv) {
     bench_sustained(ec, st, iters);
   if (rc == 0)
     bench_flight(url, ec, st, iters);
+  if (rc == 0)
+    bench_fleet(url, iters);
   encache_close(ec);
   encache_store_close(st);
   if (own[0])

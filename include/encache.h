@@ -459,7 +459,16 @@ typedef struct encache_config encache_config;
   XX(DEVICE_SYNC_TIMEOUT_MS, EXTRA, device_sync_timeout_ms, POSINT, "10000", \
      ANY, NULL,                                                              \
      "encache's own (added in 1.3): how long encache waits for a CUDA copy " \
-     "to complete; one that does not poisons the handle")
+     "to complete; one that does not poisons the handle")                    \
+  XX(STATS_SEGMENT, EXTRA, stats_segment, STRING, NULL, ANY, NULL,           \
+     "encache's own (added in 1.3): the host-local shared-memory registry "  \
+     "where the handle publishes its counters and latency histograms for "   \
+     "encache stats, exporter and top (unset: $ENCACHE_STATS_SEGMENT, else " \
+     "\"encache.fleet\"; \"\" or \"off\": none); a registry that cannot be " \
+     "used is a warning, never a failed open")                               \
+  XX(ENCODER_NAME, EXTRA, encoder_name, STRING, NULL, ANY, NULL,             \
+     "encache's own (added in 1.3): the encoder's label in the registry "    \
+     "(unset: PID@HOSTNAME)")
 
 typedef enum encache_option {
 #define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,
@@ -1485,6 +1494,60 @@ ENCACHE_EXTERN int encache_model_identity(const char *model_dir,
                                           const char *label, char *buf,
                                           size_t size,
                                           encache_identity_info *info);
+
+/* ------------------------------------------------------ fleet statistics */
+
+/*
+ * Added in 1.3.  Every open handle (cross_encoder_cache on) publishes its
+ * counters and two latency histograms in a host-local shared-memory
+ * registry, the POSIX shared-memory object "/" + the stats_segment option
+ * (default "encache.fleet"), so that tools read a whole host's encoders
+ * without touching their processes (docs/engine.md, "Seeing the fleet").
+ *
+ * A histogram has fixed log-scale buckets: bucket[i], i <
+ * ENCACHE_HISTOGRAM_BUCKETS - 1, counts the observations of at most
+ * 2^i microseconds and more than the previous bound (not cumulative); the
+ * last counts the longer ones.  sum_ns is their total in nanoseconds.
+ */
+#define ENCACHE_HISTOGRAM_BUCKETS 28
+
+typedef struct encache_histogram {
+  uint64_t count;
+  uint64_t sum_ns;
+  uint64_t bucket[ENCACHE_HISTOGRAM_BUCKETS];
+} encache_histogram;
+
+/* One live handle of the registry, filled by the library for a callback
+ * (fields may be added at the end; size is this library's sizeof).  Every
+ * pointer is valid during the callback only. */
+typedef struct encache_fleet_entry {
+  size_t size;
+  int64_t pid;          /* the process that holds the handle */
+  uint64_t start_time;  /* its start, clock ticks after boot (/proc) */
+  const char *encoder;  /* the encoder_name option, else "PID@HOSTNAME" */
+  const char *store;    /* the Store URL as encache_store_url() shows it */
+  const char *ns;       /* the handle's namespace (may be cut at 255 bytes) */
+  const encache_stats *stats;       /* as encache_stats_get() gives them */
+  const encache_histogram *lookup;  /* encache_lookup() calls */
+  const encache_histogram *write;   /* the publisher's Store writes */
+  uint64_t bytes_written;           /* bytes written to the Store */
+  uint32_t slot; /* its slot: unique among the live handles of the registry */
+} encache_fleet_entry;
+
+/*
+ * Calls fn(entry, ctx) for each live handle of the registry `segment`
+ * (NULL or "" = "encache.fleet"), in slot order, until fn returns
+ * non-zero.  Slots of processes that died are skipped (and freed when the
+ * caller may write the segment).  Returns the number of entries given to
+ * fn.  Errors (the calling thread's encache_errmsg(NULL) says more):
+ * ENCACHE_ENOENT (no such registry: no handle published since boot, or
+ * every publisher used another), ENCACHE_EFORMAT (not a registry, a
+ * damaged one, or one of another layout version), ENCACHE_EURL (a name
+ * other than A-Z a-z 0-9 . _ -), -errno.  Any thread.
+ */
+typedef int (*encache_fleet_fn)(const encache_fleet_entry *entry, void *ctx);
+ENCACHE_EXTERN int encache_fleet_read(const char *segment, encache_fleet_fn fn,
+                                      void *ctx);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,9 @@ packages="cmake make gcc pkgconf libjansson-dev libhiredis-dev libxxhash-dev red
 # its tests, demo and benchmark use torch, torchvision, NumPy and pytest,
 # all from Debian (nothing from PyPI).
 packages="$packages python3 python3-dev python3-numpy python3-torch python3-torchvision python3-pytest"
+# tmux drives `encache top` and python3-prometheus-client's parser reads
+# `encache stats --format prometheus` and the exporter (tests/fleet_tools.sh).
+packages="$packages tmux python3-prometheus-client"
 # valgrind checks for leaks in CI.
 if [ "${CI:-}" = true ]; then
   packages="$packages valgrind"

@@ -392,7 +392,7 @@ static encache__pinned *best_fit(encache__device *d, size_t n) {
 }
 
 static void pool_gauge(encache *ec, int64_t delta) {
-  __atomic_add_fetch(&ec->stats.device_pool_bytes, (uint64_t)delta,
+  __atomic_add_fetch(&ec->live->device_pool_bytes, (uint64_t)delta,
                      __ATOMIC_RELAXED);
 }
 
@@ -410,7 +410,7 @@ static int pool_take(encache *ec, encache__device *d, size_t n,
   size_t cap = (n + 4095) & ~(size_t)4095;
   if (cap == 0)
     cap = 4096;
-  uint64_t used = __atomic_load_n(&ec->stats.device_pool_bytes,
+  uint64_t used = __atomic_load_n(&ec->live->device_pool_bytes,
                                   __ATOMIC_RELAXED);
   while (used + cap > ec->pinned_pool_max && d->free_list != NULL) {
     encache__pinned *b = d->free_list; /* too small: make room */

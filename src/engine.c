@@ -40,7 +40,7 @@ int encache__poison(encache *ec, const char *fmt, ...) {
              "poisoned: %s; buffers the Store may still touch are kept, "
              "every call now fails: exit the process", msg);
     __atomic_store_n(&ec->poisoned, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&ec->stats.poisoned, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&ec->live->poisoned, 1, __ATOMIC_RELAXED);
   }
   return ENCACHE_EPOISONED;
 }
@@ -139,6 +139,34 @@ static int load_config(encache *ec, const encache_options *o,
                 : 0;
 }
 
+/* Keeps the registry's options for open_store() (fleet.c). */
+static int fleet_options(encache *ec, const encache__opts *opt) {
+  const char *seg = opt->stats_segment;
+  if (seg == NULL && ((seg = getenv("ENCACHE_STATS_SEGMENT")) == NULL ||
+                      seg[0] == '\0'))
+    seg = "encache.fleet";
+  if ((ec->fleet_segment = encache__strdup(seg)) == NULL)
+    return -1;
+  if (opt->encoder_name != NULL &&
+      (ec->fleet_encoder = encache__strdup(opt->encoder_name)) == NULL)
+    return -1;
+  return 0;
+}
+
+/* Gives up the handle's registry slot (if any): it counts in its own
+ * memory again, from the slot's last values. */
+static void fleet_leave(encache *ec) {
+  if (ec->fleet != NULL) {
+    memcpy(&ec->stats, ec->live, sizeof(ec->stats));
+    ec->live = &ec->stats;
+    encache__fleet_detach(ec->fleet);
+    ec->fleet = NULL;
+  }
+  encache__free(ec->fleet_segment);
+  encache__free(ec->fleet_encoder);
+  ec->fleet_segment = ec->fleet_encoder = NULL;
+}
+
 /* Everything the configuration decides, checked before any resource. */
 static int configure(encache *ec, const encache_options *o) {
   encache_config *own = NULL, *cfg = NULL;
@@ -192,7 +220,8 @@ static int configure(encache *ec, const encache_options *o) {
   if (rc == 0) {
     if ((ec->ns = encache__malloc((size_t)n + 1)) == NULL ||
         encache_config_namespace(cfg, o->model, o->revision, o->encoder_hash,
-                                 o->model_dtype, ec->ns, (size_t)n + 1) < 0)
+                                 o->model_dtype, ec->ns, (size_t)n + 1) < 0 ||
+        fleet_options(ec, opt) < 0)
       rc = encache__fail(ec, ENCACHE_ENOMEM, "out of memory");
   }
   for (int i = 0; rc == 0 && ec->log != NULL &&
@@ -229,6 +258,7 @@ static int take_options(const encache_options *in, encache **out,
 /* Frees the handle itself, once nothing of it is in use. */
 static void handle_free(encache *ec) {
   encache__steps_close_all(ec);
+  fleet_leave(ec);
   encache__lookup_free(ec);
   pthread_mutex_destroy(&ec->mu);
   pthread_cond_destroy(&ec->work);
@@ -267,8 +297,15 @@ static int open_store(encache *ec, const char *url, encache_store *given) {
     encache_store_close(ec->store);
     ec->store = NULL;
   }
-  if (rc == 0)
+  if (rc == 0) {
     check_single_flight(ec);
+    /* Before the worker starts: from here on it counts in ec->live. */
+    ec->fleet = encache__fleet_attach(ec->fleet_segment, ec->fleet_encoder,
+                                      encache_store_url(ec->store), ec->ns,
+                                      ec->log, ec->log_ctx);
+    if (ec->fleet != NULL)
+      ec->live = encache__fleet_stats(ec->fleet);
+  }
   return rc;
 }
 
@@ -293,6 +330,7 @@ static int open_common(const encache_options *in, encache_store *given,
   pthread_cond_init(&ec->work, &ca);
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&ec->idle, NULL);
+  ec->live = &ec->stats;
   ec->log = o.log;
   ec->log_ctx = o.log_ctx;
   rc = configure(ec, &o);
@@ -325,6 +363,7 @@ static pthread_mutex_t graveyard_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int bury(encache *ec) {
   encache__steps_close_all(ec); /* the Store never holds a step's memory */
+  fleet_leave(ec);
   pthread_mutex_lock(&graveyard_mu);
   ec->next_buried = graveyard;
   graveyard = ec;
@@ -371,7 +410,7 @@ int encache_stats_get(const encache *ec, encache_stats *st) {
     return ENCACHE_EINVAL;
   encache_stats full;
   memset(&full, 0, sizeof(full));
-  const uint64_t *src = &ec->stats.lookups;
+  const uint64_t *src = &ec->live->lookups;
   uint64_t *dst = &full.lookups;
   /* Every field from `lookups` up to `poisoned` is a uint64_t counter. */
   _Static_assert((offsetof(encache_stats, poisoned) -
@@ -383,7 +422,7 @@ int encache_stats_get(const encache *ec, encache_stats *st) {
     dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
   full.poisoned = __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
   /* The counters added in 1.2, after poisoned, up to the end. */
-  src = &ec->stats.in_flight;
+  src = &ec->live->in_flight;
   dst = &full.in_flight;
   n = (sizeof(encache_stats) - offsetof(encache_stats, in_flight)) /
       sizeof(uint64_t);

@@ -14,6 +14,7 @@
 
 #include "internal.h"
 #include "store.h"
+#include "fleet.h" /* added in 1.3 */
 
 #include <pthread.h>
 
@@ -98,10 +99,17 @@ struct encache {
 
   encache_stats stats; /* fields updated atomically */
   encache *next_buried; /* see bury() in engine.c */
+
+  /* Added in 1.3 (fleet.c): the handle's slot of the statistics registry
+   * (NULL: none), and where the handle counts: its slot's counters, else
+   * `stats` (set at open, back to `stats` before the slot is freed). */
+  struct encache__fleet *fleet;
+  encache_stats *live;
+  char *fleet_segment, *fleet_encoder; /* stats_segment, encoder_name */
 };
 
-/* Atomic counter helpers. */
-#define STAT_ADD(ec, field, v) __atomic_add_fetch(&(ec)->stats.field, (v), __ATOMIC_RELAXED)
+/* Atomic counter helpers: the counters are ec->live's. */
+#define STAT_ADD(ec, field, v) __atomic_add_fetch(&(ec)->live->field, (v), __ATOMIC_RELAXED)
 
 /* Records the handle's message and returns rc. */
 int encache__fail(encache *ec, int rc, const char *fmt, ...)

@@ -368,10 +368,8 @@ static void result_out(encache_result *results, size_t i,
   encache__struct_out(r, full, sizeof(*full), ENCACHE__RESULT_MIN);
 }
 
-int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
-                   const encache_allocator *a, encache_result *results) {
-  if (step == NULL)
-    return ENCACHE_EINVAL;
+static int lookup(encache_step *step, const encache_candidate *c, size_t n,
+                  const encache_allocator *a, encache_result *results) {
   encache *ec = step->ec;
   if (n > 0 && (c == NULL || results == NULL))
     return encache__fail(ec, ENCACHE_EINVAL, "lookup: %s is NULL",
@@ -417,5 +415,20 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
   }
   for (size_t i = 0; i < n; i++)
     result_out(results, i, &p.res[i]);
+  return rc;
+}
+
+/* Times each call for the handle's lookup histogram (fleet.c). */
+int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
+                   const encache_allocator *a, encache_result *results) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  encache *ec = step->ec;
+  uint64_t t0 = encache__fleet_clock(ec->fleet);
+  uint64_t counted = __atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED);
+  int rc = lookup(step, c, n, a, results);
+  /* Only the calls `lookups` counts (not those refused at once). */
+  if (__atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED) != counted)
+    encache__fleet_observe(ec->fleet, ENCACHE__FLEET_LOOKUP, t0, 0);
   return rc;
 }

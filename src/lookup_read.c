@@ -70,7 +70,7 @@ static int staging_ensure(encache *ec) {
   }
   ec->staging = p;
   STAT_ADD(ec, staging_allocations, 1);
-  __atomic_store_n(&ec->stats.staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+  __atomic_store_n(&ec->live->staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
   return 0;
 }
 

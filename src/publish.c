@@ -71,8 +71,8 @@ void encache_storage_unref(encache_storage *s) {
 }
 
 static void publish_gauges(encache *ec) {
-  __atomic_store_n(&ec->stats.pending_items, ec->pending_items, __ATOMIC_RELAXED);
-  __atomic_store_n(&ec->stats.pending_bytes, ec->pending_bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&ec->live->pending_items, ec->pending_items, __ATOMIC_RELAXED);
+  __atomic_store_n(&ec->live->pending_bytes, ec->pending_bytes, __ATOMIC_RELAXED);
 }
 
 /* ----------------------------------------------------------------- worker */
@@ -165,9 +165,13 @@ static int run_job(encache *ec, job *j) {
                     "registering the payload", &reg_data) < 0) {
     result = JOB_FAILED;
   } else {
+    uint64_t t0 = encache__fleet_clock(ec->fleet);
     result = write_result(st, j,
                           st->ops->write(st, j->key, j->hdr, sizeof(j->hdr),
                                          j->data, (size_t)j->nbytes));
+    encache__fleet_observe(ec->fleet, ENCACHE__FLEET_WRITE, t0,
+                           result == JOB_WRITTEN ? sizeof(j->hdr) + j->nbytes
+                                                 : 0);
     if (result == JOB_FATAL)
       return result; /* keep everything registered and retained */
   }

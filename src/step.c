@@ -71,7 +71,7 @@ void encache_step_close(encache_step *s) {
   ENCACHE_ASSERT(ec->steps[s->slot] == s);
   ec->steps[s->slot] = NULL;
   ec->nsteps--;
-  __atomic_sub_fetch(&ec->stats.steps_open, 1, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&ec->live->steps_open, 1, __ATOMIC_RELAXED);
   encache__leases_end(s); /* the leases of outputs it never published */
   encache__free(s->lease);
   encache__free(s->hash);

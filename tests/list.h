@@ -222,4 +222,11 @@
   XX(tier_incompatible_remote_object_never_promoted)                         \
   XX(tier_local_eviction_refilled_from_the_remote)                           \
   XX(tier_full_promotion_queue_drops_without_waiting)                        \
-  XX(tier_writes_answer_as_the_shared_tier)
+  XX(tier_writes_answer_as_the_shared_tier)                                  \
+  XX(fleet_slots_appear_on_open_and_vanish_on_close)                         \
+  XX(fleet_counters_match_stats_get_and_histograms_count)                    \
+  XX(fleet_histogram_buckets_are_log2_microseconds)                          \
+  XX(fleet_killed_encoder_slot_is_reclaimed)                                 \
+  XX(fleet_full_registry_degrades_without_failing_open)                      \
+  XX(fleet_damaged_or_other_version_segment_is_refused_clearly)              \
+  XX(fleet_off_and_bad_names)

@@ -48,6 +48,8 @@ stats 1 stats
 rm 1 rm k
 purge 1 purge --key-prefix k
 shm 0 shm destroy encache-redact-$$
+exporter 1 exporter --listen 127.0.0.1:0
+top 0 top --once
 EOC
 )
 rc=0

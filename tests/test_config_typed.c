@@ -300,6 +300,8 @@ TEST(config_json_and_setters_give_the_same_values) {
       {ENCACHE_OPT_SINGLE_FLIGHT_WAIT_MS, "0", U, .u = 0},
       {ENCACHE_OPT_DEVICE_PINNED_POOL_BYTES, "65536", U, .u = 65536},
       {ENCACHE_OPT_DEVICE_SYNC_TIMEOUT_MS, "250", U, .u = 250},
+      {ENCACHE_OPT_STATS_SEGMENT, "\"off\"", S, .s = "off"},
+      {ENCACHE_OPT_ENCODER_NAME, "\"enc-1\"", S, .s = "enc-1"},
   };
   /* Every option but the derived hostname has a case. */
   int covered[ENCACHE_OPT_COUNT] = {0};

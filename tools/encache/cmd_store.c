@@ -3,6 +3,7 @@
  * Store commands: put, get, inspect, ls, stats, rm, shm destroy.  They work
  * on any Store URL (--store, $ENCACHE_STORE, else the default shm Store).
  */
+#include "fleet_out.h"
 #include "tool.h"
 
 #include "encache.h"
@@ -193,12 +194,20 @@ static int run_ls(const tool_globals *g, const tool_args *a) {
 }
 
 static const char stats_usage[] =
-    "usage: encache [--store URL] stats\n"
+    "usage: encache [--store URL] stats [--format text|json|prometheus]\n"
+    "                                   [--segment NAME]\n"
     "\n"
     "Prints the Store's counters: objects, bytes used, capacity, evictions,\n"
     "second chances given at eviction, repairs (after a crashed process or\n"
     "damage found in a shared segment, and objects dropped because their\n"
-    "checksum failed).\n";
+    "checksum failed); then every counter and latency histogram of the\n"
+    "engine handles open on this host (the statistics registry).\n"
+    "\n"
+    "  --format F     text (default: the Store's counters, then a table of\n"
+    "                 the handles), json, or prometheus (the Prometheus text\n"
+    "                 format, what `encache exporter` serves)\n"
+    "  --segment NAME the registry (default: $ENCACHE_STATS_SEGMENT, else\n"
+    "                 encache.fleet; the engine's stats_segment option)\n";
 
 static void stat_line(const char *name, uint64_t v) {
   if (v == UINT64_MAX)
@@ -210,6 +219,8 @@ static void stat_line(const char *name, uint64_t v) {
 static int run_stats(const tool_globals *g, const tool_args *a) {
   (void)g;
   encache_store *st = a->st;
+  if (a->val[0] != NULL && strcmp(a->val[0], "text") != 0)
+    return stats_fleet(a->val[0], a->val[1], st);
   encache_store_stats s = {.size = sizeof(s)};
   int r = encache_store_stats_get(st, &s);
   if (r < 0) {
@@ -231,7 +242,7 @@ static int run_stats(const tool_globals *g, const tool_args *a) {
     stat_line("promo_done", s.tier_promotions_done);
     stat_line("promo_dropped", s.tier_promotions_dropped);
   }
-  return EXIT_OK;
+  return stats_fleet("text", a->val[1], st);
 }
 
 static const char rm_usage[] =
@@ -293,9 +304,11 @@ const tool_command cmd_inspect = {"inspect", "decode an object's v3 header",
 const tool_command cmd_ls = {"ls", "list objects whose keys match a pattern",
                              ls_usage, NULL, OPEN_EXISTING_, 0, 1,
                              "at most one PATTERN (quote it)", run_ls};
+static const tool_opt stats_opts[] = {{"format", 1}, {"segment", 1},
+                                      {NULL, 0}};
 const tool_command cmd_stats = {"stats", "show the Store's counters",
-                                stats_usage, NULL, OPEN_EXISTING_, 0, 0, "",
-                                run_stats};
+                                stats_usage, stats_opts,
+                                OPEN_EXISTING_, 0, 0, "", run_stats};
 const tool_command cmd_rm = {"rm", "remove objects", rm_usage, NULL,
                              OPEN_EXISTING_, 1, -1, "KEY...", run_rm};
 const tool_command cmd_shm = {"shm", "manage shared-memory segments (destroy)",

@@ -81,6 +81,7 @@ typedef struct tool_command {
 extern const tool_command cmd_key, cmd_config, cmd_put, cmd_get, cmd_inspect,
     cmd_ls, cmd_stats, cmd_rm, cmd_purge, cmd_shm, cmd_lookup, cmd_publish,
     cmd_demo, cmd_bench, cmd_identity;
+extern const tool_command cmd_exporter, cmd_top; /* added in 1.3 */
 
 /* Parses argv (argv[0] is the command's name) for cmd: the shared options
  * into g, the command's own into a.  Returns -1 to go on, EXIT_OK when

@@ -1,0 +1,254 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# fleet_tools.sh ENCACHE: the fleet commands on a running demo (two encoder
+# processes on a private shm Store, publishing into a private statistics
+# registry): `encache stats --format prometheus` and the exporter's HTTP
+# body parsed by the real parser of python3-prometheus-client, with the
+# values checked against the workload (frozen with SIGSTOP so that every
+# reader sees the same counters); the exporter's answers, errors and
+# signals; `encache top` driven through tmux.  Skips (77) only when tmux
+# or the parser is missing.
+set -u
+tool=$1
+py=/usr/bin/python3
+if ! command -v tmux >/dev/null 2>&1; then
+  echo "1..0 # SKIP tmux is not installed (scripts/install-deps.sh)"; exit 77
+fi
+if ! "$py" -c 'import prometheus_client.parser' 2>/dev/null; then
+  echo "1..0 # SKIP $py cannot import prometheus_client (python3-prometheus-client; scripts/install-deps.sh)"
+  exit 77
+fi
+
+tmp=$(mktemp -d)
+seg=fltools-$$
+export ENCACHE_STATS_SEGMENT=encache.fltools-$$
+store="shm://$seg?size=64MiB"
+sock=fleet-tools-$$
+demo_pid="" demo2_pid="" exp_pid=""
+cleanup() {
+  [ -n "$demo_pid" ] && kill -CONT "$demo_pid" 2>/dev/null
+  [ -n "$demo_pid" ] && pkill -KILL -P "$demo_pid" 2>/dev/null
+  [ -n "$demo_pid" ] && { kill -KILL "$demo_pid"; wait "$demo_pid"; } 2>/dev/null
+  [ -n "$demo2_pid" ] && pkill -KILL -P "$demo2_pid" 2>/dev/null
+  [ -n "$demo2_pid" ] && { kill -KILL "$demo2_pid"; wait "$demo2_pid"; } 2>/dev/null
+  [ -n "$exp_pid" ] && kill -KILL "$exp_pid" 2>/dev/null
+  tmux -L "$sock" kill-server 2>/dev/null
+  rm -f "/dev/shm/encache-$seg" "/dev/shm/$ENCACHE_STATS_SEGMENT"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+  n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
+  [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/# /' "$2"
+  return 0
+}
+# expect NAME STATUS NEEDLE -- ARGS...: exit status and a piece of output.
+expect() {
+  local name=$1 want=$2 needle=$3 got
+  shift 4
+  "$tool" "$@" >"$tmp/out" 2>&1
+  got=$?
+  if [ "$got" -ne "$want" ]; then not_ok "$name: exit $got, expected $want" "$tmp/out"
+  elif ! grep -qF -- "$needle" "$tmp/out"; then not_ok "$name: no '$needle'" "$tmp/out"
+  else ok "$name"; fi
+}
+# The encoder processes of the demo (its children).
+encoders() { pgrep -P "$demo_pid" | tr '\n' ' '; }
+# Stops the encoders between two Store operations: one stopped inside one
+# would hold the shm Store's lock, and the readers would time out.
+freeze() {
+  for _ in $(seq 30); do
+    for p in $(encoders); do kill -STOP "$p"; done
+    sleep 0.2
+    "$tool" stats --store "$store" >/dev/null 2>&1 && return 0
+    for p in $(encoders); do kill -CONT "$p"; done
+    sleep 0.1
+  done
+  return 1
+}
+thaw() { for p in $(encoders); do kill -CONT "$p"; done; }
+
+# --- a running demo: 2 encoders, enough requests to outlast the test
+"$tool" --store "$store" demo --encoders 2 --requests 2000000 --no-baseline \
+  --verify none >"$tmp/demo" 2>&1 &
+demo_pid=$!
+for _ in $(seq 300); do
+  "$tool" stats --store "$store" --format json >"$tmp/json" 2>/dev/null &&
+    [ "$(grep -o '"hits": [1-9]' "$tmp/json" | wc -l)" -eq 2 ] && break
+  sleep 0.1
+done
+if [ "$(grep -o '"slot"' "$tmp/json" | wc -l)" -eq 2 ]; then ok "the demo's 2 encoders are in the registry"
+else not_ok "the demo's encoders never showed up" "$tmp/demo"; exit 1; fi
+
+# --- the exporter
+"$tool" exporter --listen 127.0.0.1:0 --store "$store" 2>"$tmp/exp" &
+exp_pid=$!
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's|.*serving http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$tmp/exp")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] && ok "exporter listens (port $port)" || not_ok "exporter did not start" "$tmp/exp"
+
+# --- frozen counters: stats, the exporter and ls must agree
+freeze || not_ok "could not stop the encoders between two Store operations"
+"$tool" stats --store "$store" --format prometheus >"$tmp/prom" 2>"$tmp/err" &&
+  ok "stats --format prometheus" || not_ok "stats --format prometheus" "$tmp/err"
+"$tool" ls --store "$store" >"$tmp/ls"
+"$py" - "$tmp/prom" "$port" "$tmp/ls" "$(encoders)" >"$tmp/py" 2>&1 <<'EOF'
+import sys, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+path, port, ls, pids = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split()
+sizes = [int(line.split("\t")[0]) for line in open(ls)]
+objects = len(sizes)
+
+def families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+def check(fams, where):
+    def per_handle(name):
+        return {s.labels["pid"]: s.value for s in fams[name].samples
+                if s.name == name + "_total" or s.name == name}
+    assert fams["encache_handles"].samples[0].value == 2, where
+    lookups, cands, hits = (per_handle("encache_" + m) for m in ("lookups", "candidates", "hits"))
+    assert sorted(lookups) == sorted(pids), (where, lookups, pids)
+    outcomes = ("hits", "misses", "incompatible", "oversize", "unavailable", "skipped", "in_flight")
+    timed = {}
+    # Histograms: cumulative buckets, +Inf = _count; one observation per
+    # lookup (a frozen encoder may be inside one call: counted, not timed).
+    for h in ("encache_lookup_duration_seconds", "encache_store_write_duration_seconds"):
+        assert fams[h].type == "histogram", h
+        for pid in pids:
+            ss = [s for s in fams[h].samples if s.labels["pid"] == pid]
+            buckets = [s.value for s in ss if s.name == h + "_bucket"]
+            count = [s.value for s in ss if s.name == h + "_count"][0]
+            assert buckets == sorted(buckets) and buckets[-1] == count, (h, pid)
+            assert [s.labels["le"] for s in ss if s.name == h + "_bucket"][-1] == "+Inf"
+            if h.startswith("encache_lookup"):
+                assert 0 <= lookups[pid] - count <= 1, (pid, lookups[pid], count)
+                timed[pid] = count
+    # Every candidate has one outcome, but for those of a lookup still
+    # running (the demo asks for 1 to 4 images at a time).
+    for pid in pids:
+        assert lookups[pid] > 0 and 0 < hits[pid] <= cands[pid], (where, pid)
+        total = sum(per_handle("encache_" + o)[pid] for o in outcomes)
+        running = lookups[pid] - timed[pid]
+        assert 0 <= cands[pid] - total <= 4 * running, (where, pid, total, cands[pid])
+    # Written objects are counted when reaped: the pending ones may be
+    # written already; written bytes are counted by the writer, right
+    # after each write (a stopped encoder may be in between: one object).
+    written = sum(per_handle("encache_published_written").values())
+    pending = sum(per_handle("encache_pending_items").values())
+    assert written <= objects <= written + pending, (where, written, pending, objects)
+    wbytes = sum(per_handle("encache_written_bytes").values())
+    assert sum(sizes) - len(pids) * max(sizes) <= wbytes <= sum(sizes), (where, wbytes, sum(sizes))
+    assert fams["encache_store_objects"].samples[0].value == objects, where
+    assert fams["encache_store_objects"].samples[0].labels["kind"] == "shm"
+
+text = open(path).read()
+check(families(text), "stats")
+resp = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=20)
+body = resp.read().decode()
+assert resp.status == 200 and "version=0.0.4" in resp.headers["Content-Type"], resp.headers
+check(families(body), "exporter")
+assert body == text, "the exporter serves what stats prints"
+print("checked", len(families(text)), "families")
+EOF
+if [ $? -eq 0 ]; then ok "both outputs parse and match the workload: $(cat "$tmp/py")"
+else not_ok "the Prometheus outputs" "$tmp/py"; fi
+thaw
+
+# --- the exporter's other answers
+"$py" - "$port" >"$tmp/py" 2>&1 <<'EOF'
+import socket, sys, urllib.request, urllib.error
+port = int(sys.argv[1])
+def raw(data, wait=True):
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    if data:
+        s.sendall(data)
+    out = b""
+    while wait:
+        b = s.recv(65536)
+        if not b:
+            break
+        out += b
+    s.close()
+    return out.decode(errors="replace")
+silent = socket.create_connection(("127.0.0.1", port), timeout=20)  # sends nothing
+assert raw(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n").startswith("HTTP/1.1 404"), "404"
+silent.close()
+assert raw(b"\x16\x03\x01garbage\r\n\r\n").startswith("HTTP/1.1 400"), "400"
+assert raw(b"POST /metrics HTTP/1.1\r\n\r\n").startswith("HTTP/1.1 405"), "405"
+r = urllib.request.urlopen("http://127.0.0.1:%d/metrics?x=1" % port, timeout=20)
+assert r.status == 200
+print("404, 400, 405, a silent client")
+EOF
+if [ $? -eq 0 ]; then ok "exporter answers: $(cat "$tmp/py")"; else not_ok "exporter answers" "$tmp/py"; fi
+expect "exporter: the port is taken" 1 "Address already in use" -- exporter --listen "127.0.0.1:$port"
+expect "exporter: non-loopback needs --allow-remote" 2 "add --allow-remote" -- exporter --listen 0.0.0.0:0
+expect "exporter: bad --listen" 2 "is not HOST:PORT" -- exporter --listen 9464
+expect "stats: bad --format" 2 "\"yaml\" is not one of text, json, prometheus" -- stats --store "$store" --format yaml
+kill -TERM "$exp_pid"
+for _ in $(seq 50); do kill -0 "$exp_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$exp_pid" 2>/dev/null; then not_ok "exporter ignores SIGTERM"
+else wait "$exp_pid"; st=$?; exp_pid=""
+  if [ "$st" -eq 0 ] && grep -q "stopped" "$tmp/exp"; then ok "SIGTERM stops the exporter cleanly"
+  else not_ok "exporter after SIGTERM: exit $st" "$tmp/exp"; fi
+fi
+
+# --- top through tmux
+tmux -L "$sock" new-session -d -s top -x 160 -y 30 \
+  "ENCACHE_STATS_SEGMENT=$ENCACHE_STATS_SEGMENT '$tool' top --interval 200; echo top-exited-\$?; sleep 30"
+sleep 1.5
+tmux -L "$sock" capture-pane -p -t top >"$tmp/cap1"
+sleep 1.5
+tmux -L "$sock" capture-pane -p -t top >"$tmp/cap2"
+rows=0
+for p in $(encoders); do grep -q "^[^ ]*@[^ ]* *$p .*%" "$tmp/cap1" && rows=$((rows + 1)); done
+if [ "$rows" -eq 2 ] && grep -q "HIT%" "$tmp/cap1"; then ok "top shows both encoders' rows with a hit rate"
+else not_ok "top rows ($rows of 2)" "$tmp/cap1"; fi
+# The rows change (the clock in the title line aside).
+if ! diff <(sed 1d "$tmp/cap1") <(sed 1d "$tmp/cap2") >/dev/null; then ok "top refreshes: the rows change"
+else not_ok "top's rows did not change" "$tmp/cap2"; fi
+tmux -L "$sock" send-keys -t top q
+for _ in $(seq 50); do
+  tmux -L "$sock" capture-pane -p -t top >"$tmp/cap3"
+  grep -q "top-exited-" "$tmp/cap3" && break
+  sleep 0.1
+done
+if grep -q "top-exited-0" "$tmp/cap3"; then ok "q quits top (exit 0)"; else not_ok "q did not quit top" "$tmp/cap3"; fi
+"$tool" top --once >"$tmp/once" 2>&1
+if [ $? -eq 0 ] && [ "$(grep -c '%' "$tmp/once")" -ge 2 ]; then ok "top --once prints one frame"
+else not_ok "top --once" "$tmp/once"; fi
+
+# --- a killed encoder disappears from the registry, the others stay: the
+# victim is the one encoder of a second demo (a demo ends its fleet when
+# an encoder dies).
+"$tool" --store "$store" demo --encoders 1 --requests 2000000 --no-baseline \
+  --verify none >"$tmp/demo2" 2>&1 &
+demo2_pid=$!
+victim=""
+for _ in $(seq 300); do
+  victim=$(pgrep -P "$demo2_pid")
+  [ -n "$victim" ] && "$tool" stats --store "$store" --format prometheus 2>&1 |
+    grep -q "^encache_lookups_total{.*pid=\"$victim\"" && break
+  sleep 0.1
+done
+survivors=$(encoders)
+kill -KILL "$victim"
+sleep 0.3
+"$tool" stats --store "$store" --format prometheus >"$tmp/prom" 2>&1
+listed=0
+for p in $survivors; do grep -q "^encache_lookups_total{.*pid=\"$p\"" "$tmp/prom" && listed=$((listed + 1)); done
+if [ -n "$victim" ] && ! grep -q "pid=\"$victim\"" "$tmp/prom" && [ "$listed" -eq 2 ]; then
+  ok "a SIGKILLed encoder's slot is gone, the others stay"
+else not_ok "killed encoder $victim still listed, or survivors ($listed of 2) gone" "$tmp/prom"; fi
+{ kill -KILL "$demo2_pid"; wait "$demo2_pid"; } 2>/dev/null
+demo2_pid=""
+
+echo "1..$n"
+[ "$fails" -eq 0 ]

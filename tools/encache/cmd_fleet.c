@@ -1,0 +1,510 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cmd_fleet.c: the fleet commands, readers of the statistics registry
+ * (docs/engine.md, "Seeing the fleet"): the end of `encache stats`,
+ * `encache exporter` (Prometheus over HTTP: one request at a time, each
+ * bounded by timeouts, loopback unless --allow-remote) and `encache top`
+ * (a live table on a plain terminal: ANSI escapes, no curses).
+ */
+#include "fleet_out.h"
+#include "tool.h"
+
+#include "encache.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+int stats_fleet(const char *format, const char *segment, encache_store *st) {
+  int text = strcmp(format, "text") == 0;
+  if (!text && strcmp(format, "json") != 0 &&
+      strcmp(format, "prometheus") != 0)
+    return usage_error("stats", "--format: \"%s\" is not one of text, json, "
+                       "prometheus", format);
+  fleet_view v = {NULL, 0, 0};
+  char why[600];
+  int rc = fleet_collect(fleet_segment(segment), &v, why, sizeof(why));
+  if (rc < 0) { /* text: the Store's counters are printed, it exits 0 */
+    fprintf(stderr, "encache stats: %s\n", why);
+  } else if (text) {
+    fleet_text(stdout, &v);
+  } else if ((format[0] == 'j' ? fleet_json(stdout, st, &v, why, sizeof(why))
+                               : fleet_prometheus(stdout, st, &v, 0, why,
+                                                  sizeof(why))) < 0) {
+    fprintf(stderr, "encache stats: %s\n", why);
+    rc = -1;
+  }
+  fleet_view_free(&v);
+  if (fflush(stdout) != 0) {
+    perror("encache stats: write");
+    return EXIT_FAIL;
+  }
+  return rc < 0 && !text ? EXIT_FAIL : EXIT_OK;
+}
+
+/* SIGINT and SIGTERM end the exporter and top (a flag, no SA_RESTART: a
+ * blocked call returns EINTR). */
+static volatile sig_atomic_t stop_requested;
+static void on_stop(int sig) {
+  (void)sig;
+  stop_requested = 1;
+}
+
+static void catch_stop(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN); /* a client that leaves: EPIPE, not death */
+}
+
+/* ------------------------------------------------------------ exporter */
+
+static const char exporter_usage[] =
+    "usage: encache [--store URL] exporter [--listen HOST:PORT]\n"
+    "                                      [--allow-remote] [--segment NAME]\n"
+    "\n"
+    "Serves `encache stats --format prometheus` over HTTP for Prometheus to\n"
+    "scrape: GET /metrics answers the counters and histograms of every\n"
+    "engine handle open on this host (and the Store's counters when --store\n"
+    "or $ENCACHE_STORE names one: it must answer at start; later failures\n"
+    "give encache_store_up 0), read afresh for each request.  Runs until\n"
+    "SIGINT or SIGTERM.\n"
+    "\n"
+    "  --listen HOST:PORT  where to listen (default 127.0.0.1:9464; port 0:\n"
+    "                      any free port, printed at start; [::1]:PORT for\n"
+    "                      IPv6)\n"
+    "  --allow-remote      allow an address other than loopback (the metrics\n"
+    "                      name the host's Stores and encoders)\n"
+    "  --segment NAME      the registry (default: $ENCACHE_STATS_SEGMENT,\n"
+    "                      else encache.fleet)\n";
+
+#define EXPORTER_TIMEOUT_S 5
+#define REQUEST_MAX 8192
+
+/* Splits HOST:PORT ([V6]:PORT) into host and port. */
+static int split_listen(const char *arg, char *host, size_t hsz, char *port,
+                        size_t psz) {
+  const char *colon = strrchr(arg, ':');
+  if (colon == NULL || colon[1] == '\0' || colon == arg)
+    return -1;
+  const char *h = arg;
+  size_t hl = (size_t)(colon - arg);
+  if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
+    h++;
+    hl -= 2;
+  }
+  if (hl == 0 || hl >= hsz || strlen(colon + 1) >= psz)
+    return -1;
+  memcpy(host, h, hl);
+  host[hl] = '\0';
+  snprintf(port, psz, "%s", colon + 1);
+  return 0;
+}
+
+static int is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const void *)sa;
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const void *)sa;
+    static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0,
+                                               0, 0, 0, 0, 0xff, 0xff};
+    return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+           (memcmp(in6->sin6_addr.s6_addr, v4mapped, 12) == 0 &&
+            in6->sin6_addr.s6_addr[12] == 127);
+  }
+  return 0;
+}
+
+/* Binds and listens on `listen`; prints why and returns -1 (with *code
+ * the exit code) on failure. */
+static int open_listener(const char *listen_at, int allow_remote, int *code) {
+  char host[256], port[32];
+  long long pn;
+  *code = EXIT_USAGE;
+  if (split_listen(listen_at, host, sizeof(host), port, sizeof(port)) < 0)
+    return usage_error("exporter", "--listen: \"%s\" is not HOST:PORT",
+                       listen_at), -1;
+  if (tool_int("exporter", "--listen's port", port, 0, 65535, &pn) < 0)
+    return -1;
+  struct addrinfo hints, *ai = NULL;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int gai = getaddrinfo(host, port, &hints, &ai);
+  if (gai != 0)
+    return usage_error("exporter", "--listen: %s: %s", host,
+                       gai_strerror(gai)), -1;
+  int fd = -1;
+  if (!is_loopback(ai->ai_addr) && !allow_remote) {
+    usage_error("exporter", "--listen: %s is not a loopback address: the "
+                "metrics would be served to the network; add --allow-remote "
+                "to mean it", host);
+  } else if ((fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                          0)) < 0) {
+    *code = EXIT_FAIL;
+    fprintf(stderr, "encache exporter: socket: %s\n", strerror(errno));
+  } else {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 16) < 0) {
+      int e = errno;
+      *code = EXIT_FAIL;
+      fprintf(stderr, "encache exporter: cannot listen on %s: %s%s\n",
+              listen_at, strerror(e),
+              e == EADDRINUSE ? " (another program has this port; choose "
+                                "another with --listen)" : "");
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(ai);
+  return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR && !stop_requested)
+      continue;
+    if (w <= 0)
+      return; /* the client left or timed out: nothing more to do */
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static void respond(int fd, const char *status, const char *type,
+                    const char *extra, const char *body, size_t n, int head) {
+  char hdr[512];
+  int hn = snprintf(hdr, sizeof(hdr),
+                    "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu"
+                    "\r\n%sConnection: close\r\n\r\n", status, type, n, extra);
+  send_all(fd, hdr, (size_t)hn);
+  if (!head)
+    send_all(fd, body, n);
+}
+
+static void respond_text(int fd, const char *status, const char *extra,
+                         const char *text) {
+  respond(fd, status, "text/plain; charset=utf-8", extra, text, strlen(text),
+          0);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Reads the request head into buf (NUL-terminated): its length, 0 when
+ * the client sent nothing (or left), -1 when it is not one (too long, or
+ * not complete within EXPORTER_TIMEOUT_S: a client sending a byte now
+ * and then holds the exporter no longer than a silent one). */
+static ssize_t read_head(int fd, char *buf, size_t cap) {
+  size_t n = 0;
+  double deadline = now_s() + EXPORTER_TIMEOUT_S;
+  while (n + 1 < cap) {
+    if (now_s() > deadline)
+      return n == 0 ? 0 : -1;
+    ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
+    if (r < 0 && errno == EINTR && !stop_requested)
+      continue;
+    if (r <= 0)
+      return n == 0 ? 0 : -1;
+    n += (size_t)r;
+    buf[n] = '\0';
+    if (strstr(buf, "\r\n\r\n") != NULL || strstr(buf, "\n\n") != NULL)
+      return (ssize_t)n;
+  }
+  return -1;
+}
+
+/* The Prometheus body, from open_memstream (the caller frees *body);
+ * NULL *body with the reason in why on failure. */
+static void metrics_body(const char *segment, encache_store *st, char **body,
+                         size_t *n, char *why, size_t wsz) {
+  fleet_view v = {NULL, 0, 0};
+  *body = NULL;
+  FILE *m = open_memstream(body, n);
+  int rc = m == NULL ? -1 : fleet_collect(segment, &v, why, wsz);
+  if (m == NULL)
+    snprintf(why, wsz, "out of memory");
+  else if (rc == 0)
+    rc = fleet_prometheus(m, st, &v, 1, why, wsz);
+  if (m != NULL && fclose(m) != 0 && rc == 0) {
+    snprintf(why, wsz, "out of memory");
+    rc = -1;
+  }
+  fleet_view_free(&v);
+  if (rc < 0) {
+    free(*body);
+    *body = NULL;
+  }
+}
+
+/* Answers one connection. */
+static void serve(int fd, const char *segment, encache_store *st) {
+  struct timeval tv = {EXPORTER_TIMEOUT_S, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  char req[REQUEST_MAX], method[16], target[1024], version[16];
+  ssize_t n = read_head(fd, req, sizeof(req));
+  if (n == 0)
+    return;
+  if (n < 0 || sscanf(req, "%15s %1023s %15s", method, target, version) != 3 ||
+      strncmp(version, "HTTP/1.", 7) != 0) {
+    respond_text(fd, "400 Bad Request", "", "bad request\n");
+    return;
+  }
+  int head = strcmp(method, "HEAD") == 0;
+  target[strcspn(target, "?#")] = '\0';
+  if (strcmp(target, "/metrics") != 0) {
+    respond_text(fd, "404 Not Found", "", "not found: try /metrics\n");
+  } else if (!head && strcmp(method, "GET") != 0) {
+    respond_text(fd, "405 Method Not Allowed", "Allow: GET, HEAD\r\n",
+                 "only GET /metrics\n");
+  } else {
+    char *body, why[600];
+    size_t len = 0;
+    metrics_body(segment, st, &body, &len, why, sizeof(why));
+    if (body == NULL) {
+      fprintf(stderr, "encache exporter: %s\n", why);
+      respond_text(fd, "500 Internal Server Error", "", why);
+    } else {
+      respond(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "",
+              body, len, head);
+    }
+    free(body);
+  }
+}
+
+/* Prints where the exporter listens (the port chosen for port 0). */
+static void say_listening(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  char host[256] = "?", port[32] = "?";
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+    getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port,
+                sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+  int v6 = ss.ss_family == AF_INET6;
+  fprintf(stderr, "encache exporter: serving http://%s%s%s:%s/metrics\n",
+          v6 ? "[" : "", host, v6 ? "]" : "", port);
+}
+
+static int run_exporter(const tool_globals *g, const tool_args *a) {
+  const char *segment = fleet_segment(a->val[2]);
+  int code;
+  int lfd = open_listener(a->val[0] ? a->val[0] : "127.0.0.1:9464",
+                          a->val[1] != NULL, &code);
+  if (lfd < 0)
+    return code;
+  /* A Store that does not answer at start is a mistake to say at once;
+   * one that stops answering later gives encache_store_up 0. */
+  encache_store *st = NULL;
+  encache_store_stats ss = {.size = sizeof(ss)};
+  if (g->store_url != NULL && (st = tool_open_store("exporter", g, 1)) != NULL &&
+      encache_store_stats_get(st, &ss) < 0) {
+    fprintf(stderr, "encache exporter: the Store does not answer: %s\n",
+            encache_store_errmsg(st));
+    encache_store_close(st);
+    st = NULL;
+  }
+  if (g->store_url != NULL && st == NULL) {
+    close(lfd);
+    return EXIT_FAIL;
+  }
+  catch_stop();
+  say_listening(lfd);
+  while (!stop_requested) {
+    struct pollfd p = {lfd, POLLIN, 0};
+    int r = poll(&p, 1, 1000);
+    if (r <= 0)
+      continue; /* a timeout, or EINTR: look at the flag */
+    int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (cfd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
+          errno == ENOBUFS)
+        poll(NULL, 0, 100); /* out of something: no busy loop */
+      continue;
+    }
+    serve(cfd, segment, st);
+    close(cfd);
+  }
+  fprintf(stderr, "encache exporter: stopped\n");
+  close(lfd);
+  encache_store_close(st);
+  return EXIT_OK;
+}
+
+static const tool_opt exporter_opts[] = {
+    {"listen", 1}, {"allow-remote", 0}, {"segment", 1}, {NULL, 0}};
+const tool_command cmd_exporter = {
+    "exporter", "serve the host's statistics to Prometheus over HTTP",
+    exporter_usage, exporter_opts, TOOL_STORE, 0, 0, "", run_exporter};
+
+/* ----------------------------------------------------------------- top */
+
+static const char top_usage[] =
+    "usage: encache top [--interval MS] [--once] [--segment NAME]\n"
+    "\n"
+    "Shows the engine handles open on this host, live: one row per encoder\n"
+    "with its pid, Store, hit rate (hits per candidate looked up), encodes\n"
+    "avoided (hits), bytes read from and written to the Store, lookup\n"
+    "latency percentiles (p50, p99, from the histograms) and pending\n"
+    "writes.  Press q to quit.\n"
+    "\n"
+    "  --interval MS   refresh every MS milliseconds (default 1000)\n"
+    "  --once          print one frame and exit (for scripts)\n"
+    "  --segment NAME  the registry (default: $ENCACHE_STATS_SEGMENT, else\n"
+    "                  encache.fleet)\n";
+
+/* n bytes with a binary unit, in buf. */
+static const char *human_bytes(uint64_t n, char *buf, size_t size) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, size, u ? "%.1f%s" : "%.0f%s", v, units[u]);
+  return buf;
+}
+
+/* A latency of us microseconds (-1: none), in buf. */
+static const char *human_us(double us, char *buf, size_t size) {
+  if (us < 0)
+    snprintf(buf, size, "-");
+  else if (us < 1000)
+    snprintf(buf, size, "%.0fus", us);
+  else if (us < 1e6)
+    snprintf(buf, size, "%.1fms", us / 1e3);
+  else
+    snprintf(buf, size, "%.2fs", us / 1e6);
+  return buf;
+}
+
+static int row_cmp(const void *x, const void *y) {
+  const fleet_row *a = x, *b = y;
+  int c = strcmp(a->encoder, b->encoder);
+  return c != 0 ? c : (a->pid > b->pid) - (a->pid < b->pid);
+}
+
+/* One frame; live: ANSI (home, clear each line's rest, then the screen's). */
+static void top_frame(const char *segment, int live) {
+  const char *eol = live ? "\033[K\n" : "\n";
+  fleet_view v = {NULL, 0, 0};
+  char why[600], t[32], b1[32], b2[32], l1[32], l2[32];
+  int rc = fleet_collect(segment, &v, why, sizeof(why));
+  time_t now = time(NULL);
+  strftime(t, sizeof(t), "%H:%M:%S", localtime(&now));
+  if (live)
+    fputs("\033[H", stdout);
+  printf("encache top - registry %s - %zu handle%s - %s%s", segment, v.n,
+         v.n == 1 ? "" : "s", t, eol);
+  if (rc < 0)
+    printf("error: %s%s", why, eol);
+  printf("%-20s %8s %6s %9s %9s %9s %8s %8s %7s  %s%s", "ENCODER", "PID",
+         "HIT%", "AVOIDED", "READ", "WRITTEN", "P50", "P99", "PENDING",
+         "STORE", eol);
+  if (v.n > 1)
+    qsort(v.rows, v.n, sizeof(v.rows[0]), row_cmp);
+  for (size_t k = 0; k < v.n; k++) {
+    const fleet_row *r = &v.rows[k];
+    double rate = r->st.candidates
+                      ? 100.0 * (double)r->st.hits / (double)r->st.candidates
+                      : 0.0;
+    printf("%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7" PRIu64
+           "  %s%s", r->encoder, r->pid, rate, r->st.hits,
+           human_bytes(r->st.bytes_read, b1, sizeof(b1)),
+           human_bytes(r->bytes_written, b2, sizeof(b2)),
+           human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
+           human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
+           r->st.pending_items, r->store, eol);
+  }
+  if (live)
+    printf("%s(q quits)\033[J", eol);
+  fflush(stdout);
+  fleet_view_free(&v);
+}
+
+/* Waits up to ms for a key on the terminal: 1 when q was pressed. */
+static int wait_key(int tty, int ms) {
+  struct pollfd p = {0, POLLIN, 0};
+  if (!tty) {
+    poll(NULL, 0, ms);
+    return 0;
+  }
+  if (poll(&p, 1, ms) > 0) {
+    char c;
+    ssize_t r = read(0, &c, 1);
+    return r == 1 && (c == 'q' || c == 'Q');
+  }
+  return 0;
+}
+
+static int run_top(const tool_globals *g, const tool_args *a) {
+  (void)g;
+  const char *segment = fleet_segment(a->val[2]);
+  int interval = 1000;
+  if (a->val[0] != NULL &&
+      tool_int32("top", "--interval", a->val[0], 50, 3600000, &interval) < 0)
+    return EXIT_USAGE;
+  if (a->val[1] != NULL) {
+    fleet_view v = {NULL, 0, 0};
+    char why[600];
+    int rc = fleet_collect(segment, &v, why, sizeof(why));
+    fleet_view_free(&v);
+    if (rc < 0) {
+      fprintf(stderr, "encache top: %s\n", why);
+      return EXIT_FAIL;
+    }
+    top_frame(segment, 0);
+    return EXIT_OK;
+  }
+  int tty = isatty(0);
+  struct termios saved, raw;
+  if (tty && tcgetattr(0, &saved) == 0) {
+    raw = saved;
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 1;
+    raw.c_cc[VTIME] = 0;
+    tcsetattr(0, TCSANOW, &raw);
+  } else {
+    tty = 0;
+  }
+  catch_stop();
+  fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+  while (!stop_requested) {
+    top_frame(segment, 1);
+    if (wait_key(tty, interval))
+      break;
+  }
+  fputs("\033[?25h\033[?1049l", stdout);
+  fflush(stdout);
+  if (tty)
+    tcsetattr(0, TCSANOW, &saved);
+  return EXIT_OK;
+}
+
+static const tool_opt top_opts[] = {
+    {"interval", 1}, {"once", 0}, {"segment", 1}, {NULL, 0}};
+const tool_command cmd_top = {"top", "show the host's encoders live",
+                              top_usage, top_opts, 0, 0, 0, "", run_top};
