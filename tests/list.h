@@ -216,4 +216,6 @@
   XX(tier_incompatible_remote_object_never_promoted)                         \
   XX(tier_local_eviction_refilled_from_the_remote)                           \
   XX(tier_full_promotion_queue_drops_without_waiting)                        \
-  XX(tier_writes_answer_as_the_shared_tier)
+  XX(tier_writes_answer_as_the_shared_tier)                                  \
+  XX(tier_removal_beats_a_pending_promotion)                                 \
+  XX(tier_object_size_and_empty_objects_are_local_hits)

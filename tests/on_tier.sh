@@ -18,8 +18,8 @@ dir=$(mktemp -d)
 seg="encache-tier-ctest-$$"
 trap 'bash "$here/scripts/redis-servers.sh" stop "$dir"; rm -rf "$dir";
   "$tool" shm destroy "$seg" >/dev/null 2>&1;
-  "$tool" shm destroy "$seg-a" >/dev/null 2>&1;
-  "$tool" shm destroy "$seg-b" >/dev/null 2>&1' EXIT
+  "$tool" shm destroy "$seg-h0" >/dev/null 2>&1;
+  "$tool" shm destroy "$seg-h1" >/dev/null 2>&1' EXIT
 bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
 # shellcheck disable=SC1091
 . "$dir/env"
@@ -46,7 +46,7 @@ out=$("$tool" --store "tier:shm://$seg?size=64MiB+$ENCACHE_REDIS_URL" demo \
   --verify all --no-baseline 2>&1)
 if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&
    printf '%s' "$out" | grep -Eq "store hits by tier +[1-9][0-9]* local, [1-9][0-9]* remote .*2 hosts" &&
-   ! [ -e "/dev/shm/$seg-h0" ] && ! [ -e "/dev/shm/$seg-h1" ]; then
+   ! [ -e "/dev/shm/encache-$seg-h0" ] && ! [ -e "/dev/shm/encache-$seg-h1" ]; then
   echo "ok - demo --hosts 2 on a tier"
 else
   echo "not ok - demo --hosts 2 on a tier"; printf '%s\n' "$out"; rc=1
