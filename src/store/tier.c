@@ -7,18 +7,24 @@
  *
  *   - Lookups (exists, read, read_split, object_size) ask the local tier
  *     first and the remote tier, in one batch, only for the items the
- *     local one did not have (absent, or a recoverable local error).  A
+ *     local one did not have (absent, or a recoverable local error; an
+ *     empty object, a length of 0, is a local hit).  A
  *     remote failure touches only those items: local hits stay hits.
  *   - A remote hit is delivered, and a copy is queued for promotion into
  *     the local tier (tier_promote.c: bounded, best-effort, counted).
- *   - A write goes to the local tier, then to the remote one, each never
- *     replacing an object.  Its answer is the remote's (the tier shared by
- *     the fleet): written when the remote wrote it, ENCACHE_EEXIST when
- *     the remote had it, the remote's error otherwise, whatever the local
- *     tier said (a local copy is a cache), except an unconfirmed local
- *     answer, which is returned as it is.
- *   - remove and remove_prefix act on both; list lists both, each key
- *     once; leases are the remote's (the tier every host shares).
+ *   - A write goes to the remote tier, then to the local one only when
+ *     the remote wrote it or failed recoverably (never when the remote
+ *     had the key: this host then serves the remote's object, promoted on
+ *     its next remote hit), each never replacing an object.  Its answer
+ *     is the remote's (the tier shared by the fleet): written when the
+ *     remote wrote it, ENCACHE_EEXIST when the remote had it, the remote's
+ *     error otherwise, whatever the local tier said (a local copy is a
+ *     cache), except an unconfirmed local answer, which is returned as it
+ *     is.
+ *   - remove and remove_prefix act on both, and first cancel the
+ *     promotions of what they remove (tier_promote.c); list lists both,
+ *     each key once; leases are the remote's (the tier every host
+ *     shares).
  *
  * Every error returned carries a message naming the tier it came from.
  * Counters (tier_counts) are this handle's, read through stats.

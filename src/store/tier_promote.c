@@ -108,8 +108,8 @@ void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
   p->stale = 0;
   p->gen = gen;
   pthread_mutex_lock(&t->mu);
-  int current = gen == t->rm_gen;
-  if (current) {
+  int fresh = gen == t->rm_gen;
+  if (fresh) {
     if (t->tail != NULL)
       t->tail->next = p;
     else
@@ -117,11 +117,11 @@ void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
     t->tail = p;
   }
   pthread_mutex_unlock(&t->mu);
-  if (!current) { /* read before a removal that began since */
+  if (!fresh) { /* read before a removal that began since */
     unreserve(t, len);
     encache__free(p);
   }
-  count(current ? &t->n.promo_queued : &t->n.promo_dropped);
+  count(fresh ? &t->n.promo_queued : &t->n.promo_dropped);
 }
 
 static int removed_by(const char *key, const char *what, int prefix) {
