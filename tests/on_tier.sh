@@ -38,6 +38,19 @@ if printf '%s' "$out" | grep -q "^kind *tier" &&
 else
   echo "not ok - stats on a tier"; printf '%s\n' "$out"; rc=1
 fi
+# The tool's get finds an object only in the local tier, with the remote
+# up (it does not have it) and with a remote that cannot be reached.
+head -c 100 /dev/urandom >"$dir/obj"
+"$tool" --store "shm://$seg?size=8MiB" put lonly "$dir/obj" >/dev/null
+for remote in "$ENCACHE_REDIS_URL" "redis://127.0.0.1:1?connect_timeout_ms=200"; do
+  if "$tool" --store "tier:shm://$seg?size=8MiB+$remote" get lonly >"$dir/got" &&
+     cmp -s "$dir/obj" "$dir/got"; then
+    echo "ok - get of a local-only object, remote $remote"
+  else
+    echo "not ok - get of a local-only object, remote $remote"; rc=1
+  fi
+done
+"$tool" shm destroy "$seg" >/dev/null
 # The demo with two simulated hosts (two shm tiers in front of one Redis):
 # every hit verified, hits reported per tier, some of them remote (an
 # image one host published, read by the other), the hosts' segments gone.

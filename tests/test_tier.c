@@ -211,6 +211,8 @@ TEST(tier_url_shown_redacted_and_caps_of_both_tiers) {
   /* The remote is not reached at open (Redis connects on first use). */
   char name[64], url[256];
   snprintf(name, sizeof(name), "encache-tier-url-%d", (int)getpid());
+  snprintf(exit_shm, sizeof(exit_shm), "%s", name); /* if it fails */
+  atexit(world_exit);
   snprintf(url, sizeof(url),
            "tier:shm://%s?size=1MiB&promote_queue_items=4+redis://u:p+w@d@"
            "127.0.0.1:1?connect_timeout_ms=100",
@@ -265,6 +267,7 @@ TEST(tier_url_shown_redacted_and_caps_of_both_tiers) {
   ASSERT_EQ_U64(old.tier_local_hits, 0x5a5a5a5a5a5a5a5aull); /* untouched */
   encache_store_close(st);
   encache_shm_destroy(name);
+  exit_shm[0] = '\0';
 }
 
 /* ----------------------------------------------------------- lookups */
