@@ -890,7 +890,8 @@ typedef struct encache_store_stats {
   uint64_t tier_promotions_done;   /* ... and now in it */
   uint64_t tier_promotions_dropped;/* not promoted: queue full, out of
                                       memory, malformed object, refused by
-                                      the local tier, gone when read again */
+                                      the local tier, gone when read again,
+                                      cancelled by a removal */
 } encache_store_stats;
 
 ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,

@@ -229,4 +229,6 @@
   XX(fleet_killed_encoder_slot_is_reclaimed)                                 \
   XX(fleet_full_registry_degrades_without_failing_open)                      \
   XX(fleet_damaged_or_other_version_segment_is_refused_clearly)              \
-  XX(fleet_off_and_bad_names)
+  XX(fleet_off_and_bad_names)                                                \
+  XX(tier_removal_beats_a_pending_promotion)                                 \
+  XX(tier_object_size_and_empty_objects_are_local_hits)

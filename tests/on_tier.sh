@@ -18,8 +18,8 @@ dir=$(mktemp -d)
 seg="encache-tier-ctest-$$"
 trap 'bash "$here/scripts/redis-servers.sh" stop "$dir"; rm -rf "$dir";
   "$tool" shm destroy "$seg" >/dev/null 2>&1;
-  "$tool" shm destroy "$seg-a" >/dev/null 2>&1;
-  "$tool" shm destroy "$seg-b" >/dev/null 2>&1' EXIT
+  "$tool" shm destroy "$seg-h0" >/dev/null 2>&1;
+  "$tool" shm destroy "$seg-h1" >/dev/null 2>&1' EXIT
 bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
 # shellcheck disable=SC1091
 . "$dir/env"
@@ -38,6 +38,19 @@ if printf '%s' "$out" | grep -q "^kind *tier" &&
 else
   echo "not ok - stats on a tier"; printf '%s\n' "$out"; rc=1
 fi
+# The tool's get finds an object only in the local tier, with the remote
+# up (it does not have it) and with a remote that cannot be reached.
+head -c 100 /dev/urandom >"$dir/obj"
+"$tool" --store "shm://$seg?size=8MiB" put lonly "$dir/obj" >/dev/null
+for remote in "$ENCACHE_REDIS_URL" "redis://127.0.0.1:1?connect_timeout_ms=200"; do
+  if "$tool" --store "tier:shm://$seg?size=8MiB+$remote" get lonly >"$dir/got" &&
+     cmp -s "$dir/obj" "$dir/got"; then
+    echo "ok - get of a local-only object, remote $remote"
+  else
+    echo "not ok - get of a local-only object, remote $remote"; rc=1
+  fi
+done
+"$tool" shm destroy "$seg" >/dev/null
 # The demo with two simulated hosts (two shm tiers in front of one Redis):
 # every hit verified, hits reported per tier, some of them remote (an
 # image one host published, read by the other), the hosts' segments gone.
@@ -46,7 +59,7 @@ out=$("$tool" --store "tier:shm://$seg?size=64MiB+$ENCACHE_REDIS_URL" demo \
   --verify all --no-baseline 2>&1)
 if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed" &&
    printf '%s' "$out" | grep -Eq "store hits by tier +[1-9][0-9]* local, [1-9][0-9]* remote .*2 hosts" &&
-   ! [ -e "/dev/shm/$seg-h0" ] && ! [ -e "/dev/shm/$seg-h1" ]; then
+   ! [ -e "/dev/shm/encache-$seg-h0" ] && ! [ -e "/dev/shm/encache-$seg-h1" ]; then
   echo "ok - demo --hosts 2 on a tier"
 else
   echo "not ok - demo --hosts 2 on a tier"; printf '%s\n' "$out"; rc=1

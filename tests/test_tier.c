@@ -7,7 +7,7 @@
  * remote tier was not asked.  The Store conformance suite and the
  * engine's acceptance cases run on a tier URL too (tests/on_tier.sh).
  * Tests say "skipped" and pass without redis-server.  One file for the
- * tier's suite (about 630 lines), its helpers shared by every test.
+ * tier's suite (about 780 lines), its helpers shared by every test.
  */
 #include "fault_store.h"
 #include "redis_util.h"
@@ -165,13 +165,22 @@ TEST(tier_url_errors_name_what_is_wrong) {
       {"tier:shm://x?size=1MiB", "no '+'"},
       {"tier:shm://x?size=1MiB+", "remote Store URL after '+' is missing"},
       {"tier:redis://u:secret@h:1+redis://h:2", "must be an shm:// Store"},
-      {"tier:tier:shm://x+redis://h:1", "not a tier"},
-      {"tier:shm://x+tier:shm://y+redis://h:1", "a tier of a tier"},
-      {"tier:shm://x+shm://y", "host-local shm"},
-      {"tier:shm://x?promote_queue_items=0+redis://h:1", "promote_queue_items=0"},
-      {"tier:shm://x?promote_queue_bytes=lots+redis://h:1", "promote_queue_bytes=lots"},
-      {"tier:shm://x?size=1MiB&bogus=1+redis://h:1", "unknown option 'bogus'"},
-      {"tier:shm://bad name+redis://h:1", "the local tier"},
+      /* A password in the remote part, whatever the local part is. */
+      {"tier:redis://h:1?timeout_ms=5+redis://v:secret@h2:1", "must be an shm:// Store"},
+      {"tier:shm:/rvz?size=1MiB+redis://v:secret@h2:1", "must be an shm:// Store"},
+      {"tier:tier:shm://x+redis://u:secret@h:1", "not a tier"},
+      {"tier:shm://x+tier:shm://y+redis://u:secret@h:1", "a tier of a tier"},
+      {"tier:shm://x+shm://u:secret@y", "host-local shm"},
+      {"tier:shm://x?promote_queue_items=0+redis://u:secret@h:1",
+       "promote_queue_items=0: must be 1 to 1000000"},
+      {"tier:shm://x?promote_queue_bytes=lots+redis://u:secret@h:1",
+       "promote_queue_bytes=lots: must be a size of at least 64KiB"},
+      {"tier:shm://x?promote_queue_bytes=1KiB+redis://u:secret@h:1",
+       "promote_queue_bytes=1KiB: must be a size of at least 64KiB"},
+      {"tier:shm://x?size=1MiB&bogus=1+redis://u:secret@h:1", "unknown option 'bogus'"},
+      {"tier:shm://x?size=1MiB&(=1+redis://u:secret@h:1", "the local tier"},
+      {"tier:shm://bad name+redis://u:secret@h:1", "the local tier"},
+      {"tier:shm://x?size=1MiB+redis://u:secret@h:1?bogus=2", "the remote tier"},
       {"tier:shm://x?size=1MiB+nosuch://u:secret@h", "the remote tier"}};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     encache_store *st = (encache_store *)1;
@@ -183,13 +192,27 @@ TEST(tier_url_errors_name_what_is_wrong) {
       test__fail(__FILE__, __LINE__, "%s: the message shows the password: %s",
                  bad[i].url, encache_store_errmsg(NULL));
   }
-  encache_shm_destroy("x");
+  /* A remote part that does not open leaves no segment behind. */
+  char url[128], path[128];
+  snprintf(url, sizeof(url), "tier:shm://encache-tier-rv-%d?size=1MiB+nosuch://h",
+           (int)getpid());
+  snprintf(path, sizeof(path), "/dev/shm/encache-encache-tier-rv-%d",
+           (int)getpid());
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), ENCACHE_EURL);
+  ASSERT_CONTAINS(encache_store_errmsg(NULL), "the remote tier nosuch://h");
+  if (access(path, F_OK) == 0) {
+    encache_shm_destroy(path + strlen("/dev/shm/encache-"));
+    test__fail(__FILE__, __LINE__, "%s: left %s behind", url, path);
+  }
 }
 
 TEST(tier_url_shown_redacted_and_caps_of_both_tiers) {
   /* The remote is not reached at open (Redis connects on first use). */
   char name[64], url[256];
   snprintf(name, sizeof(name), "encache-tier-url-%d", (int)getpid());
+  snprintf(exit_shm, sizeof(exit_shm), "%s", name); /* if it fails */
+  atexit(world_exit);
   snprintf(url, sizeof(url),
            "tier:shm://%s?size=1MiB&promote_queue_items=4+redis://u:p+w@d@"
            "127.0.0.1:1?connect_timeout_ms=100",
@@ -219,7 +242,16 @@ TEST(tier_url_shown_redacted_and_caps_of_both_tiers) {
   ASSERT(rc < 0 || r < 0);
   ASSERT_EQ_INT(encache_store_classify(rc < 0 ? rc : r),
                 ENCACHE_ANSWER_RECOVERABLE);
-  ASSERT_CONTAINS(encache_store_errmsg(st), "remote tier");
+  /* The remote's own message, relayed whole: the tier once, the host once. */
+  const char *m = encache_store_errmsg(st);
+  const char *head =
+      "remote tier: redis://u:***@127.0.0.1:1?connect_timeout_ms=100: ";
+  if (strncmp(m, head, strlen(head)) != 0)
+    test__fail(__FILE__, __LINE__, "relayed as \"%s\", not from \"%s\"", m,
+               head);
+  ASSERT_CONTAINS(m, "Connection refused");
+  ASSERT(strstr(m + 1, "remote tier") == NULL);
+  ASSERT(strstr(m + strlen("remote tier: r"), "redis://") == NULL);
   encache_store_close(st);
   encache_shm_destroy(name);
   /* Other Stores say they have no tier counters. */
@@ -235,6 +267,7 @@ TEST(tier_url_shown_redacted_and_caps_of_both_tiers) {
   ASSERT_EQ_U64(old.tier_local_hits, 0x5a5a5a5a5a5a5a5aull); /* untouched */
   encache_store_close(st);
   encache_shm_destroy(name);
+  exit_shm[0] = '\0';
 }
 
 /* ----------------------------------------------------------- lookups */
@@ -619,19 +652,27 @@ TEST(tier_writes_answer_as_the_shared_tier) {
   /* New to the shared tier: written (the local copy stays as it was). */
   ASSERT_EQ_INT(encache_store_write(w.tier, a, NULL, 0, obj, OBJ_LEN), 0);
   ASSERT_EQ_INT(has(w.remote, a), 1);
-  /* The shared tier has it: present (EEXIST), and now cached locally. */
+  /* The shared tier has it: present (EEXIST), and not written locally:
+   * this host serves the fleet's object (seed 2), never its own. */
   ASSERT_EQ_INT(encache_store_write(w.tier, b, NULL, 0, obj, OBJ_LEN),
                 ENCACHE_EEXIST);
-  ASSERT_EQ_INT(has(w.local, b), 1);
+  ASSERT_EQ_INT(has(w.local, b), 0);
   /* Never replaced in either tier. */
   char keys[2][64];
   memcpy(keys[0], a, 64);
   memcpy(keys[1], b, 64);
   int64_t res[2];
-  unsigned local_seeds[2] = {1, 3};
+  unsigned local_seeds[2] = {1, 0};
   read_n(w.local, keys, 2, res, local_seeds);
   unsigned remote_seeds[2] = {3, 2};
   read_n(w.remote, keys, 2, res, remote_seeds);
+  /* Through the tier, b is the remote's, and so is its promoted copy. */
+  unsigned tier_seeds[2] = {1, 2};
+  read_n(w.tier, keys, 2, res, tier_seeds);
+  ASSERT_EQ_INT(res[1], OBJ_LEN);
+  encache__tier_drain(w.tier);
+  read_n(w.local, keys, 2, res, tier_seeds);
+  ASSERT_EQ_INT(res[1], OBJ_LEN);
   /* Removal: both tiers; ENOENT once neither has it. */
   ASSERT_EQ_INT(encache_store_remove(w.tier, a), 0);
   ASSERT_EQ_INT(has(w.local, a), 0);
@@ -642,5 +683,102 @@ TEST(tier_writes_answer_as_the_shared_tier) {
   ASSERT_EQ_INT(encache_store_lease_take(w.remote, b, 12, 5000), ENCACHE_EEXIST);
   ASSERT_EQ_INT(encache_store_lease_take(w.local, b, 12, 5000), 0);
   ASSERT_EQ_INT(encache_store_lease_drop(w.tier, b, 11), 0);
+  world_stop(&w);
+}
+
+/* A removal (remove, remove_prefix) while the promotion of the object is
+ * being written, or queued: the object does not come back in the local
+ * tier. */
+static int entered_fd[2];
+static void enter_and_hold(void) {
+  ASSERT_EQ_INT((int)write(entered_fd[1], "e", 1), 1);
+  hold_promotion();
+}
+
+TEST(tier_removal_beats_a_pending_promotion) {
+  world w;
+  if (world_start(&w, "4MiB", 0, 0) < 0)
+    return;
+  /* A tier without the fault Store (which cannot list: no purge). */
+  encache_store *tier = NULL;
+  ASSERT_EQ_INT(encache__tier_wrap(open_url(w.local_url),
+                                   open_url(w.remote_url), "tier:test", 0, 0,
+                                   &tier),
+                0);
+  char keys[3][64], prefix[64];
+  key_of(keys[0], "being-written");
+  key_of(keys[1], "pre/queued");
+  key_of(keys[2], "kept");
+  key_of(prefix, "pre/");
+  for (int i = 0; i < 3; i++)
+    put(w.remote, keys[i], (unsigned)i + 1);
+  ASSERT_EQ_INT(pipe(hold_fd), 0);
+  ASSERT_EQ_INT(pipe(entered_fd), 0);
+  encache__shm_write_hook = enter_and_hold;
+  int64_t res[3];
+  read_n(tier, keys, 1, res, NULL); /* keys[0]: its write is held */
+  ASSERT_EQ_INT(res[0], OBJ_LEN);
+  char c;
+  ASSERT_EQ_INT((int)read(entered_fd[0], &c, 1), 1);
+  read_n(tier, keys + 1, 2, res, NULL); /* queued behind it */
+  ASSERT_EQ_INT(res[0], OBJ_LEN);
+  ASSERT_EQ_INT(stats_of(tier).tier_promotions_queued, 3);
+  ASSERT_EQ_INT(encache_store_remove(tier, keys[0]), 0);
+  uint64_t removed = 0;
+  ASSERT_EQ_INT(encache_store_remove_prefix(tier, prefix, &removed), 0);
+  ASSERT_EQ_U64(removed, 1);
+  ASSERT_EQ_INT((int)write(hold_fd[1], "xxx", 3), 3);
+  encache__tier_drain(tier);
+  encache__shm_write_hook = NULL;
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ_INT(has(w.remote, keys[i]), 0);
+    ASSERT_EQ_INT(has(w.local, keys[i]), 0); /* not put back */
+    ASSERT_EQ_INT(has(tier, keys[i]), 0);
+  }
+  ASSERT_EQ_INT(has(w.local, keys[2]), 1); /* another key: promoted */
+  encache_store_stats s = stats_of(tier);
+  ASSERT_EQ_U64(s.tier_promotions_done, 1);
+  ASSERT_EQ_U64(s.tier_promotions_dropped, 2);
+  close(hold_fd[0]), close(hold_fd[1]);
+  close(entered_fd[0]), close(entered_fd[1]);
+  encache_store_close(tier);
+  world_stop(&w);
+}
+
+/* object_size and reads answer from the local tier when it has the
+ * object, an empty object included, whatever the remote says or whether
+ * it is up. */
+TEST(tier_object_size_and_empty_objects_are_local_hits) {
+  world w;
+  if (world_start(&w, "4MiB", 0, 0) < 0)
+    return;
+  char lonly[64], empty[64];
+  key_of(lonly, "lonly");
+  key_of(empty, "empty");
+  put(w.local, lonly, 1);
+  ASSERT_EQ_INT(encache_store_write(w.local, empty, NULL, 0, "", 0), 0);
+  for (int down = 0; down < 2; down++) {
+    uint64_t len = 0;
+    ASSERT_EQ_INT(encache_store_object_size(w.tier, lonly, &len), 0);
+    ASSERT_EQ_U64(len, OBJ_LEN);
+    len = 7;
+    ASSERT_EQ_INT(encache_store_object_size(w.tier, empty, &len), 0);
+    ASSERT_EQ_U64(len, 0);
+    int read0 = w.ctl.read_calls;
+    uint64_t hits0 = stats_of(w.tier).tier_local_hits;
+    const char *k = empty;
+    unsigned char buf[8];
+    void *b[1] = {buf};
+    size_t caps[1] = {sizeof(buf)};
+    int64_t res[1] = {-1};
+    ASSERT_EQ_INT(encache_store_read(w.tier, &k, 1, b, caps, res), 0);
+    ASSERT_EQ_INT(res[0], 0);
+    ASSERT_EQ_INT(w.ctl.read_calls, read0); /* the remote not asked */
+    ASSERT_EQ_U64(stats_of(w.tier).tier_local_hits, hits0 + 1);
+    if (!down) {
+      kill_wait(w.redis, SIGKILL);
+      w.redis = exit_redis = 0;
+    }
+  }
   world_stop(&w);
 }

@@ -7,18 +7,24 @@
  *
  *   - Lookups (exists, read, read_split, object_size) ask the local tier
  *     first and the remote tier, in one batch, only for the items the
- *     local one did not have (absent, or a recoverable local error).  A
+ *     local one did not have (absent, or a recoverable local error; an
+ *     empty object, a length of 0, is a local hit).  A
  *     remote failure touches only those items: local hits stay hits.
  *   - A remote hit is delivered, and a copy is queued for promotion into
  *     the local tier (tier_promote.c: bounded, best-effort, counted).
- *   - A write goes to the local tier, then to the remote one, each never
- *     replacing an object.  Its answer is the remote's (the tier shared by
- *     the fleet): written when the remote wrote it, ENCACHE_EEXIST when
- *     the remote had it, the remote's error otherwise, whatever the local
- *     tier said (a local copy is a cache), except an unconfirmed local
- *     answer, which is returned as it is.
- *   - remove and remove_prefix act on both; list lists both, each key
- *     once; leases are the remote's (the tier every host shares).
+ *   - A write goes to the remote tier, then to the local one only when
+ *     the remote wrote it or failed recoverably (never when the remote
+ *     had the key: this host then serves the remote's object, promoted on
+ *     its next remote hit), each never replacing an object.  Its answer
+ *     is the remote's (the tier shared by the fleet): written when the
+ *     remote wrote it, ENCACHE_EEXIST when the remote had it, the remote's
+ *     error otherwise, whatever the local tier said (a local copy is a
+ *     cache), except an unconfirmed local answer, which is returned as it
+ *     is.
+ *   - remove and remove_prefix act on both, and first cancel the
+ *     promotions of what they remove (tier_promote.c); list lists both,
+ *     each key once; leases are the remote's (the tier every host
+ *     shares).
  *
  * Every error returned carries a message naming the tier it came from.
  * Counters (tier_counts) are this handle's, read through stats.
@@ -35,22 +41,27 @@ static void count(uint64_t *c, uint64_t k) {
   __atomic_add_fetch(c, k, __ATOMIC_RELAXED);
 }
 
-/* Returns rc with the message of the inner Store that answered it. */
+/* Returns rc with the message of the inner Store that answered it.  The
+ * inner message lives in the thread's message buffer, which
+ * encache_store_fail() writes: it is copied out first. */
 static int relay(tier_store *t, encache_store *inner, int rc) {
+  char msg[512];
+  const char *m = encache_store_errmsg(inner);
+  snprintf(msg, sizeof(msg), "%s", m[0] ? m : encache_strerror(rc));
   return encache_store_fail(&t->base, rc, "%s tier: %s",
-                            inner == t->local ? "local" : "remote",
-                            encache_store_errmsg(inner)[0]
-                                ? encache_store_errmsg(inner)
-                                : encache_strerror(rc));
+                            inner == t->local ? "local" : "remote", msg);
 }
 
-/* Whether a local answer leaves the item to the remote tier: absent, or
- * a recoverable local failure. */
+/* Whether a local read or object_size answer leaves the item to the
+ * remote tier: absent, or a recoverable local failure (a length of 0 is
+ * an empty object: a hit). */
 static int ask_remote(int64_t r) {
   int cls = encache_store_classify(r);
-  return r == 0 || cls == ENCACHE_ANSWER_ABSENT ||
-         cls == ENCACHE_ANSWER_RECOVERABLE;
+  return cls == ENCACHE_ANSWER_ABSENT || cls == ENCACHE_ANSWER_RECOVERABLE;
 }
+
+/* The same for a local exists answer, where 0 means absent. */
+static int exists_ask_remote(int r) { return r == 0 || ask_remote(r); }
 
 /* ------------------------------------------------------------- lookups */
 
@@ -72,7 +83,7 @@ static int rd_call(encache_store *s, const rd *r) {
 
 /* The remote's answers to r: hits counted and promoted, errors counted
  * (and their message made the tier's). */
-static void remote_answered(tier_store *t, const rd *r) {
+static void remote_answered(tier_store *t, const rd *r, uint64_t gen) {
   uint64_t hits = 0, errors = 0;
   for (size_t i = 0; i < r->n; i++) {
     int64_t v = r->res[i];
@@ -81,8 +92,9 @@ static void remote_answered(tier_store *t, const rd *r) {
       hits++;
       size_t len = (size_t)v, h = r->heads ? (len < r->split ? len : r->split)
                                            : len;
-      encache__tier_promote(t, r->keys[i], r->heads ? r->heads[i] : r->bufs[i],
-                            h, r->bufs[i], len - h);
+      encache__tier_promote(t, gen, r->keys[i],
+                            r->heads ? r->heads[i] : r->bufs[i], h,
+                            r->bufs[i], len - h);
     } else if (cls == ENCACHE_ANSWER_RECOVERABLE ||
                cls == ENCACHE_ANSWER_UNCONFIRMED) {
       errors++;
@@ -134,12 +146,15 @@ static int sub_make(const rd *r, size_t m, sub *s) {
  * remote tier, in one batch. */
 static int read_remote(tier_store *t, const rd *r, size_t m) {
   int rc;
+  /* Removals after this point make what the remote answers stale for
+   * promotion (tier_promote.c). */
+  uint64_t gen = __atomic_load_n(&t->rm_gen, __ATOMIC_ACQUIRE);
   if (m == r->n) { /* nothing local: the remote answers as it would alone */
     if ((rc = rd_call(t->remote, r)) < 0) {
       count(&t->n.remote_errors, r->n);
       return relay(t, t->remote, rc);
     }
-    remote_answered(t, r);
+    remote_answered(t, r, gen);
     return 0;
   }
   sub s;
@@ -159,7 +174,7 @@ static int read_remote(tier_store *t, const rd *r, size_t m) {
     count(&t->n.remote_errors, m);
     relay(t, t->remote, rc);
   } else {
-    remote_answered(t, &s.r);
+    remote_answered(t, &s.r, gen);
   }
   encache__free(s.idx);
   return 0;
@@ -204,14 +219,14 @@ static int tier_exists(encache_store *st, const char *const *keys, size_t n,
   for (size_t i = 0; i < n; i++) {
     if (rc < 0)
       results[i] = rc;
-    m += ask_remote(results[i]) != 0;
+    m += exists_ask_remote(results[i]) != 0;
   }
   if (m == 0)
     return 0;
   size_t *idx = encache__calloc(m, sizeof(size_t) + sizeof(char *) + sizeof(int));
   if (idx == NULL) {
     for (size_t i = 0; i < n; i++)
-      if (ask_remote(results[i]))
+      if (exists_ask_remote(results[i]))
         results[i] = ENCACHE_ENOMEM;
     return m == n ? encache_store_fail(st, ENCACHE_ENOMEM, "tier: out of "
                                        "memory asking the remote tier")
@@ -220,7 +235,7 @@ static int tier_exists(encache_store *st, const char *const *keys, size_t n,
   const char **sk = (const char **)(void *)(idx + m);
   int *sr = (int *)(void *)(sk + m);
   for (size_t i = 0, j = 0; i < n; i++)
-    if (ask_remote(results[i])) {
+    if (exists_ask_remote(results[i])) {
       idx[j] = i;
       sk[j++] = keys[i];
     }
@@ -252,21 +267,32 @@ static int tier_object_size(encache_store *st, const char *key, uint64_t *len) {
 
 /* ------------------------------------------------------ writes, removal */
 
+/* The remote first: the local tier gets the object only when the remote
+ * wrote it, or failed recoverably (certainly not written: this host's
+ * copy serves this host meanwhile).  When the remote already had the key
+ * (EEXIST) the local tier is left alone: the remote's object, the one the
+ * fleet serves, is promoted on this host's next remote hit, so the two
+ * tiers never hold different objects for a key written through here. */
 static int tier_write(encache_store *st, const char *key, const void *hdr,
                       size_t hdr_len, const void *payload, size_t len) {
   tier_store *t = TIER(st);
-  int rc = t->local->ops->write(t->local, key, hdr, hdr_len, payload, len);
-  if (encache_store_classify(rc) == ENCACHE_ANSWER_UNCONFIRMED)
-    return relay(t, t->local, rc);
-  rc = t->remote->ops->write(t->remote, key, hdr, hdr_len, payload, len);
+  int rc = t->remote->ops->write(t->remote, key, hdr, hdr_len, payload, len);
   int cls = encache_store_classify(rc);
   if (cls == ENCACHE_ANSWER_RECOVERABLE || cls == ENCACHE_ANSWER_UNCONFIRMED)
     count(&t->n.remote_errors, 1);
+  if (cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_RECOVERABLE) {
+    int lrc = t->local->ops->write(t->local, key, hdr, hdr_len, payload, len);
+    if (encache_store_classify(lrc) == ENCACHE_ANSWER_UNCONFIRMED)
+      return relay(t, t->local, lrc); /* the caller's buffer may be in use */
+  }
   return rc < 0 ? relay(t, t->remote, rc) : rc;
 }
 
+
+
 static int tier_remove(encache_store *st, const char *key) {
   tier_store *t = TIER(st);
+  encache__tier_promote_forget(t, key, 0); /* before the local removal */
   int lrc = t->local->ops->remove(t->local, key);
   int rrc = t->remote->ops->remove(t->remote, key);
   int la = encache_store_classify(lrc), ra = encache_store_classify(rrc);
@@ -284,6 +310,7 @@ static int tier_remove_prefix(encache_store *st, const char *prefix,
                               uint64_t *removed) {
   tier_store *t = TIER(st);
   uint64_t l = 0, r = 0;
+  encache__tier_promote_forget(t, prefix, 1);
   int lrc = encache_store_remove_prefix(t->local, prefix, &l);
   int rrc = encache_store_remove_prefix(t->remote, prefix, &r);
   /* Every object is in the remote tier, and in the local one when cached

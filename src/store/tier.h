@@ -20,6 +20,9 @@
 /* The promotion queue's default bounds. */
 #define TIER_QUEUE_ITEMS 1024
 #define TIER_QUEUE_BYTES (64ull << 20)
+/* The least promote_queue_bytes accepted: below it, most objects would
+ * never fit the queue. */
+#define TIER_QUEUE_BYTES_MIN (64ull << 10)
 
 /* Objects up to this size are copied by the lookup that found them; a
  * larger one is read again from the remote tier by the promotion thread,
@@ -32,6 +35,8 @@ typedef struct tier_promo {
   char *key;
   size_t len;   /* the object's length */
   int fetch;    /* 1: data is empty, read the object from the remote */
+  int stale;    /* 1: its key was removed while it was being written */
+  uint64_t gen; /* the removal generation it is valid for (rm_gen) */
   unsigned char data[]; /* the whole object, header first (or nothing) */
 } tier_promo;
 
@@ -56,6 +61,11 @@ typedef struct tier_store {
   pthread_mutex_t mu;
   pthread_cond_t cv, idle;
   tier_promo *head, *tail;
+  tier_promo *cur; /* the promotion being written (the thread's) */
+  /* Removal generation: bumped (under mu) by each remove/remove_prefix
+   * before it removes anything; a promotion read from the remote under
+   * an older one may be of a removed object (tier_promote.c). */
+  uint64_t rm_gen;
   size_t qitems, max_items;
   uint64_t qbytes, max_bytes;
   int stop, thread_started, busy;
@@ -84,10 +94,17 @@ void encache__tier_drain(encache_store *st);
 int encache__tier_promote_start(tier_store *t);
 void encache__tier_promote_stop(tier_store *t);
 /* Queues a copy of the object key = head[0..hlen) + body[0..blen) when it
- * is a well-formed v3 object and the queue has room; else counts it
- * dropped.  Never blocks on the local tier. */
-void encache__tier_promote(tier_store *t, const char *key, const void *head,
-                           size_t hlen, const void *body, size_t blen);
+ * is a well-formed v3 object and the queue has room and no removal began
+ * since the remote was asked (gen: rm_gen then); else counts it dropped.
+ * Never blocks on the local tier. */
+void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
+                           const void *head, size_t hlen, const void *body,
+                           size_t blen);
+/* Called by remove (prefix 0) and remove_prefix (prefix 1) before they
+ * remove anything: drops the queued promotions of what they remove, marks
+ * the one being written stale (the thread removes it again locally once
+ * written) and makes the others current. */
+void encache__tier_promote_forget(tier_store *t, const char *key, int prefix);
 /* Wakes the promotion thread for what encache__tier_promote() queued. */
 void encache__tier_promote_kick(tier_store *t);
 

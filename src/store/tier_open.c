@@ -23,6 +23,26 @@ static const char *shown(const char *part, char *buf, size_t size) {
   return buf;
 }
 
+/* body ("LOCAL+REMOTE", or anything given after "tier:"), each part
+ * redacted on its own (a redactor sees one URL: a password after the
+ * '+' would be shown), into buf. */
+static const char *shown_body(const char *body, char *buf, size_t size) {
+  char part[512], a[512];
+  size_t n = strcspn(body, "+");
+  if (body[n] == '\0')
+    return shown(body, buf, size);
+  snprintf(part, sizeof(part), "%.*s",
+           (int)(n < sizeof(part) ? n : sizeof(part) - 1), body);
+  shown(part, a, sizeof(a));
+  size_t la = strlen(a);
+  if (la + 2 > size)
+    return shown(part, buf, size);
+  memcpy(buf, a, la);
+  buf[la] = '+';
+  shown(body + n + 1, buf + la + 1, size - la - 1);
+  return buf;
+}
+
 static int starts(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
@@ -49,13 +69,13 @@ static int take_options(const char *local, char *shm, size_t size,
       if (end == v || *end != '\0' || n == 0 || n > 1000000)
         return encache_store_fail(NULL, ENCACHE_EURL, "tier: "
                                   "promote_queue_items=%s: must be 1 to "
-                                  "1000000", v);
+                                  "1000000 (default 1024)", v);
       *items = (size_t)n;
     } else if (strcmp(k, "promote_queue_bytes") == 0) {
-      if (encache_parse_size(v, bytes) < 0 || *bytes == 0)
+      if (encache_parse_size(v, bytes) < 0 || *bytes < TIER_QUEUE_BYTES_MIN)
         return encache_store_fail(NULL, ENCACHE_EURL, "tier: "
                                   "promote_queue_bytes=%s: must be a size "
-                                  "above 0 (e.g. 64MiB)", v);
+                                  "of at least 64KiB (default 64MiB)", v);
     } else {
       size_t len = strlen(shm);
       if (snprintf(shm + len, size - len, "%c%s=%s", sep, k, v) >=
@@ -83,7 +103,7 @@ static int split(const char *body, char *local, size_t size,
   if (!starts(body, "shm://"))
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s: the local tier "
                               "must be an shm:// Store%s (use " SYNTAX ")",
-                              shown(body, a, sizeof(a)),
+                              shown_body(body, a, sizeof(a)),
                               starts(body, "tier:") ? ", not a tier" : "");
   if (plus == NULL)
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s: no '+' and remote "
@@ -103,7 +123,7 @@ static int split(const char *body, char *local, size_t size,
   if (starts(*remote, "tier:"))
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s+%s: a tier of a "
                               "tier: the remote Store cannot be a tier: Store",
-                              a, shown(*remote, b, sizeof(b)));
+                              a, shown_body(*remote, b, sizeof(b)));
   if (starts(*remote, "shm:"))
     return encache_store_fail(NULL, ENCACHE_EURL, "tier:%s+%s: the remote "
                               "tier is host-local shm: give a distributed "
@@ -139,11 +159,15 @@ int encache__tier_open(const char *url, encache_store **out) {
     rc = take_options(local, shm, sizeof(shm), &items, &bytes);
   if (rc < 0)
     return rc;
+  /* The remote first: a remote URL that does not open (unknown scheme,
+   * bad option) must not leave a segment created for nothing.  A local
+   * part that then fails costs one remote open and close (Redis connects
+   * on first use: nothing reached). */
   encache_store *l = NULL, *r = NULL;
-  if ((rc = open_part("local", shm, &l)) < 0)
+  if ((rc = open_part("remote", remote, &r)) < 0)
     return rc;
-  if ((rc = open_part("remote", remote, &r)) < 0) {
-    encache_store_close(l);
+  if ((rc = open_part("local", shm, &l)) < 0) {
+    encache_store_close(r);
     return rc;
   }
   char a[512], b[512];

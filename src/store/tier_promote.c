@@ -20,8 +20,22 @@
  * read and again on the whole object written, so that an object that is
  * incompatible in the remote tier never reaches the local one.
  *
- * Locking: t->mu guards the queue, its reservations and stop.  The copy
- * is made outside the lock, after a reservation that keeps the bounds.
+ * Removals: remove and remove_prefix call encache__tier_promote_forget()
+ * before they remove anything.  Under t->mu it bumps the removal
+ * generation, drops the queued promotions of removed keys, marks the one
+ * being written stale when its key is removed, and moves the others to
+ * the new generation.  A promotion is written only while it is current
+ * (checked under t->mu before the write), and removed from the local tier
+ * again when it went stale during its write: a removal marks it before
+ * its own local removal, so either the removal sees the written object or
+ * the thread sees the mark.  A lookup that read the remote before a
+ * removal began and queues after it is dropped (its generation is old):
+ * a removal rarely meets a lookup, and a dropped promotion is refilled by
+ * the next remote hit.
+ *
+ * Locking: t->mu guards the queue, its reservations, stop, rm_gen, cur and
+ * the promotions' stale/gen.  The copy is made outside the lock, after a
+ * reservation that keeps the bounds.
  */
 #include "tier.h"
 
@@ -64,8 +78,9 @@ static int well_formed(const void *head, size_t hlen, size_t len) {
          (uint64_t)len == ENCACHE_HEADER_SIZE + nbytes;
 }
 
-void encache__tier_promote(tier_store *t, const char *key, const void *head,
-                           size_t hlen, const void *body, size_t blen) {
+void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
+                           const void *head, size_t hlen, const void *body,
+                           size_t blen) {
   size_t len = hlen + blen, klen = strlen(key);
   if (!well_formed(head, hlen, len) || len > t->max_bytes ||
       !reserve(t, len)) {
@@ -90,14 +105,75 @@ void encache__tier_promote(tier_store *t, const char *key, const void *head,
   p->key = (char *)p->data + data;
   memcpy(p->key, key, klen + 1);
   p->next = NULL;
+  p->stale = 0;
+  p->gen = gen;
   pthread_mutex_lock(&t->mu);
-  if (t->tail != NULL)
-    t->tail->next = p;
-  else
-    t->head = p;
-  t->tail = p;
-  count(&t->n.promo_queued);
+  int fresh = gen == t->rm_gen;
+  if (fresh) {
+    if (t->tail != NULL)
+      t->tail->next = p;
+    else
+      t->head = p;
+    t->tail = p;
+  }
   pthread_mutex_unlock(&t->mu);
+  if (!fresh) { /* read before a removal that began since */
+    unreserve(t, len);
+    encache__free(p);
+  }
+  count(fresh ? &t->n.promo_queued : &t->n.promo_dropped);
+}
+
+static int removed_by(const char *key, const char *what, int prefix) {
+  return prefix ? strncmp(key, what, strlen(what)) == 0
+                : strcmp(key, what) == 0;
+}
+
+void encache__tier_promote_forget(tier_store *t, const char *key, int prefix) {
+  tier_promo *drop = NULL;
+  pthread_mutex_lock(&t->mu);
+  uint64_t gen = t->rm_gen + 1;
+  __atomic_store_n(&t->rm_gen, gen, __ATOMIC_RELEASE);
+  for (tier_promo **pp = &t->head, *prev = NULL; *pp != NULL;) {
+    tier_promo *p = *pp;
+    if (!removed_by(p->key, key, prefix)) {
+      p->gen = gen;
+      prev = p;
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    if (t->tail == p)
+      t->tail = prev;
+    t->qitems--;
+    t->qbytes -= p->len;
+    p->next = drop;
+    drop = p;
+  }
+  if (t->cur != NULL) {
+    if (removed_by(t->cur->key, key, prefix))
+      t->cur->stale = 1;
+    else
+      t->cur->gen = gen;
+  }
+  if (t->qitems == 0 && !t->busy)
+    pthread_cond_broadcast(&t->idle);
+  pthread_mutex_unlock(&t->mu);
+  while (drop != NULL) {
+    tier_promo *p = drop;
+    drop = p->next;
+    encache__free(p);
+    count(&t->n.promo_dropped);
+  }
+}
+
+/* Whether p may still be written: no removal of its key since it was
+ * read from the remote. */
+static int current(tier_store *t, const tier_promo *p) {
+  pthread_mutex_lock(&t->mu);
+  int ok = !p->stale && p->gen == t->rm_gen;
+  pthread_mutex_unlock(&t->mu);
+  return ok;
 }
 
 void encache__tier_promote_kick(tier_store *t) {
@@ -144,7 +220,8 @@ static void promote_one(tier_store *t, tier_promo *p) {
   /* Closing: a copy is written, but nothing more is asked of the remote
    * (which may be down: close must not wait for its timeouts). */
   int stopping = __atomic_load_n(&t->stop, __ATOMIC_RELAXED);
-  const unsigned char *obj = !p->fetch              ? p->data
+  const unsigned char *obj = !current(t, p)          ? NULL
+                             : !p->fetch              ? p->data
                              : stopping || t->fetch_off ? NULL
                                                         : fetch(t, p);
   if (obj == NULL) {
@@ -153,6 +230,12 @@ static void promote_one(tier_store *t, tier_promo *p) {
   }
   int rc = t->local->ops->write(t->local, p->key, NULL, 0, obj, p->len);
   int cls = encache_store_classify(rc);
+  if (cls == ENCACHE_ANSWER_OK && !current(t, p)) {
+    /* Removed while being written: remove it again (a removal that marked
+     * it may have found nothing yet). */
+    t->local->ops->remove(t->local, p->key);
+    cls = ENCACHE_ANSWER_ABSENT;
+  }
   count(cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_EXISTS
             ? &t->n.promo_done
             : &t->n.promo_dropped);
@@ -171,12 +254,14 @@ static void *promote_main(void *arg) {
     if (t->head == NULL)
       t->tail = NULL;
     t->busy = 1;
+    t->cur = p;
     pthread_mutex_unlock(&t->mu);
     /* Queued before close: written even when stopping, so that close
      * leaves the local tier as complete as the caller saw it. */
     promote_one(t, p);
     pthread_mutex_lock(&t->mu);
     t->busy = 0;
+    t->cur = NULL;
     t->qitems--;
     t->qbytes -= p->len;
     encache__free(p);
@@ -196,6 +281,9 @@ int encache__tier_promote_start(tier_store *t) {
   return 0;
 }
 
+/* Waits for the thread: a read again already under way finishes first,
+ * so close can take up to the remote's own timeout when it stalls (Redis:
+ * timeout_ms; docs/stores.md says so).  Nothing more is read again. */
 void encache__tier_promote_stop(tier_store *t) {
   if (!t->thread_started)
     return;
