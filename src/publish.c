@@ -7,7 +7,8 @@
  * checks the view, applies the budgets, retains the view's backing
  * storage and queues a job.  One worker thread takes jobs in order: if
  * the key exists it does nothing (never replace), else it writes header +
- * payload straight from the caller's storage.  Finished jobs wait on the
+ * payload straight from the caller's storage (a Store whose write never
+ * replaces answers "exists" itself: no separate check).  Finished jobs wait on the
  * done list until a reap (start of every lookup, before every enqueue,
  * at flush and at close) releases them on the caller's thread: their
  * budget charges, and their storage references (whose release callbacks
@@ -140,10 +141,14 @@ static int write_result(encache_store *st, job *j, int rc) {
   }
 }
 
-/* Runs one job against the Store; returns an enum job_result. */
+/* Runs one job against the Store; returns an enum job_result.  A Store
+ * whose write never replaces (ENCACHE_STORE_CAP_PUT_IF_ABSENT) answers
+ * "already there" itself (ENCACHE_EEXIST): no existence check first. */
 static int run_job(encache *ec, job *j) {
   encache_store *st = ec->store;
-  int result = job_exists(st, j);
+  int result = st->ops->caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT
+                   ? -1
+                   : job_exists(st, j);
   if (result >= 0)
     return result;
   int reg_hdr = 0, reg_data = 0;

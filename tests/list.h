@@ -194,4 +194,8 @@
   XX(identity_vector)                                                        \
   XX(identity_errors_name_the_path)                                          \
   XX(identity_refuses_bad_arguments)                                         \
-  XX(identity_out_of_memory_every_allocation)
+  XX(identity_out_of_memory_every_allocation)                                \
+  XX(mooncake_caps_follow_the_protocol)                                      \
+  XX(mooncake_lookup_is_one_read)                                            \
+  XX(mooncake_lookup_faults_without_the_check)                               \
+  XX(mooncake_publication_round_trips)
