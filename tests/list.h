@@ -198,4 +198,5 @@
   XX(mooncake_caps_follow_the_protocol)                                      \
   XX(mooncake_lookup_is_one_read)                                            \
   XX(mooncake_lookup_faults_without_the_check)                               \
-  XX(mooncake_publication_round_trips)
+  XX(mooncake_publication_round_trips)                                       \
+  XX(mooncake_writes_in_flight)

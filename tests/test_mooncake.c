@@ -580,3 +580,43 @@ TEST(mooncake_publication_round_trips) {
   ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
   unlink(cfg_path);
 }
+
+/* The publisher keeps ENCACHE__WRITERS writes in flight on Mooncake (a
+ * Store shared with other processes), each from its own write buffer;
+ * every publication is written once. */
+TEST(mooncake_writes_in_flight) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 4096, &f);
+  void *lib = dlopen(FAKE_MOONCAKE, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(lib != NULL);
+  int *delay = dlsym(lib, "fake_mooncake_put_delay_us");
+  int *most = dlsym(lib, "fake_mooncake_puts_in_flight_max");
+  dlclose(lib);
+  ASSERT(delay != NULL && most != NULL);
+  *delay = 20000;
+  *most = 0;
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  static const char *const ids[] = {"w1", "w2", "w3", "w4"};
+  encache_result r[4];
+  ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 0);
+  static float out[4] = {5, 6, 7, 8};
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL};
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
+  for (int i = 0; i < 4; i++)
+    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
+  encache_storage_unref(s);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  *delay = 0;
+  ASSERT_EQ_INT(*most, ENCACHE__WRITERS);
+  ASSERT_EQ_INT(f.calls[F_PUT], 4);
+  encache_stats st = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_written, 4);
+  ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 4);
+  free_results(r, 4);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+}

@@ -169,7 +169,7 @@ int64_t encache__mooncake_code_at(int i) {
 
 /* Writes at once per handle (the publisher's writes in flight), each with
  * a registered buffer of its own. */
-#define MC_WBUFS 4
+#define MC_WBUFS 2
 
 typedef struct mooncake_store {
   encache_store base;
