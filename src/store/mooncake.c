@@ -43,6 +43,9 @@
  * Mooncake's first client creation in a process blocks SIGINT, SIGTERM,
  * SIGHUP and SIGUSR1 and handles them on a thread of its own
  * (docs/stores.md): a program's own handlers for those never run.
+ *
+ * Somewhat over 600 lines, on purpose: the ABI's prototypes, its code
+ * table, the operations and the loader of one backend read together.
  */
 #include "store.h"
 #include "config/opts.h"
