@@ -169,9 +169,9 @@ static int bench_hits_vs_raw(raw_abi *m, encache *ec, encache_store *st,
   return rc;
 }
 
-/* (b), raw: total put_from of 1 MiB objects; seconds, or -1. */
-static double raw_puts(raw_abi *m, encache *ec, int total, size_t nbytes,
-                       const void *data) {
+/* (b), raw: put_from of objects first..first+total; seconds, or -1. */
+static double raw_puts(raw_abi *m, encache *ec, int first, int total,
+                       size_t nbytes, const void *data) {
   size_t len = nbytes + 24;
   unsigned char *buf = malloc(len);
   if (buf == NULL || m->register_buffer(m->h, buf, len) != 0) {
@@ -183,7 +183,7 @@ static double raw_puts(raw_abi *m, encache *ec, int total, size_t nbytes,
   encache_header_encode(&v, buf);
   memcpy(buf + 24, data, nbytes);
   double t0 = measure_now(), dt = 0;
-  for (int i = 0; i < total && dt >= 0; i++) {
+  for (int i = first; i < first + total && dt >= 0; i++) {
     char key[256], id[32];
     snprintf(id, sizeof(id), "b-raw-%d", i);
     encache_key(encache_namespace_of(ec), id, key, sizeof(key));
@@ -201,8 +201,8 @@ static double raw_puts(raw_abi *m, encache *ec, int total, size_t nbytes,
 /* (b), engine: as many publications, in steps of 16 new outputs; a step
  * waits for the worker when the queue nears its budget.  Seconds; the
  * count written in *written. */
-static double engine_puts(encache *ec, int total, size_t nbytes, void *data,
-                          uint64_t *written) {
+static double engine_puts(encache *ec, int first, int total, size_t nbytes,
+                          void *data, uint64_t *written) {
   enum { B = 16 };
   uint64_t rows = nbytes / 4096, cols = 1024;
   int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
@@ -212,7 +212,7 @@ static double engine_puts(encache *ec, int total, size_t nbytes, void *data,
   encache_stats s0, s1;
   bench_stats(ec, &s0);
   double t0 = measure_now();
-  for (int i = 0; i < total; i += B) {
+  for (int i = first; i < first + total; i += B) {
     char ids[B][32];
     encache_candidate c[B];
     encache_result r[B];
@@ -243,15 +243,24 @@ static double engine_puts(encache *ec, int total, size_t nbytes, void *data,
 
 static int bench_writes(raw_abi *m, encache *ec, int iters) {
   size_t nbytes = 1u << 20;
-  int total = iters * 8;
+  int total = (iters + 1) / 2 * 32; /* two rounds of steps of 16 */
   printf("\n(b) sustained writes of %d objects of 1 MiB: put_from (raw) vs "
          "publication\n", total);
   void *data = calloc(1, nbytes);
   if (data == NULL)
     return -1;
-  double raw = raw_puts(m, ec, total, nbytes, data);
+  /* Two rounds, each raw then engine, so that both meet the same
+   * machine and the same fresh Store memory. */
+  double raw = 0, eng = 0;
   uint64_t written = 0;
-  double eng = raw < 0 ? 0 : engine_puts(ec, total, nbytes, data, &written);
+  for (int round = 0; round < 2 && raw >= 0; round++) {
+    double r = raw_puts(m, ec, round * total / 2, total / 2, nbytes, data);
+    uint64_t w = 0;
+    raw = r < 0 ? -1 : raw + r;
+    if (r >= 0)
+      eng += engine_puts(ec, round * total / 2, total / 2, nbytes, data, &w);
+    written += w;
+  }
   free(data);
   if (raw < 0)
     return -1;

@@ -21,7 +21,8 @@
  *   finish    outcomes and counters, copied out to the caller's results.
  *
  * The staging buffer is allocated and registered before the first chunk
- * that needs it (never when nothing hits or all are oversize), kept for
+ * that needs it (never when nothing is present or all are oversize; at
+ * the first read when the existence check is skipped), kept for
  * every later lookup, and unregistered only at close.
  *
  * Every Store answer is classified by encache_store_classify(): a count
