@@ -10,9 +10,9 @@
  * threads do, each one job at a time: that many writes in flight): if
  * the key exists it does nothing (never replace), else it writes header +
  * payload straight from the caller's storage (a Store whose write never
- * replaces answers "exists" itself: no separate check).  Finished jobs wait on the
- * done list until a reap (start of every lookup, before every enqueue,
- * at flush and at close) releases them on the caller's thread: their
+ * replaces answers "exists" itself: no separate check).  Finished jobs
+ * wait on the done list until a reap (start of every lookup, before every
+ * enqueue, at flush and at close) releases them on the caller's thread: their
  * budget charges, and their storage references (whose release callbacks
  * thus never run on the worker).
  *
