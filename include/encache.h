@@ -937,7 +937,13 @@ typedef enum encache_store_caps {
   ENCACHE_STORE_CAP_REMOVE_PREFIX = 1u << 5,
   /* Added in 1.2: lease_take and lease_drop are given (single-flight
    * leases, encache_store_lease_take()). */
-  ENCACHE_STORE_CAP_LEASE = 1u << 6
+  ENCACHE_STORE_CAP_LEASE = 1u << 6,
+  /* Added in 1.3: a read of a missing key answers ENCACHE_ENOENT for that
+   * key and costs no more than an existence check (a remote Store's
+   * round trip): a lookup then reads without checking existence first
+   * (except for objects larger than its staging buffer, and with single
+   * flight on), with the same outcomes. */
+  ENCACHE_STORE_CAP_READ_ABSENT = 1u << 7
 } encache_store_caps;
 
 typedef struct encache_store_backend {

@@ -34,6 +34,9 @@ enum job_result {
   JOB_FATAL = 3    /* completion unconfirmed: poison, keep everything */
 };
 
+/* The most writes in flight (publish.c). */
+#define ENCACHE__WRITERS 2
+
 typedef struct job {
   struct job *next;
   char *key;
@@ -91,6 +94,14 @@ struct encache {
   int worker_waiting; /* the worker sleeps on `work` */
   int worker_started;
   pthread_t worker;
+  /* Writes in flight (publish.c): on a Store shared with other processes
+   * (ENCACHE_STORE_CAP_SHARED: a service or a segment, where a write
+   * waits on more than this CPU) `worker` and writers[0..nwriters) take
+   * jobs, each one at a time, and `running` lists theirs (by next); a
+   * fatal result stops them all (writers_fatal).  Under mu. */
+  pthread_t writers[ENCACHE__WRITERS - 1];
+  int nwriters;
+  int writers_fatal;
 
   /* CUDA devices (device.c): the options, and the state (streams,
    * events, the pinned pool; caller's thread), NULL until first used. */

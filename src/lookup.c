@@ -6,7 +6,8 @@
  *   dedupe    eligibility (modality, dtype, shape, device); duplicate ids
  *             become one item (read once, copied to each); the eligible
  *             candidates join the step;
- *   exists    one batched existence check;
+ *   exists    one batched existence check (skipped where the read's own
+ *             answer says "absent" as well: exists_needed);
  *   classify  each existence answer; an object larger than the staging
  *             buffer is OVERSIZE (with a warning naming both sizes);
  *   chunk     walk the present items in order, object size = 24 + payload;
@@ -20,7 +21,8 @@
  *   finish    outcomes and counters, copied out to the caller's results.
  *
  * The staging buffer is allocated and registered before the first chunk
- * that needs it (never when nothing hits or all are oversize), kept for
+ * that needs it (never when nothing is present or all are oversize; at
+ * the first read when the existence check is skipped), kept for
  * every later lookup, and unregistered only at close.
  *
  * Every Store answer is classified by encache_store_classify(): a count
@@ -314,12 +316,37 @@ static void phase_chunk(plan *p) {
   }
 }
 
+/* Whether the lookup needs the existence check.  A Store whose read
+ * answers "absent" as cheaply (ENCACHE_STORE_CAP_READ_ABSENT) is read
+ * without it, every item taken as present, when that changes no outcome:
+ * reads through the staging buffer (a direct read would hand out, then
+ * take back, a destination per miss), no item too large for the buffer
+ * (OVERSIZE is said only of objects that exist), single flight off (its
+ * leases are taken for the absent). */
+static int exists_needed(const plan *p) {
+  unsigned caps = p->ec->store->ops->caps;
+  if (!(caps & ENCACHE_STORE_CAP_READ_ABSENT) || p->ec->single_flight ||
+      ((caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
+       !(caps & ENCACHE_STORE_CAP_REGISTER)))
+    return 1;
+  for (size_t u = 0; u < p->nu; u++)
+    if (p->items[u].osize > p->ec->read_buf_bytes)
+      return 1;
+  return 0;
+}
+
 static int plan_run(plan *p) {
   int rc = phase_dedupe(p);
   if (rc < 0 || p->nu == 0)
     return rc;
-  if ((rc = phase_exists(p)) != 0 || (rc = phase_classify(p)) < 0)
+  if (!exists_needed(p)) {
+    for (size_t u = 0; u < p->nu; u++) {
+      p->items[u].unchecked = 1; /* its read says whether it exists */
+      encache__plan_present(p, &p->items[u]);
+    }
+  } else if ((rc = phase_exists(p)) != 0 || (rc = phase_classify(p)) < 0) {
     return rc < 0 ? rc : 0;
+  }
   if (p->ec->single_flight && (rc = encache__plan_lease(p)) < 0)
     return rc;
   phase_chunk(p);

@@ -18,6 +18,7 @@ typedef struct item {
   uint64_t osize;  /* 24 + nbytes: the slot */
   uint64_t off;    /* slot offset in the staging buffer */
   int present;
+  int unchecked;   /* taken as present without an existence check */
   int waited;      /* it waited for another encoder's output (lease.c) */
   int held_here;   /* another step of this handle holds its lease */
   int chunk_start; /* the first item of a chunk */

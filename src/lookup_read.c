@@ -223,7 +223,8 @@ static int validate_one(plan *p, item *it, int64_t r, const void *head) {
     return 0;
   case ENCACHE_ANSWER_ABSENT:
     it->outcome = ENCACHE_MISS;
-    it->why = "not in the Store (gone before the read)";
+    it->why = it->unchecked ? "not in the Store"
+                            : "not in the Store (gone before the read)";
     return 0;
   case ENCACHE_ANSWER_RECOVERABLE:
     it->outcome = ENCACHE_UNAVAILABLE;

@@ -5,11 +5,14 @@
  *
  * encache_publish() runs on the caller's thread and copies nothing: it
  * checks the view, applies the budgets, retains the view's backing
- * storage and queues a job.  One worker thread takes jobs in order: if
+ * storage and queues a job.  A worker thread takes jobs in order (on a
+ * Store shared with other processes, up to ENCACHE__WRITERS writer
+ * threads do, each one job at a time: that many writes in flight): if
  * the key exists it does nothing (never replace), else it writes header +
- * payload straight from the caller's storage.  Finished jobs wait on the
- * done list until a reap (start of every lookup, before every enqueue,
- * at flush and at close) releases them on the caller's thread: their
+ * payload straight from the caller's storage (a Store whose write never
+ * replaces answers "exists" itself: no separate check).  Finished jobs
+ * wait on the done list until a reap (start of every lookup, before every
+ * enqueue, at flush and at close) releases them on the caller's thread: their
  * budget charges, and their storage references (whose release callbacks
  * thus never run on the worker).
  *
@@ -147,14 +150,18 @@ static int write_result(encache_store *st, job *j, int rc) {
   }
 }
 
-/* Runs one job against the Store; returns an enum job_result. */
+/* Runs one job against the Store; returns an enum job_result.  A Store
+ * whose write never replaces (ENCACHE_STORE_CAP_PUT_IF_ABSENT) answers
+ * "already there" itself (ENCACHE_EEXIST): no existence check first. */
 static int run_job(encache *ec, job *j) {
   encache_store *st = ec->store;
   /* A CUDA output: its copy into the pinned buffer first (bounded). */
   if (j->pinned != NULL &&
       encache__pinned_wait(ec, j->pinned, j->why, sizeof(j->why)) < 0)
     return JOB_FATAL;
-  int result = job_exists(st, j);
+  int result = st->ops->caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT
+                   ? -1
+                   : job_exists(st, j);
   if (result >= 0)
     return result;
   int reg_hdr = 0, reg_data = 0;
@@ -200,15 +207,24 @@ static void wait_for_work(encache *ec, int *polls) {
     (*polls)++;
     pthread_cond_timedwait(&ec->work, &ec->mu, &ts);
   } else {
-    ec->worker_waiting = 1;
+    ec->worker_waiting++; /* a count: several writers may sleep */
     pthread_cond_wait(&ec->work, &ec->mu);
-    ec->worker_waiting = 0;
+    ec->worker_waiting--;
   }
+}
+
+/* Takes j off the running list.  Under mu. */
+static void running_remove(encache *ec, job *j) {
+  for (job **pp = &ec->running; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == j) {
+      *pp = j->next;
+      return;
+    }
 }
 
 static void *worker_main(void *arg) {
   encache *ec = arg;
-  int fatal_seen = 0, polls = 0;
+  int polls = 0;
   pthread_mutex_lock(&ec->mu);
   for (;;) {
     while (ec->queue_head == NULL && !ec->closing)
@@ -220,7 +236,9 @@ static void *worker_main(void *arg) {
     ec->queue_head = j->next;
     if (ec->queue_head == NULL)
       ec->queue_tail = NULL;
+    j->next = ec->running;
     ec->running = j;
+    int fatal_seen = ec->writers_fatal;
     pthread_mutex_unlock(&ec->mu);
 
     int result;
@@ -229,19 +247,20 @@ static void *worker_main(void *arg) {
       result = JOB_FAILED; /* the Store is not touched again */
     } else {
       result = run_job(ec, j);
-      fatal_seen = result == JOB_FATAL;
       /* Written (or there, or not written): the waiters may go on. */
       if (result != JOB_FATAL)
         encache__lease_end(ec, j->key, j->lease);
     }
 
     pthread_mutex_lock(&ec->mu);
+    if (result == JOB_FATAL)
+      ec->writers_fatal = 1;
     j->result = result;
     j->done = 1;
-    ec->running = NULL;
+    running_remove(ec, j);
     j->next = ec->done_head;
     ec->done_head = j;
-    if (ec->queue_head == NULL)
+    if (ec->queue_head == NULL && ec->running == NULL)
       pthread_cond_broadcast(&ec->idle);
   }
   pthread_cond_broadcast(&ec->idle);
@@ -249,11 +268,21 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* Starts the worker, and on a Store shared with other processes (a
+ * service or a segment: a write waits on more than this CPU) the other
+ * writers, so that up to ENCACHE__WRITERS writes are in flight.  A writer
+ * that cannot start leaves fewer in flight, nothing else. */
 int encache__publisher_start(encache *ec) {
   int rc = pthread_create(&ec->worker, NULL, worker_main, ec);
   if (rc != 0)
     return -rc;
   ec->worker_started = 1;
+  int more = ec->store->ops->caps & ENCACHE_STORE_CAP_SHARED
+                 ? ENCACHE__WRITERS - 1
+                 : 0;
+  while (ec->nwriters < more &&
+         pthread_create(&ec->writers[ec->nwriters], NULL, worker_main, ec) == 0)
+    ec->nwriters++;
   return 0;
 }
 
@@ -265,6 +294,9 @@ void encache__publisher_stop(encache *ec) {
   pthread_cond_broadcast(&ec->work);
   pthread_mutex_unlock(&ec->mu);
   pthread_join(ec->worker, NULL);
+  for (int i = 0; i < ec->nwriters; i++)
+    pthread_join(ec->writers[i], NULL);
+  ec->nwriters = 0;
   ec->worker_started = 0;
 }
 
@@ -349,7 +381,7 @@ static int skip(encache *ec, int reason) {
 static int key_pending(const encache *ec, const char *key) {
   const job *lists[3] = {ec->queue_head, ec->running, ec->done_head};
   for (int l = 0; l < 3; l++)
-    for (const job *j = lists[l]; j != NULL; j = l == 1 ? NULL : j->next)
+    for (const job *j = lists[l]; j != NULL; j = j->next)
       if (strcmp(j->key, key) == 0)
         return 1;
   return 0;

@@ -9,11 +9,22 @@
  * (fake_mooncake_last_pattern, fake_mooncake_last_force) and answers
  * $FAKE_MOONCAKE_REGEX_RC instead when it is set.  Built without it
  * (FAKE_NO_REGEX) it is a library older than remove by regex.
+ *
+ * For the round-trip tests it counts the calls of each operation
+ * (fake_mooncake_calls, indexed by enum fake_op) and answers an injected
+ * code instead of its own when one is set (fake_mooncake_inject[op]: a
+ * per-key code for the batch calls, the answer of put_from; 0 = none;
+ * fake_mooncake_inject_batch[op] fails a whole batch call instead).  It
+ * remembers the protocol setup was given (fake_mooncake_protocol).  One
+ * lock serializes the operations (the publisher may write from several
+ * threads).
  */
+#include <pthread.h>
 #include <regex.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FAKE_MAX 64
 
@@ -25,6 +36,14 @@ typedef struct fake {
 
 char fake_mooncake_last_pattern[512];
 int fake_mooncake_last_force = -1;
+char fake_mooncake_protocol[32];
+
+static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
+
+enum fake_op { F_EXIST, F_GET, F_PUT, F_SIZE, F_REGISTER, F_UNREGISTER, F_OPS };
+long fake_mooncake_calls[F_OPS];
+int fake_mooncake_inject[F_OPS];
+int fake_mooncake_inject_batch[F_OPS];
 
 static int find(fake *f, const char *key) {
   for (int i = 0; i < FAKE_MAX; i++)
@@ -51,16 +70,21 @@ void mooncake_store_destroy(void *h) {
 int mooncake_store_setup(void *h, const char *a, const char *b, uint64_t c,
                          uint64_t d, const char *e, const char *f,
                          const char *g) {
-  (void)h, (void)a, (void)b, (void)c, (void)d, (void)e, (void)f, (void)g;
+  (void)h, (void)a, (void)b, (void)c, (void)d, (void)f, (void)g;
+  strncpy(fake_mooncake_protocol, e ? e : "",
+          sizeof(fake_mooncake_protocol) - 1);
   return 0;
 }
 
 int mooncake_store_health_check(void *h) { return h ? 0 : -1; }
 
-int mooncake_store_put_from(void *h, const char *key, void *buf, size_t size,
+static int put_from_locked(void *h, const char *key, void *buf, size_t size,
                             const void *cfg) {
   fake *f = h;
   (void)cfg;
+  fake_mooncake_calls[F_PUT]++;
+  if (fake_mooncake_inject[F_PUT] != 0)
+    return fake_mooncake_inject[F_PUT];
   if (find(f, key) >= 0)
     return 0; /* Mooncake: a put never replaces */
   for (int i = 0; i < FAKE_MAX; i++)
@@ -74,13 +98,39 @@ int mooncake_store_put_from(void *h, const char *key, void *buf, size_t size,
   return -200; /* NO_AVAILABLE_HANDLE */
 }
 
-int mooncake_store_batch_get_into(void *h, const char **keys, void **bufs,
+/* Puts in flight at once, and the most seen (fake_mooncake_put_delay_us
+ * makes each put last that long, outside the lock, as a transfer does). */
+int fake_mooncake_put_delay_us, fake_mooncake_puts_in_flight_max;
+static int puts_in_flight;
+
+int mooncake_store_put_from(void *h, const char *key, void *buf, size_t size,
+                            const void *cfg) {
+  pthread_mutex_lock(&fake_mu);
+  if (++puts_in_flight > fake_mooncake_puts_in_flight_max)
+    fake_mooncake_puts_in_flight_max = puts_in_flight;
+  int delay = fake_mooncake_put_delay_us;
+  pthread_mutex_unlock(&fake_mu);
+  if (delay > 0)
+    usleep((useconds_t)delay);
+  pthread_mutex_lock(&fake_mu);
+  int r = put_from_locked(h, key, buf, size, cfg);
+  puts_in_flight--;
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static int batch_get_into_locked(void *h, const char **keys, void **bufs,
                                   const size_t *sizes, size_t n,
                                   int64_t *results) {
+  fake_mooncake_calls[F_GET]++;
+  if (fake_mooncake_inject_batch[F_GET] != 0)
+    return fake_mooncake_inject_batch[F_GET];
   for (size_t k = 0; k < n; k++) {
     int i = find(h, keys[k]);
     fake *f = h;
-    if (i < 0)
+    if (fake_mooncake_inject[F_GET] != 0)
+      results[k] = fake_mooncake_inject[F_GET];
+    else if (i < 0)
       results[k] = -704;
     else if (f->lens[i] > sizes[k])
       results[k] = -600;
@@ -90,19 +140,49 @@ int mooncake_store_batch_get_into(void *h, const char **keys, void **bufs,
   return 0;
 }
 
-int mooncake_store_batch_is_exist(void *h, const char **keys, size_t n,
+int mooncake_store_batch_get_into(void *h, const char **keys, void **bufs,
+                                  const size_t *sizes, size_t n,
+                                  int64_t *results) {
+  pthread_mutex_lock(&fake_mu);
+  int r = batch_get_into_locked(h, keys, bufs, sizes, n, results);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static int batch_is_exist_locked(void *h, const char **keys, size_t n,
                                   int *results) {
+  fake_mooncake_calls[F_EXIST]++;
+  if (fake_mooncake_inject_batch[F_EXIST] != 0)
+    return fake_mooncake_inject_batch[F_EXIST];
   for (size_t k = 0; k < n; k++)
-    results[k] = find(h, keys[k]) >= 0;
+    results[k] = fake_mooncake_inject[F_EXIST] != 0
+                     ? fake_mooncake_inject[F_EXIST]
+                     : find(h, keys[k]) >= 0;
   return 0;
 }
 
-int64_t mooncake_store_get_size(void *h, const char *key) {
+int mooncake_store_batch_is_exist(void *h, const char **keys, size_t n,
+                                  int *results) {
+  pthread_mutex_lock(&fake_mu);
+  int r = batch_is_exist_locked(h, keys, n, results);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static int64_t get_size_locked(void *h, const char *key) {
+  fake_mooncake_calls[F_SIZE]++;
   int i = find(h, key);
   return i < 0 ? -704 : (int64_t)((fake *)h)->lens[i];
 }
 
-int mooncake_store_remove(void *h, const char *key, int force) {
+int64_t mooncake_store_get_size(void *h, const char *key) {
+  pthread_mutex_lock(&fake_mu);
+  int64_t r = get_size_locked(h, key);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static int remove_locked(void *h, const char *key, int force) {
   (void)force;
   int i = find(h, key);
   if (i < 0)
@@ -111,13 +191,26 @@ int mooncake_store_remove(void *h, const char *key, int force) {
   return 0;
 }
 
+int mooncake_store_remove(void *h, const char *key, int force) {
+  pthread_mutex_lock(&fake_mu);
+  int r = remove_locked(h, key, force);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
 int mooncake_store_register_buffer(void *h, void *buf, size_t size) {
   (void)h, (void)buf, (void)size;
+  pthread_mutex_lock(&fake_mu);
+  fake_mooncake_calls[F_REGISTER]++;
+  pthread_mutex_unlock(&fake_mu);
   return 0;
 }
 
 int mooncake_store_unregister_buffer(void *h, void *buf) {
   (void)h, (void)buf;
+  pthread_mutex_lock(&fake_mu);
+  fake_mooncake_calls[F_UNREGISTER]++;
+  pthread_mutex_unlock(&fake_mu);
   return 0;
 }
 

@@ -231,4 +231,9 @@
   XX(fleet_damaged_or_other_version_segment_is_refused_clearly)              \
   XX(fleet_off_and_bad_names)                                                \
   XX(tier_removal_beats_a_pending_promotion)                                 \
-  XX(tier_object_size_and_empty_objects_are_local_hits)
+  XX(tier_object_size_and_empty_objects_are_local_hits)                      \
+  XX(mooncake_caps_follow_the_protocol)                                      \
+  XX(mooncake_lookup_is_one_read)                                            \
+  XX(mooncake_lookup_faults_without_the_check)                               \
+  XX(mooncake_publication_round_trips)                                       \
+  XX(mooncake_writes_in_flight)

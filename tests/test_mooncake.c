@@ -6,7 +6,9 @@
  * (registration on, as with Mooncake), and the purge by regex through a
  * stand-in library (tests/fake_mooncake.c).  With a real Mooncake Store
  * (ENCACHE_TEST_MOONCAKE=1), tests/on_mooncake.sh runs the conformance and
- * acceptance suites on it.
+ * acceptance suites on it.  The round trips of each operation, and their
+ * fault cases, are counted and injected through the stand-in library
+ * (over 600 lines: one backend's tests together).
  */
 #include "runner.h"
 
@@ -18,16 +20,19 @@
 
 static char cfg_path[64];
 
-static void write_config(void) {
+static void write_config_for(const char *protocol) {
   snprintf(cfg_path, sizeof(cfg_path), "/tmp/encache-mc-%d.json", (int)getpid());
   FILE *f = fopen(cfg_path, "w");
   ASSERT(f != NULL);
-  fputs("{\"local_hostname\": \"127.0.0.1\", \"metadata_server\": "
-        "\"P2PHANDSHAKE\", \"master_server_address\": \"127.0.0.1:50051\", "
-        "\"protocol\": \"tcp\", \"mode\": \"standalone-store\", "
-        "\"global_segment_size\": 0, \"local_buffer_size\": \"64MB\"}", f);
+  fprintf(f, "{\"local_hostname\": \"127.0.0.1\", \"metadata_server\": "
+          "\"P2PHANDSHAKE\", \"master_server_address\": \"127.0.0.1:50051\", "
+          "\"protocol\": \"%s\", \"mode\": \"standalone-store\", "
+          "\"global_segment_size\": 0, \"local_buffer_size\": \"64MB\"}",
+          protocol);
   fclose(f);
 }
+
+static void write_config(void) { write_config_for("tcp"); }
 
 static int open_err(const char *url, char *msg, size_t size) {
   encache_store *st = NULL;
@@ -330,5 +335,290 @@ TEST(mooncake_purge_is_one_escaped_remove_by_regex) {
   ASSERT_EQ_INT(encache_store_remove_prefix(st, "a", &n), ENCACHE_EINVAL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "can neither list");
   encache_store_close(st);
+  unlink(cfg_path);
+}
+
+/* ------------------------------------------- round trips on the stand-in */
+
+/* The stand-in's call counters and injected answers (fake_mooncake.c). */
+enum { F_EXIST, F_GET, F_PUT, F_SIZE, F_REGISTER, F_UNREGISTER, F_OPS };
+typedef struct fake_ctl {
+  long *calls;
+  int *inject, *inject_batch;
+  const char *protocol;
+} fake_ctl;
+
+static fake_ctl fake_of(const char *path) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(lib != NULL);
+  fake_ctl f = {dlsym(lib, "fake_mooncake_calls"),
+                dlsym(lib, "fake_mooncake_inject"),
+                dlsym(lib, "fake_mooncake_inject_batch"),
+                dlsym(lib, "fake_mooncake_protocol")};
+  ASSERT(f.calls != NULL && f.inject != NULL && f.inject_batch != NULL &&
+         f.protocol != NULL);
+  dlclose(lib); /* still loaded: the backend never unloads it */
+  return f;
+}
+
+static void fake_reset(fake_ctl *f) {
+  memset(f->calls, 0, F_OPS * sizeof(long));
+  memset(f->inject, 0, F_OPS * sizeof(int));
+  memset(f->inject_batch, 0, F_OPS * sizeof(int));
+}
+
+/* An engine on the stand-in with protocol, a staging buffer of rbuf
+ * bytes, and the 2x2 float32 objects "a" and "b" in it; counters reset. */
+static encache *engine_on_fake(const char *protocol, unsigned rbuf,
+                               fake_ctl *f) {
+  write_config_for(protocol);
+  char url[128];
+  snprintf(url, sizeof(url), "mooncake:%s", cfg_path);
+  setenv("ENCACHE_MOONCAKE_LIBRARY", FAKE_MOONCAKE, 1);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  *f = fake_of(FAKE_MOONCAKE);
+  char extra[256];
+  snprintf(extra, sizeof(extra), "{\"ec_connector_extra_config\": "
+           "{\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %u}}",
+           rbuf);
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = extra;
+  o.model = "mc";
+  o.model_dtype = ENCACHE_FLOAT32;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache__open_with_store(&o, st, &ec), 0);
+  static const char *const ids[] = {"a", "b"};
+  for (int i = 0; i < 2; i++) {
+    float v[4] = {(float)i, 2, 3, 4};
+    int64_t shape[2] = {2, 2};
+    encache_tensor t = {sizeof t, v, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+    unsigned char hdr[24];
+    char key[256];
+    encache_header_encode(&t, hdr);
+    encache_key(encache_namespace_of(ec), ids[i], key, sizeof(key));
+    ASSERT_EQ_INT(encache_store_write(ec->store, key, hdr, 24, v, sizeof(v)),
+                  0);
+  }
+  fake_reset(f);
+  return ec;
+}
+
+/* Looks up ids (2x2 float32, or rows x rows for "big") into r. */
+static int lookup_fake(encache_step *step, const char *const *ids, size_t n,
+                       encache_result *r) {
+  encache_candidate c[4];
+  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn};
+  for (size_t i = 0; i < n; i++) {
+    uint64_t rows = strcmp(ids[i], "big") == 0 ? 64 : 2;
+    encache_candidate ci = {sizeof(ci), ids[i], ENCACHE_MODALITY_IMAGE,
+                            ENCACHE_FLOAT32, rows, rows, ENCACHE_DEVICE_HOST,
+                            0};
+    c[i] = ci;
+    r[i].size = sizeof(r[i]);
+  }
+  return encache_lookup(step, c, n, &a, r);
+}
+
+static void free_results(encache_result *r, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (r[i].outcome == ENCACHE_HIT)
+      free(r[i].data);
+}
+
+/* Over TCP the handle needs no registration; over RDMA it does.  Both
+ * read a missing key as cheaply as they check it. */
+TEST(mooncake_caps_follow_the_protocol) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 4096, &f);
+  ASSERT_EQ_STR(f.protocol, "tcp");
+  unsigned caps = encache_store_caps_of(ec->store);
+  ASSERT_EQ_INT(caps & ENCACHE_STORE_CAP_REGISTER, 0);
+  ASSERT(caps & ENCACHE_STORE_CAP_READ_ABSENT);
+  ASSERT(caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  encache_result r[2];
+  static const char *const ab[] = {"a", "b"};
+  ASSERT_EQ_INT(lookup_fake(step, ab, 2, r), 2);
+  free_results(r, 2);
+  ASSERT_EQ_INT(f.calls[F_REGISTER], 0); /* the staging buffer: plain */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  ec = engine_on_fake("rdma", 4096, &f);
+  caps = encache_store_caps_of(ec->store);
+  ASSERT(caps & ENCACHE_STORE_CAP_REGISTER);
+  ASSERT(caps & ENCACHE_STORE_CAP_READ_ABSENT);
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  ASSERT_EQ_INT(lookup_fake(step, ab, 2, r), 2);
+  free_results(r, 2);
+  ASSERT_EQ_INT(f.calls[F_REGISTER], 1); /* the staging buffer, once */
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+}
+
+/* A lookup is one batch_get_into: its -704 answers are the misses, with
+ * the reason and counters of an existence check's; an object larger than
+ * the staging buffer still gets the check (OVERSIZE is said only of
+ * objects that exist). */
+TEST(mooncake_lookup_is_one_read) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 4096, &f);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  encache_result r[3];
+  static const char *const abc[] = {"a", "c", "b"};
+  ASSERT_EQ_INT(lookup_fake(step, abc, 3, r), 2);
+  ASSERT_EQ_INT(f.calls[F_EXIST], 0);
+  ASSERT_EQ_INT(f.calls[F_GET], 1);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_MISS);
+  ASSERT_EQ_STR(r[1].why, "not in the Store");
+  ASSERT_EQ_INT(r[2].outcome, ENCACHE_HIT);
+  ASSERT_EQ_INT((int)((float *)r[2].data)[0], 1);
+  free_results(r, 3);
+  encache_stats s = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &s);
+  ASSERT_EQ_U64(s.hits, 2);
+  ASSERT_EQ_U64(s.misses, 1);
+  /* 16 KiB + 24 does not fit 4096 bytes: checked, absent, a MISS. */
+  static const char *const abig[] = {"a", "big"};
+  ASSERT_EQ_INT(lookup_fake(step, abig, 2, r), 1);
+  ASSERT_EQ_INT(f.calls[F_EXIST], 1);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_MISS);
+  ASSERT_EQ_STR(r[1].why, "not in the Store");
+  free_results(r, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+}
+
+/* The faults of the skipped check: a recoverable read answer is
+ * UNAVAILABLE; a code that would poison a read but is not about a
+ * transfer (an invalid key, an unknown code) is asked about, and of a
+ * missing key is what the check would have said (encode instead); of a
+ * key that is there it poisons, as before; a failed batch poisons, as a
+ * failed read always did. */
+TEST(mooncake_lookup_faults_without_the_check) {
+  static const int codes[] = {-900, -400, -31337};
+  for (size_t k = 0; k < 3; k++) {
+    fake_ctl f;
+    encache *ec = engine_on_fake("tcp", 4096, &f);
+    encache_step *step = NULL;
+    ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+    encache_result r[2];
+    static const char *const cd[] = {"c", "d"};
+    f.inject[F_GET] = codes[k];
+    ASSERT_EQ_INT(lookup_fake(step, cd, 2, r), 0);
+    int want = codes[k] == -900 ? ENCACHE_UNAVAILABLE : ENCACHE_MISS;
+    ASSERT_EQ_INT(r[0].outcome, want);
+    ASSERT_EQ_INT(r[1].outcome, want);
+    ASSERT_EQ_INT(f.calls[F_EXIST], codes[k] == -900 ? 0 : 2);
+    /* The check itself failing: encode instead. */
+    f.inject[F_EXIST] = -900;
+    ASSERT_EQ_INT(lookup_fake(step, cd, 2, r), 0);
+    ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+    f.inject[F_EXIST] = 0;
+    static const char *const a[] = {"a"};
+    int got = lookup_fake(step, a, 1, r);
+    if (codes[k] == -900) {
+      ASSERT_EQ_INT(got, 0);
+      ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+      f.inject[F_GET] = 0;
+      f.inject_batch[F_GET] = -1;
+      got = lookup_fake(step, a, 1, r);
+    }
+    ASSERT_EQ_INT(got, ENCACHE_EPOISONED);
+    ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+  }
+  unlink(cfg_path);
+}
+
+/* A publication is the backend's check and one put: the engine checks
+ * nothing itself (the write answers "exists"), so written and present
+ * are counted as before; a failed check goes on to the put as vLLM's
+ * publisher does; a failed put is skipped or poisons as its code says. */
+TEST(mooncake_publication_round_trips) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 4096, &f);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  encache_result r[4];
+  static const char *const ids[] = {"a", "n1", "n2", "n3"};
+  ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 1);
+  free_results(r, 4);
+  fake_reset(&f);
+  static float out[4] = {5, 6, 7, 8};
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
+  ASSERT_EQ_INT(encache_publish(step, "a", &v, s), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_publish(step, "n1", &v, s), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  ASSERT_EQ_INT(f.calls[F_EXIST], 2);
+  ASSERT_EQ_INT(f.calls[F_PUT], 1);
+  /* The write buffer was registered by the seeding writes; a tensor
+   * never is over TCP. */
+  ASSERT_EQ_INT(f.calls[F_REGISTER], 0);
+  encache_stats st = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_written, 1);
+  ASSERT_EQ_U64(st.published_present, 1);
+  f.inject[F_EXIST] = -900; /* the check fails: put anyway */
+  ASSERT_EQ_INT(encache_publish(step, "n2", &v, s), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  f.inject[F_EXIST] = 0;
+  f.inject[F_PUT] = -200; /* no handle: skipped */
+  ASSERT_EQ_INT(encache_publish(step, "n3", &v, s), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_written, 2);
+  ASSERT_EQ_U64(st.published_failed, 1);
+  ASSERT_EQ_INT(lookup_fake(step, ids + 2, 1, r), 1); /* n2 is there */
+  free_results(r, 1);
+  f.inject[F_PUT] = -800; /* a transfer failure: unconfirmed */
+  ASSERT_EQ_INT(encache_publish(step, "n3", &v, s), ENCACHE_QUEUED);
+  ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
+  encache_storage_unref(s);
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+  unlink(cfg_path);
+}
+
+/* The publisher keeps ENCACHE__WRITERS writes in flight on Mooncake (a
+ * Store shared with other processes), each from its own write buffer;
+ * every publication is written once. */
+TEST(mooncake_writes_in_flight) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 4096, &f);
+  void *lib = dlopen(FAKE_MOONCAKE, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(lib != NULL);
+  int *delay = dlsym(lib, "fake_mooncake_put_delay_us");
+  int *most = dlsym(lib, "fake_mooncake_puts_in_flight_max");
+  dlclose(lib);
+  ASSERT(delay != NULL && most != NULL);
+  *delay = 20000;
+  *most = 0;
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  static const char *const ids[] = {"w1", "w2", "w3", "w4"};
+  encache_result r[4];
+  ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 0);
+  static float out[4] = {5, 6, 7, 8};
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
+  for (int i = 0; i < 4; i++)
+    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
+  encache_storage_unref(s);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  *delay = 0;
+  ASSERT_EQ_INT(*most, ENCACHE__WRITERS);
+  ASSERT_EQ_INT(f.calls[F_PUT], 4);
+  encache_stats st = ENCACHE_STATS_INIT;
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_written, 4);
+  ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 4);
+  free_results(r, 4);
+  ASSERT_EQ_INT(encache_close(ec), 0);
   unlink(cfg_path);
 }

@@ -10,11 +10,25 @@
  * runs without it; the prototypes it needs are declared here, in our own
  * words, from that ABI.
  *
- * Reads go into buffers the engine registers (its staging buffer).  Writes
- * check existence first, as the reference does (a put on an existing key
- * is not an error in Mooncake, and must not replace it), then put header +
- * payload from one registered buffer of this backend's (the C ABI has no
- * multi-buffer put), grown when needed and registered once per size.
+ * Capabilities, per handle (mc_caps): reads go into the engine's staging
+ * buffer, registered with Mooncake when the protocol needs registered
+ * memory (RDMA and the rest); over "tcp" Mooncake reads into any memory,
+ * so the handle asks for no registration (no staging registration, no
+ * per-publication registration of the caller's tensor).  There is no
+ * direct read into destinations: the C ABI reads an object whole into one
+ * buffer (no scatter, and a buffer smaller than the object is refused),
+ * and a destination has no room for the 24-byte header in front of its
+ * payload, so one copy out of the staging buffer remains.  A read of a
+ * missing key answers OBJECT_NOT_FOUND at the cost of an existence check
+ * (ENCACHE_STORE_CAP_READ_ABSENT): the engine skips its own check.
+ *
+ * Writes check existence first, as the reference does, and this check
+ * cannot be skipped: a Mooncake put on an existing key answers success
+ * without replacing it, so the put's own answer cannot tell "written"
+ * from "already there" (the publication counters would lie).  Then header
+ * + payload are put from a registered buffer of this backend's (the C
+ * ABI has no multi-buffer put); up to MC_WBUFS writes run at once, each
+ * from its own buffer, grown when needed and registered once per size.
  *
  * Removal by prefix (a namespace's purge) uses the ABI's remove by regex
  * when the library has it: "^" and the prefix, every regex syntax
@@ -29,6 +43,9 @@
  * Mooncake's first client creation in a process blocks SIGINT, SIGTERM,
  * SIGHUP and SIGUSR1 and handles them on a thread of its own
  * (docs/stores.md): a program's own handlers for those never run.
+ *
+ * Somewhat over 600 lines, on purpose: the ABI's prototypes, its code
+ * table, the operations and the loader of one backend read together.
  */
 #include "store.h"
 #include "config/opts.h"
@@ -153,6 +170,10 @@ int64_t encache__mooncake_code_at(int i) {
 
 /* ---------------------------------------------------------------- handle */
 
+/* Writes at once per handle (the publisher's writes in flight), each with
+ * a registered buffer of its own. */
+#define MC_WBUFS 2
+
 typedef struct mooncake_store {
   encache_store base;
   void *lib;
@@ -167,9 +188,15 @@ typedef struct mooncake_store {
   mc_remove_by_regex_fn remove_by_regex; /* NULL in a library without it */
   mc_register_fn register_buffer;
   mc_unregister_fn unregister_buffer;
-  pthread_mutex_t wmu; /* the write buffer */
-  unsigned char *wbuf;
-  size_t wcap;
+  encache__store_ops ops; /* this handle's table: caps per protocol */
+  /* The write buffers: wbuf[i] (wcap[i] bytes, registered) is used by one
+   * write at a time (wbusy[i]); a writer finding all busy waits on wfree.
+   * Under wmu, but the bytes of a busy buffer belong to its writer. */
+  pthread_mutex_t wmu;
+  pthread_cond_t wfree;
+  unsigned char *wbuf[MC_WBUFS];
+  size_t wcap[MC_WBUFS];
+  int wbusy[MC_WBUFS];
   int poisoned; /* a write buffer the Store may still touch: kept */
 } mooncake_store;
 
@@ -197,6 +224,33 @@ static int mc_exists(encache_store *st, const char *const *keys, size_t n,
   return 0;
 }
 
+/*
+ * A read answer that would poison but is not about a transfer (an invalid
+ * key, a code not in the table) for key: the engine may have read without
+ * an existence check (ENCACHE_STORE_CAP_READ_ABSENT), where the reference
+ * asks first and never reads a missing key.  Asking now gives the answer
+ * the check would have given: an object that is not there had no replica
+ * to transfer from (a read holds a lease on the object it reads, so it
+ * cannot have vanished under the read), so nothing can still land in the
+ * buffer.  An object that is there leaves the read unconfirmed, as before.
+ */
+static int read_confirm(mooncake_store *s, const char *key, int64_t code,
+                        int cls) {
+  if (cls != ENCACHE_EUNCONFIRMED || (code != -400 && mc_row(code)->code != 0))
+    return cls;
+  const char *keys[1] = {key};
+  int present = -1;
+  int rc = s->batch_is_exist(s->h, keys, 1, &present);
+  if (rc != 0)
+    return ENCACHE_EUNAVAIL; /* a failed check: "encode instead" */
+  if (present == 1)
+    return cls;
+  int e = present == 0 ? ENCACHE_ENOENT
+                       : encache__mooncake_classify_op(ENCACHE__MC_EXISTS,
+                                                       present);
+  return e == ENCACHE_ENOENT ? e : ENCACHE_EUNAVAIL;
+}
+
 static int mc_read(encache_store *st, const char *const *keys, size_t n,
                    void *const *bufs, const size_t *caps, int64_t *results) {
   mooncake_store *s = ms(st);
@@ -209,7 +263,8 @@ static int mc_read(encache_store *st, const char *const *keys, size_t n,
   for (size_t i = 0; i < n; i++)
     if (results[i] < 0) {
       int64_t code = results[i];
-      results[i] = encache__mooncake_classify_op(ENCACHE__MC_READ, code);
+      results[i] = read_confirm(
+          s, keys[i], code, encache__mooncake_classify_op(ENCACHE__MC_READ, code));
       /* INVALID_PARAMS is also Mooncake's "the buffer is too small": ask
        * the object's size to tell the two apart. */
       if (code == -600) {
@@ -242,28 +297,28 @@ static int mc_object_size(encache_store *st, const char *key, uint64_t *len) {
   return 0;
 }
 
-/* Makes the write buffer hold n bytes, registered.  Under wmu. */
-static int wbuf_reserve(mooncake_store *s, size_t n) {
-  if (n <= s->wcap)
+/* Makes write buffer i hold n bytes, registered.  Its writer owns it
+ * (wbusy[i]), so no lock is needed for the buffer itself. */
+static int wbuf_reserve(mooncake_store *s, int i, size_t n) {
+  if (n <= s->wcap[i])
     return 0;
-  if (s->wbuf != NULL) {
-    int rc = s->unregister_buffer(s->h, s->wbuf);
-    if (rc != 0) {
-      s->poisoned = 1; /* the Store may still use it: keep it forever */
+  if (s->wbuf[i] != NULL) {
+    int rc = s->unregister_buffer(s->h, s->wbuf[i]);
+    if (rc != 0) /* the Store may still use it: kept forever */
       return encache__store_fail(&s->base, ENCACHE_EUNCONFIRMED,
                                  "%s: unregister_buffer answered %d",
                                  s->base.url, rc);
-    }
-    encache__aligned_free(s->wbuf);
-    s->wbuf = NULL;
-    s->wcap = 0;
+    encache__aligned_free(s->wbuf[i]);
+    s->wbuf[i] = NULL;
+    s->wcap[i] = 0;
   }
   size_t cap = 1u << 20;
   while (cap < n)
     cap *= 2;
   void *p = encache__aligned_alloc(4096, cap);
   if (p == NULL)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "out of memory");
+    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                               "out of memory: a %zu-byte write buffer", cap);
   int rc = s->register_buffer(s->h, p, cap);
   if (rc != 0) {
     encache__aligned_free(p);
@@ -271,9 +326,60 @@ static int wbuf_reserve(mooncake_store *s, size_t n) {
                                "%s: register_buffer of %zu bytes answered %d",
                                s->base.url, cap, rc);
   }
-  s->wbuf = p;
-  s->wcap = cap;
+  s->wbuf[i] = p;
+  s->wcap[i] = cap;
   return 0;
+}
+
+/* Takes a free write buffer (waiting for one): its index, or -1 when the
+ * handle is poisoned. */
+static int wbuf_take(mooncake_store *s) {
+  pthread_mutex_lock(&s->wmu);
+  int i = -1;
+  while (!s->poisoned) {
+    for (i = 0; i < MC_WBUFS && s->wbusy[i]; i++)
+      ;
+    if (i < MC_WBUFS)
+      break;
+    pthread_cond_wait(&s->wfree, &s->wmu);
+  }
+  if (s->poisoned)
+    i = -1;
+  else
+    s->wbusy[i] = 1;
+  pthread_mutex_unlock(&s->wmu);
+  return i;
+}
+
+/* Gives buffer i back; rc EUNCONFIRMED poisons the handle (the buffer is
+ * then kept busy: the Store may still read or register it). */
+static void wbuf_give(mooncake_store *s, int i, int rc) {
+  pthread_mutex_lock(&s->wmu);
+  if (rc == ENCACHE_EUNCONFIRMED)
+    s->poisoned = 1;
+  else
+    s->wbusy[i] = 0;
+  pthread_cond_broadcast(&s->wfree);
+  pthread_mutex_unlock(&s->wmu);
+}
+
+/* put_from of header + payload through write buffer i. */
+static int put_via(mooncake_store *s, int i, const char *key, const void *hdr,
+                   size_t hl, const void *payload, size_t len) {
+  int rc = wbuf_reserve(s, i, hl + len);
+  if (rc != 0)
+    return rc;
+  if (hl > 0) /* memcpy from NULL is undefined, even of 0 bytes */
+    memcpy(s->wbuf[i], hdr, hl);
+  if (len > 0)
+    memcpy(s->wbuf[i] + hl, payload, len);
+  int r = s->put_from(s->h, key, s->wbuf[i], hl + len, NULL);
+  if (r >= 0)
+    return 0;
+  rc = encache__mooncake_classify_op(ENCACHE__MC_WRITE, r);
+  return encache__store_fail(&s->base, rc, "%s: put_from %s: code %d (%s)",
+                             s->base.url, key, r,
+                             encache__mooncake_code_name(r));
 }
 
 static int mc_write(encache_store *st, const char *key, const void *hdr,
@@ -285,34 +391,21 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
                                s->base.url);
   /* As vLLM's publisher: an object counts as present only on the answer
    * 1; any other answer (absent, or a failed check) goes on to the put,
-   * which never replaces an existing key in Mooncake. */
+   * which never replaces an existing key in Mooncake.  The check stays:
+   * the put answers success for an existing key too (see the top). */
   const char *keys[1] = {key};
   int present = 0;
   int rc = s->batch_is_exist(s->h, keys, 1, &present);
   if (rc == 0 && present == 1)
     return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
                                s->base.url);
-  pthread_mutex_lock(&s->wmu);
-  if (s->poisoned) {
-    pthread_mutex_unlock(&s->wmu);
-    return ENCACHE_EUNCONFIRMED;
-  }
-  rc = wbuf_reserve(s, hl + len);
-  if (rc == 0) {
-    if (hl > 0) /* memcpy from NULL is undefined, even of 0 bytes */
-      memcpy(s->wbuf, hdr, hl);
-    if (len > 0)
-      memcpy(s->wbuf + hl, payload, len);
-    int r = s->put_from(s->h, key, s->wbuf, hl + len, NULL);
-    if (r < 0) {
-      rc = encache__mooncake_classify_op(ENCACHE__MC_WRITE, r);
-      if (rc == ENCACHE_EUNCONFIRMED)
-        s->poisoned = 1; /* the transfer may still read the buffer */
-      encache__store_fail(st, rc, "%s: put_from %s: code %d (%s)", s->base.url,
-                          key, r, encache__mooncake_code_name(r));
-    }
-  }
-  pthread_mutex_unlock(&s->wmu);
+  int i = wbuf_take(s);
+  if (i < 0)
+    return encache__store_fail(st, ENCACHE_EUNCONFIRMED,
+                               "%s: an earlier write is unconfirmed: this "
+                               "handle writes no more", s->base.url);
+  rc = put_via(s, i, key, hdr, hl, payload, len);
+  wbuf_give(s, i, rc);
   return rc;
 }
 
@@ -381,11 +474,13 @@ static int mc_stats(encache_store *st, encache_store_stats *out) {
 static void mc_close(encache_store *st) {
   mooncake_store *s = ms(st);
   if (s->h != NULL && !s->poisoned) {
-    if (s->wbuf != NULL && s->unregister_buffer(s->h, s->wbuf) == 0)
-      encache__aligned_free(s->wbuf);
+    for (int i = 0; i < MC_WBUFS; i++)
+      if (s->wbuf[i] != NULL && s->unregister_buffer(s->h, s->wbuf[i]) == 0)
+        encache__aligned_free(s->wbuf[i]);
     s->destroy(s->h);
   }
   /* The library stays loaded: Mooncake's threads may outlive destroy. */
+  pthread_cond_destroy(&s->wfree);
   pthread_mutex_destroy(&s->wmu);
   encache__free(s->base.url);
   encache__free(s);
@@ -399,14 +494,25 @@ static void mc_close(encache_store *st) {
   .unregister_buffer = mc_unregister, .stats = mc_stats, .close = mc_close
 #define MC_CAPS_                                                               \
   (ENCACHE_STORE_CAP_REGISTER | ENCACHE_STORE_CAP_PUT_IF_ABSENT |              \
-   ENCACHE_STORE_CAP_SHARED)
+   ENCACHE_STORE_CAP_SHARED | ENCACHE_STORE_CAP_READ_ABSENT)
 
-/* A library that exports mooncake_store_remove_by_regex gets the table
- * with remove_prefix; an older one the table without. */
+/* Every handle starts from this table (mc_caps adapts its copy). */
 static const encache__store_ops mooncake_ops = {MC_OPS_, .caps = MC_CAPS_};
-static const encache__store_ops mooncake_ops_regex = {
-    MC_OPS_, .caps = MC_CAPS_ | ENCACHE_STORE_CAP_REMOVE_PREFIX,
-    .remove_prefix = mc_remove_prefix};
+
+/* The handle's capabilities: remove by prefix when the library exports
+ * mooncake_store_remove_by_regex; no registration over "tcp" (Mooncake's
+ * TCP transport reads into and writes from any memory of the process). */
+static void mc_caps(mooncake_store *s, const char *protocol) {
+  if (s->remove_by_regex != NULL) {
+    s->ops.caps |= ENCACHE_STORE_CAP_REMOVE_PREFIX;
+    s->ops.remove_prefix = mc_remove_prefix;
+  }
+  if (protocol != NULL && strcmp(protocol, "tcp") == 0) {
+    s->ops.caps &= ~(unsigned)ENCACHE_STORE_CAP_REGISTER;
+    s->ops.register_buffer = NULL;
+    s->ops.unregister_buffer = NULL;
+  }
+}
 
 /* Reads the client JSON (PATH of "mooncake:PATH", else
  * $MOONCAKE_CONFIG_PATH): a bad one is reported whatever the library. */
@@ -466,10 +572,8 @@ static int load_library(mooncake_store *s, const char *url,
   memcpy(&s->register_buffer, &sym[9], sizeof(s->register_buffer));
   memcpy(&s->unregister_buffer, &sym[10], sizeof(s->unregister_buffer));
   void *regex = dlsym(s->lib, "mooncake_store_remove_by_regex");
-  if (regex != NULL) {
+  if (regex != NULL)
     memcpy(&s->remove_by_regex, &regex, sizeof(s->remove_by_regex));
-    s->base.ops = &mooncake_ops_regex;
-  }
   return 0;
 }
 
@@ -485,8 +589,10 @@ static int setup_client(mooncake_store *s, const char *url,
                        : setup(s->h, opt->local_hostname, meta,
                                opt->global_segment_size, opt->local_buffer_size,
                                proto, opt->device_name, master);
-  if (r == 0)
+  if (r == 0) {
+    mc_caps(s, proto);
     return 0;
+  }
   if (s->h != NULL)
     s->destroy(s->h);
   s->h = NULL;
@@ -503,8 +609,10 @@ int encache__mooncake_open(const char *url, encache_store **out) {
     encache__free(s);
     return ENCACHE_ENOMEM;
   }
-  s->base.ops = &mooncake_ops;
+  s->ops = mooncake_ops;
+  s->base.ops = &s->ops;
   pthread_mutex_init(&s->wmu, NULL);
+  pthread_cond_init(&s->wfree, NULL);
   *out = &s->base;
   encache_config *cfg = NULL;
   mc_create_fn create = NULL;
