@@ -241,6 +241,9 @@ typedef struct encache__device {
   encache__pinned *free_list; /* completed, reusable */
   encache__pinned *busy;      /* given back, copy maybe still running */
   encache__pinned *kept;      /* unconfirmed: never reused nor freed */
+  /* The pool's bytes, decided on here and mirrored into the stats (which
+   * may live in the host's registry, writable by other processes). */
+  uint64_t pool_bytes;
 } encache__device;
 
 static encache__device *state(encache *ec) {
@@ -392,8 +395,10 @@ static encache__pinned *best_fit(encache__device *d, size_t n) {
 }
 
 static void pool_gauge(encache *ec, int64_t delta) {
-  __atomic_add_fetch(&ec->live->device_pool_bytes, (uint64_t)delta,
-                     __ATOMIC_RELAXED);
+  encache__device *d = ec->dev; /* set: the pool lives in it */
+  d->pool_bytes += (uint64_t)delta;
+  __atomic_store_n(&ec->live->device_pool_bytes, d->pool_bytes,
+                   __ATOMIC_RELAXED);
 }
 
 /* A buffer of n bytes from the pool: 0 (*out set), 1 (full), or a negative
@@ -410,8 +415,7 @@ static int pool_take(encache *ec, encache__device *d, size_t n,
   size_t cap = (n + 4095) & ~(size_t)4095;
   if (cap == 0)
     cap = 4096;
-  uint64_t used = __atomic_load_n(&ec->live->device_pool_bytes,
-                                  __ATOMIC_RELAXED);
+  uint64_t used = d->pool_bytes;
   while (used + cap > ec->pinned_pool_max && d->free_list != NULL) {
     encache__pinned *b = d->free_list; /* too small: make room */
     d->free_list = b->next;
