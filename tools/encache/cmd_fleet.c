@@ -90,7 +90,7 @@ static const char exporter_usage[] =
     "  --allow-remote      allow an address other than loopback (the metrics\n"
     "                      name the host's Stores and encoders)\n"
     "  --segment NAME      the registry (default: $ENCACHE_STATS_SEGMENT,\n"
-    "                      else encache.fleet)\n";
+    "                      else encache.fleet.<uid>)\n";
 
 #define EXPORTER_TIMEOUT_S 5
 #define REQUEST_MAX 8192
@@ -373,7 +373,7 @@ static const char top_usage[] =
     "  --interval MS   refresh every MS milliseconds (default 1000)\n"
     "  --once          print one frame and exit (for scripts)\n"
     "  --segment NAME  the registry (default: $ENCACHE_STATS_SEGMENT, else\n"
-    "                  encache.fleet)\n";
+    "                  encache.fleet.<uid>)\n";
 
 /* n bytes with a binary unit, in buf. */
 static const char *human_bytes(uint64_t n, char *buf, size_t size) {

@@ -207,7 +207,7 @@ static const char stats_usage[] =
     "                 the handles), json, or prometheus (the Prometheus text\n"
     "                 format, what `encache exporter` serves)\n"
     "  --segment NAME the registry (default: $ENCACHE_STATS_SEGMENT, else\n"
-    "                 encache.fleet; the engine's stats_segment option)\n";
+    "                 encache.fleet.<uid>; the engine's stats_segment option)\n";
 
 static void stat_line(const char *name, uint64_t v) {
   if (v == UINT64_MAX)

@@ -11,12 +11,17 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *fleet_segment(const char *arg) {
+  static char def[64];
   const char *env = getenv("ENCACHE_STATS_SEGMENT");
   if (arg != NULL)
     return arg;
-  return env != NULL && env[0] != '\0' ? env : FLEET_DEFAULT_SEGMENT;
+  if (env != NULL && env[0] != '\0')
+    return env;
+  snprintf(def, sizeof(def), FLEET_DEFAULT_SEGMENT ".%u", (unsigned)geteuid());
+  return def;
 }
 
 static int collect_one(const encache_fleet_entry *e, void *ctx) {

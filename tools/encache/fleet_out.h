@@ -12,7 +12,8 @@
 #include "encache.h"
 
 /* The registry a tool reads unless --segment says: $ENCACHE_STATS_SEGMENT,
- * else the stats_segment option's default. */
+ * else the stats_segment option's default, FLEET_DEFAULT_SEGMENT ".<euid>"
+ * (one registry per user). */
 #define FLEET_DEFAULT_SEGMENT "encache.fleet"
 const char *fleet_segment(const char *arg);
 
