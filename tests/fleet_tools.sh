@@ -178,14 +178,62 @@ def raw(data, wait=True):
         out += b
     s.close()
     return out.decode(errors="replace")
-silent = socket.create_connection(("127.0.0.1", port), timeout=20)  # sends nothing
-assert raw(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n").startswith("HTTP/1.1 404"), "404"
-silent.close()
+import time
+def raw(data, wait=True, timeout=20):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if data:
+        s.sendall(data)
+    out = b""
+    while wait:
+        b = s.recv(65536)  # socket.timeout: the server did not answer in time
+        if not b:
+            break
+        out += b
+    s.close()
+    return out.decode(errors="replace")
+# Silent clients (connected, sending nothing) do not hold the others up:
+# a GET answers within 2 s while 4 of them wait (the exporter's deadline
+# is 5 s each: a server that serves one at a time would need 20 s).
+silent = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(4)]
+time.sleep(0.2)
+t0 = time.monotonic()
+assert raw(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n", timeout=2).startswith("HTTP/1.1 404"), "404"
+got = raw(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", timeout=2)
+assert got.startswith("HTTP/1.1 200") and "encache_handles" in got, got[:200]
+took = time.monotonic() - t0
+# Each silent one is closed at its deadline (5 s after it connected).
+for c in silent:
+    c.settimeout(8)
+    assert c.recv(1) == b"", "a silent client was answered"
+    c.close()
+waited = time.monotonic() - t0
+assert 3 <= waited <= 8, waited
+# A client that sends its request a byte at a time is cut at 5 s too.
+slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+t1 = time.monotonic()
+try:
+    for ch in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":
+        slow.sendall(bytes([ch]))
+        time.sleep(0.3)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+cut = time.monotonic() - t1
+slow.close()
+assert 4 <= cut <= 8, cut
+# Beyond 16 at once, a connection is closed at once; the 16 keep theirs.
+held = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(16)]
+time.sleep(0.2)
+extra = socket.create_connection(("127.0.0.1", port), timeout=2)
+assert extra.recv(1) == b"", "the 17th connection was kept"
+extra.close()
+for c in held:
+    c.close()
+time.sleep(0.2)
 assert raw(b"\x16\x03\x01garbage\r\n\r\n").startswith("HTTP/1.1 400"), "400"
 assert raw(b"POST /metrics HTTP/1.1\r\n\r\n").startswith("HTTP/1.1 405"), "405"
 r = urllib.request.urlopen("http://127.0.0.1:%d/metrics?x=1" % port, timeout=20)
 assert r.status == 200
-print("404, 400, 405, a silent client")
+print("404, 400, 405; 4 silent clients: a GET answered in %.2f s, they closed after %.1f s; a byte-a-time client cut after %.1f s; the 17th connection closed at once" % (took, waited, cut))
 EOF
 if [ $? -eq 0 ]; then ok "exporter answers: $(cat "$tmp/py")"; else not_ok "exporter answers" "$tmp/py"; fi
 expect "exporter: the port is taken" 1 "Address already in use" -- exporter --listen "127.0.0.1:$port"

@@ -92,7 +92,8 @@ static const char exporter_usage[] =
     "  --segment NAME      the registry (default: $ENCACHE_STATS_SEGMENT,\n"
     "                      else encache.fleet.<uid>)\n";
 
-#define EXPORTER_TIMEOUT_S 5
+#define EXPORTER_TIMEOUT_S 5 /* a connection's whole life, at most */
+#define EXPORTER_CONNS 16    /* served at once; more are closed at once */
 #define REQUEST_MAX 8192
 
 /* Splits HOST:PORT ([V6]:PORT) into host and port. */
@@ -178,32 +179,42 @@ static int open_listener(const char *listen_at, int allow_remote, int *code) {
   return fd;
 }
 
-static void send_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR && !stop_requested)
-      continue;
-    if (w <= 0)
-      return; /* the client left or timed out: nothing more to do */
-    p += w;
-    n -= (size_t)w;
-  }
-}
+/* One client connection of the exporter: its request head is read, then
+ * its answer sent, without blocking, all within its deadline (a silent or
+ * slow client holds its connection EXPORTER_TIMEOUT_S at most, and never
+ * the others). */
+typedef struct conn {
+  int fd;         /* -1: unused */
+  double deadline;
+  size_t in;      /* bytes of req read */
+  char *out;      /* the answer (malloc), NULL while the head is read */
+  size_t outn, sent;
+  char req[REQUEST_MAX];
+} conn;
 
-static void respond(int fd, const char *status, const char *type,
+/* Makes c's answer (headers, and the body unless head). */
+static void respond(conn *c, const char *status, const char *type,
                     const char *extra, const char *body, size_t n, int head) {
   char hdr[512];
   int hn = snprintf(hdr, sizeof(hdr),
                     "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu"
                     "\r\n%sConnection: close\r\n\r\n", status, type, n, extra);
-  send_all(fd, hdr, (size_t)hn);
+  size_t total = (size_t)hn + (head ? 0 : n);
+  c->out = malloc(total ? total : 1);
+  if (c->out == NULL) {
+    fprintf(stderr, "encache exporter: out of memory for an answer\n");
+    return; /* the connection is closed */
+  }
+  memcpy(c->out, hdr, (size_t)hn);
   if (!head)
-    send_all(fd, body, n);
+    memcpy(c->out + hn, body, n);
+  c->outn = total;
+  c->sent = 0;
 }
 
-static void respond_text(int fd, const char *status, const char *extra,
+static void respond_text(conn *c, const char *status, const char *extra,
                          const char *text) {
-  respond(fd, status, "text/plain; charset=utf-8", extra, text, strlen(text),
+  respond(c, status, "text/plain; charset=utf-8", extra, text, strlen(text),
           0);
 }
 
@@ -211,29 +222,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Reads the request head into buf (NUL-terminated): its length, 0 when
- * the client sent nothing (or left), -1 when it is not one (too long, or
- * not complete within EXPORTER_TIMEOUT_S: a client sending a byte now
- * and then holds the exporter no longer than a silent one). */
-static ssize_t read_head(int fd, char *buf, size_t cap) {
-  size_t n = 0;
-  double deadline = now_s() + EXPORTER_TIMEOUT_S;
-  while (n + 1 < cap) {
-    if (now_s() > deadline)
-      return n == 0 ? 0 : -1;
-    ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-    if (r < 0 && errno == EINTR && !stop_requested)
-      continue;
-    if (r <= 0)
-      return n == 0 ? 0 : -1;
-    n += (size_t)r;
-    buf[n] = '\0';
-    if (strstr(buf, "\r\n\r\n") != NULL || strstr(buf, "\n\n") != NULL)
-      return (ssize_t)n;
-  }
-  return -1;
 }
 
 /* The Prometheus body, from open_memstream (the caller frees *body);
@@ -259,26 +247,20 @@ static void metrics_body(const char *segment, encache_store *st, char **body,
   }
 }
 
-/* Answers one connection. */
-static void serve(int fd, const char *segment, encache_store *st) {
-  struct timeval tv = {EXPORTER_TIMEOUT_S, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  char req[REQUEST_MAX], method[16], target[1024], version[16];
-  ssize_t n = read_head(fd, req, sizeof(req));
-  if (n == 0)
-    return;
-  if (n < 0 || sscanf(req, "%15s %1023s %15s", method, target, version) != 3 ||
+/* Makes the answer to c's complete request head. */
+static void answer(conn *c, const char *segment, encache_store *st) {
+  char method[16], target[1024], version[16];
+  if (sscanf(c->req, "%15s %1023s %15s", method, target, version) != 3 ||
       strncmp(version, "HTTP/1.", 7) != 0) {
-    respond_text(fd, "400 Bad Request", "", "bad request\n");
+    respond_text(c, "400 Bad Request", "", "bad request\n");
     return;
   }
   int head = strcmp(method, "HEAD") == 0;
   target[strcspn(target, "?#")] = '\0';
   if (strcmp(target, "/metrics") != 0) {
-    respond_text(fd, "404 Not Found", "", "not found: try /metrics\n");
+    respond_text(c, "404 Not Found", "", "not found: try /metrics\n");
   } else if (!head && strcmp(method, "GET") != 0) {
-    respond_text(fd, "405 Method Not Allowed", "Allow: GET, HEAD\r\n",
+    respond_text(c, "405 Method Not Allowed", "Allow: GET, HEAD\r\n",
                  "only GET /metrics\n");
   } else {
     char *body, why[600];
@@ -286,13 +268,111 @@ static void serve(int fd, const char *segment, encache_store *st) {
     metrics_body(segment, st, &body, &len, why, sizeof(why));
     if (body == NULL) {
       fprintf(stderr, "encache exporter: %s\n", why);
-      respond_text(fd, "500 Internal Server Error", "", why);
+      respond_text(c, "500 Internal Server Error", "", why);
     } else {
-      respond(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "",
+      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "",
               body, len, head);
     }
     free(body);
   }
+}
+
+static void conn_close(conn *c) {
+  close(c->fd);
+  free(c->out);
+  c->fd = -1;
+  c->out = NULL;
+}
+
+/* Moves c on after poll() said it is ready: reads what the client sent
+ * (the answer is made once the head is complete; a head too long is a
+ * 400), or sends what the client can take.  Closes it when done. */
+static void conn_step(conn *c, const char *segment, encache_store *st) {
+  if (c->out == NULL) {
+    ssize_t r = recv(c->fd, c->req + c->in, sizeof(c->req) - 1 - c->in,
+                     MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return;
+    if (r <= 0) { /* the client left (or half-closed without a request) */
+      conn_close(c);
+      return;
+    }
+    c->in += (size_t)r;
+    c->req[c->in] = '\0';
+    if (strstr(c->req, "\r\n\r\n") != NULL || strstr(c->req, "\n\n") != NULL)
+      answer(c, segment, st);
+    else if (c->in + 1 >= sizeof(c->req))
+      respond_text(c, "400 Bad Request", "", "request head too long\n");
+    else
+      return;
+    if (c->out == NULL)
+      conn_close(c); /* no memory for the answer */
+    return;
+  }
+  ssize_t w = send(c->fd, c->out + c->sent, c->outn - c->sent,
+                   MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return;
+  if (w <= 0 || (c->sent += (size_t)w) == c->outn)
+    conn_close(c); /* done, or the client left */
+}
+
+/* Takes a new connection into a free conn, or closes it at once when all
+ * EXPORTER_CONNS are busy (the client sees the connection closed). */
+static void conn_accept(int lfd, conn *cs) {
+  int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (cfd < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
+        errno == ENOBUFS)
+      poll(NULL, 0, 100); /* out of something: no busy loop */
+    return;
+  }
+  for (int i = 0; i < EXPORTER_CONNS; i++)
+    if (cs[i].fd < 0) {
+      cs[i].fd = cfd;
+      cs[i].in = 0;
+      cs[i].req[0] = '\0';
+      cs[i].deadline = now_s() + EXPORTER_TIMEOUT_S;
+      return;
+    }
+  close(cfd);
+}
+
+/* Serves until SIGINT or SIGTERM: up to EXPORTER_CONNS connections at
+ * once, each closed at its deadline whatever it is doing. */
+static void serve_loop(int lfd, const char *segment, encache_store *st) {
+  static conn cs[EXPORTER_CONNS];
+  for (int i = 0; i < EXPORTER_CONNS; i++)
+    cs[i].fd = -1;
+  while (!stop_requested) {
+    struct pollfd p[EXPORTER_CONNS + 1];
+    int map[EXPORTER_CONNS + 1], np = 1, wait_ms = 1000;
+    double now = now_s();
+    p[0] = (struct pollfd){lfd, POLLIN, 0};
+    for (int i = 0; i < EXPORTER_CONNS; i++) {
+      if (cs[i].fd < 0)
+        continue;
+      double left = (cs[i].deadline - now) * 1000.0 + 1.0;
+      if (left < wait_ms)
+        wait_ms = left < 0 ? 0 : (int)left;
+      map[np] = i;
+      p[np++] = (struct pollfd){cs[i].fd, cs[i].out ? POLLOUT : POLLIN, 0};
+    }
+    if (poll(p, (nfds_t)np, wait_ms) > 0) { /* else a timeout, or EINTR */
+      for (int k = 1; k < np; k++)
+        if (p[k].revents != 0)
+          conn_step(&cs[map[k]], segment, st);
+      if (p[0].revents & POLLIN)
+        conn_accept(lfd, cs);
+    }
+    now = now_s();
+    for (int i = 0; i < EXPORTER_CONNS; i++)
+      if (cs[i].fd >= 0 && now > cs[i].deadline)
+        conn_close(&cs[i]); /* silent or slow: its time is up */
+  }
+  for (int i = 0; i < EXPORTER_CONNS; i++)
+    if (cs[i].fd >= 0)
+      conn_close(&cs[i]);
 }
 
 /* Prints where the exporter listens (the port chosen for port 0). */
@@ -332,21 +412,7 @@ static int run_exporter(const tool_globals *g, const tool_args *a) {
   }
   catch_stop();
   say_listening(lfd);
-  while (!stop_requested) {
-    struct pollfd p = {lfd, POLLIN, 0};
-    int r = poll(&p, 1, 1000);
-    if (r <= 0)
-      continue; /* a timeout, or EINTR: look at the flag */
-    int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (cfd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
-          errno == ENOBUFS)
-        poll(NULL, 0, 100); /* out of something: no busy loop */
-      continue;
-    }
-    serve(cfd, segment, st);
-    close(cfd);
-  }
+  serve_loop(lfd, segment, st);
   fprintf(stderr, "encache exporter: stopped\n");
   close(lfd);
   encache_store_close(st);
