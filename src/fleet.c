@@ -433,6 +433,20 @@ static void put_words(uint64_t *dst, const void *src, size_t n) {
   }
 }
 
+/* Copies src into dst (cap bytes), cut when longer at a UTF-8 character
+ * boundary: a label cut in the middle of a character would be invalid
+ * UTF-8 in every reader's output. */
+static void copy_cut(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap) {
+    n = cap - 1;
+    while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80)
+      n--; /* src[n], the first byte left out, continues a character */
+  }
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
 /* Writes the identity of a slot the caller holds, counters zeroed. */
 static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
                       const char *ns) {
@@ -441,7 +455,7 @@ static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
   id.pid = (int64_t)getpid();
   id.start_time = start_time();
   if (encoder != NULL && encoder[0] != '\0') {
-    snprintf(id.encoder, sizeof(id.encoder), "%s", encoder);
+    copy_cut(id.encoder, sizeof(id.encoder), encoder);
   } else {
     char host[64];
     if (gethostname(host, sizeof(host)) < 0)
@@ -449,8 +463,8 @@ static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
     host[sizeof(host) - 1] = '\0';
     snprintf(id.encoder, sizeof(id.encoder), "%d@%s", (int)getpid(), host);
   }
-  snprintf(id.store, sizeof(id.store), "%s", store);
-  snprintf(id.ns, sizeof(id.ns), "%s", ns);
+  copy_cut(id.store, sizeof(id.store), store);
+  copy_cut(id.ns, sizeof(id.ns), ns);
   encache_stats zero;
   memset(&zero, 0, sizeof(zero));
   zero.size = sizeof(zero);

@@ -33,7 +33,8 @@ cleanup() {
   [ -n "$demo2_pid" ] && { kill -KILL "$demo2_pid"; wait "$demo2_pid"; } 2>/dev/null
   [ -n "$exp_pid" ] && kill -KILL "$exp_pid" 2>/dev/null
   tmux -L "$sock" kill-server 2>/dev/null
-  rm -f "/dev/shm/encache-$seg" "/dev/shm/$ENCACHE_STATS_SEGMENT"
+  rm -f "/dev/shm/encache-$seg" "/dev/shm/$ENCACHE_STATS_SEGMENT" \
+    "/dev/shm/$ENCACHE_STATS_SEGMENT.utf8"
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -247,6 +248,42 @@ else wait "$exp_pid"; st=$?; exp_pid=""
   if [ "$st" -eq 0 ] && grep -q "stopped" "$tmp/exp"; then ok "SIGTERM stops the exporter cleanly"
   else not_ok "exporter after SIGTERM: exit $st" "$tmp/exp"; fi
 fi
+
+# --- names that are not valid UTF-8 (a registry written by a buggy or
+# older publisher: the library itself cuts names at character boundaries,
+# test_fleet.c): the tools print U+FFFD for each bad byte, so that
+# prometheus_client and a JSON parser take the output.  A copy of the
+# registry with slot 0 made live (its lock held here) and its encoder label
+# replaced; the offsets are those of layout version 1 (src/fleet.c).
+"$py" - "/dev/shm/$ENCACHE_STATS_SEGMENT" "/dev/shm/$ENCACHE_STATS_SEGMENT.utf8" "$tool" "$store" >"$tmp/py" 2>&1 <<'EOF'
+import fcntl, json, os, struct, subprocess, sys
+from prometheus_client.parser import text_string_to_metric_families
+src, dst, tool, store = sys.argv[1:5]
+data = bytearray(open(src, "rb").read())
+name = "\u00e9".encode() * 55 + b"\xc3" + b"-\xff-\xed\xa0\x80-ok"  # cut é, stray, surrogate
+slot = 64                          # the header's size: slot 0
+data[slot:slot + 16] = struct.pack("<QI4x", 2, 1)   # seq (even), state live
+enc = slot + 40                    # seq, state, unused, bytes_written, pid, start_time
+data[enc:enc + 128] = name + bytes(128 - len(name))
+fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, bytes(data))
+fcntl.fcntl(fd, 37, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, slot, 1, 0))  # F_OFD_SETLK
+seg = os.path.basename(dst)
+out = subprocess.run([tool, "stats", "--store", store, "--segment", seg, "--format", "prometheus"],
+                     capture_output=True).stdout
+text = out.decode("utf-8")          # strict: fails on invalid UTF-8
+labels = {s.labels["encoder"] for f in text_string_to_metric_families(text)
+          for s in f.samples if "encoder" in s.labels}
+want = "\u00e9" * 55 + "\ufffd-\ufffd-\ufffd\ufffd\ufffd-ok"
+assert want in labels, labels
+js = subprocess.run([tool, "stats", "--store", store, "--segment", seg, "--format", "json"],
+                    capture_output=True).stdout.decode("utf-8")
+assert want in {h["encoder"] for h in json.loads(js)["handles"]}
+print("U+FFFD for each bad byte, in Prometheus and JSON")
+EOF
+if [ $? -eq 0 ]; then ok "invalid UTF-8 in a label: $(cat "$tmp/py")"
+else not_ok "invalid UTF-8 in a label" "$tmp/py"; fi
+rm -f "/dev/shm/$ENCACHE_STATS_SEGMENT.utf8"
 
 # --- top through tmux
 tmux -L "$sock" new-session -d -s top -x 160 -y 30 \

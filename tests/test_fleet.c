@@ -55,7 +55,7 @@ static void log_cb(void *ctx, const char *msg) {
 
 /* Opens a handle publishing into `segment` as `encoder` (NULL: unset). */
 static encache *open_as(const char *segment, const char *encoder) {
-  char json[768], enc[160] = "";
+  char json[1024], enc[320] = "";
   if (encoder != NULL)
     snprintf(enc, sizeof(enc), ", \"encoder_name\": \"%s\"", encoder);
   snprintf(json, sizeof(json),
@@ -535,4 +535,18 @@ TEST(fleet_crafted_slot_count_is_refused_at_once) {
   ASSERT_EQ_INT(encache_fleet_read(reg_name, see, &s), ENCACHE_EFORMAT);
   ASSERT_CONTAINS(encache_errmsg(NULL), "damaged header (format");
   close(fd);
+}
+
+TEST(fleet_long_names_are_cut_at_a_character_boundary) {
+  fleet_env();
+  char name[256] = "";
+  for (int i = 0; i < 100; i++)
+    strcat(name, "\xc3\xa9"); /* é, 2 bytes: 200 bytes in all */
+  encache *ec = open_as(reg_name, name);
+  seen s;
+  ASSERT_EQ_INT(read_reg(&s), 1);
+  /* 127 bytes fit: 63 whole characters, not 63 and half of one. */
+  ASSERT_EQ_INT(strlen(s.encoder[0]), 126);
+  ASSERT(strncmp(s.encoder[0], name, 126) == 0);
+  encache_close(ec);
 }
