@@ -249,6 +249,35 @@ else wait "$exp_pid"; st=$?; exp_pid=""
   else not_ok "exporter after SIGTERM: exit $st" "$tmp/exp"; fi
 fi
 
+# --- the fleet without a Store: printed all the same, encache_store_up 0;
+# exit 1 when the Store was named, 0 when none was (the default segment
+# absent).
+"$tool" stats --store "shm://fltools-absent-$$" --format prometheus >"$tmp/prom" 2>"$tmp/err"
+st=$?
+"$py" - "$tmp/prom" "$(encoders)" >"$tmp/py" 2>&1 <<'EOF'
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}
+up = fams["encache_store_up"].samples[0]
+assert up.value == 0 and "fltools-absent" in up.labels["store"], up
+assert fams["encache_handles"].samples[0].value == 2
+pids = {s.labels["pid"] for s in fams["encache_lookups"].samples}
+assert pids == set(sys.argv[2].split()), (pids, sys.argv[2])
+print("both encoders, encache_store_up 0")
+EOF
+if [ $? -eq 0 ] && [ "$st" -eq 1 ] && grep -q "cannot open the Store" "$tmp/err"; then
+  ok "stats --format prometheus, a named Store absent: exit 1, $(cat "$tmp/py")"
+else not_ok "stats without its Store: exit $st" "$tmp/py"; cat "$tmp/err"; fi
+if [ -e /dev/shm/encache-encache ]; then ok "# SKIP stats with no Store named: the default segment exists here"
+else
+  env -u ENCACHE_STORE "$tool" stats --format json >"$tmp/json" 2>"$tmp/err"
+  st=$?
+  if [ "$st" -eq 0 ] && "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["store"] is None and len(d["handles"]) == 2' "$tmp/json" 2>"$tmp/py" &&
+     env -u ENCACHE_STORE "$tool" stats 2>/dev/null | grep -q "(cannot be opened)"; then
+    ok "stats with no Store named: exit 0, the fleet printed (json, text)"
+  else not_ok "stats with no Store named: exit $st" "$tmp/py"; fi
+fi
+
 # --- names that are not valid UTF-8 (a registry written by a buggy or
 # older publisher: the library itself cuts names at character boundaries,
 # test_fleet.c): the tools print U+FFFD for each bad byte, so that

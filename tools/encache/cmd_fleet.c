@@ -26,7 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-int stats_fleet(const char *format, const char *segment, encache_store *st) {
+int stats_fleet(const char *format, const char *segment, encache_store *st,
+                const char *down) {
   int text = strcmp(format, "text") == 0;
   if (!text && strcmp(format, "json") != 0 &&
       strcmp(format, "prometheus") != 0)
@@ -39,11 +40,15 @@ int stats_fleet(const char *format, const char *segment, encache_store *st) {
     fprintf(stderr, "encache stats: %s\n", why);
   } else if (text) {
     fleet_text(stdout, &v);
-  } else if ((format[0] == 'j' ? fleet_json(stdout, st, &v, why, sizeof(why))
-                               : fleet_prometheus(stdout, st, &v, 0, why,
-                                                  sizeof(why))) < 0) {
-    fprintf(stderr, "encache stats: %s\n", why);
-    rc = -1;
+  } else {
+    if (down != NULL && format[0] == 'p')
+      fleet_store_down(stdout, down);
+    if (format[0] == 'j')
+      rc = fleet_json(stdout, st, &v, why, sizeof(why));
+    else
+      rc = fleet_prometheus(stdout, st, &v, 0, why, sizeof(why));
+    if (rc < 0)
+      fprintf(stderr, "encache stats: %s\n", why);
   }
   fleet_view_free(&v);
   if (fflush(stdout) != 0) {

@@ -384,13 +384,15 @@ static uint64_t store_field(const encache_store_stats *s, size_t off) {
 }
 
 /* encache_store_up: whether the Store answered (its counters follow). */
-static void store_up(FILE *out, encache_store *st, int up) {
+static void store_up(FILE *out, const char *url, int up) {
   family(out, "encache_store_up", "gauge",
          "1 when the Store answered for its counters, else 0");
   fputs("encache_store_up{store=\"", out);
-  label_value(out, encache_store_url(st));
+  label_value(out, url);
   fprintf(out, "\"} %d\n", up);
 }
+
+void fleet_store_down(FILE *out, const char *url) { store_up(out, url, 0); }
 
 int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
                      int tolerant, char *why, size_t n) {
@@ -398,10 +400,10 @@ int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
   if (st != NULL && store_stats(st, &s, why, n) < 0) {
     if (!tolerant)
       return -1;
-    store_up(out, st, 0);
+    store_up(out, encache_store_url(st), 0);
     st = NULL; /* the handles' metrics all the same */
   } else if (st != NULL) {
-    store_up(out, st, 1);
+    store_up(out, encache_store_url(st), 1);
   }
   for (size_t m = 0; st != NULL && m < sizeof(store_metrics) /
                                            sizeof(store_metrics[0]); m++) {
