@@ -336,8 +336,44 @@ for _ in $(seq 50); do
 done
 if grep -q "top-exited-0" "$tmp/cap3"; then ok "q quits top (exit 0)"; else not_ok "q did not quit top" "$tmp/cap3"; fi
 "$tool" top --once >"$tmp/once" 2>&1
-if [ $? -eq 0 ] && [ "$(grep -c '%' "$tmp/once")" -ge 2 ]; then ok "top --once prints one frame"
-else not_ok "top --once" "$tmp/once"; fi
+st=$?
+rows=0
+for p in $(encoders); do grep -q "^[^ ]*@[^ ]* *$p .*%" "$tmp/once" && rows=$((rows + 1)); done
+if [ "$st" -eq 0 ] && [ "$rows" -eq 2 ]; then ok "top --once prints one frame with both encoders' rows"
+else not_ok "top --once: exit $st, $rows rows of 2" "$tmp/once"; fi
+
+# A terminal of 50 x 4: lines cut to 50 columns, the rows that do not fit
+# counted on the last line; at 160 x 30 (SIGWINCH) all of it.  Ctrl-\
+# (SIGQUIT) ends top with the terminal given back (line mode, echo).
+tmux -L "$sock" new-session -d -s narrow -x 50 -y 4 \
+  "ENCACHE_STATS_SEGMENT=$ENCACHE_STATS_SEGMENT '$tool' top --interval 200; echo top-exited-\$?; stty -a | grep -q ' icanon' && stty -a | grep -q ' echo ' && echo tty-restored; sleep 30"
+sleep 1
+tmux -L "$sock" capture-pane -p -t narrow >"$tmp/narrow"
+if grep -q "^encache top" "$tmp/narrow" && grep -q "(2 more lines; q quits)" "$tmp/narrow" &&
+   grep -q "^ENCODER" "$tmp/narrow" && ! grep -q "STORE" "$tmp/narrow" &&
+   [ "$(awk '{ if (length($0) > 50) n++ } END { print n + 0 }' "$tmp/narrow")" -eq 0 ]; then
+  ok "top on 50 x 4: lines cut, the rows that do not fit counted"
+else not_ok "top on a narrow terminal" "$tmp/narrow"; fi
+tmux -L "$sock" resize-window -t narrow -x 160 -y 30 2>/dev/null ||
+  tmux -L "$sock" resize-pane -t narrow -x 160 -y 30
+sleep 0.6
+tmux -L "$sock" capture-pane -p -t narrow >"$tmp/wide"
+rows=0
+for p in $(encoders); do grep -q "^[^ ]*@[^ ]* *$p .*%" "$tmp/wide" && rows=$((rows + 1)); done
+if [ "$rows" -eq 2 ] && grep -q "STORE" "$tmp/wide" && grep -q "^(q quits)" "$tmp/wide"; then
+  ok "top redraws at the new size (SIGWINCH)"
+else not_ok "top after a resize ($rows rows of 2)" "$tmp/wide"; fi
+tmux -L "$sock" send-keys -t narrow 'C-\'
+for _ in $(seq 50); do
+  tmux -L "$sock" capture-pane -p -t narrow >"$tmp/quit"
+  grep -q "top-exited-" "$tmp/quit" && break
+  sleep 0.1
+done
+sleep 0.3
+tmux -L "$sock" capture-pane -p -t narrow >"$tmp/quit"
+if grep -q "top-exited-0" "$tmp/quit" && grep -q "tty-restored" "$tmp/quit"; then
+  ok "Ctrl-\ (SIGQUIT) ends top and gives the terminal back"
+else not_ok "top after SIGQUIT" "$tmp/quit"; fi
 
 # --- a killed encoder disappears from the registry, the others stay: the
 # victim is the one encoder of a second demo (a demo ends its fleet when

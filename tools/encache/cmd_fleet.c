@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <termios.h>
@@ -478,23 +479,20 @@ static int row_cmp(const void *x, const void *y) {
   return c != 0 ? c : (a->pid > b->pid) - (a->pid < b->pid);
 }
 
-/* One frame; live: ANSI (home, clear each line's rest, then the screen's). */
-static void top_frame(const char *segment, int live) {
-  const char *eol = live ? "\033[K\n" : "\n";
+/* The frame's text, one line per row (no ANSI), into out. */
+static void top_text(FILE *out, const char *segment) {
   fleet_view v = {NULL, 0, 0};
   char why[600], t[32], b1[32], b2[32], l1[32], l2[32];
   int rc = fleet_collect(segment, &v, why, sizeof(why));
   time_t now = time(NULL);
   strftime(t, sizeof(t), "%H:%M:%S", localtime(&now));
-  if (live)
-    fputs("\033[H", stdout);
-  printf("encache top - registry %s - %zu handle%s - %s%s", segment, v.n,
-         v.n == 1 ? "" : "s", t, eol);
+  fprintf(out, "encache top - registry %s - %zu handle%s - %s\n", segment,
+          v.n, v.n == 1 ? "" : "s", t);
   if (rc < 0)
-    printf("error: %s%s", why, eol);
-  printf("%-20s %8s %6s %9s %9s %9s %8s %8s %7s  %s%s", "ENCODER", "PID",
-         "HIT%", "AVOIDED", "READ", "WRITTEN", "P50", "P99", "PENDING",
-         "STORE", eol);
+    fprintf(out, "error: %s\n", why);
+  fprintf(out, "%-20s %8s %6s %9s %9s %9s %8s %8s %7s  %s\n", "ENCODER", "PID",
+          "HIT%", "AVOIDED", "READ", "WRITTEN", "P50", "P99", "PENDING",
+          "STORE");
   if (v.n > 1)
     qsort(v.rows, v.n, sizeof(v.rows[0]), row_cmp);
   for (size_t k = 0; k < v.n; k++) {
@@ -502,21 +500,85 @@ static void top_frame(const char *segment, int live) {
     double rate = r->st.candidates
                       ? 100.0 * (double)r->st.hits / (double)r->st.candidates
                       : 0.0;
-    printf("%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7" PRIu64
-           "  %s%s", r->encoder, r->pid, rate, r->st.hits,
-           human_bytes(r->st.bytes_read, b1, sizeof(b1)),
-           human_bytes(r->bytes_written, b2, sizeof(b2)),
-           human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
-           human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
-           r->st.pending_items, r->store, eol);
+    fprintf(out, "%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7"
+            PRIu64 "  %s\n", r->encoder, r->pid, rate, r->st.hits,
+            human_bytes(r->st.bytes_read, b1, sizeof(b1)),
+            human_bytes(r->bytes_written, b2, sizeof(b2)),
+            human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
+            human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
+            r->st.pending_items, r->store);
   }
-  if (live)
-    printf("%s(q quits)\033[J", eol);
-  fflush(stdout);
   fleet_view_free(&v);
 }
 
-/* Waits up to ms for a key on the terminal: 1 when q was pressed. */
+/* The terminal's size (80x24 when it does not say). */
+static void term_size(int *cols, int *rows) {
+  struct winsize ws;
+  *cols = 80;
+  *rows = 24;
+  if (ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 && ws.ws_row > 0) {
+    *cols = ws.ws_col;
+    *rows = ws.ws_row < 3 ? 3 : ws.ws_row;
+  }
+}
+
+/* Writes line (len bytes) cut to cols columns (a UTF-8 character counts
+ * one: its continuation bytes none). */
+static void put_cut(const char *line, size_t len, int cols) {
+  size_t n = 0;
+  for (int c = 0; n < len; n++) {
+    if (((unsigned char)line[n] & 0xC0) != 0x80 && c++ == cols)
+      break;
+  }
+  fwrite(line, 1, n, stdout);
+}
+
+/* One frame.  live: drawn over the last one (ANSI: home, each line's rest
+ * cleared, then the screen's), cut to the terminal's width and height,
+ * the last line saying how many rows did not fit; else plain lines. */
+static void top_frame(const char *segment, int live) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&text, &len);
+  if (m == NULL)
+    return;
+  top_text(m, segment);
+  if (fclose(m) != 0 || text == NULL) {
+    free(text);
+    return;
+  }
+  if (!live) {
+    fputs(text, stdout);
+  } else {
+    int cols, rows, nl = 0;
+    term_size(&cols, &rows);
+    for (size_t i = 0; i < len; i++)
+      nl += text[i] == '\n';
+    fputs("\033[H", stdout);
+    const char *p = text;
+    for (int k = 0; k < nl && k < rows - 1; k++) {
+      const char *e = strchr(p, '\n');
+      if (k == rows - 2 && nl > rows - 1)
+        break; /* the last line left says what did not fit */
+      put_cut(p, (size_t)(e - p), cols);
+      fputs("\033[K\n", stdout);
+      p = e + 1;
+    }
+    char last[64];
+    int shown = nl < rows - 1 ? nl : rows - 2;
+    if (nl > shown)
+      snprintf(last, sizeof(last), "(%d more lines; q quits)", nl - shown);
+    else
+      snprintf(last, sizeof(last), "(q quits)");
+    put_cut(last, strlen(last), cols);
+    fputs("\033[J", stdout);
+  }
+  fflush(stdout);
+  free(text);
+}
+
+/* Waits up to ms for a key on the terminal: 1 when q was pressed (0 too
+ * when a signal came: the caller looks at its flags). */
 static int wait_key(int tty, int ms) {
   struct pollfd p = {0, POLLIN, 0};
   if (!tty) {
@@ -529,6 +591,58 @@ static int wait_key(int tty, int ms) {
     return r == 1 && (c == 'q' || c == 'Q');
   }
   return 0;
+}
+
+/* top's terminal: raw keys (no echo, no line editing) and the alternate
+ * screen while it runs; given back on every way out (q, SIGINT, SIGTERM,
+ * SIGQUIT, SIGHUP) and around a stop (SIGTSTP: Ctrl-Z), taken again on
+ * SIGCONT. */
+static volatile sig_atomic_t top_suspend, top_resumed;
+static void on_tstp(int sig) {
+  (void)sig;
+  top_suspend = 1;
+}
+static void on_cont(int sig) {
+  (void)sig;
+  top_resumed = 1;
+}
+static void on_winch(int sig) { /* interrupts the wait: a redraw */
+  (void)sig;
+}
+
+static void term_enter(int tty, const struct termios *saved) {
+  if (tty) {
+    struct termios raw = *saved;
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 1;
+    raw.c_cc[VTIME] = 0;
+    tcsetattr(0, TCSANOW, &raw);
+  }
+  fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+  fflush(stdout);
+}
+
+static void term_leave(int tty, const struct termios *saved) {
+  fputs("\033[?25h\033[?1049l", stdout);
+  fflush(stdout);
+  if (tty)
+    tcsetattr(0, TCSANOW, saved);
+}
+
+static void top_signals(void) {
+  catch_stop(); /* SIGINT, SIGTERM */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on_stop;
+  sigaction(SIGQUIT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = on_tstp;
+  sigaction(SIGTSTP, &sa, NULL);
+  sa.sa_handler = on_cont;
+  sigaction(SIGCONT, &sa, NULL);
+  sa.sa_handler = on_winch;
+  sigaction(SIGWINCH, &sa, NULL); /* a redraw at the new size */
 }
 
 static int run_top(const tool_globals *g, const tool_args *a) {
@@ -550,28 +664,25 @@ static int run_top(const tool_globals *g, const tool_args *a) {
     top_frame(segment, 0);
     return EXIT_OK;
   }
-  int tty = isatty(0);
-  struct termios saved, raw;
-  if (tty && tcgetattr(0, &saved) == 0) {
-    raw = saved;
-    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
-    raw.c_cc[VMIN] = 1;
-    raw.c_cc[VTIME] = 0;
-    tcsetattr(0, TCSANOW, &raw);
-  } else {
-    tty = 0;
-  }
-  catch_stop();
-  fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+  struct termios saved;
+  int tty = isatty(0) && tcgetattr(0, &saved) == 0;
+  top_signals();
+  term_enter(tty, &saved);
   while (!stop_requested) {
+    if (top_suspend) { /* Ctrl-Z: the terminal back, then stop */
+      top_suspend = 0;
+      term_leave(tty, &saved);
+      raise(SIGSTOP);
+    }
+    if (top_resumed) { /* after a stop, or a new size */
+      top_resumed = 0;
+      term_enter(tty, &saved);
+    }
     top_frame(segment, 1);
     if (wait_key(tty, interval))
       break;
   }
-  fputs("\033[?25h\033[?1049l", stdout);
-  fflush(stdout);
-  if (tty)
-    tcsetattr(0, TCSANOW, &saved);
+  term_leave(tty, &saved);
   return EXIT_OK;
 }
 
