@@ -375,6 +375,31 @@ if grep -q "top-exited-0" "$tmp/quit" && grep -q "tty-restored" "$tmp/quit"; the
   ok "Ctrl-\ (SIGQUIT) ends top and gives the terminal back"
 else not_ok "top after SIGQUIT" "$tmp/quit"; fi
 
+# Ctrl-Z in an interactive shell: top leaves the alternate screen before
+# it stops (the shell's earlier lines show again), fg brings its frame
+# back, q ends it with exit 0.
+tmux -L "$sock" new-session -d -s job -x 120 -y 12 "bash --norc --noprofile -i"
+sleep 0.5
+tmux -L "$sock" send-keys -t job "ENCACHE_STATS_SEGMENT=$ENCACHE_STATS_SEGMENT '$tool' top --interval 200" Enter
+sleep 1
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job1"
+tmux -L "$sock" send-keys -t job C-z
+sleep 0.5
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job2"
+tmux -L "$sock" send-keys -t job fg Enter
+sleep 1
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job3"
+tmux -L "$sock" send-keys -t job q
+sleep 0.5
+tmux -L "$sock" send-keys -t job 'echo top-exited-$?' Enter
+sleep 0.5
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job4"
+if grep -q "^encache top" "$tmp/job1" && grep -q "top --interval" "$tmp/job2" &&
+   ! grep -q "^encache top" "$tmp/job2" && grep -q "^encache top" "$tmp/job3" &&
+   grep -q "^top-exited-0" "$tmp/job4"; then
+  ok "Ctrl-Z gives the terminal back, fg takes it again, q quits"
+else not_ok "top and Ctrl-Z / fg" "$tmp/job2"; sed 's/^/# /' "$tmp/job3" "$tmp/job4"; fi
+
 # --- a killed encoder disappears from the registry, the others stay: the
 # victim is the one encoder of a second demo (a demo ends its fleet when
 # an encoder dies).
