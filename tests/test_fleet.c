@@ -322,17 +322,20 @@ static int write_segment(const void *bytes, size_t n, size_t total) {
   return fd;
 }
 
-/* Holds (F_WRLCK) or drops (F_UNLCK) an OFD lock on byte 1000 of fd's
- * file, as a process of another version using a slot would. */
-static void hold_slot(int fd, short type) {
+/* Holds (F_WRLCK) or drops (F_UNLCK) an OFD lock on byte off of fd's
+ * file. */
+static void hold_byte(int fd, off_t off, short type) {
   struct flock fl;
   memset(&fl, 0, sizeof(fl));
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
-  fl.l_start = 1000;
+  fl.l_start = off;
   fl.l_len = 1;
   ASSERT_EQ_INT(fcntl(fd, F_OFD_SETLK, &fl), 0);
 }
+
+/* The lock of a slot of a process of another version (byte 1000). */
+static void hold_slot(int fd, short type) { hold_byte(fd, 1000, type); }
 
 TEST(fleet_damaged_or_other_version_segment_is_refused_clearly) {
   encache__fleet_slots = 4; /* smaller than the other version's file */
@@ -426,13 +429,7 @@ TEST(fleet_reader_survives_registry_truncated_under_it) {
   ASSERT_EQ_INT(pread(fd, saved, size, 0), (long long)size); /* a live slot */
   encache_close(ec);
   /* A live owner of slot 0 (its lock, on the slot's first byte, 64). */
-  struct flock fl;
-  memset(&fl, 0, sizeof(fl));
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = 64;
-  fl.l_len = 1;
-  ASSERT_EQ_INT(fcntl(fd, F_OFD_SETLK, &fl), 0);
+  hold_byte(fd, 64, F_WRLCK);
   ASSERT_EQ_INT(pwrite(fd, saved, size, 0), (long long)size);
   seen s;
   ASSERT_EQ_INT(read_reg(&s), 1);
