@@ -639,7 +639,7 @@ int encache_fleet_read(const char *segment, encache_fleet_fn fn, void *ctx) {
     return encache__thread_failed(rc, "statistics registry \"%s\": %s",
                                   segment, why);
   slot_copy *c = encache__malloc(sizeof(*c));
-  fleet_slot *buf = encache__malloc(sizeof(*buf));
+  fleet_slot *buf = encache__aligned_alloc(64, sizeof(*buf)); /* its type's */
   int n = c == NULL || buf == NULL
               ? encache__thread_failed(ENCACHE_ENOMEM, "out of memory")
               : 0;
@@ -657,7 +657,7 @@ int encache_fleet_read(const char *segment, encache_fleet_fn fn, void *ctx) {
       break;
   }
   encache__free(c);
-  encache__free(buf);
+  encache__aligned_free(buf);
   seg_close(&s);
   return n;
 }

@@ -2,9 +2,13 @@
 /*
  * cmd_fleet.c: the fleet commands, readers of the statistics registry
  * (docs/engine.md, "Seeing the fleet"): the end of `encache stats`,
- * `encache exporter` (Prometheus over HTTP: one request at a time, each
- * bounded by timeouts, loopback unless --allow-remote) and `encache top`
- * (a live table on a plain terminal: ANSI escapes, no curses).
+ * `encache exporter` (Prometheus over HTTP: one poll() loop serving up to
+ * 16 connections at once, each with one deadline for its whole life,
+ * loopback unless --allow-remote) and `encache top` (a live table on a
+ * plain terminal: ANSI escapes, no curses, cut to the terminal's size).
+ *
+ * (Over 600 lines: the three commands share the stop flag and its signal
+ * handling; each section is short and stands alone.)
  */
 #include "fleet_out.h"
 #include "tool.h"
