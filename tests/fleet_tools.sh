@@ -268,6 +268,14 @@ EOF
 if [ $? -eq 0 ] && [ "$st" -eq 1 ] && grep -q "cannot open the Store" "$tmp/err"; then
   ok "stats --format prometheus, a named Store absent: exit 1, $(cat "$tmp/py")"
 else not_ok "stats without its Store: exit $st" "$tmp/py"; cat "$tmp/err"; fi
+# A Store that opens but does not answer (Redis opens lazily; port 1
+# refuses): the fleet all the same, exit 1.
+"$tool" stats --store redis://127.0.0.1:1 --format json >"$tmp/json" 2>"$tmp/err"
+st=$?
+if [ "$st" -eq 1 ] && grep -q "Connection refused" "$tmp/err" &&
+   "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["store"] is None and len(d["handles"]) == 2' "$tmp/json" 2>"$tmp/py"; then
+  ok "stats --format json, a Store that does not answer: exit 1, both encoders"
+else not_ok "stats with a Store that does not answer: exit $st" "$tmp/py"; cat "$tmp/err"; fi
 if [ -e /dev/shm/encache-encache ]; then ok "# SKIP stats with no Store named: the default segment exists here"
 else
   env -u ENCACHE_STORE "$tool" stats --format json >"$tmp/json" 2>"$tmp/err"

@@ -218,15 +218,21 @@ static void stat_line(const char *name, uint64_t v) {
     printf("%-13s %" PRIu64 "\n", name, v);
 }
 
-/* `encache stats` on an open Store. */
+/* `encache stats` on an open Store; one that does not answer (a Redis
+ * server down: opened lazily) does not hide the fleet either (exit 1). */
 static int stats_store(const tool_args *a, encache_store *st) {
-  if (a->val[0] != NULL && strcmp(a->val[0], "text") != 0)
-    return stats_fleet(a->val[0], a->val[1], st, NULL);
+  const char *format = a->val[0] != NULL ? a->val[0] : "text";
+  int text = strcmp(format, "text") == 0;
   encache_store_stats s = {.size = sizeof(s)};
   if (encache_store_stats_get(st, &s) < 0) {
     fprintf(stderr, "encache stats: %s\n", encache_store_errmsg(st));
-    return EXIT_FAIL;
+    if (text)
+      printf("%-13s %s (does not answer)\n", "store", encache_store_url(st));
+    int rc = stats_fleet(format, a->val[1], NULL, encache_store_url(st));
+    return rc == EXIT_OK ? EXIT_FAIL : rc;
   }
+  if (!text)
+    return stats_fleet(format, a->val[1], st, NULL);
   printf("%-13s %s\n%-13s %s\n", "store", encache_store_url(st), "kind", s.kind);
   stat_line("objects", s.objects);
   stat_line("bytes_used", s.bytes_used);
