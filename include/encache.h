@@ -464,8 +464,9 @@ typedef struct encache_config encache_config;
      "encache's own (added in 1.3): the host-local shared-memory registry "  \
      "where the handle publishes its counters and latency histograms for "   \
      "encache stats, exporter and top (unset: $ENCACHE_STATS_SEGMENT, else " \
-     "\"encache.fleet\"; \"\" or \"off\": none); a registry that cannot be " \
-     "used is a warning, never a failed open")                               \
+     "\"encache.fleet.UID\", one per user; \"\" or \"off\": none); a "        \
+     "registry that cannot be used (or that another user owns or may "       \
+     "write) is a warning, never a failed open")                             \
   XX(ENCODER_NAME, EXTRA, encoder_name, STRING, NULL, ANY, NULL,             \
      "encache's own (added in 1.3): the encoder's label in the registry "    \
      "(unset: PID@HOSTNAME)")
@@ -1508,7 +1509,7 @@ ENCACHE_EXTERN int encache_model_identity(const char *model_dir,
  * Added in 1.3.  Every open handle (cross_encoder_cache on) publishes its
  * counters and two latency histograms in a host-local shared-memory
  * registry, the POSIX shared-memory object "/" + the stats_segment option
- * (default "encache.fleet"), so that tools read a whole host's encoders
+ * (default "encache.fleet.UID", UID the effective user id), so that tools read a whole host's encoders
  * without touching their processes (docs/engine.md, "Seeing the fleet").
  *
  * A histogram has fixed log-scale buckets: bucket[i], i <
@@ -1543,9 +1544,9 @@ typedef struct encache_fleet_entry {
 
 /*
  * Calls fn(entry, ctx) for each live handle of the registry `segment`
- * (NULL or "" = "encache.fleet"), in slot order, until fn returns
- * non-zero.  Slots of processes that died are skipped (and freed when the
- * caller may write the segment).  Returns the number of entries given to
+ * (NULL or "" = "encache.fleet.UID", UID the caller's effective user id),
+ * in slot order, until fn returns non-zero.  Slots of processes that died
+ * are skipped (the next encoder to open reuses them).  Returns the number of entries given to
  * fn.  Errors (the calling thread's encache_errmsg(NULL) says more):
  * ENCACHE_ENOENT (no such registry: no handle published since boot, or
  * every publisher used another), ENCACHE_EFORMAT (not a registry, a

@@ -142,9 +142,10 @@ static int load_config(encache *ec, const encache_options *o,
 /* Keeps the registry's options for open_store() (fleet.c). */
 static int fleet_options(encache *ec, const encache__opts *opt) {
   const char *seg = opt->stats_segment;
+  char def[64];
   if (seg == NULL && ((seg = getenv("ENCACHE_STATS_SEGMENT")) == NULL ||
                       seg[0] == '\0'))
-    seg = "encache.fleet";
+    seg = encache__fleet_default(def, sizeof(def)); /* per user (fleet.c) */
   if ((ec->fleet_segment = encache__strdup(seg)) == NULL)
     return -1;
   if (opt->encoder_name != NULL &&

@@ -31,6 +31,17 @@
  * (odd while it changes); a reader copies a slot and keeps the copy only
  * when the number was even and unchanged.  The segment is created under
  * flock(2), its magic written last, like the shm Store's.
+ *
+ * Trust: the registry belongs to one user (default name "encache.fleet."
+ * + the euid), created 0600; a writer maps it and counts into the mapping,
+ * so it publishes only into a file of its own user that nobody else may
+ * write (another could truncate it under the mapping: SIGBUS).  Readers
+ * never map it: they copy slots with pread(), so a file cut short under
+ * them is a short read.  A header is trusted only when its slot count is
+ * at most FLEET_MAX_SLOTS and the file is exactly that layout's size.
+ *
+ * (Over 600 lines: the layout, its checks, the writer and the reader share
+ * the private slot types and belong in one file.)
  */
 #include "fleet.h"
 
@@ -51,6 +62,10 @@
 #define FLEET_DEFAULT_SLOTS 256
 #define FLEET_STATS_ROOM 512
 #define FLEET_NAME_MAX 200
+/* The most slots a registry may have (the real layout has 256): a header
+ * that claims more is damaged or crafted, and would make every opener
+ * walk (and a reader allocate for) millions of slots. */
+#define FLEET_MAX_SLOTS 4096
 
 unsigned encache__fleet_slots = FLEET_DEFAULT_SLOTS;
 
@@ -122,7 +137,7 @@ struct encache__fleet {
 
 /* An opened segment. */
 typedef struct seg {
-  int fd, writable;
+  int fd;
   unsigned char *base;
   size_t size;
   unsigned nslots;
@@ -157,13 +172,26 @@ static int seg_path(const char *name, char *path, size_t n, char *why,
 
 /* Lays a new segment out (under the flock); the magic goes last.  A file
  * is never made shorter: a process of another version may still map it
- * (it would die of SIGBUS past the end). */
+ * (it would die of SIGBUS past the end); a longer one gets as many slots
+ * as fill it (its size is then exactly the layout's, as seg_check wants). */
 static int seg_init(seg *s, char *why, size_t whysz) {
   unsigned n = encache__fleet_slots ? encache__fleet_slots : 1;
+  if (n > FLEET_MAX_SLOTS)
+    n = FLEET_MAX_SLOTS;
   size_t size = sizeof(fleet_header) + (size_t)n * sizeof(fleet_slot);
   struct stat sb;
-  if (fstat(s->fd, &sb) == 0 && (size_t)sb.st_size > size)
-    size = (size_t)sb.st_size;
+  if (fstat(s->fd, &sb) == 0 && (size_t)sb.st_size > size) {
+    size_t body = (size_t)sb.st_size - sizeof(fleet_header);
+    size_t want = (body + sizeof(fleet_slot) - 1) / sizeof(fleet_slot);
+    if (want > FLEET_MAX_SLOTS) {
+      snprintf(why, whysz, "an unused file of %lld bytes, larger than a "
+               "registry of %d slots may be: remove it",
+               (long long)sb.st_size, FLEET_MAX_SLOTS);
+      return ENCACHE_EFORMAT;
+    }
+    n = (unsigned)want;
+    size = sizeof(fleet_header) + (size_t)n * sizeof(fleet_slot);
+  }
   if (ftruncate(s->fd, (off_t)size) < 0) {
     int e = errno;
     snprintf(why, whysz, "cannot size it: %s", strerror(e));
@@ -203,11 +231,13 @@ static int seg_check(seg *s, size_t size, char *why, size_t whysz) {
     return ENCACHE_EFORMAT;
   }
   if (h.format != FLEET_FORMAT || h.slot_size != sizeof(fleet_slot) ||
-      h.nslots == 0 ||
-      size < sizeof(h) + (size_t)h.nslots * sizeof(fleet_slot)) {
+      h.nslots == 0 || h.nslots > FLEET_MAX_SLOTS ||
+      size != sizeof(h) + (size_t)h.nslots * sizeof(fleet_slot)) {
     snprintf(why, whysz, "damaged header (format 0x%016" PRIx64 ", %u slots "
-             "of %u bytes in %zu bytes; expected format 0x%016" PRIx64 ")",
-             h.format, h.nslots, h.slot_size, size, (uint64_t)FLEET_FORMAT);
+             "of %u bytes in %zu bytes; expected format 0x%016" PRIx64 ", 1 "
+             "to %d slots, the file exactly their size)", h.format,
+             h.nslots, h.slot_size, size, (uint64_t)FLEET_FORMAT,
+             FLEET_MAX_SLOTS);
     return ENCACHE_EFORMAT;
   }
   s->nslots = h.nslots;
@@ -215,8 +245,9 @@ static int seg_check(seg *s, size_t size, char *why, size_t whysz) {
 }
 
 /* Takes the segment's flock (held while it is created or checked, a few
- * system calls), waiting a second at most: a creator stopped in the
- * middle must not hang every encoder's open. */
+ * system calls), waiting 100 ms at most: a creator stopped in the middle
+ * (or a process of the same user holding the lock) must not hang every
+ * encoder's open.  Only the registry's owner can open it (0600). */
 static int seg_flock(int fd, int op) {
   for (int tries = 0;; tries++) {
     if (flock(fd, op | LOCK_NB) == 0)
@@ -225,7 +256,7 @@ static int seg_flock(int fd, int op) {
       return -errno;
     if (tries == 100)
       return -EWOULDBLOCK;
-    struct timespec ts = {0, 10000000L};
+    struct timespec ts = {0, 1000000L};
     nanosleep(&ts, NULL);
   }
 }
@@ -272,46 +303,68 @@ static int seg_prepare(seg *s, int create, size_t *size, char *why,
   return rc;
 }
 
-/* Opens (creates when create is set) and maps the segment at path. */
+/* A writer publishes only into a file of its own user that nobody else
+ * may write: another user could truncate it under the writer's mapping
+ * (SIGBUS) or read what it is told.  0, or -EPERM with why. */
+static int seg_owned(int fd, char *why, size_t whysz) {
+  struct stat sb;
+  if (fstat(fd, &sb) < 0) {
+    int e = errno;
+    snprintf(why, whysz, "%s", strerror(e));
+    return -e;
+  }
+  if (sb.st_uid != geteuid()) {
+    snprintf(why, whysz, "owned by uid %u, not by this process's user (uid "
+             "%u): refused", (unsigned)sb.st_uid, (unsigned)geteuid());
+    return -EPERM;
+  }
+  if (sb.st_mode & (S_IWGRP | S_IWOTH)) {
+    snprintf(why, whysz, "writable by group or others (mode 0%03o): refused "
+             "(it must be 0600)", (unsigned)(sb.st_mode & 0777));
+    return -EPERM;
+  }
+  return 0;
+}
+
+/* Opens the segment at path: a writer (create set) creates it (0600) and
+ * maps it; a reader opens it read-only and copies slots with pread(), so
+ * that a file cut short under it is a short read, never SIGBUS. */
 static int seg_open(seg *s, const char *path, int create, char *why,
                     size_t whysz) {
   memset(s, 0, sizeof(*s));
-  s->writable = 1;
-  s->fd = shm_open(path, O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0644);
-  if (s->fd < 0 && !create && errno == EACCES) { /* another user's: read */
-    s->writable = 0;
-    s->fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
-  }
+  s->fd = create ? shm_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)
+                 : shm_open(path, O_RDONLY | O_CLOEXEC, 0);
   if (s->fd < 0) {
     int e = errno;
     snprintf(why, whysz, "%s", e == ENOENT ? "no such registry" : strerror(e));
     return e == ENOENT ? ENCACHE_ENOENT : -e;
   }
   size_t size = 0;
-  int rc = seg_flock(s->fd, create ? LOCK_EX : LOCK_SH);
-  if (rc < 0)
+  int rc = create ? seg_owned(s->fd, why, whysz) : 0;
+  if (rc == 0 && (rc = seg_flock(s->fd, create ? LOCK_EX : LOCK_SH)) < 0)
     snprintf(why, whysz, "%s", rc == -EWOULDBLOCK
-                                   ? "busy: its creator holds its lock"
+                                   ? "busy: another process holds its lock"
                                    : strerror(-rc));
-  else
+  else if (rc == 0)
     rc = seg_prepare(s, create, &size, why, whysz);
   flock(s->fd, LOCK_UN);
-  if (rc == 0) {
-    s->size = size;
-    void *p = mmap(NULL, s->size, PROT_READ | (s->writable ? PROT_WRITE : 0),
-                   MAP_SHARED, s->fd, 0);
+  s->size = size;
+  if (rc == 0 && create) {
+    void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd,
+                   0);
     if (p == MAP_FAILED)
       snprintf(why, whysz, "cannot map it: %s", strerror(-(rc = -errno)));
     else
       s->base = p;
   }
-  if (rc < 0)
+  if (rc != 0)
     close(s->fd);
   return rc;
 }
 
 static void seg_close(seg *s) {
-  munmap(s->base, s->size);
+  if (s->base != NULL)
+    munmap(s->base, s->size);
   close(s->fd);
 }
 
@@ -370,8 +423,7 @@ static uint64_t start_time(void) {
 
 /* Seqlock without fences (ThreadSanitizer refuses them): the writer's
  * stores after the odd seq are release stores, so none is seen before
- * it; the reader's loads before the second look at seq are acquire
- * loads, so that look is not made before them. */
+ * it (the reader copies with pread(): slot_read). */
 static void put_words(uint64_t *dst, const void *src, size_t n) {
   for (size_t k = 0; k < n; k++) {
     uint64_t w = 0;
@@ -381,11 +433,18 @@ static void put_words(uint64_t *dst, const void *src, size_t n) {
   }
 }
 
-static void get_words(void *dst, const uint64_t *src, size_t n) {
-  for (size_t k = 0; k < n; k++) {
-    uint64_t w = __atomic_load_n(&src[k], __ATOMIC_ACQUIRE);
-    memcpy((unsigned char *)dst + k * 8, &w, 8);
+/* Copies src into dst (cap bytes), cut when longer at a UTF-8 character
+ * boundary: a label cut in the middle of a character would be invalid
+ * UTF-8 in every reader's output. */
+static void copy_cut(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap) {
+    n = cap - 1;
+    while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80)
+      n--; /* src[n], the first byte left out, continues a character */
   }
+  memcpy(dst, src, n);
+  dst[n] = '\0';
 }
 
 /* Writes the identity of a slot the caller holds, counters zeroed. */
@@ -396,7 +455,7 @@ static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
   id.pid = (int64_t)getpid();
   id.start_time = start_time();
   if (encoder != NULL && encoder[0] != '\0') {
-    snprintf(id.encoder, sizeof(id.encoder), "%s", encoder);
+    copy_cut(id.encoder, sizeof(id.encoder), encoder);
   } else {
     char host[64];
     if (gethostname(host, sizeof(host)) < 0)
@@ -404,8 +463,8 @@ static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
     host[sizeof(host) - 1] = '\0';
     snprintf(id.encoder, sizeof(id.encoder), "%d@%s", (int)getpid(), host);
   }
-  snprintf(id.store, sizeof(id.store), "%s", store);
-  snprintf(id.ns, sizeof(id.ns), "%s", ns);
+  copy_cut(id.store, sizeof(id.store), store);
+  copy_cut(id.ns, sizeof(id.ns), ns);
   encache_stats zero;
   memset(&zero, 0, sizeof(zero));
   zero.size = sizeof(zero);
@@ -419,6 +478,11 @@ static void slot_fill(fleet_slot *sl, const char *encoder, const char *store,
   put_words(sl->h.w, NULL, HIST_WORDS);
   __atomic_store_n(&sl->seq, q + 1, __ATOMIC_RELEASE);
   __atomic_store_n(&sl->state, SLOT_LIVE, __ATOMIC_RELEASE);
+}
+
+const char *encache__fleet_default(char *buf, size_t n) {
+  snprintf(buf, n, "encache.fleet.%u", (unsigned)geteuid());
+  return buf;
 }
 
 static void warn(void (*log)(void *, const char *), void *log_ctx,
@@ -525,45 +589,47 @@ typedef struct slot_copy {
   encache_histogram hist[2];
 } slot_copy;
 
-/* Copies live slot i into *c: 1, or 0 when it is not live (a dead owner's
- * slot is freed on the way when the segment is writable). */
-static int slot_read(seg *s, unsigned i, slot_copy *c) {
-  fleet_slot *sl = slot_at(s, i);
-  uint64_t q = __atomic_load_n(&sl->seq, __ATOMIC_ACQUIRE);
-  if ((q & 1) || __atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) != SLOT_LIVE)
+/* The 8 bytes at off of the file, or 1 (odd: "changing") on a short read. */
+static uint64_t word_at(int fd, off_t off) {
+  uint64_t w;
+  return pread(fd, &w, sizeof(w), off) == (ssize_t)sizeof(w) ? w : 1;
+}
+
+/* Copies live slot i into *c: 1, or 0 when it is not live (its owner is
+ * dead, or it changed while copied).  Through pread() from the
+ * descriptor, not a mapping: a file cut short under the reader is a short
+ * read (the slot skipped), never SIGBUS.  The seqlock's two looks at seq
+ * are reads of their own, around the copy (system calls: ordered). */
+static int slot_read(seg *s, unsigned i, fleet_slot *buf, slot_copy *c) {
+  off_t off = slot_off(i);
+  uint64_t q = word_at(s->fd, off);
+  if ((q & 1) || !slot_locked(s->fd, i) ||
+      pread(s->fd, buf, sizeof(*buf), off) != (ssize_t)sizeof(*buf) ||
+      buf->state != SLOT_LIVE)
     return 0;
-  if (s->writable ? slot_lock(s->fd, i, F_WRLCK) == 0
-                  : !slot_locked(s->fd, i)) {
-    if (s->writable) { /* its owner is gone: free it */
-      if (__atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) == SLOT_LIVE)
-        slot_free(sl);
-      slot_lock(s->fd, i, F_UNLCK);
-    }
-    return 0;
-  }
-  get_words(&c->id, sl->ident.w, IDENT_WORDS);
+  memcpy(&c->id, &buf->ident.id, sizeof(c->id));
   c->id.encoder[sizeof(c->id.encoder) - 1] =
       c->id.store[sizeof(c->id.store) - 1] =
           c->id.ns[sizeof(c->id.ns) - 1] = '\0';
-  c->bytes_written = __atomic_load_n(&sl->bytes_written, __ATOMIC_ACQUIRE);
-  get_words(&c->stats, sl->u.room, sizeof(c->stats) / 8);
+  c->bytes_written = buf->bytes_written;
+  memcpy(&c->stats, buf->u.room, sizeof(c->stats));
   c->stats.size = sizeof(c->stats);
-  get_words(c->hist, sl->h.w, HIST_WORDS);
+  memcpy(c->hist, buf->h.hist, sizeof(c->hist));
   for (int h = 0; h < 2; h++) { /* count = the buckets' sum, consistent */
     c->hist[h].count = 0;
     for (int b = 0; b < ENCACHE_HISTOGRAM_BUCKETS; b++)
       c->hist[h].count += c->hist[h].bucket[b];
   }
-  return __atomic_load_n(&sl->seq, __ATOMIC_RELAXED) == q;
+  return word_at(s->fd, off) == q;
 }
 
 int encache_fleet_read(const char *segment, encache_fleet_fn fn, void *ctx) {
   if (fn == NULL)
     return encache__thread_failed(ENCACHE_EINVAL, "encache_fleet_read: fn "
                                   "is NULL");
+  char path[FLEET_NAME_MAX + 2], why[384], def[64];
   if (segment == NULL || segment[0] == '\0')
-    segment = "encache.fleet";
-  char path[FLEET_NAME_MAX + 2], why[384];
+    segment = encache__fleet_default(def, sizeof(def));
   seg s;
   if (seg_path(segment, path, sizeof(path), why, sizeof(why)) < 0)
     return encache__thread_failed(ENCACHE_EURL, "statistics registry "
@@ -573,10 +639,12 @@ int encache_fleet_read(const char *segment, encache_fleet_fn fn, void *ctx) {
     return encache__thread_failed(rc, "statistics registry \"%s\": %s",
                                   segment, why);
   slot_copy *c = encache__malloc(sizeof(*c));
-  int n = c == NULL ? encache__thread_failed(ENCACHE_ENOMEM, "out of memory")
-                    : 0;
-  for (unsigned i = 0; c != NULL && i < s.nslots; i++) {
-    if (!slot_read(&s, i, c))
+  fleet_slot *buf = encache__aligned_alloc(64, sizeof(*buf)); /* its type's */
+  int n = c == NULL || buf == NULL
+              ? encache__thread_failed(ENCACHE_ENOMEM, "out of memory")
+              : 0;
+  for (unsigned i = 0; n >= 0 && i < s.nslots; i++) {
+    if (!slot_read(&s, i, buf, c))
       continue;
     encache_fleet_entry e = {
         .size = sizeof(e), .pid = c->id.pid, .start_time = c->id.start_time,
@@ -589,6 +657,7 @@ int encache_fleet_read(const char *segment, encache_fleet_fn fn, void *ctx) {
       break;
   }
   encache__free(c);
+  encache__aligned_free(buf);
   seg_close(&s);
   return n;
 }

@@ -42,6 +42,10 @@ void encache__fleet_observe(encache__fleet *f, int which, uint64_t t0,
  * with ns <= 2^i microseconds, the last bucket beyond. */
 unsigned encache__fleet_bucket(uint64_t ns);
 
+/* The default registry of this process's user: "encache.fleet.<euid>",
+ * in buf (64 bytes are enough); returns buf. */
+const char *encache__fleet_default(char *buf, size_t n);
+
 /* Test hook: the number of slots of a registry created from now on. */
 extern unsigned encache__fleet_slots;
 

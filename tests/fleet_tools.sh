@@ -33,7 +33,8 @@ cleanup() {
   [ -n "$demo2_pid" ] && { kill -KILL "$demo2_pid"; wait "$demo2_pid"; } 2>/dev/null
   [ -n "$exp_pid" ] && kill -KILL "$exp_pid" 2>/dev/null
   tmux -L "$sock" kill-server 2>/dev/null
-  rm -f "/dev/shm/encache-$seg" "/dev/shm/$ENCACHE_STATS_SEGMENT"
+  rm -f "/dev/shm/encache-$seg" "/dev/shm/$ENCACHE_STATS_SEGMENT" \
+    "/dev/shm/$ENCACHE_STATS_SEGMENT.utf8"
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -178,14 +179,62 @@ def raw(data, wait=True):
         out += b
     s.close()
     return out.decode(errors="replace")
-silent = socket.create_connection(("127.0.0.1", port), timeout=20)  # sends nothing
-assert raw(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n").startswith("HTTP/1.1 404"), "404"
-silent.close()
+import time
+def raw(data, wait=True, timeout=20):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if data:
+        s.sendall(data)
+    out = b""
+    while wait:
+        b = s.recv(65536)  # socket.timeout: the server did not answer in time
+        if not b:
+            break
+        out += b
+    s.close()
+    return out.decode(errors="replace")
+# Silent clients (connected, sending nothing) do not hold the others up:
+# a GET answers within 2 s while 4 of them wait (the exporter's deadline
+# is 5 s each: a server that serves one at a time would need 20 s).
+silent = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(4)]
+time.sleep(0.2)
+t0 = time.monotonic()
+assert raw(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n", timeout=2).startswith("HTTP/1.1 404"), "404"
+got = raw(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", timeout=2)
+assert got.startswith("HTTP/1.1 200") and "encache_handles" in got, got[:200]
+took = time.monotonic() - t0
+# Each silent one is closed at its deadline (5 s after it connected).
+for c in silent:
+    c.settimeout(8)
+    assert c.recv(1) == b"", "a silent client was answered"
+    c.close()
+waited = time.monotonic() - t0
+assert 3 <= waited <= 8, waited
+# A client that sends its request a byte at a time is cut at 5 s too.
+slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+t1 = time.monotonic()
+try:
+    for ch in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":
+        slow.sendall(bytes([ch]))
+        time.sleep(0.3)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+cut = time.monotonic() - t1
+slow.close()
+assert 4 <= cut <= 8, cut
+# Beyond 16 at once, a connection is closed at once; the 16 keep theirs.
+held = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(16)]
+time.sleep(0.2)
+extra = socket.create_connection(("127.0.0.1", port), timeout=2)
+assert extra.recv(1) == b"", "the 17th connection was kept"
+extra.close()
+for c in held:
+    c.close()
+time.sleep(0.2)
 assert raw(b"\x16\x03\x01garbage\r\n\r\n").startswith("HTTP/1.1 400"), "400"
 assert raw(b"POST /metrics HTTP/1.1\r\n\r\n").startswith("HTTP/1.1 405"), "405"
 r = urllib.request.urlopen("http://127.0.0.1:%d/metrics?x=1" % port, timeout=20)
 assert r.status == 200
-print("404, 400, 405, a silent client")
+print("404, 400, 405; 4 silent clients: a GET answered in %.2f s, they closed after %.1f s; a byte-a-time client cut after %.1f s; the 17th connection closed at once" % (took, waited, cut))
 EOF
 if [ $? -eq 0 ]; then ok "exporter answers: $(cat "$tmp/py")"; else not_ok "exporter answers" "$tmp/py"; fi
 expect "exporter: the port is taken" 1 "Address already in use" -- exporter --listen "127.0.0.1:$port"
@@ -199,6 +248,79 @@ else wait "$exp_pid"; st=$?; exp_pid=""
   if [ "$st" -eq 0 ] && grep -q "stopped" "$tmp/exp"; then ok "SIGTERM stops the exporter cleanly"
   else not_ok "exporter after SIGTERM: exit $st" "$tmp/exp"; fi
 fi
+
+# --- the fleet without a Store: printed all the same, encache_store_up 0;
+# exit 1 when the Store was named, 0 when none was (the default segment
+# absent).
+"$tool" stats --store "shm://fltools-absent-$$" --format prometheus >"$tmp/prom" 2>"$tmp/err"
+st=$?
+"$py" - "$tmp/prom" "$(encoders)" >"$tmp/py" 2>&1 <<'EOF'
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}
+up = fams["encache_store_up"].samples[0]
+assert up.value == 0 and "fltools-absent" in up.labels["store"], up
+assert fams["encache_handles"].samples[0].value == 2
+pids = {s.labels["pid"] for s in fams["encache_lookups"].samples}
+assert pids == set(sys.argv[2].split()), (pids, sys.argv[2])
+print("both encoders, encache_store_up 0")
+EOF
+if [ $? -eq 0 ] && [ "$st" -eq 1 ] && grep -q "cannot open the Store" "$tmp/err"; then
+  ok "stats --format prometheus, a named Store absent: exit 1, $(cat "$tmp/py")"
+else not_ok "stats without its Store: exit $st" "$tmp/py"; cat "$tmp/err"; fi
+# A Store that opens but does not answer (Redis opens lazily; port 1
+# refuses): the fleet all the same, exit 1.
+"$tool" stats --store redis://127.0.0.1:1 --format json >"$tmp/json" 2>"$tmp/err"
+st=$?
+if [ "$st" -eq 1 ] && grep -q "Connection refused" "$tmp/err" &&
+   "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["store"] is None and len(d["handles"]) == 2' "$tmp/json" 2>"$tmp/py"; then
+  ok "stats --format json, a Store that does not answer: exit 1, both encoders"
+else not_ok "stats with a Store that does not answer: exit $st" "$tmp/py"; cat "$tmp/err"; fi
+if [ -e /dev/shm/encache-encache ]; then ok "# SKIP stats with no Store named: the default segment exists here"
+else
+  env -u ENCACHE_STORE "$tool" stats --format json >"$tmp/json" 2>"$tmp/err"
+  st=$?
+  if [ "$st" -eq 0 ] && "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["store"] is None and len(d["handles"]) == 2' "$tmp/json" 2>"$tmp/py" &&
+     env -u ENCACHE_STORE "$tool" stats 2>/dev/null | grep -q "(cannot be opened)"; then
+    ok "stats with no Store named: exit 0, the fleet printed (json, text)"
+  else not_ok "stats with no Store named: exit $st" "$tmp/py"; fi
+fi
+
+# --- names that are not valid UTF-8 (a registry written by a buggy or
+# older publisher: the library itself cuts names at character boundaries,
+# test_fleet.c): the tools print U+FFFD for each bad byte, so that
+# prometheus_client and a JSON parser take the output.  A copy of the
+# registry with slot 0 made live (its lock held here) and its encoder label
+# replaced; the offsets are those of layout version 1 (src/fleet.c).
+"$py" - "/dev/shm/$ENCACHE_STATS_SEGMENT" "/dev/shm/$ENCACHE_STATS_SEGMENT.utf8" "$tool" "$store" >"$tmp/py" 2>&1 <<'EOF'
+import fcntl, json, os, struct, subprocess, sys
+from prometheus_client.parser import text_string_to_metric_families
+src, dst, tool, store = sys.argv[1:5]
+data = bytearray(open(src, "rb").read())
+name = "\u00e9".encode() * 55 + b"\xc3" + b"-\xff-\xed\xa0\x80-ok"  # cut é, stray, surrogate
+slot = 64                          # the header's size: slot 0
+data[slot:slot + 16] = struct.pack("<QI4x", 2, 1)   # seq (even), state live
+enc = slot + 40                    # seq, state, unused, bytes_written, pid, start_time
+data[enc:enc + 128] = name + bytes(128 - len(name))
+fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, bytes(data))
+fcntl.fcntl(fd, 37, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, slot, 1, 0))  # F_OFD_SETLK
+seg = os.path.basename(dst)
+out = subprocess.run([tool, "stats", "--store", store, "--segment", seg, "--format", "prometheus"],
+                     capture_output=True).stdout
+text = out.decode("utf-8")          # strict: fails on invalid UTF-8
+labels = {s.labels["encoder"] for f in text_string_to_metric_families(text)
+          for s in f.samples if "encoder" in s.labels}
+want = "\u00e9" * 55 + "\ufffd-\ufffd-\ufffd\ufffd\ufffd-ok"
+assert want in labels, labels
+js = subprocess.run([tool, "stats", "--store", store, "--segment", seg, "--format", "json"],
+                    capture_output=True).stdout.decode("utf-8")
+assert want in {h["encoder"] for h in json.loads(js)["handles"]}
+print("U+FFFD for each bad byte, in Prometheus and JSON")
+EOF
+if [ $? -eq 0 ]; then ok "invalid UTF-8 in a label: $(cat "$tmp/py")"
+else not_ok "invalid UTF-8 in a label" "$tmp/py"; fi
+rm -f "/dev/shm/$ENCACHE_STATS_SEGMENT.utf8"
 
 # --- top through tmux
 tmux -L "$sock" new-session -d -s top -x 160 -y 30 \
@@ -222,8 +344,69 @@ for _ in $(seq 50); do
 done
 if grep -q "top-exited-0" "$tmp/cap3"; then ok "q quits top (exit 0)"; else not_ok "q did not quit top" "$tmp/cap3"; fi
 "$tool" top --once >"$tmp/once" 2>&1
-if [ $? -eq 0 ] && [ "$(grep -c '%' "$tmp/once")" -ge 2 ]; then ok "top --once prints one frame"
-else not_ok "top --once" "$tmp/once"; fi
+st=$?
+rows=0
+for p in $(encoders); do grep -q "^[^ ]*@[^ ]* *$p .*%" "$tmp/once" && rows=$((rows + 1)); done
+if [ "$st" -eq 0 ] && [ "$rows" -eq 2 ]; then ok "top --once prints one frame with both encoders' rows"
+else not_ok "top --once: exit $st, $rows rows of 2" "$tmp/once"; fi
+
+# A terminal of 50 x 4: lines cut to 50 columns, the rows that do not fit
+# counted on the last line; at 160 x 30 (SIGWINCH) all of it.  Ctrl-\
+# (SIGQUIT) ends top with the terminal given back (line mode, echo).
+tmux -L "$sock" new-session -d -s narrow -x 50 -y 4 \
+  "ENCACHE_STATS_SEGMENT=$ENCACHE_STATS_SEGMENT '$tool' top --interval 200; echo top-exited-\$?; stty -a | grep -q ' icanon' && stty -a | grep -q ' echo ' && echo tty-restored; sleep 30"
+sleep 1
+tmux -L "$sock" capture-pane -p -t narrow >"$tmp/narrow"
+if grep -q "^encache top" "$tmp/narrow" && grep -q "(2 more lines; q quits)" "$tmp/narrow" &&
+   grep -q "^ENCODER" "$tmp/narrow" && ! grep -q "STORE" "$tmp/narrow" &&
+   [ "$(awk '{ if (length($0) > 50) n++ } END { print n + 0 }' "$tmp/narrow")" -eq 0 ]; then
+  ok "top on 50 x 4: lines cut, the rows that do not fit counted"
+else not_ok "top on a narrow terminal" "$tmp/narrow"; fi
+tmux -L "$sock" resize-window -t narrow -x 160 -y 30 2>/dev/null ||
+  tmux -L "$sock" resize-pane -t narrow -x 160 -y 30
+sleep 0.6
+tmux -L "$sock" capture-pane -p -t narrow >"$tmp/wide"
+rows=0
+for p in $(encoders); do grep -q "^[^ ]*@[^ ]* *$p .*%" "$tmp/wide" && rows=$((rows + 1)); done
+if [ "$rows" -eq 2 ] && grep -q "STORE" "$tmp/wide" && grep -q "^(q quits)" "$tmp/wide"; then
+  ok "top redraws at the new size (SIGWINCH)"
+else not_ok "top after a resize ($rows rows of 2)" "$tmp/wide"; fi
+tmux -L "$sock" send-keys -t narrow 'C-\'
+for _ in $(seq 50); do
+  tmux -L "$sock" capture-pane -p -t narrow >"$tmp/quit"
+  grep -q "top-exited-" "$tmp/quit" && break
+  sleep 0.1
+done
+sleep 0.3
+tmux -L "$sock" capture-pane -p -t narrow >"$tmp/quit"
+if grep -q "top-exited-0" "$tmp/quit" && grep -q "tty-restored" "$tmp/quit"; then
+  ok "Ctrl-\ (SIGQUIT) ends top and gives the terminal back"
+else not_ok "top after SIGQUIT" "$tmp/quit"; fi
+
+# Ctrl-Z in an interactive shell: top leaves the alternate screen before
+# it stops (the shell's earlier lines show again), fg brings its frame
+# back, q ends it with exit 0.
+tmux -L "$sock" new-session -d -s job -x 120 -y 12 "bash --norc --noprofile -i"
+sleep 0.5
+tmux -L "$sock" send-keys -t job "ENCACHE_STATS_SEGMENT=$ENCACHE_STATS_SEGMENT '$tool' top --interval 200" Enter
+sleep 1
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job1"
+tmux -L "$sock" send-keys -t job C-z
+sleep 0.5
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job2"
+tmux -L "$sock" send-keys -t job fg Enter
+sleep 1
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job3"
+tmux -L "$sock" send-keys -t job q
+sleep 0.5
+tmux -L "$sock" send-keys -t job 'echo top-exited-$?' Enter
+sleep 0.5
+tmux -L "$sock" capture-pane -p -t job >"$tmp/job4"
+if grep -q "^encache top" "$tmp/job1" && grep -q "top --interval" "$tmp/job2" &&
+   ! grep -q "^encache top" "$tmp/job2" && grep -q "^encache top" "$tmp/job3" &&
+   grep -q "^top-exited-0" "$tmp/job4"; then
+  ok "Ctrl-Z gives the terminal back, fg takes it again, q quits"
+else not_ok "top and Ctrl-Z / fg" "$tmp/job2"; sed 's/^/# /' "$tmp/job3" "$tmp/job4"; fi
 
 # --- a killed encoder disappears from the registry, the others stay: the
 # victim is the one encoder of a second demo (a demo ends its fleet when

@@ -230,6 +230,10 @@
   XX(fleet_full_registry_degrades_without_failing_open)                      \
   XX(fleet_damaged_or_other_version_segment_is_refused_clearly)              \
   XX(fleet_off_and_bad_names)                                                \
+  XX(fleet_reader_survives_registry_truncated_under_it)                      \
+  XX(fleet_writer_refuses_a_registry_others_may_write)                       \
+  XX(fleet_crafted_slot_count_is_refused_at_once)                            \
+  XX(fleet_long_names_are_cut_at_a_character_boundary)                       \
   XX(tier_removal_beats_a_pending_promotion)                                 \
   XX(tier_object_size_and_empty_objects_are_local_hits)                      \
   XX(mooncake_caps_follow_the_protocol)                                      \

@@ -55,7 +55,7 @@ static void log_cb(void *ctx, const char *msg) {
 
 /* Opens a handle publishing into `segment` as `encoder` (NULL: unset). */
 static encache *open_as(const char *segment, const char *encoder) {
-  char json[768], enc[160] = "";
+  char json[1024], enc[320] = "";
   if (encoder != NULL)
     snprintf(enc, sizeof(enc), ", \"encoder_name\": \"%s\"", encoder);
   snprintf(json, sizeof(json),
@@ -322,17 +322,20 @@ static int write_segment(const void *bytes, size_t n, size_t total) {
   return fd;
 }
 
-/* Holds (F_WRLCK) or drops (F_UNLCK) an OFD lock on byte 1000 of fd's
- * file, as a process of another version using a slot would. */
-static void hold_slot(int fd, short type) {
+/* Holds (F_WRLCK) or drops (F_UNLCK) an OFD lock on byte off of fd's
+ * file. */
+static void hold_byte(int fd, off_t off, short type) {
   struct flock fl;
   memset(&fl, 0, sizeof(fl));
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
-  fl.l_start = 1000;
+  fl.l_start = off;
   fl.l_len = 1;
   ASSERT_EQ_INT(fcntl(fd, F_OFD_SETLK, &fl), 0);
 }
+
+/* The lock of a slot of a process of another version (byte 1000). */
+static void hold_slot(int fd, short type) { hold_byte(fd, 1000, type); }
 
 TEST(fleet_damaged_or_other_version_segment_is_refused_clearly) {
   encache__fleet_slots = 4; /* smaller than the other version's file */
@@ -401,4 +404,146 @@ TEST(fleet_off_and_bad_names) {
   seen s;
   ASSERT_EQ_INT(encache_fleet_read("bad/name", see, &s), ENCACHE_EURL);
   ASSERT_EQ_INT(encache_fleet_read(reg_name, NULL, NULL), ENCACHE_EINVAL);
+}
+
+/* The registry's shm object, opened read-write by the test. */
+static int open_reg(void) {
+  char path[80];
+  snprintf(path, sizeof(path), "/%s", reg_name);
+  int fd = shm_open(path, O_RDWR, 0);
+  ASSERT(fd >= 0);
+  return fd;
+}
+
+TEST(fleet_reader_survives_registry_truncated_under_it) {
+  fleet_env();
+  encache__fleet_slots = 4;
+  encache *ec = open_as(reg_name, "cut");
+  int fd = open_reg();
+  struct stat sb;
+  ASSERT_EQ_INT(fstat(fd, &sb), 0);
+  ASSERT_EQ_INT(sb.st_mode & 0777, 0600); /* only its user may write it */
+  size_t size = (size_t)sb.st_size;
+  unsigned char *saved = malloc(size);
+  ASSERT(saved != NULL);
+  ASSERT_EQ_INT(pread(fd, saved, size, 0), (long long)size); /* a live slot */
+  encache_close(ec);
+  /* A live owner of slot 0 (its lock, on the slot's first byte, 64). */
+  hold_byte(fd, 64, F_WRLCK);
+  ASSERT_EQ_INT(pwrite(fd, saved, size, 0), (long long)size);
+  seen s;
+  ASSERT_EQ_INT(read_reg(&s), 1);
+  ASSERT_EQ_STR(s.encoder[0], "cut");
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) { /* reads while the parent cuts the file and restores it */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int reads = 0;
+    do {
+      seen c;
+      memset(&c, 0, sizeof(c));
+      encache_fleet_read(reg_name, see, &c); /* any answer but a crash */
+      reads++;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (t.tv_sec - t0.tv_sec < 1 || reads < 100);
+    _exit(0);
+  }
+  int status = 0;
+  for (;;) {
+    ASSERT_EQ_INT(ftruncate(fd, 0), 0);
+    ASSERT_EQ_INT(pwrite(fd, saved, size / 2, 0), (long long)(size / 2));
+    ASSERT_EQ_INT(pwrite(fd, saved, size, 0), (long long)size);
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    ASSERT(w >= 0);
+    if (w == pid)
+      break;
+  }
+  ASSERT(WIFEXITED(status)); /* not killed by SIGBUS */
+  ASSERT_EQ_INT(WEXITSTATUS(status), 0);
+  free(saved);
+  close(fd);
+}
+
+TEST(fleet_writer_refuses_a_registry_others_may_write) {
+  fleet_env();
+  encache *ec = open_as(reg_name, "mine");
+  ASSERT(ec->fleet != NULL);
+  encache_close(ec);
+  int fd = open_reg();
+  ASSERT_EQ_INT(fchmod(fd, 0666), 0);
+  last_log[0] = '\0';
+  ec = open_as(reg_name, "w"); /* never a failed open */
+  ASSERT(ec->fleet == NULL);
+  ASSERT_CONTAINS(last_log, reg_name);
+  ASSERT_CONTAINS(last_log, "writable by group or others (mode 0666)");
+  ASSERT_CONTAINS(last_log, "not published");
+  encache_close(ec);
+  ASSERT_EQ_INT(fchmod(fd, 0600), 0);
+  if (geteuid() != 0) {
+    printf("# skipped the other-owner part: it needs root (chown)\n");
+  } else {
+    ASSERT_EQ_INT(fchown(fd, 65534, (gid_t)-1), 0);
+    last_log[0] = '\0';
+    ec = open_as(reg_name, "w");
+    ASSERT(ec->fleet == NULL);
+    ASSERT_CONTAINS(last_log, "owned by uid 65534, not by this process's "
+                              "user (uid 0)");
+    encache_close(ec);
+  }
+  close(fd);
+  /* The default name is the user's own. */
+  char def[64], want[64];
+  snprintf(want, sizeof(want), "encache.fleet.%u", (unsigned)geteuid());
+  ASSERT_EQ_STR(encache__fleet_default(def, sizeof(def)), want);
+}
+
+TEST(fleet_crafted_slot_count_is_refused_at_once) {
+  fleet_env();
+  encache__fleet_slots = 2;
+  encache_close(open_as(reg_name, "x"));
+  int fd = open_reg();
+  uint32_t hdr[16];
+  ASSERT_EQ_INT(pread(fd, hdr, sizeof(hdr), 0), (long long)sizeof(hdr));
+  uint64_t slot_size = hdr[5]; /* magic, format, nslots, slot_size */
+  ASSERT_EQ_INT(hdr[4], 2);
+  /* 2^24 slots in a sparse file exactly their size. */
+  hdr[4] = 1u << 24;
+  ASSERT_EQ_INT(pwrite(fd, hdr, sizeof(hdr), 0), (long long)sizeof(hdr));
+  ASSERT_EQ_INT(ftruncate(fd, (off_t)(64 + (slot_size << 24))), 0);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  seen s;
+  ASSERT_EQ_INT(encache_fleet_read(reg_name, see, &s), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "16777216 slots");
+  ASSERT_CONTAINS(encache_errmsg(NULL), "1 to 4096 slots");
+  last_log[0] = '\0';
+  encache *ec = open_as(reg_name, "y");
+  ASSERT(ec->fleet == NULL);
+  ASSERT_CONTAINS(last_log, "larger than a registry of 4096 slots may be");
+  encache_close(ec);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  printf("# refused in %.3f s\n", (double)(t1.tv_sec - t0.tv_sec) +
+                                      (t1.tv_nsec - t0.tv_nsec) / 1e9);
+  /* 3 slots claimed in the file of 2: refused (not exactly its size). */
+  hdr[4] = 3;
+  ASSERT_EQ_INT(ftruncate(fd, (off_t)(64 + 2 * slot_size)), 0);
+  ASSERT_EQ_INT(pwrite(fd, hdr, sizeof(hdr), 0), (long long)sizeof(hdr));
+  ASSERT_EQ_INT(encache_fleet_read(reg_name, see, &s), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "damaged header (format");
+  close(fd);
+}
+
+TEST(fleet_long_names_are_cut_at_a_character_boundary) {
+  fleet_env();
+  char name[256] = "";
+  for (int i = 0; i < 100; i++)
+    strcat(name, "\xc3\xa9"); /* é, 2 bytes: 200 bytes in all */
+  encache *ec = open_as(reg_name, name);
+  seen s;
+  ASSERT_EQ_INT(read_reg(&s), 1);
+  /* 127 bytes fit: 63 whole characters, not 63 and half of one. */
+  ASSERT_EQ_INT(strlen(s.encoder[0]), 126);
+  ASSERT(strncmp(s.encoder[0], name, 126) == 0);
+  encache_close(ec);
 }

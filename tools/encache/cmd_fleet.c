@@ -2,9 +2,13 @@
 /*
  * cmd_fleet.c: the fleet commands, readers of the statistics registry
  * (docs/engine.md, "Seeing the fleet"): the end of `encache stats`,
- * `encache exporter` (Prometheus over HTTP: one request at a time, each
- * bounded by timeouts, loopback unless --allow-remote) and `encache top`
- * (a live table on a plain terminal: ANSI escapes, no curses).
+ * `encache exporter` (Prometheus over HTTP: one poll() loop serving up to
+ * 16 connections at once, each with one deadline for its whole life,
+ * loopback unless --allow-remote) and `encache top` (a live table on a
+ * plain terminal: ANSI escapes, no curses, cut to the terminal's size).
+ *
+ * (Over 600 lines: the three commands share the stop flag and its signal
+ * handling; each section is short and stands alone.)
  */
 #include "fleet_out.h"
 #include "tool.h"
@@ -20,13 +24,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
-int stats_fleet(const char *format, const char *segment, encache_store *st) {
+int stats_fleet(const char *format, const char *segment, encache_store *st,
+                const char *down) {
   int text = strcmp(format, "text") == 0;
   if (!text && strcmp(format, "json") != 0 &&
       strcmp(format, "prometheus") != 0)
@@ -39,11 +45,15 @@ int stats_fleet(const char *format, const char *segment, encache_store *st) {
     fprintf(stderr, "encache stats: %s\n", why);
   } else if (text) {
     fleet_text(stdout, &v);
-  } else if ((format[0] == 'j' ? fleet_json(stdout, st, &v, why, sizeof(why))
-                               : fleet_prometheus(stdout, st, &v, 0, why,
-                                                  sizeof(why))) < 0) {
-    fprintf(stderr, "encache stats: %s\n", why);
-    rc = -1;
+  } else {
+    if (down != NULL && format[0] == 'p')
+      fleet_store_down(stdout, down);
+    if (format[0] == 'j')
+      rc = fleet_json(stdout, st, &v, why, sizeof(why));
+    else
+      rc = fleet_prometheus(stdout, st, &v, 0, why, sizeof(why));
+    if (rc < 0)
+      fprintf(stderr, "encache stats: %s\n", why);
   }
   fleet_view_free(&v);
   if (fflush(stdout) != 0) {
@@ -90,9 +100,10 @@ static const char exporter_usage[] =
     "  --allow-remote      allow an address other than loopback (the metrics\n"
     "                      name the host's Stores and encoders)\n"
     "  --segment NAME      the registry (default: $ENCACHE_STATS_SEGMENT,\n"
-    "                      else encache.fleet)\n";
+    "                      else encache.fleet.<uid>)\n";
 
-#define EXPORTER_TIMEOUT_S 5
+#define EXPORTER_TIMEOUT_S 5 /* a connection's whole life, at most */
+#define EXPORTER_CONNS 16    /* served at once; more are closed at once */
 #define REQUEST_MAX 8192
 
 /* Splits HOST:PORT ([V6]:PORT) into host and port. */
@@ -178,32 +189,42 @@ static int open_listener(const char *listen_at, int allow_remote, int *code) {
   return fd;
 }
 
-static void send_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR && !stop_requested)
-      continue;
-    if (w <= 0)
-      return; /* the client left or timed out: nothing more to do */
-    p += w;
-    n -= (size_t)w;
-  }
-}
+/* One client connection of the exporter: its request head is read, then
+ * its answer sent, without blocking, all within its deadline (a silent or
+ * slow client holds its connection EXPORTER_TIMEOUT_S at most, and never
+ * the others). */
+typedef struct conn {
+  int fd;         /* -1: unused */
+  double deadline;
+  size_t in;      /* bytes of req read */
+  char *out;      /* the answer (malloc), NULL while the head is read */
+  size_t outn, sent;
+  char req[REQUEST_MAX];
+} conn;
 
-static void respond(int fd, const char *status, const char *type,
+/* Makes c's answer (headers, and the body unless head). */
+static void respond(conn *c, const char *status, const char *type,
                     const char *extra, const char *body, size_t n, int head) {
   char hdr[512];
   int hn = snprintf(hdr, sizeof(hdr),
                     "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu"
                     "\r\n%sConnection: close\r\n\r\n", status, type, n, extra);
-  send_all(fd, hdr, (size_t)hn);
+  size_t total = (size_t)hn + (head ? 0 : n);
+  c->out = malloc(total ? total : 1);
+  if (c->out == NULL) {
+    fprintf(stderr, "encache exporter: out of memory for an answer\n");
+    return; /* the connection is closed */
+  }
+  memcpy(c->out, hdr, (size_t)hn);
   if (!head)
-    send_all(fd, body, n);
+    memcpy(c->out + hn, body, n);
+  c->outn = total;
+  c->sent = 0;
 }
 
-static void respond_text(int fd, const char *status, const char *extra,
+static void respond_text(conn *c, const char *status, const char *extra,
                          const char *text) {
-  respond(fd, status, "text/plain; charset=utf-8", extra, text, strlen(text),
+  respond(c, status, "text/plain; charset=utf-8", extra, text, strlen(text),
           0);
 }
 
@@ -211,29 +232,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Reads the request head into buf (NUL-terminated): its length, 0 when
- * the client sent nothing (or left), -1 when it is not one (too long, or
- * not complete within EXPORTER_TIMEOUT_S: a client sending a byte now
- * and then holds the exporter no longer than a silent one). */
-static ssize_t read_head(int fd, char *buf, size_t cap) {
-  size_t n = 0;
-  double deadline = now_s() + EXPORTER_TIMEOUT_S;
-  while (n + 1 < cap) {
-    if (now_s() > deadline)
-      return n == 0 ? 0 : -1;
-    ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-    if (r < 0 && errno == EINTR && !stop_requested)
-      continue;
-    if (r <= 0)
-      return n == 0 ? 0 : -1;
-    n += (size_t)r;
-    buf[n] = '\0';
-    if (strstr(buf, "\r\n\r\n") != NULL || strstr(buf, "\n\n") != NULL)
-      return (ssize_t)n;
-  }
-  return -1;
 }
 
 /* The Prometheus body, from open_memstream (the caller frees *body);
@@ -259,26 +257,20 @@ static void metrics_body(const char *segment, encache_store *st, char **body,
   }
 }
 
-/* Answers one connection. */
-static void serve(int fd, const char *segment, encache_store *st) {
-  struct timeval tv = {EXPORTER_TIMEOUT_S, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  char req[REQUEST_MAX], method[16], target[1024], version[16];
-  ssize_t n = read_head(fd, req, sizeof(req));
-  if (n == 0)
-    return;
-  if (n < 0 || sscanf(req, "%15s %1023s %15s", method, target, version) != 3 ||
+/* Makes the answer to c's complete request head. */
+static void answer(conn *c, const char *segment, encache_store *st) {
+  char method[16], target[1024], version[16];
+  if (sscanf(c->req, "%15s %1023s %15s", method, target, version) != 3 ||
       strncmp(version, "HTTP/1.", 7) != 0) {
-    respond_text(fd, "400 Bad Request", "", "bad request\n");
+    respond_text(c, "400 Bad Request", "", "bad request\n");
     return;
   }
   int head = strcmp(method, "HEAD") == 0;
   target[strcspn(target, "?#")] = '\0';
   if (strcmp(target, "/metrics") != 0) {
-    respond_text(fd, "404 Not Found", "", "not found: try /metrics\n");
+    respond_text(c, "404 Not Found", "", "not found: try /metrics\n");
   } else if (!head && strcmp(method, "GET") != 0) {
-    respond_text(fd, "405 Method Not Allowed", "Allow: GET, HEAD\r\n",
+    respond_text(c, "405 Method Not Allowed", "Allow: GET, HEAD\r\n",
                  "only GET /metrics\n");
   } else {
     char *body, why[600];
@@ -286,13 +278,111 @@ static void serve(int fd, const char *segment, encache_store *st) {
     metrics_body(segment, st, &body, &len, why, sizeof(why));
     if (body == NULL) {
       fprintf(stderr, "encache exporter: %s\n", why);
-      respond_text(fd, "500 Internal Server Error", "", why);
+      respond_text(c, "500 Internal Server Error", "", why);
     } else {
-      respond(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "",
+      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "",
               body, len, head);
     }
     free(body);
   }
+}
+
+static void conn_close(conn *c) {
+  close(c->fd);
+  free(c->out);
+  c->fd = -1;
+  c->out = NULL;
+}
+
+/* Moves c on after poll() said it is ready: reads what the client sent
+ * (the answer is made once the head is complete; a head too long is a
+ * 400), or sends what the client can take.  Closes it when done. */
+static void conn_step(conn *c, const char *segment, encache_store *st) {
+  if (c->out == NULL) {
+    ssize_t r = recv(c->fd, c->req + c->in, sizeof(c->req) - 1 - c->in,
+                     MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return;
+    if (r <= 0) { /* the client left (or half-closed without a request) */
+      conn_close(c);
+      return;
+    }
+    c->in += (size_t)r;
+    c->req[c->in] = '\0';
+    if (strstr(c->req, "\r\n\r\n") != NULL || strstr(c->req, "\n\n") != NULL)
+      answer(c, segment, st);
+    else if (c->in + 1 >= sizeof(c->req))
+      respond_text(c, "400 Bad Request", "", "request head too long\n");
+    else
+      return;
+    if (c->out == NULL)
+      conn_close(c); /* no memory for the answer */
+    return;
+  }
+  ssize_t w = send(c->fd, c->out + c->sent, c->outn - c->sent,
+                   MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return;
+  if (w <= 0 || (c->sent += (size_t)w) == c->outn)
+    conn_close(c); /* done, or the client left */
+}
+
+/* Takes a new connection into a free conn, or closes it at once when all
+ * EXPORTER_CONNS are busy (the client sees the connection closed). */
+static void conn_accept(int lfd, conn *cs) {
+  int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (cfd < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
+        errno == ENOBUFS)
+      poll(NULL, 0, 100); /* out of something: no busy loop */
+    return;
+  }
+  for (int i = 0; i < EXPORTER_CONNS; i++)
+    if (cs[i].fd < 0) {
+      cs[i].fd = cfd;
+      cs[i].in = 0;
+      cs[i].req[0] = '\0';
+      cs[i].deadline = now_s() + EXPORTER_TIMEOUT_S;
+      return;
+    }
+  close(cfd);
+}
+
+/* Serves until SIGINT or SIGTERM: up to EXPORTER_CONNS connections at
+ * once, each closed at its deadline whatever it is doing. */
+static void serve_loop(int lfd, const char *segment, encache_store *st) {
+  static conn cs[EXPORTER_CONNS];
+  for (int i = 0; i < EXPORTER_CONNS; i++)
+    cs[i].fd = -1;
+  while (!stop_requested) {
+    struct pollfd p[EXPORTER_CONNS + 1];
+    int map[EXPORTER_CONNS + 1], np = 1, wait_ms = 1000;
+    double now = now_s();
+    p[0] = (struct pollfd){lfd, POLLIN, 0};
+    for (int i = 0; i < EXPORTER_CONNS; i++) {
+      if (cs[i].fd < 0)
+        continue;
+      double left = (cs[i].deadline - now) * 1000.0 + 1.0;
+      if (left < wait_ms)
+        wait_ms = left < 0 ? 0 : (int)left;
+      map[np] = i;
+      p[np++] = (struct pollfd){cs[i].fd, cs[i].out ? POLLOUT : POLLIN, 0};
+    }
+    if (poll(p, (nfds_t)np, wait_ms) > 0) { /* else a timeout, or EINTR */
+      for (int k = 1; k < np; k++)
+        if (p[k].revents != 0)
+          conn_step(&cs[map[k]], segment, st);
+      if (p[0].revents & POLLIN)
+        conn_accept(lfd, cs);
+    }
+    now = now_s();
+    for (int i = 0; i < EXPORTER_CONNS; i++)
+      if (cs[i].fd >= 0 && now > cs[i].deadline)
+        conn_close(&cs[i]); /* silent or slow: its time is up */
+  }
+  for (int i = 0; i < EXPORTER_CONNS; i++)
+    if (cs[i].fd >= 0)
+      conn_close(&cs[i]);
 }
 
 /* Prints where the exporter listens (the port chosen for port 0). */
@@ -332,21 +422,7 @@ static int run_exporter(const tool_globals *g, const tool_args *a) {
   }
   catch_stop();
   say_listening(lfd);
-  while (!stop_requested) {
-    struct pollfd p = {lfd, POLLIN, 0};
-    int r = poll(&p, 1, 1000);
-    if (r <= 0)
-      continue; /* a timeout, or EINTR: look at the flag */
-    int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (cfd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
-          errno == ENOBUFS)
-        poll(NULL, 0, 100); /* out of something: no busy loop */
-      continue;
-    }
-    serve(cfd, segment, st);
-    close(cfd);
-  }
+  serve_loop(lfd, segment, st);
   fprintf(stderr, "encache exporter: stopped\n");
   close(lfd);
   encache_store_close(st);
@@ -373,7 +449,7 @@ static const char top_usage[] =
     "  --interval MS   refresh every MS milliseconds (default 1000)\n"
     "  --once          print one frame and exit (for scripts)\n"
     "  --segment NAME  the registry (default: $ENCACHE_STATS_SEGMENT, else\n"
-    "                  encache.fleet)\n";
+    "                  encache.fleet.<uid>)\n";
 
 /* n bytes with a binary unit, in buf. */
 static const char *human_bytes(uint64_t n, char *buf, size_t size) {
@@ -407,23 +483,20 @@ static int row_cmp(const void *x, const void *y) {
   return c != 0 ? c : (a->pid > b->pid) - (a->pid < b->pid);
 }
 
-/* One frame; live: ANSI (home, clear each line's rest, then the screen's). */
-static void top_frame(const char *segment, int live) {
-  const char *eol = live ? "\033[K\n" : "\n";
+/* The frame's text, one line per row (no ANSI), into out. */
+static void top_text(FILE *out, const char *segment) {
   fleet_view v = {NULL, 0, 0};
   char why[600], t[32], b1[32], b2[32], l1[32], l2[32];
   int rc = fleet_collect(segment, &v, why, sizeof(why));
   time_t now = time(NULL);
   strftime(t, sizeof(t), "%H:%M:%S", localtime(&now));
-  if (live)
-    fputs("\033[H", stdout);
-  printf("encache top - registry %s - %zu handle%s - %s%s", segment, v.n,
-         v.n == 1 ? "" : "s", t, eol);
+  fprintf(out, "encache top - registry %s - %zu handle%s - %s\n", segment,
+          v.n, v.n == 1 ? "" : "s", t);
   if (rc < 0)
-    printf("error: %s%s", why, eol);
-  printf("%-20s %8s %6s %9s %9s %9s %8s %8s %7s  %s%s", "ENCODER", "PID",
-         "HIT%", "AVOIDED", "READ", "WRITTEN", "P50", "P99", "PENDING",
-         "STORE", eol);
+    fprintf(out, "error: %s\n", why);
+  fprintf(out, "%-20s %8s %6s %9s %9s %9s %8s %8s %7s  %s\n", "ENCODER", "PID",
+          "HIT%", "AVOIDED", "READ", "WRITTEN", "P50", "P99", "PENDING",
+          "STORE");
   if (v.n > 1)
     qsort(v.rows, v.n, sizeof(v.rows[0]), row_cmp);
   for (size_t k = 0; k < v.n; k++) {
@@ -431,21 +504,85 @@ static void top_frame(const char *segment, int live) {
     double rate = r->st.candidates
                       ? 100.0 * (double)r->st.hits / (double)r->st.candidates
                       : 0.0;
-    printf("%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7" PRIu64
-           "  %s%s", r->encoder, r->pid, rate, r->st.hits,
-           human_bytes(r->st.bytes_read, b1, sizeof(b1)),
-           human_bytes(r->bytes_written, b2, sizeof(b2)),
-           human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
-           human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
-           r->st.pending_items, r->store, eol);
+    fprintf(out, "%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7"
+            PRIu64 "  %s\n", r->encoder, r->pid, rate, r->st.hits,
+            human_bytes(r->st.bytes_read, b1, sizeof(b1)),
+            human_bytes(r->bytes_written, b2, sizeof(b2)),
+            human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
+            human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
+            r->st.pending_items, r->store);
   }
-  if (live)
-    printf("%s(q quits)\033[J", eol);
-  fflush(stdout);
   fleet_view_free(&v);
 }
 
-/* Waits up to ms for a key on the terminal: 1 when q was pressed. */
+/* The terminal's size (80x24 when it does not say). */
+static void term_size(int *cols, int *rows) {
+  struct winsize ws;
+  *cols = 80;
+  *rows = 24;
+  if (ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 && ws.ws_row > 0) {
+    *cols = ws.ws_col;
+    *rows = ws.ws_row < 3 ? 3 : ws.ws_row;
+  }
+}
+
+/* Writes line (len bytes) cut to cols columns (a UTF-8 character counts
+ * one: its continuation bytes none). */
+static void put_cut(const char *line, size_t len, int cols) {
+  size_t n = 0;
+  for (int c = 0; n < len; n++) {
+    if (((unsigned char)line[n] & 0xC0) != 0x80 && c++ == cols)
+      break;
+  }
+  fwrite(line, 1, n, stdout);
+}
+
+/* One frame.  live: drawn over the last one (ANSI: home, each line's rest
+ * cleared, then the screen's), cut to the terminal's width and height,
+ * the last line saying how many rows did not fit; else plain lines. */
+static void top_frame(const char *segment, int live) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&text, &len);
+  if (m == NULL)
+    return;
+  top_text(m, segment);
+  if (fclose(m) != 0 || text == NULL) {
+    free(text);
+    return;
+  }
+  if (!live) {
+    fputs(text, stdout);
+  } else {
+    int cols, rows, nl = 0;
+    term_size(&cols, &rows);
+    for (size_t i = 0; i < len; i++)
+      nl += text[i] == '\n';
+    fputs("\033[H", stdout);
+    const char *p = text;
+    for (int k = 0; k < nl && k < rows - 1; k++) {
+      const char *e = strchr(p, '\n');
+      if (k == rows - 2 && nl > rows - 1)
+        break; /* the last line left says what did not fit */
+      put_cut(p, (size_t)(e - p), cols);
+      fputs("\033[K\n", stdout);
+      p = e + 1;
+    }
+    char last[64];
+    int shown = nl < rows - 1 ? nl : rows - 2;
+    if (nl > shown)
+      snprintf(last, sizeof(last), "(%d more lines; q quits)", nl - shown);
+    else
+      snprintf(last, sizeof(last), "(q quits)");
+    put_cut(last, strlen(last), cols);
+    fputs("\033[J", stdout);
+  }
+  fflush(stdout);
+  free(text);
+}
+
+/* Waits up to ms for a key on the terminal: 1 when q was pressed (0 too
+ * when a signal came: the caller looks at its flags). */
 static int wait_key(int tty, int ms) {
   struct pollfd p = {0, POLLIN, 0};
   if (!tty) {
@@ -458,6 +595,58 @@ static int wait_key(int tty, int ms) {
     return r == 1 && (c == 'q' || c == 'Q');
   }
   return 0;
+}
+
+/* top's terminal: raw keys (no echo, no line editing) and the alternate
+ * screen while it runs; given back on every way out (q, SIGINT, SIGTERM,
+ * SIGQUIT, SIGHUP) and around a stop (SIGTSTP: Ctrl-Z), taken again on
+ * SIGCONT. */
+static volatile sig_atomic_t top_suspend, top_resumed;
+static void on_tstp(int sig) {
+  (void)sig;
+  top_suspend = 1;
+}
+static void on_cont(int sig) {
+  (void)sig;
+  top_resumed = 1;
+}
+static void on_winch(int sig) { /* interrupts the wait: a redraw */
+  (void)sig;
+}
+
+static void term_enter(int tty, const struct termios *saved) {
+  if (tty) {
+    struct termios raw = *saved;
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 1;
+    raw.c_cc[VTIME] = 0;
+    tcsetattr(0, TCSANOW, &raw);
+  }
+  fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+  fflush(stdout);
+}
+
+static void term_leave(int tty, const struct termios *saved) {
+  fputs("\033[?25h\033[?1049l", stdout);
+  fflush(stdout);
+  if (tty)
+    tcsetattr(0, TCSANOW, saved);
+}
+
+static void top_signals(void) {
+  catch_stop(); /* SIGINT, SIGTERM */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on_stop;
+  sigaction(SIGQUIT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = on_tstp;
+  sigaction(SIGTSTP, &sa, NULL);
+  sa.sa_handler = on_cont;
+  sigaction(SIGCONT, &sa, NULL);
+  sa.sa_handler = on_winch;
+  sigaction(SIGWINCH, &sa, NULL); /* a redraw at the new size */
 }
 
 static int run_top(const tool_globals *g, const tool_args *a) {
@@ -479,28 +668,25 @@ static int run_top(const tool_globals *g, const tool_args *a) {
     top_frame(segment, 0);
     return EXIT_OK;
   }
-  int tty = isatty(0);
-  struct termios saved, raw;
-  if (tty && tcgetattr(0, &saved) == 0) {
-    raw = saved;
-    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
-    raw.c_cc[VMIN] = 1;
-    raw.c_cc[VTIME] = 0;
-    tcsetattr(0, TCSANOW, &raw);
-  } else {
-    tty = 0;
-  }
-  catch_stop();
-  fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+  struct termios saved;
+  int tty = isatty(0) && tcgetattr(0, &saved) == 0;
+  top_signals();
+  term_enter(tty, &saved);
   while (!stop_requested) {
+    if (top_suspend) { /* Ctrl-Z: the terminal back, then stop */
+      top_suspend = 0;
+      term_leave(tty, &saved);
+      raise(SIGSTOP);
+    }
+    if (top_resumed) { /* after a stop, or a new size */
+      top_resumed = 0;
+      term_enter(tty, &saved);
+    }
     top_frame(segment, 1);
     if (wait_key(tty, interval))
       break;
   }
-  fputs("\033[?25h\033[?1049l", stdout);
-  fflush(stdout);
-  if (tty)
-    tcsetattr(0, TCSANOW, &saved);
+  term_leave(tty, &saved);
   return EXIT_OK;
 }
 

@@ -201,13 +201,15 @@ static const char stats_usage[] =
     "second chances given at eviction, repairs (after a crashed process or\n"
     "damage found in a shared segment, and objects dropped because their\n"
     "checksum failed); then every counter and latency histogram of the\n"
-    "engine handles open on this host (the statistics registry).\n"
+    "engine handles open on this host (the statistics registry), printed\n"
+    "even when the Store cannot be opened (exit 1 then if --store or\n"
+    "$ENCACHE_STORE named it, else 0).\n"
     "\n"
     "  --format F     text (default: the Store's counters, then a table of\n"
     "                 the handles), json, or prometheus (the Prometheus text\n"
     "                 format, what `encache exporter` serves)\n"
     "  --segment NAME the registry (default: $ENCACHE_STATS_SEGMENT, else\n"
-    "                 encache.fleet; the engine's stats_segment option)\n";
+    "                 encache.fleet.<uid>; the engine's stats_segment option)\n";
 
 static void stat_line(const char *name, uint64_t v) {
   if (v == UINT64_MAX)
@@ -216,17 +218,21 @@ static void stat_line(const char *name, uint64_t v) {
     printf("%-13s %" PRIu64 "\n", name, v);
 }
 
-static int run_stats(const tool_globals *g, const tool_args *a) {
-  (void)g;
-  encache_store *st = a->st;
-  if (a->val[0] != NULL && strcmp(a->val[0], "text") != 0)
-    return stats_fleet(a->val[0], a->val[1], st);
+/* `encache stats` on an open Store; one that does not answer (a Redis
+ * server down: opened lazily) does not hide the fleet either (exit 1). */
+static int stats_store(const tool_args *a, encache_store *st) {
+  const char *format = a->val[0] != NULL ? a->val[0] : "text";
+  int text = strcmp(format, "text") == 0;
   encache_store_stats s = {.size = sizeof(s)};
-  int r = encache_store_stats_get(st, &s);
-  if (r < 0) {
+  if (encache_store_stats_get(st, &s) < 0) {
     fprintf(stderr, "encache stats: %s\n", encache_store_errmsg(st));
-      return EXIT_FAIL;
+    if (text)
+      printf("%-13s %s (does not answer)\n", "store", encache_store_url(st));
+    int rc = stats_fleet(format, a->val[1], NULL, encache_store_url(st));
+    return rc == EXIT_OK ? EXIT_FAIL : rc;
   }
+  if (!text)
+    return stats_fleet(format, a->val[1], st, NULL);
   printf("%-13s %s\n%-13s %s\n", "store", encache_store_url(st), "kind", s.kind);
   stat_line("objects", s.objects);
   stat_line("bytes_used", s.bytes_used);
@@ -242,7 +248,33 @@ static int run_stats(const tool_globals *g, const tool_args *a) {
     stat_line("promo_done", s.tier_promotions_done);
     stat_line("promo_dropped", s.tier_promotions_dropped);
   }
-  return stats_fleet("text", a->val[1], st);
+  return stats_fleet("text", a->val[1], st, NULL);
+}
+
+/* The fleet of the host when the Store cannot be opened (its reason is
+ * printed): exit 1 when a Store was named (--store, $ENCACHE_STORE), 0
+ * when none was (the default shm segment may simply not exist). */
+static int stats_without_store(const tool_globals *g, const tool_args *a) {
+  const char *format = a->val[0] != NULL ? a->val[0] : "text";
+  char url[4096];
+  tool_existing_url(g, url, sizeof(url));
+  if (strcmp(format, "text") == 0)
+    printf("%-13s %s (cannot be opened)\n", "store", url);
+  int rc = stats_fleet(format, a->val[1], NULL, url);
+  return rc == EXIT_OK && g->store_url != NULL ? EXIT_FAIL : rc;
+}
+
+static int run_stats(const tool_globals *g, const tool_args *a) {
+  const char *f = a->val[0];
+  if (f != NULL && strcmp(f, "text") != 0 && strcmp(f, "json") != 0 &&
+      strcmp(f, "prometheus") != 0)
+    return stats_fleet(f, a->val[1], NULL, NULL); /* the usage error */
+  encache_store *st = tool_open_store("stats", g, 1);
+  if (st == NULL)
+    return stats_without_store(g, a);
+  int rc = stats_store(a, st);
+  encache_store_close(st);
+  return rc;
 }
 
 static const char rm_usage[] =
@@ -308,7 +340,8 @@ static const tool_opt stats_opts[] = {{"format", 1}, {"segment", 1},
                                       {NULL, 0}};
 const tool_command cmd_stats = {"stats", "show the Store's counters",
                                 stats_usage, stats_opts,
-                                OPEN_EXISTING_, 0, 0, "", run_stats};
+                                TOOL_STORE | TOOL_EXISTING, 0, 0, "",
+                                run_stats};
 const tool_command cmd_rm = {"rm", "remove objects", rm_usage, NULL,
                              OPEN_EXISTING_, 1, -1, "KEY...", run_rm};
 const tool_command cmd_shm = {"shm", "manage shared-memory segments (destroy)",

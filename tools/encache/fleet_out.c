@@ -11,12 +11,17 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *fleet_segment(const char *arg) {
+  static char def[64];
   const char *env = getenv("ENCACHE_STATS_SEGMENT");
   if (arg != NULL)
     return arg;
-  return env != NULL && env[0] != '\0' ? env : FLEET_DEFAULT_SEGMENT;
+  if (env != NULL && env[0] != '\0')
+    return env;
+  snprintf(def, sizeof(def), FLEET_DEFAULT_SEGMENT ".%u", (unsigned)geteuid());
+  return def;
 }
 
 static int collect_one(const encache_fleet_entry *e, void *ctx) {
@@ -176,11 +181,65 @@ static uint64_t field_of(const encache_stats *st, size_t off) {
   return v;
 }
 
+/* The length of the valid UTF-8 character at s (1 to 4), or 0 when the
+ * bytes there are not one (a stray continuation byte, an overlong form, a
+ * surrogate, a character cut short). */
+static size_t utf8_len(const unsigned char *s) {
+  unsigned char c = s[0];
+  unsigned char lo = 0x80, hi = 0xBF;
+  size_t n;
+  if (c < 0x80)
+    return 1;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 2;
+  else if (c >= 0xE0 && c <= 0xEF)
+    n = 3;
+  else if (c >= 0xF0 && c <= 0xF4)
+    n = 4;
+  else
+    return 0;
+  if (c == 0xE0)
+    lo = 0xA0;
+  else if (c == 0xED)
+    hi = 0x9F;
+  else if (c == 0xF0)
+    lo = 0x90;
+  else if (c == 0xF4)
+    hi = 0x8F;
+  if (s[1] < lo || s[1] > hi)
+    return 0;
+  for (size_t i = 2; i < n; i++)
+    if ((s[i] & 0xC0) != 0x80)
+      return 0;
+  return n;
+}
+
+/* Writes the character at *s (advancing it) when it is valid UTF-8 of
+ * more than one byte, or U+FFFD for a byte that does not start one: 1;
+ * 0 for a one-byte character (*s unchanged: the caller writes it). */
+static int put_wide(FILE *out, const char **s) {
+  const unsigned char *u = (const unsigned char *)*s;
+  if (u[0] < 0x80)
+    return 0;
+  size_t n = utf8_len(u);
+  if (n == 0) {
+    fputs("\xEF\xBF\xBD", out); /* U+FFFD, for this byte */
+    n = 1;
+  } else {
+    fwrite(u, 1, n, out);
+  }
+  *s += n - 1; /* the caller's loop steps over the last byte */
+  return 1;
+}
+
 /* ---------------------------------------------------------- Prometheus */
 
-/* A label value as the text format wants it: \\, \" and \n escaped. */
+/* A label value as the text format wants it: \\, \" and \n escaped, and
+ * valid UTF-8 (U+FFFD for each byte that is not). */
 static void label_value(FILE *out, const char *s) {
   for (; *s; s++) {
+    if (put_wide(out, &s))
+      continue;
     if (*s == '\\')
       fputs("\\\\", out);
     else if (*s == '"')
@@ -325,13 +384,15 @@ static uint64_t store_field(const encache_store_stats *s, size_t off) {
 }
 
 /* encache_store_up: whether the Store answered (its counters follow). */
-static void store_up(FILE *out, encache_store *st, int up) {
+static void store_up(FILE *out, const char *url, int up) {
   family(out, "encache_store_up", "gauge",
          "1 when the Store answered for its counters, else 0");
   fputs("encache_store_up{store=\"", out);
-  label_value(out, encache_store_url(st));
+  label_value(out, url);
   fprintf(out, "\"} %d\n", up);
 }
+
+void fleet_store_down(FILE *out, const char *url) { store_up(out, url, 0); }
 
 int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
                      int tolerant, char *why, size_t n) {
@@ -339,10 +400,10 @@ int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
   if (st != NULL && store_stats(st, &s, why, n) < 0) {
     if (!tolerant)
       return -1;
-    store_up(out, st, 0);
+    store_up(out, encache_store_url(st), 0);
     st = NULL; /* the handles' metrics all the same */
   } else if (st != NULL) {
-    store_up(out, st, 1);
+    store_up(out, encache_store_url(st), 1);
   }
   for (size_t m = 0; st != NULL && m < sizeof(store_metrics) /
                                            sizeof(store_metrics[0]); m++) {
@@ -367,6 +428,8 @@ static void json_string(FILE *out, const char *s) {
   fputc('"', out);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
+    if (put_wide(out, &s)) /* valid UTF-8, U+FFFD for what is not */
+      continue;
     if (c == '"' || c == '\\')
       fprintf(out, "\\%c", c);
     else if (c < 0x20)

@@ -12,7 +12,8 @@
 #include "encache.h"
 
 /* The registry a tool reads unless --segment says: $ENCACHE_STATS_SEGMENT,
- * else the stats_segment option's default. */
+ * else the stats_segment option's default, FLEET_DEFAULT_SEGMENT ".<euid>"
+ * (one registry per user). */
 #define FLEET_DEFAULT_SEGMENT "encache.fleet"
 const char *fleet_segment(const char *arg);
 
@@ -47,6 +48,9 @@ double fleet_quantile(const encache_histogram *h, double q);
  * encache_store_up is 0 and the handles' metrics follow. */
 int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
                      int tolerant, char *why, size_t n);
+/* The Prometheus lines of a Store that could not be opened at url:
+ * encache_store_up 0 (fleet_prometheus() with st NULL follows). */
+void fleet_store_down(FILE *out, const char *url);
 /* One JSON object: {"store": {...} or null, "handles": [...]}. */
 int fleet_json(FILE *out, encache_store *st, const fleet_view *v, char *why,
                size_t n);
@@ -55,8 +59,10 @@ void fleet_text(FILE *out, const fleet_view *v);
 
 /* The end of `encache stats` (cmd_fleet.c): in `format` ("text" after
  * the Store's counters; "json" and "prometheus" all of it) the handles
- * of registry `segment` (NULL: fleet_segment()) and st's counters.
- * Returns the tool's exit code. */
-int stats_fleet(const char *format, const char *segment, encache_store *st);
+ * of registry `segment` (NULL: fleet_segment()) and st's counters; st
+ * NULL with down set: the Store at URL down could not be opened
+ * (encache_store_up 0; "store": null).  Returns the tool's exit code. */
+int stats_fleet(const char *format, const char *segment, encache_store *st,
+                const char *down);
 
 #endif
