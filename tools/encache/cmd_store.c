@@ -338,7 +338,7 @@ const tool_command cmd_ls = {"ls", "list objects whose keys match a pattern",
                              "at most one PATTERN (quote it)", run_ls};
 static const tool_opt stats_opts[] = {{"format", 1}, {"segment", 1},
                                       {NULL, 0}};
-const tool_command cmd_stats = {"stats", "show the Store's counters",
+const tool_command cmd_stats = {"stats", "show the Store's and this host's encoders' counters",
                                 stats_usage, stats_opts,
                                 TOOL_STORE | TOOL_EXISTING, 0, 0, "",
                                 run_stats};
