@@ -89,6 +89,53 @@ static inline encache_candidate bench_candidate(const char *id, uint64_t rows,
   return c;
 }
 
+/* Sustained publication: `total` new ids PREFIX-FIRST, PREFIX-FIRST+1, ...
+ * looked up (all miss) in steps of 16 and each published from view v over
+ * the storage [data, data + nbytes); a step waits for the worker when the
+ * queue nears the item budget (more than 40 pending), so that the figure
+ * is what the worker sustains, not what the budget sheds.  Seconds, with
+ * the objects written meanwhile in *written. */
+static inline double bench_publish_sustained(encache *ec, const char *prefix,
+                                             int first, int total,
+                                             const encache_tensor *v,
+                                             const void *data, size_t nbytes,
+                                             uint64_t *written) {
+  enum { B = 16 };
+  bench_pool none = {NULL};
+  encache_allocator a = {sizeof(a), &none, bench_pool_alloc, NULL};
+  encache_stats s0, s1;
+  bench_stats(ec, &s0);
+  double t0 = measure_now();
+  for (int i = first; i < first + total; i += B) {
+    char ids[B][32];
+    encache_candidate c[B];
+    encache_result r[B];
+    for (int k = 0; k < B; k++) {
+      snprintf(ids[k], sizeof(ids[k]), "%s-%d", prefix, i + k);
+      c[k] = bench_candidate(ids[k], (uint64_t)v->shape[0],
+                             (uint64_t)v->shape[1]);
+    }
+    encache_step *step = NULL;
+    bench_lookup(ec, &step, c, B, &a, r);
+    for (int k = 0; k < B; k++) {
+      encache_storage *stg = NULL;
+      encache_storage_new(data, nbytes, NULL, NULL, &stg);
+      bench_publish(step, ids[k], v, stg);
+      encache_storage_unref(stg);
+    }
+    encache_step_close(step);
+    encache_stats now;
+    bench_stats(ec, &now);
+    if (now.pending_items > 40)
+      encache_flush(ec);
+  }
+  encache_flush(ec);
+  double dt = measure_now() - t0;
+  bench_stats(ec, &s1);
+  *written = s1.published_written - s0.published_written;
+  return dt;
+}
+
 /* Writes data (rows x cols float32) at key with its v3 header, as the
  * engine would.  Returns the Store's answer (0, ENCACHE_EEXIST, ...). */
 static inline int bench_write_object(encache_store *st, const char *key,

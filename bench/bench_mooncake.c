@@ -199,47 +199,15 @@ static double raw_puts(raw_abi *m, encache *ec, int first, int total,
   return dt;
 }
 
-/* (b), engine: as many publications, in steps of 16 new outputs; a step
- * waits for the worker when the queue nears its budget.  Seconds; the
- * count written in *written. */
+/* (b), engine: as many publications (bench_publish_sustained()).
+ * Seconds; the count written in *written. */
 static double engine_puts(encache *ec, int first, int total, size_t nbytes,
                           void *data, uint64_t *written) {
-  enum { B = 16 };
   uint64_t rows = nbytes / 4096, cols = 1024;
   int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
   encache_tensor v = {sizeof v, data, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
-  bench_pool none = {NULL};
-  encache_allocator a = {sizeof(a), &none, bench_pool_alloc, NULL};
-  encache_stats s0, s1;
-  bench_stats(ec, &s0);
-  double t0 = measure_now();
-  for (int i = first; i < first + total; i += B) {
-    char ids[B][32];
-    encache_candidate c[B];
-    encache_result r[B];
-    for (int k = 0; k < B; k++) {
-      snprintf(ids[k], 32, "b-eng-%d", i + k);
-      c[k] = bench_candidate(ids[k], rows, cols);
-    }
-    encache_step *step = NULL;
-    bench_lookup(ec, &step, c, B, &a, r);
-    for (int k = 0; k < B; k++) {
-      encache_storage *stg = NULL;
-      encache_storage_new(data, nbytes, NULL, NULL, &stg);
-      bench_publish(step, ids[k], &v, stg);
-      encache_storage_unref(stg);
-    }
-    encache_step_close(step);
-    encache_stats now;
-    bench_stats(ec, &now);
-    if (now.pending_items > 40)
-      encache_flush(ec);
-  }
-  encache_flush(ec);
-  double dt = measure_now() - t0;
-  bench_stats(ec, &s1);
-  *written = s1.published_written - s0.published_written;
-  return dt;
+  return bench_publish_sustained(ec, "b-eng", first, total, &v, data, nbytes,
+                                 written);
 }
 
 static int bench_writes(raw_abi *m, encache *ec, int iters) {
