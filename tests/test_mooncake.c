@@ -426,6 +426,38 @@ static void free_results(encache_result *r, size_t n) {
       free(r[i].data);
 }
 
+/* Mooncake fills one buffer per key of a batch (fake_mooncake.c does as
+ * it does): a key asked twice in one lookup (two contracts of one output)
+ * is read in two rounds, and the first slot never keeps what an earlier
+ * lookup left there (here "b", of the same shape: a wrong hit). */
+TEST(mooncake_same_key_twice_in_one_read) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 4096, &f);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  encache_result r[2];
+  static const char *const b[] = {"b"};
+  ASSERT_EQ_INT(lookup_fake(step, b, 1, r), 1);
+  free_results(r, 1);
+  int gets = f.calls[F_GET];
+  encache_candidate c[2] = {
+      {sizeof(c[0]), "a", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 2, 2,
+       ENCACHE_DEVICE_HOST, 0},
+      {sizeof(c[0]), "a", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 4, 1,
+       ENCACHE_DEVICE_HOST, 0}};
+  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn};
+  r[0].size = sizeof(r[0]);
+  ASSERT_EQ_INT(encache_lookup(step, c, 2, &a, r), 1);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT);
+  ASSERT_EQ_INT((int)((float *)r[0].data)[0], 0); /* a's, not b's */
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_INCOMPATIBLE);
+  ASSERT_EQ_STR(r[1].why, "shape 2x2 (expected 4x1)");
+  ASSERT_EQ_INT(f.calls[F_GET] - gets, 2);
+  free_results(r, 2);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+}
+
 /* Over TCP the handle needs no registration; over RDMA it does.  Both
  * read a missing key as cheaply as they check it. */
 TEST(mooncake_caps_follow_the_protocol) {

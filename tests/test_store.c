@@ -392,8 +392,19 @@ TEST(store_remove_prefix_removes_only_the_namespace) {
     ASSERT_CONTAINS(encache_store_errmsg(st), "cannot count");
   }
   purge_exists(st, gone, PURGE_N, 1);
-  ASSERT_EQ_INT(encache_store_remove_prefix(st, prefix, &removed), 0);
-  ASSERT_EQ_U64(removed, PURGE_N);
+  /* Mooncake grants a read lease on an existence check (about 5 s) and
+   * its removal skips leased objects: a later run removes them, as
+   * docs/stores.md says.  Every other Store removes them all at once. */
+  uint64_t total = 0;
+  for (int tries = 0; tries < 40 && total < PURGE_N; tries++) {
+    if (tries > 0)
+      usleep(500 * 1000);
+    ASSERT_EQ_INT(encache_store_remove_prefix(st, prefix, &removed), 0);
+    total += removed;
+    if (strncmp(encache_store_url(st), "mooncake:", 9) != 0)
+      break;
+  }
+  ASSERT_EQ_U64(total, PURGE_N);
   purge_exists(st, gone, PURGE_N, 0);
   /* Every other object survives, byte for byte. */
   for (int i = 0; i < nstay; i++) {

@@ -251,8 +251,10 @@ static int read_confirm(mooncake_store *s, const char *key, int64_t code,
   return e == ENCACHE_ENOENT ? e : ENCACHE_EUNAVAIL;
 }
 
-static int mc_read(encache_store *st, const char *const *keys, size_t n,
-                   void *const *bufs, const size_t *caps, int64_t *results) {
+/* One batch_get_into of n distinct keys. */
+static int read_batch(encache_store *st, const char *const *keys, size_t n,
+                      void *const *bufs, const size_t *caps,
+                      int64_t *results) {
   mooncake_store *s = ms(st);
   int rc = s->batch_get_into(s->h, (const char **)keys, (void **)bufs, caps, n,
                              results);
@@ -281,6 +283,90 @@ static int mc_read(encache_store *st, const char *const *keys, size_t n,
     }
   /* A count above the slot is left for the engine to judge. */
   return 0;
+}
+
+/* A key of the batch and where it stands in it (mc_read). */
+typedef struct mc_slot {
+  const char *key;
+  size_t at;
+} mc_slot;
+
+static int slot_cmp(const void *a, const void *b) {
+  const mc_slot *x = a, *y = b;
+  int c = strcmp(x->key, y->key);
+  return c != 0 ? c : x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* One round of a batch read in rounds: its members' keys, buffers, sizes
+ * and answers, in batch order. */
+typedef struct mc_round {
+  const char **keys;
+  void **bufs;
+  size_t *caps;
+  int64_t *answers;
+} mc_round;
+
+/* Which occurrence of its key each of the n keys is (round[i]: 0 for the
+ * first), using o (n slots); returns the number of rounds. */
+static size_t read_rounds(const char *const *keys, size_t n, mc_slot *o,
+                          size_t *round) {
+  size_t rounds = 1;
+  for (size_t i = 0; i < n; i++)
+    o[i] = (mc_slot){keys[i], i}, round[i] = 0;
+  qsort(o, n, sizeof(*o), slot_cmp);
+  for (size_t i = 1; i < n; i++)
+    if (strcmp(o[i].key, o[i - 1].key) == 0) {
+      round[o[i].at] = round[o[i - 1].at] + 1;
+      if (round[o[i].at] + 1 > rounds)
+        rounds = round[o[i].at] + 1;
+    }
+  return rounds;
+}
+
+/*
+ * Mooncake's batch_get_into keeps one buffer per key (a map from key to
+ * buffer): a key asked twice in one batch fills one of its buffers only,
+ * yet every one answers success, and the other would be judged as it was
+ * left (a stale object in a reused staging slot would be a wrong hit).
+ * So a batch with a key more than once is read in rounds, each key at
+ * most once per round: round r reads the r-th occurrence of every key.
+ * A batch of distinct keys (the usual one) is a single batch_get_into.
+ */
+static int mc_read(encache_store *st, const char *const *keys, size_t n,
+                   void *const *bufs, const size_t *caps, int64_t *results) {
+  if (n < 2)
+    return read_batch(st, keys, n, bufs, caps, results);
+  mc_slot *o = encache__calloc(n, sizeof(*o));
+  size_t *round = encache__calloc(n, sizeof(*round));
+  mc_round m = {encache__calloc(n, sizeof(char *)),
+                encache__calloc(n, sizeof(void *)),
+                encache__calloc(n, sizeof(size_t)),
+                encache__calloc(n, sizeof(int64_t))};
+  int rc = o == NULL || round == NULL || m.keys == NULL || m.bufs == NULL ||
+                   m.caps == NULL || m.answers == NULL
+               ? encache__store_fail(st, ENCACHE_EUNAVAIL, "out of memory")
+               : 0;
+  size_t rounds = rc == 0 ? read_rounds(keys, n, o, round) : 0;
+  if (rounds == 1)
+    rc = read_batch(st, keys, n, bufs, caps, results);
+  for (size_t r = 0; rounds > 1 && r < rounds && rc == 0; r++) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+      if (round[i] == r) {
+        o[k].at = i;
+        m.keys[k] = keys[i], m.bufs[k] = bufs[i], m.caps[k++] = caps[i];
+      }
+    rc = read_batch(st, m.keys, k, m.bufs, m.caps, m.answers);
+    for (size_t j = 0; rc == 0 && j < k; j++)
+      results[o[j].at] = m.answers[j];
+  }
+  encache__free(o);
+  encache__free(round);
+  encache__free(m.keys);
+  encache__free(m.bufs);
+  encache__free(m.caps);
+  encache__free(m.answers);
+  return rc;
 }
 
 static int mc_object_size(encache_store *st, const char *key, uint64_t *len) {
@@ -523,9 +609,12 @@ static int load_config(mooncake_store *s, const char *url,
   if (rc == 0)
     rc = encache_config_load_mooncake_file(*cfg, path);
   if (rc < 0) {
+    /* Out of memory, the configuration may have no message to give. */
+    const char *msg = rc == ENCACHE_ENOMEM ? "out of memory reading the "
+                                             "client JSON"
+                                           : encache_config_errmsg(*cfg);
     rc = rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG;
-    encache__store_fail(&s->base, rc, "%s: %s", url,
-                        encache_config_errmsg(*cfg));
+    encache__store_fail(&s->base, rc, "%s: %s", url, msg);
   }
   return rc;
 }
@@ -607,7 +696,7 @@ int encache__mooncake_open(const char *url, encache_store **out) {
   mooncake_store *s = encache__calloc(1, sizeof(*s));
   if (s == NULL || (s->base.url = encache__strdup(url)) == NULL) {
     encache__free(s);
-    return ENCACHE_ENOMEM;
+    return encache_store_fail(NULL, ENCACHE_ENOMEM, "out of memory");
   }
   s->ops = mooncake_ops;
   s->base.ops = &s->ops;
