@@ -102,7 +102,7 @@ static inline double bench_publish_sustained(encache *ec, const char *prefix,
                                              uint64_t *written) {
   enum { B = 16 };
   bench_pool none = {NULL};
-  encache_allocator a = {sizeof(a), &none, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &none, bench_pool_alloc, NULL, 0};
   encache_stats s0, s1;
   bench_stats(ec, &s0);
   double t0 = measure_now();
@@ -150,7 +150,11 @@ static inline int bench_write_object(encache_store *st, const char *key,
 
 /* n float32 objects of nbytes each in the Store under ids PREFIX-SIZE-K
  * of the engine's namespace, as the engine would write them: with their
- * candidates, warm destinations (the pool) and raw read buffers. */
+ * candidates, warm destinations (the pool, each with BENCH_HEADROOM bytes
+ * in front that the allocator lends: encache_allocator.headroom) and raw
+ * read buffers. */
+#define BENCH_HEADROOM 64
+
 typedef struct bench_hits {
   encache *ec;
   encache_store *st;
@@ -172,7 +176,7 @@ static inline void bench_hits_drop(bench_hits *h) {
   for (int k = 0; h->dst && h->raw && h->keys && k < h->n; k++) {
     if (h->keys[k] != NULL)
       encache_store_remove(h->st, h->keys[k]);
-    free(h->dst[k]);
+    free(h->dst[k] ? (char *)h->dst[k] - BENCH_HEADROOM : NULL);
     free(h->raw[k]);
     free(h->keys[k]);
   }
@@ -198,7 +202,8 @@ static inline int bench_hits_make(bench_hits *h, encache *ec,
   int rc = h->dst && h->raw && h->ids && h->keys && h->caps && h->res &&
                    h->c && h->r ? 0 : -1;
   for (int k = 0; k < n && rc == 0; k++) {
-    h->dst[k] = malloc(h->nbytes);
+    char *room = malloc(BENCH_HEADROOM + h->nbytes);
+    h->dst[k] = room ? room + BENCH_HEADROOM : NULL;
     h->raw[k] = calloc(1, h->nbytes + 24);
     h->keys[k] = malloc(4096);
     if (!h->dst[k] || !h->raw[k] || !h->keys[k]) {
@@ -224,7 +229,8 @@ static inline int bench_hits_make(bench_hits *h, encache *ec,
     return -1;
   }
   h->pool.buf = h->dst;
-  encache_allocator a = {sizeof(a), &h->pool, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &h->pool, bench_pool_alloc, NULL,
+                         BENCH_HEADROOM};
   h->a = a;
   return 0;
 }

@@ -99,7 +99,7 @@ static int bench_size(encache *ec, encache_store *st, size_t nbytes,
     h.c[k].device = ENCACHE_DEVICE_CUDA;
   }
   h.pool.buf = h.dev;
-  h.a = (encache_allocator){sizeof(h.a), &h.pool, bench_pool_alloc, NULL};
+  h.a = (encache_allocator){sizeof(h.a), &h.pool, bench_pool_alloc, NULL, 0};
   measure base, subject;
   if (rc == 0 && (measure_init(&base, iters) < 0 ||
                   measure_init(&subject, iters) < 0))
@@ -132,7 +132,7 @@ static encache_step *fresh(encache *ec, const char *prefix, int first, int n,
   encache_result r[MAXN];
   void *none[MAXN] = {NULL};
   bench_pool pool = {none};
-  encache_allocator a = {sizeof(a), &pool, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &pool, bench_pool_alloc, NULL, 0};
   for (int k = 0; k < n && k < MAXN; k++) {
     snprintf(ids[k], 32, "%s-%d", prefix, first + k);
     c[k] = bench_candidate(ids[k], rows, COLS);

@@ -52,7 +52,7 @@ static encache_step *make_candidates(encache *ec, const char *prefix,
                                      encache_candidate *c, encache_result *r,
                                      uint64_t rows, uint64_t cols) {
   bench_pool dummy = {NULL};
-  encache_allocator a = {sizeof(a), &dummy, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &dummy, bench_pool_alloc, NULL, 0};
   for (int k = 0; k < n; k++) {
     snprintf(ids[k], 32, "%s-%d", prefix, first + k);
     c[k] = bench_candidate(ids[k], rows, cols);
@@ -246,7 +246,7 @@ static double one_hit(encache *ec, const char *id, void *buf) {
   encache_result r;
   void *bufs[1] = {buf};
   bench_pool pool = {bufs};
-  encache_allocator a = {sizeof(a), &pool, bench_pool_alloc, NULL};
+  encache_allocator a = {sizeof(a), &pool, bench_pool_alloc, NULL, 0};
   encache_step *step = NULL;
   double t0 = measure_now();
   bench_lookup(ec, &step, &c, 1, &a, &r);

@@ -10,7 +10,10 @@
  *     batch_get_into of the 4 whole objects into registered buffers of a
  *     client of its own ("raw"), interleaved with encache_lookup() of the
  *     same 4 objects into warm destinations: p50, p99 and raw/lookup
- *     (targets: >= 0.9 at 16 KiB, >= 0.95 from 1 MiB up);
+ *     (targets: >= 0.9 at 16 KiB, >= 0.95 from 1 MiB up); first with an
+ *     allocator that lends headroom (each object read straight into its
+ *     destination), then with one that does not (read into the staging
+ *     buffer, then copied);
  * (b) sustained writes of 1 MiB objects: put_from of header + payload from
  *     a registered buffer, one after the other, vs the engine's
  *     publication of as many (publish on the caller's thread, background
@@ -134,11 +137,14 @@ static int raw_exist_read(void *ctx) {
 
 static int lookup_fn(void *ctx) { return bench_hits_lookup(((raw_hits *)ctx)->h); }
 
+/* (a) with destinations that lend headroom bytes (0: none). */
 static int bench_hits_vs_raw(raw_abi *m, encache *ec, encache_store *st,
-                             int iters) {
+                             int iters, size_t headroom) {
   static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20};
   printf("\n(a) 4 hits: batch_is_exist + batch_get_into (raw) vs "
-         "encache_lookup\n");
+         "encache_lookup, %s\n", headroom ? "destinations with headroom "
+         "(read straight into them)" : "destinations without headroom "
+         "(staged, then copied)");
   measure t, u;
   if (measure_init(&t, iters) < 0 || measure_init(&u, iters) < 0)
     return -1;
@@ -148,6 +154,7 @@ static int bench_hits_vs_raw(raw_abi *m, encache *ec, encache_store *st,
     bench_hits h;
     if ((rc = bench_hits_make(&h, ec, st, "a", NOBJ, sizes[s])) != 0)
       break;
+    h.a.headroom = headroom;
     for (int k = 0; k < NOBJ; k++)
       if (m->register_buffer(m->h, h.raw[k], h.caps[k]) != 0)
         rc = fprintf(stderr, "bench_mooncake: register_buffer failed\n");
@@ -266,7 +273,9 @@ int main(int argc, char **argv) {
   }
   printf("store: %s (caps 0x%x)\n", encache_store_url(st),
          encache_store_caps_of(st));
-  rc = bench_hits_vs_raw(&m, ec, st, iters);
+  rc = bench_hits_vs_raw(&m, ec, st, iters, BENCH_HEADROOM);
+  if (rc == 0)
+    rc = bench_hits_vs_raw(&m, ec, st, iters, 0);
   if (rc == 0)
     rc = bench_writes(&m, ec, iters);
   encache_close(ec);

@@ -101,7 +101,7 @@ static int run_step(encache *ec, const char *const *ids, size_t n) {
                            ENCACHE_DEVICE_HOST, 0};
     cands[i] = c;
   }
-  encache_allocator a = {sizeof(a), NULL, alloc_output, release_output};
+  encache_allocator a = {sizeof(a), NULL, alloc_output, release_output, 0};
   encache_step *step = NULL;
   int hits = encache_step_open(ec, &step);
   if (hits == 0)

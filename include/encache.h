@@ -469,7 +469,13 @@ typedef struct encache_config encache_config;
      "write) is a warning, never a failed open")                             \
   XX(ENCODER_NAME, EXTRA, encoder_name, STRING, NULL, ANY, NULL,             \
      "encache's own (added in 1.3): the encoder's label in the registry "    \
-     "(unset: PID@HOSTNAME)")
+     "(unset: PID@HOSTNAME)")                                                \
+  XX(STORE_WRITES_IN_FLIGHT, EXTRA, store_writes_in_flight, UINT, "0", ANY,  \
+     NULL,                                                                   \
+     "encache's own (added in 1.3): how many writes the background "         \
+     "publisher keeps in flight, 1 to 8; 0: the Store's choice (2 on a "     \
+     "Store shared with other processes, 1 on one whose client waits by "    \
+     "polling a CPU, as Mooncake's does, and on a private one)")
 
 typedef enum encache_option {
 #define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,
@@ -944,7 +950,12 @@ typedef enum encache_store_caps {
    * round trip): a lookup then reads without checking existence first
    * (except for objects larger than its staging buffer, and with single
    * flight on), with the same outcomes. */
-  ENCACHE_STORE_CAP_READ_ABSENT = 1u << 7
+  ENCACHE_STORE_CAP_READ_ABSENT = 1u << 7,
+  /* Added in 1.3: a call waits for its transfer by polling, a whole CPU
+   * per call in flight (Mooncake's client as built by default): the
+   * publisher keeps one write in flight, not two, unless the option
+   * store_writes_in_flight says how many. */
+  ENCACHE_STORE_CAP_BUSY_WAIT = 1u << 8
 } encache_store_caps;
 
 typedef struct encache_store_backend {
@@ -1239,6 +1250,15 @@ typedef struct encache_allocator {
    * hand back (its object turned out not to be a hit, or the lookup
    * failed).  May be NULL if nothing is needed. */
   void (*release)(void *ctx, size_t i, void *data, void *handle);
+  /* Added in 1.3: how many bytes in front of every host destination
+   * (data - headroom .. data) the lookup may overwrite; 0 (the default):
+   * none.  With ENCACHE_HEADER_SIZE or more, a Store that reads objects
+   * whole into memory it needs no registration for (Mooncake over TCP)
+   * reads each object straight into its destination, its 24-byte header
+   * just in front: no copy out of the staging buffer.  Those bytes then
+   * hold anything.  CUDA destinations are never written outside
+   * [data, data + nbytes). */
+  size_t headroom;
 } encache_allocator;
 
 #define ENCACHE_ALLOCATOR_INIT {.size = sizeof(encache_allocator)}

@@ -16,6 +16,7 @@
 #include "device.h"
 #include "config/opts.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +195,9 @@ static int configure(encache *ec, const encache_options *o) {
   ec->lease_wait_ms = opt->single_flight_wait_ms;
   ec->pinned_pool_max = opt->device_pinned_pool_bytes;
   ec->device_timeout_ms = opt->device_sync_timeout_ms;
+  ec->writes_in_flight = opt->store_writes_in_flight > ENCACHE__WRITES_MAX
+                             ? ENCACHE__WRITES_MAX + 1
+                             : (unsigned)opt->store_writes_in_flight;
 
   /* The namespace as vLLM writes it (encache_config_namespace): an
    * identity of "" or null gives "model:" or "model:None", with a warning
@@ -208,6 +212,11 @@ static int configure(encache *ec, const encache_options *o) {
     rc = encache__fail(ec, ENCACHE_EDTYPE,
                        "model_dtype: %d is not float32, float16 or bfloat16",
                        o->model_dtype);
+  else if (ec->writes_in_flight > ENCACHE__WRITES_MAX)
+    rc = encache__fail(ec, ENCACHE_ECONFIG,
+                       "store_writes_in_flight: %" PRIu64 " is too many (at "
+                       "most %d; 0: the Store's choice)",
+                       opt->store_writes_in_flight, ENCACHE__WRITES_MAX);
   else if (opt->single_flight_wait_ms > 3600000 ||
            opt->single_flight_ttl_ms > 3600000)
     rc = encache__fail(ec, ENCACHE_ECONFIG,

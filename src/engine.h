@@ -34,7 +34,8 @@ enum job_result {
   JOB_FATAL = 3    /* completion unconfirmed: poison, keep everything */
 };
 
-/* The most writes in flight (publish.c). */
+/* Writes in flight on a Store shared with other processes, unless the
+ * Store waits by polling or store_writes_in_flight says (publish.c). */
 #define ENCACHE__WRITERS 2
 
 typedef struct job {
@@ -94,12 +95,12 @@ struct encache {
   int worker_waiting; /* the worker sleeps on `work` */
   int worker_started;
   pthread_t worker;
-  /* Writes in flight (publish.c): on a Store shared with other processes
-   * (ENCACHE_STORE_CAP_SHARED: a service or a segment, where a write
-   * waits on more than this CPU) `worker` and writers[0..nwriters) take
-   * jobs, each one at a time, and `running` lists theirs (by next); a
-   * fatal result stops them all (writers_fatal).  Under mu. */
-  pthread_t writers[ENCACHE__WRITERS - 1];
+  /* Writes in flight (publish.c): `worker` and writers[0..nwriters)
+   * take jobs, each one at a time, and `running` lists theirs (by next);
+   * a fatal result stops them all (writers_fatal).  Under mu.  How many:
+   * writes_in_flight (store_writes_in_flight; 0: the Store's choice). */
+  unsigned writes_in_flight;
+  pthread_t writers[ENCACHE__WRITES_MAX - 1];
   int nwriters;
   int writers_fatal;
 
@@ -200,7 +201,7 @@ void encache__steps_close_all(encache *ec);
 #define ENCACHE__OPTIONS_MIN sizeof(encache_options)
 #define ENCACHE__CANDIDATE_MIN sizeof(encache_candidate)
 #define ENCACHE__RESULT_MIN offsetof(encache_result, why) /* 1.0 had no why */
-#define ENCACHE__ALLOCATOR_MIN sizeof(encache_allocator)
+#define ENCACHE__ALLOCATOR_MIN offsetof(encache_allocator, headroom)
 #define ENCACHE__STATS_MIN offsetof(encache_stats, in_flight) /* 1.0's */
 
 /* Test hook: replaces the copy of a payload into a destination (a device

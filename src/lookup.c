@@ -326,6 +326,7 @@ static void phase_chunk(plan *p) {
 static int exists_needed(const plan *p) {
   unsigned caps = p->ec->store->ops->caps;
   if (!(caps & ENCACHE_STORE_CAP_READ_ABSENT) || p->ec->single_flight ||
+      p->whole ||
       ((caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
        !(caps & ENCACHE_STORE_CAP_REGISTER)))
     return 1;
@@ -339,6 +340,7 @@ static int plan_run(plan *p) {
   int rc = phase_dedupe(p);
   if (rc < 0 || p->nu == 0)
     return rc;
+  encache__plan_whole(p);
   if (!exists_needed(p)) {
     for (size_t u = 0; u < p->nu; u++) {
       p->items[u].unchecked = 1; /* its read says whether it exists */

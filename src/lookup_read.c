@@ -127,12 +127,15 @@ static void take_dest(plan *p, size_t i) {
  * Phase read: one batched read of items[from..to).
  *
  * Staged (the Store needs registered memory): into the staging slots.
- * Direct (the Store offers split reads and needs no registration): the
- * destinations first, then each header into a small buffer and each
- * payload straight into its destination; a destination whose object is
- * not a hit is given back after validation.  The direct path saves a
- * whole copy of every payload.  Returns 0, 1 when the batch certainly did
- * not happen (its items are UNAVAILABLE), or a negative code.
+ * Direct (the Store needs no registration): the destinations first, then
+ * either each header into a small buffer and each payload straight into
+ * its destination (the Store offers split reads), or each whole object
+ * into its destination's headroom and the destination (whole: the
+ * allocator has room for the header in front); a destination whose
+ * object is not a hit is given back after validation.  The direct paths
+ * save a whole copy of every payload.  Returns 0, 1 when the batch
+ * certainly did not happen (its items are UNAVAILABLE), or a negative
+ * code.
  */
 static int phase_read(plan *p, size_t from, size_t to) {
   encache *ec = p->ec;
@@ -142,9 +145,10 @@ static int phase_read(plan *p, size_t from, size_t to) {
     if (p->direct) {
       if ((rc = give_dest(p, it->first, it->nbytes)) < 0)
         return rc;
-      p->heads[u] = p->hdrs[u];
-      p->bufs[u] = p->res[it->first].data;
-      p->caps[u] = (size_t)it->nbytes;
+      unsigned char *data = p->res[it->first].data;
+      p->heads[u] = p->whole ? data - ENCACHE_HEADER_SIZE : p->hdrs[u];
+      p->bufs[u] = p->whole ? p->heads[u] : data;
+      p->caps[u] = (size_t)(p->whole ? it->osize : it->nbytes);
     } else {
       p->heads[u] = p->bufs[u] = ec->staging + it->off;
       p->caps[u] = (size_t)it->osize;
@@ -154,7 +158,8 @@ static int phase_read(plan *p, size_t from, size_t to) {
   const encache__store_ops *ops = ec->store->ops;
   const char **keys = p->keys + from;
   int64_t *answers = p->answers + from;
-  rc = p->direct ? ops->read_split(ec->store, keys, to - from,
+  rc = p->direct && !p->whole
+                 ? ops->read_split(ec->store, keys, to - from,
                                    ENCACHE_HEADER_SIZE, p->heads + from,
                                    p->bufs + from, p->caps + from, answers)
                  : ops->read(ec->store, keys, to - from, p->bufs + from,
@@ -302,15 +307,37 @@ static int phase_deliver(plan *p, size_t from, size_t to) {
   return 0;
 }
 
-int encache__plan_read(plan *p) {
-  /* Payloads go straight to host destinations when the Store can split
-   * its reads and needs no registered memory. */
-  const encache__store_ops *ops = p->ec->store->ops;
+void encache__plan_whole(plan *p) {
+  unsigned caps = p->ec->store->ops->caps;
+  uint64_t bytes = 0;
+  p->whole = !(caps & (ENCACHE_STORE_CAP_REGISTER |
+                       ENCACHE_STORE_CAP_READ_SPLIT)) &&
+             p->a.headroom >= ENCACHE_HEADER_SIZE;
+  for (size_t i = 0; p->whole && i < p->n; i++)
+    if (p->unique_of[i] != SIZE_MAX)
+      p->whole = p->cand[i].device != ENCACHE_DEVICE_CUDA;
+  for (size_t u = 0; p->whole && u < p->nu; u++) {
+    p->whole = p->items[u].nbytes > 0; /* data is never NULL then */
+    bytes += p->items[u].osize;
+  }
+  p->whole = p->whole && bytes >= ENCACHE__WHOLE_MIN_BYTES;
+}
+
+/* Payloads go straight to host destinations when the Store needs no
+ * registered memory and splits its reads, or when whole objects may go
+ * into the destinations' headroom (encache__plan_whole()). */
+static void choose_path(plan *p) {
+  unsigned caps = p->ec->store->ops->caps;
   for (size_t i = 0; i < p->n; i++) /* CUDA hits go through the staging */
     if (p->unique_of[i] < p->np && p->cand[i].device == ENCACHE_DEVICE_CUDA)
       p->device = 1;
-  p->direct = (ops->caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
-              !(ops->caps & ENCACHE_STORE_CAP_REGISTER) && !p->device;
+  p->direct = ((caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
+               !(caps & ENCACHE_STORE_CAP_REGISTER) && !p->device) ||
+              p->whole;
+}
+
+int encache__plan_read(plan *p) {
+  choose_path(p);
   if (p->np == 0)
     return 0;
   int rc = p->direct ? 0 : staging_ensure(p->ec);

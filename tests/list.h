@@ -241,4 +241,5 @@
   XX(mooncake_lookup_faults_without_the_check)                               \
   XX(mooncake_publication_round_trips)                                       \
   XX(mooncake_writes_in_flight)                                              \
-  XX(mooncake_same_key_twice_in_one_read)
+  XX(mooncake_same_key_twice_in_one_read)                                    \
+  XX(mooncake_reads_straight_into_headroom)

@@ -143,7 +143,7 @@ static void ta_release(void *ctx, size_t i, void *data, void *handle) {
 }
 
 static encache_allocator allocator(talloc *t) {
-  encache_allocator a = {sizeof(a), t, ta_alloc, ta_release};
+  encache_allocator a = {sizeof(a), t, ta_alloc, ta_release, 0};
   return a;
 }
 
@@ -1388,7 +1388,7 @@ TEST(engine_candidates_and_results_strided_by_size) {
   }
   wr[0].r.size = sizeof(wide_result);
   talloc t = {0};
-  encache_allocator a = {sizeof(a), &t, wide_alloc, ta_release};
+  encache_allocator a = {sizeof(a), &t, wide_alloc, ta_release, 0};
   ASSERT_EQ_INT(encache_lookup(step, &wc[0].c, 3, &a, &wr[0].r), 2);
   for (int i = 0; i < 3; i++) {
     ASSERT_EQ_U64(wr[i].r.size, sizeof(wide_result));
@@ -1422,7 +1422,7 @@ TEST(engine_candidates_and_results_strided_by_size) {
   ASSERT_CONTAINS(encache_errmsg(ec), "results[0].size");
   r1.size = sizeof(r1);
   encache_allocator olda = a;
-  olda.size = sizeof(olda) - sizeof(void *);
+  olda.size = offsetof(encache_allocator, release); /* older than 1.0 */
   ASSERT_EQ_INT(encache_lookup(step, &old, 1, &olda, &r1), ENCACHE_EINVAL);
   ASSERT_CONTAINS(encache_errmsg(ec), "allocator");
   ASSERT_EQ_INT(t.allocs, t.releases + 2); /* no refused lookup allocated */

@@ -166,7 +166,7 @@ static int step_run(encache *ec, const char *const *ids, int n, int publish) {
                              ENCACHE_DEVICE_HOST, 0};
     c[i] = one;
   }
-  encache_allocator a = {sizeof(a), NULL, hit_alloc, hit_release};
+  encache_allocator a = {sizeof(a), NULL, hit_alloc, hit_release, 0};
   r[0].size = sizeof(r[0]);
   int hits = encache_lookup(step, c, (size_t)n, &a, r);
   ASSERT(hits >= 0);

@@ -210,7 +210,7 @@ static int run_code(int op, int64_t code) {
   encache *ec = open_wrapped(&ctl, seg, sizeof(seg));
   int cls = encache__mooncake_classify_op(op, code);
   int ret;
-  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn};
+  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn, 0};
   static encache_result r; /* a poisoned lookup keeps its destination */
   r.size = sizeof(r);
   encache_step *step = NULL;
@@ -367,6 +367,10 @@ static void fake_reset(fake_ctl *f) {
   memset(f->inject_batch, 0, F_OPS * sizeof(int));
 }
 
+/* More members of ec_connector_extra_config for engine_on_fake ("" or
+ * ", \"name\": value"). */
+static const char *fake_extra = "";
+
 /* An engine on the stand-in with protocol, a staging buffer of rbuf
  * bytes, and the 2x2 float32 objects "a" and "b" in it; counters reset. */
 static encache *engine_on_fake(const char *protocol, unsigned rbuf,
@@ -380,8 +384,8 @@ static encache *engine_on_fake(const char *protocol, unsigned rbuf,
   *f = fake_of(FAKE_MOONCAKE);
   char extra[256];
   snprintf(extra, sizeof(extra), "{\"ec_connector_extra_config\": "
-           "{\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %u}}",
-           rbuf);
+           "{\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": "
+           "%u%s}}", rbuf, fake_extra);
   encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = extra;
   o.model = "mc";
@@ -408,7 +412,7 @@ static encache *engine_on_fake(const char *protocol, unsigned rbuf,
 static int lookup_fake(encache_step *step, const char *const *ids, size_t n,
                        encache_result *r) {
   encache_candidate c[4];
-  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn};
+  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn, 0};
   for (size_t i = 0; i < n; i++) {
     uint64_t rows = strcmp(ids[i], "big") == 0 ? 64 : 2;
     encache_candidate ci = {sizeof(ci), ids[i], ENCACHE_MODALITY_IMAGE,
@@ -445,7 +449,7 @@ TEST(mooncake_same_key_twice_in_one_read) {
        ENCACHE_DEVICE_HOST, 0},
       {sizeof(c[0]), "a", ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, 4, 1,
        ENCACHE_DEVICE_HOST, 0}};
-  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn};
+  encache_allocator a = {sizeof(a), NULL, alloc_fn, release_fn, 0};
   r[0].size = sizeof(r[0]);
   ASSERT_EQ_INT(encache_lookup(step, c, 2, &a, r), 1);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT);
@@ -615,12 +619,14 @@ TEST(mooncake_publication_round_trips) {
   unlink(cfg_path);
 }
 
-/* The publisher keeps ENCACHE__WRITERS writes in flight on Mooncake (a
- * Store shared with other processes), each from its own write buffer;
- * every publication is written once. */
-TEST(mooncake_writes_in_flight) {
+/* Publishes 4 outputs on an engine on the stand-in whose puts take
+ * 20 ms, and returns how many were in flight at most; every publication
+ * is written once, each from a write buffer of its own. */
+static int puts_in_flight(const char *extra) {
   fake_ctl f;
+  fake_extra = extra;
   encache *ec = engine_on_fake("tcp", 4096, &f);
+  fake_extra = "";
   void *lib = dlopen(FAKE_MOONCAKE, RTLD_NOW | RTLD_NOLOAD);
   ASSERT(lib != NULL);
   int *delay = dlsym(lib, "fake_mooncake_put_delay_us");
@@ -644,13 +650,159 @@ TEST(mooncake_writes_in_flight) {
   encache_storage_unref(s);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   *delay = 0;
-  ASSERT_EQ_INT(*most, ENCACHE__WRITERS);
   ASSERT_EQ_INT(f.calls[F_PUT], 4);
   encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_written, 4);
   ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 4);
   free_results(r, 4);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+  return *most;
+}
+
+/* Mooncake's client waits by polling (ENCACHE_STORE_CAP_BUSY_WAIT): one
+ * write in flight by default, as many as store_writes_in_flight says
+ * otherwise, and more than 8 is refused by name. */
+TEST(mooncake_writes_in_flight) {
+  ASSERT_EQ_INT(puts_in_flight(""), 1);
+  ASSERT_EQ_INT(puts_in_flight(", \"store_writes_in_flight\": 3"), 3);
+  write_config_for("tcp");
+  char url[128];
+  snprintf(url, sizeof(url), "mooncake:%s", cfg_path);
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = "{\"ec_connector_extra_config\": {"
+                         "\"cross_encoder_cache\": true, "
+                         "\"store_writes_in_flight\": 9}}";
+  o.model = "mc";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+  ASSERT_CONTAINS(encache_errmsg(NULL), "store_writes_in_flight: 9 is too many");
+  unlink(cfg_path);
+}
+
+/* ------------------------------------------- reads into the headroom */
+
+/* Destinations with 64 bytes in front and 64 behind, all 0xEE. */
+typedef struct roomy {
+  int allocs, releases, copies;
+} roomy;
+
+static roomy *roomy_now;
+
+static int roomy_alloc(void *ctx, size_t i, const encache_candidate *c,
+                       uint64_t nbytes, void **data, void **handle) {
+  (void)i, (void)c;
+  unsigned char *base = malloc(64 + nbytes + 64);
+  ASSERT(base != NULL);
+  memset(base, 0xee, 64 + nbytes + 64);
+  ((roomy *)ctx)->allocs++;
+  *handle = base;
+  *data = base + 64;
+  return 0;
+}
+
+static void roomy_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)i, (void)data;
+  ((roomy *)ctx)->releases++;
+  free(handle);
+}
+
+static int roomy_copy(void *dst, const void *src, size_t n) {
+  roomy_now->copies++;
+  memcpy(dst, src, n);
+  return 0;
+}
+
+/* Writes the 512x512 float32 object ID (1 MiB), its floats v, v+1, ... */
+static void write_big(encache *ec, const char *id, float v) {
+  static float m[512 * 512];
+  for (size_t k = 0; k < 512 * 512; k++)
+    m[k] = v + (float)k;
+  int64_t shape[2] = {512, 512};
+  encache_tensor t = {sizeof t, m, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  unsigned char hdr[24];
+  char key[256];
+  encache_header_encode(&t, hdr);
+  encache_key(encache_namespace_of(ec), id, key, sizeof(key));
+  ASSERT_EQ_INT(encache_store_write(ec->store, key, hdr, 24, m, sizeof(m)), 0);
+}
+
+/* Looks A, B, C (absent) and A again up (1 MiB each, else the 2x2 a, b, c,
+ * a) with an allocator of headroom h; checks every hit, what lies around
+ * it and that the miss took no destination; returns the copies made (out
+ * of the staging buffer or a destination) and in *checks the existence
+ * checks. */
+static int lookup_roomy(encache_step *step, int big, size_t h, fake_ctl *f,
+                        int *checks) {
+  static const char *const ids[2][4] = {{"a", "b", "c", "a"},
+                                        {"A", "B", "C", "A"}};
+  uint64_t side = big ? 512 : 2, nbytes = side * side * 4;
+  roomy t = {0, 0, 0};
+  roomy_now = &t;
+  encache__copy_hook = roomy_copy;
+  encache_allocator a = {sizeof(a), &t, roomy_alloc, roomy_release, h};
+  encache_candidate c[4];
+  encache_result r[4];
+  for (int i = 0; i < 4; i++) {
+    c[i] = (encache_candidate){sizeof(c[i]), ids[big][i],
+                               ENCACHE_MODALITY_IMAGE, ENCACHE_FLOAT32, side,
+                               side, ENCACHE_DEVICE_HOST, 0};
+    r[i].size = sizeof(r[i]);
+  }
+  *checks = f->calls[F_EXIST];
+  ASSERT_EQ_INT(encache_lookup(step, c, 4, &a, r), 3);
+  encache__copy_hook = NULL;
+  *checks = f->calls[F_EXIST] - *checks;
+  ASSERT_EQ_INT(r[2].outcome, ENCACHE_MISS);
+  ASSERT_EQ_INT(t.allocs, 3); /* none for the miss */
+  ASSERT_EQ_INT(t.releases, 0);
+  for (int i = 0; i < 4; i++) {
+    if (i == 2)
+      continue;
+    ASSERT_EQ_INT(r[i].outcome, ENCACHE_HIT);
+    const float *got = r[i].data;
+    float first = big ? (i == 1 ? 7000 : 3000) : (float)(i == 1);
+    ASSERT(got[0] == first && got[3] == (big ? first + 3 : 4));
+    unsigned char *base = r[i].handle, *d = r[i].data;
+    int whole = *checks > 0; /* the whole-object path checks first */
+    for (size_t k = 0; k < 64 - (whole ? 24 : 0); k++)
+      ASSERT_EQ_INT(base[k], 0xee);
+    for (size_t k = 0; k < 64; k++)
+      ASSERT_EQ_INT(d[nbytes + k], 0xee);
+    if (whole && i < 2) /* the object's header, read in front */
+      ASSERT_EQ_U64(((encache_header *)(void *)(d - 24))->magic,
+                    ENCACHE_MAGIC);
+    free(base);
+  }
+  return t.copies;
+}
+
+/* Over TCP (no registration, no split read) an allocator with room for
+ * the header in front of each destination gets whole objects of 1 MiB
+ * or more in all read straight into it, after an existence check (a miss
+ * takes no destination): no copy but the duplicate's, nothing written
+ * outside [data - 24, data + nbytes).  With less room, or less than
+ * 1 MiB of objects, staged without the check, as before. */
+TEST(mooncake_reads_straight_into_headroom) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 8u << 20, &f);
+  write_big(ec, "A", 3000);
+  write_big(ec, "B", 7000);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  int checks = 0;
+  ASSERT_EQ_INT(lookup_roomy(step, 1, ENCACHE_HEADER_SIZE, &f, &checks), 1);
+  ASSERT_EQ_INT(checks, 1);
+  ASSERT_EQ_INT(lookup_roomy(step, 1, 64, &f, &checks), 1);
+  ASSERT_EQ_INT(lookup_roomy(step, 1, ENCACHE_HEADER_SIZE - 1, &f, &checks),
+                3);
+  ASSERT_EQ_INT(checks, 0);
+  ASSERT_EQ_INT(lookup_roomy(step, 1, 0, &f, &checks), 3);
+  ASSERT_EQ_INT(lookup_roomy(step, 0, 64, &f, &checks), 3); /* 48 bytes */
+  ASSERT_EQ_INT(checks, 0);
   ASSERT_EQ_INT(encache_close(ec), 0);
   unlink(cfg_path);
 }

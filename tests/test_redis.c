@@ -75,7 +75,7 @@ static int look(encache_step *step, const char *const *ids, int n,
                             ENCACHE_FLOAT32, 2, 4, ENCACHE_DEVICE_HOST, 0};
     c[i] = cc;
   }
-  encache_allocator a = {sizeof(a), NULL, host_alloc, host_release};
+  encache_allocator a = {sizeof(a), NULL, host_alloc, host_release, 0};
   r[0].size = sizeof(r[0]);
   int hits = encache_lookup(step, c, (size_t)n, &a, r);
   ASSERT(hits >= 0);

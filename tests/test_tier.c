@@ -451,7 +451,7 @@ static void engine_lookup(encache *ec, const char *const *ids, int n,
   r[0].size = sizeof(r[0]);
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
-  encache_allocator a = {sizeof(a), NULL, t_alloc, t_release};
+  encache_allocator a = {sizeof(a), NULL, t_alloc, t_release, 0};
   ASSERT(encache_lookup(step, c, (size_t)n, &a, r) >= 0);
   for (int i = 0; i < n; i++)
     if (r[i].outcome == ENCACHE_HIT) {

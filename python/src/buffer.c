@@ -60,8 +60,11 @@ typedef struct block {
   size_t cap; /* bytes of matrix the block can hold */
 } block;
 
-/* Where the matrix starts: the header rounded up to 64 bytes. */
-#define BLOCK_DATA ((sizeof(block) + 63) & ~(size_t)63)
+/* Where the matrix starts: the header and the lookup's headroom (the
+ * object header a whole-object read puts in front of the matrix,
+ * encache_allocator.headroom) rounded up to 64 bytes. */
+#define BLOCK_DATA                                                            \
+  ((sizeof(block) + ENCACHE_HEADER_SIZE + 63) & ~(size_t)63)
 
 static void *block_data(block *b) { return (char *)b + BLOCK_DATA; }
 

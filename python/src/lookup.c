@@ -401,6 +401,7 @@ static int lookup_locked(step *s, handle *h, dests *d, encache_result *res) {
   a.ctx = d;
   a.alloc = dest_alloc;
   a.release = dest_release;
+  a.headroom = ENCACHE_HEADER_SIZE; /* host blocks have it (buffer.c) */
   res[0].size = sizeof(encache_result);
   char msg[1024] = "";
   int rc = 0;

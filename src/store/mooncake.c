@@ -29,6 +29,10 @@
  * + payload are put from a registered buffer of this backend's (the C
  * ABI has no multi-buffer put); up to MC_WBUFS writes run at once, each
  * from its own buffer, grown when needed and registered once per size.
+ * The client waits for each transfer by polling (a CPU per call in
+ * flight, unless Mooncake was built with USE_EVENT_DRIVEN_COMPLETION):
+ * ENCACHE_STORE_CAP_BUSY_WAIT, so the publisher keeps one write in
+ * flight unless told otherwise (store_writes_in_flight).
  *
  * Removal by prefix (a namespace's purge) uses the ABI's remove by regex
  * when the library has it: "^" and the prefix, every regex syntax
@@ -172,7 +176,7 @@ int64_t encache__mooncake_code_at(int i) {
 
 /* Writes at once per handle (the publisher's writes in flight), each with
  * a registered buffer of its own. */
-#define MC_WBUFS 2
+#define MC_WBUFS ENCACHE__WRITES_MAX
 
 typedef struct mooncake_store {
   encache_store base;
@@ -580,7 +584,8 @@ static void mc_close(encache_store *st) {
   .unregister_buffer = mc_unregister, .stats = mc_stats, .close = mc_close
 #define MC_CAPS_                                                               \
   (ENCACHE_STORE_CAP_REGISTER | ENCACHE_STORE_CAP_PUT_IF_ABSENT |              \
-   ENCACHE_STORE_CAP_SHARED | ENCACHE_STORE_CAP_READ_ABSENT)
+   ENCACHE_STORE_CAP_SHARED | ENCACHE_STORE_CAP_READ_ABSENT |                  \
+   ENCACHE_STORE_CAP_BUSY_WAIT)
 
 /* Every handle starts from this table (mc_caps adapts its copy). */
 static const encache__store_ops mooncake_ops = {MC_OPS_, .caps = MC_CAPS_};

@@ -38,6 +38,10 @@ struct encache_store {
 /* The size of a backend table of API 1.0, which ends with close: the
  * smallest accepted.  A later operation is read only from a table whose
  * size covers it. */
+/* The most writes a publisher keeps in flight (store_writes_in_flight):
+ * a backend that serves writes at once has room for this many. */
+#define ENCACHE__WRITES_MAX 8
+
 #define ENCACHE__BACKEND_SIZE_1_0 offsetof(encache_store_backend, remove_prefix)
 #define ENCACHE__BACKEND_HAS(b, field)                                         \
   ((b)->size >= offsetof(encache_store_backend, field) + sizeof((b)->field) && \

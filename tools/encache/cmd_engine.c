@@ -33,7 +33,7 @@ static void host_release(void *ctx, size_t i, void *data, void *handle) {
 }
 
 const encache_allocator tool_host_allocator = {sizeof(encache_allocator), NULL,
-                                               host_alloc, host_release};
+                                               host_alloc, host_release, 0};
 
 /* lookup --device cuda:N: destinations in that device's memory, allocated
  * through the CUDA runtime the tool loads as the library does
@@ -209,7 +209,7 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
     return EXIT_USAGE;
   static cuda_rt rt;
   char why[256];
-  encache_allocator alloc = {sizeof(alloc), NULL, device_alloc, device_release};
+  encache_allocator alloc = {sizeof(alloc), NULL, device_alloc, device_release, 0};
   if (device && cuda_rt_load(&rt, why, sizeof(why)) == 0)
     alloc.ctx = &rt; /* else the library says why: SKIPPED */
   int exit_code = EXIT_OK;

@@ -140,7 +140,7 @@ static encache *engine_open(const worker *w, const char *revision) {
  * looks up. */
 static int engine_lookup(worker *w, const encache_candidate *c, size_t n,
                          encache_result *res) {
-  encache_allocator a = {sizeof(a), &w->pool, pool_alloc, pool_release};
+  encache_allocator a = {sizeof(a), &w->pool, pool_alloc, pool_release, 0};
   int rc = w->step != NULL ? 0 : encache_step_open(w->ec, &w->step);
   return rc < 0 ? rc : encache_lookup(w->step, c, n, &a, res);
 }
