@@ -152,8 +152,9 @@ static inline int bench_write_object(encache_store *st, const char *key,
  * of the engine's namespace, as the engine would write them: with their
  * candidates, warm destinations (the pool, each with BENCH_HEADROOM bytes
  * in front that the allocator lends: encache_allocator.headroom) and raw
- * read buffers. */
-#define BENCH_HEADROOM 64
+ * read buffers, page-aligned: Mooncake's TCP reads into memory at some
+ * offsets (malloc's, 16 bytes past a page) were up to a third slower. */
+#define BENCH_HEADROOM 4096
 
 typedef struct bench_hits {
   encache *ec;
@@ -202,9 +203,11 @@ static inline int bench_hits_make(bench_hits *h, encache *ec,
   int rc = h->dst && h->raw && h->ids && h->keys && h->caps && h->res &&
                    h->c && h->r ? 0 : -1;
   for (int k = 0; k < n && rc == 0; k++) {
-    char *room = malloc(BENCH_HEADROOM + h->nbytes);
-    h->dst[k] = room ? room + BENCH_HEADROOM : NULL;
-    h->raw[k] = calloc(1, h->nbytes + 24);
+    void *room = NULL, *raw = NULL;
+    if (posix_memalign(&room, 4096, BENCH_HEADROOM + h->nbytes) == 0)
+      h->dst[k] = (char *)room + BENCH_HEADROOM;
+    if (posix_memalign(&raw, 4096, h->nbytes + 24) == 0)
+      h->raw[k] = memset(raw, 0, h->nbytes + 24);
     h->keys[k] = malloc(4096);
     if (!h->dst[k] || !h->raw[k] || !h->keys[k]) {
       rc = -1;

@@ -101,6 +101,8 @@ static int put_from_locked(void *h, const char *key, void *buf, size_t size,
 /* Puts in flight at once, and the most seen (fake_mooncake_put_delay_us
  * makes each put last that long, outside the lock, as a transfer does). */
 int fake_mooncake_put_delay_us, fake_mooncake_puts_in_flight_max;
+/* Where the latest batch_get_into read its first 4 keys to. */
+void *fake_mooncake_get_bufs[4];
 static int puts_in_flight;
 
 int mooncake_store_put_from(void *h, const char *key, void *buf, size_t size,
@@ -133,6 +135,8 @@ static int batch_get_into_locked(void *h, const char **keys, void **bufs,
                                   const size_t *sizes, size_t n,
                                   int64_t *results) {
   fake_mooncake_calls[F_GET]++;
+  for (size_t k = 0; k < n && k < 4; k++)
+    fake_mooncake_get_bufs[k] = bufs[k];
   if (fake_mooncake_inject_batch[F_GET] != 0)
     return fake_mooncake_inject_batch[F_GET];
   for (size_t k = 0; k < n; k++) {

@@ -242,4 +242,5 @@
   XX(mooncake_publication_round_trips)                                       \
   XX(mooncake_writes_in_flight)                                              \
   XX(mooncake_same_key_twice_in_one_read)                                    \
-  XX(mooncake_reads_straight_into_headroom)
+  XX(mooncake_reads_straight_into_headroom)                                  \
+  XX(mooncake_large_slots_start_on_a_page)

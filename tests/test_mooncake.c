@@ -806,3 +806,30 @@ TEST(mooncake_reads_straight_into_headroom) {
   ASSERT_EQ_INT(encache_close(ec), 0);
   unlink(cfg_path);
 }
+
+/* A staged lookup packs small objects in the staging buffer, and starts
+ * each of 64 KiB or more on a page (reads into memory just past a page
+ * were slower: lookup.c, SLOT_PAGE_MIN). */
+TEST(mooncake_large_slots_start_on_a_page) {
+  fake_ctl f;
+  encache *ec = engine_on_fake("tcp", 8u << 20, &f);
+  write_big(ec, "A", 3000);
+  write_big(ec, "B", 7000);
+  void *lib = dlopen(FAKE_MOONCAKE, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(lib != NULL);
+  void **bufs = dlsym(lib, "fake_mooncake_get_bufs");
+  dlclose(lib);
+  ASSERT(bufs != NULL);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  int checks = 0;
+  ASSERT_EQ_INT(lookup_roomy(step, 1, 0, &f, &checks), 3);
+  uintptr_t a = (uintptr_t)bufs[0], b = (uintptr_t)bufs[1];
+  ASSERT_EQ_U64(a % 4096, 0);
+  ASSERT_EQ_U64(b % 4096, 0);
+  ASSERT(b - a >= (1u << 20) + 24);
+  ASSERT_EQ_INT(lookup_roomy(step, 0, 0, &f, &checks), 3);
+  ASSERT_EQ_U64((uintptr_t)bufs[1] - (uintptr_t)bufs[0], 24 + 16);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+}
