@@ -180,7 +180,8 @@ static int bench_hits_vs_raw(raw_abi *m, encache *ec, encache_store *st,
 static double raw_puts(raw_abi *m, encache *ec, int first, int total,
                        size_t nbytes, const void *data) {
   size_t len = nbytes + 24;
-  unsigned char *buf = malloc(len);
+  void *page = NULL; /* page-aligned, as bench_hits_make()'s buffers */
+  unsigned char *buf = posix_memalign(&page, 4096, len) == 0 ? page : NULL;
   if (buf == NULL || m->register_buffer(m->h, buf, len) != 0) {
     free(buf);
     return -1;
@@ -219,26 +220,29 @@ static double engine_puts(encache *ec, int first, int total, size_t nbytes,
 
 static int bench_writes(raw_abi *m, encache *ec, int iters) {
   size_t nbytes = 1u << 20;
-  int total = (iters + 1) / 2 * 32; /* two rounds of steps of 16 */
+  int total = (iters + 3) / 4 * 64; /* four rounds of steps of 16 */
   printf("\n(b) sustained writes of %d objects of 1 MiB: put_from (raw) vs "
          "publication\n", total);
   void *data = calloc(1, nbytes);
   if (data == NULL)
     return -1;
-  /* Two rounds, each raw then engine, so that both meet the same
-   * machine and the same fresh Store memory. */
+  /* Four rounds, raw then engine, then engine then raw, and again, so
+   * that both meet the same machine and the same fresh Store memory. */
   double raw = 0, eng = 0;
   uint64_t written = 0;
-  for (int round = 0; round < 2 && raw >= 0; round++) {
-    double r = raw_puts(m, ec, round * total / 2, total / 2, nbytes, data);
+  int n = total / 4;
+  for (int round = 0; round < 4 && raw >= 0 && eng >= 0; round++) {
     uint64_t w = 0;
+    double e = round % 2 ? engine_puts(ec, round * n, n, nbytes, data, &w) : 0;
+    double r = raw_puts(m, ec, round * n, n, nbytes, data);
+    if (round % 2 == 0 && r >= 0)
+      e = engine_puts(ec, round * n, n, nbytes, data, &w);
     raw = r < 0 ? -1 : raw + r;
-    if (r >= 0)
-      eng += engine_puts(ec, round * total / 2, total / 2, nbytes, data, &w);
+    eng = e < 0 ? -1 : eng + e;
     written += w;
   }
   free(data);
-  if (raw < 0)
+  if (raw < 0 || eng < 0)
     return -1;
   printf("raw put_from: %.0f objects/s (%.2f GB/s)\n", total / raw,
          measure_gbs((double)total * nbytes, raw));

@@ -46,6 +46,7 @@ typedef struct job {
   uint64_t nbytes;
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t lease; /* the token of the key's lease it ends, 0 = none */
+  int prefetched; /* its existence was asked ahead (prefetch_exists) */
   int done;
   int result; /* enum job_result */
   char why[384]; /* JOB_FAILED, JOB_FATAL: the Store's reason */

@@ -9,7 +9,10 @@
  * 8 writer threads do, each one job at a time: writes_in_flight()): if
  * the key exists it does nothing (never replace), else it writes header +
  * payload straight from the caller's storage (a Store whose write never
- * replaces answers "exists" itself: no separate check).  Finished jobs
+ * replaces answers "exists" itself: no separate check).  A backend whose
+ * write asks existence first (Mooncake) is told the keys queued behind
+ * the job it takes (store.h, prefetch_exists), so that it asks once for
+ * up to PREFETCH_MAX of them.  Finished jobs
  * wait on the done list until a reap (start of every lookup, before every
  * enqueue, at flush and at close) releases them on the caller's thread: their
  * budget charges, and their storage references (whose release callbacks
@@ -221,6 +224,36 @@ static void running_remove(encache *ec, job *j) {
     }
 }
 
+/* How many keys a prefetch names at most (store.h, prefetch_exists). */
+#define PREFETCH_MAX 32
+
+/* Copies the keys of j and of the jobs queued after it (at most
+ * PREFETCH_MAX, none asked yet) into one buffer for the Store's
+ * prefetch_exists, marking them asked: copied, since another writer may
+ * finish those jobs, and a reap free them, meanwhile.  Under mu.  Returns
+ * the buffer (keys[0..*n) point into it), or NULL when there is nothing
+ * worth asking (one key: its write asks) or no memory. */
+static char *prefetch_keys(encache *ec, job *j, const char **keys,
+                           size_t *n) {
+  size_t len = 0, k = 0;
+  *n = 0;
+  if (ec->store->prefetch_exists == NULL || j->prefetched)
+    return NULL;
+  for (job *q = j; q != NULL && k < PREFETCH_MAX;
+       q = q == j ? ec->queue_head : q->next, k++)
+    len += strlen(q->key) + 1;
+  char *buf = k > 1 ? encache__malloc(len) : NULL;
+  char *at = buf;
+  for (job *q = j; buf != NULL && *n < k;
+       q = q == j ? ec->queue_head : q->next) {
+    size_t l = strlen(q->key) + 1;
+    keys[(*n)++] = memcpy(at, q->key, l);
+    at += l;
+    q->prefetched = 1;
+  }
+  return buf;
+}
+
 static void *worker_main(void *arg) {
   encache *ec = arg;
   int polls = 0;
@@ -238,7 +271,13 @@ static void *worker_main(void *arg) {
     j->next = ec->running;
     ec->running = j;
     int fatal_seen = ec->writers_fatal;
+    const char *keys[PREFETCH_MAX];
+    size_t nkeys = 0;
+    char *kbuf = fatal_seen ? NULL : prefetch_keys(ec, j, keys, &nkeys);
     pthread_mutex_unlock(&ec->mu);
+    if (kbuf != NULL && !encache__is_poisoned(ec))
+      ec->store->prefetch_exists(ec->store, keys, nkeys);
+    encache__free(kbuf);
 
     int result;
     if (fatal_seen || encache__is_poisoned(ec)) {

@@ -243,4 +243,5 @@
   XX(mooncake_writes_in_flight)                                              \
   XX(mooncake_same_key_twice_in_one_read)                                    \
   XX(mooncake_reads_straight_into_headroom)                                  \
-  XX(mooncake_large_slots_start_on_a_page)
+  XX(mooncake_large_slots_start_on_a_page)                                   \
+  XX(mooncake_existence_asked_ahead)

@@ -25,7 +25,8 @@
  * Writes check existence first, as the reference does, and this check
  * cannot be skipped: a Mooncake put on an existing key answers success
  * without replacing it, so the put's own answer cannot tell "written"
- * from "already there" (the publication counters would lie).  Then header
+ * from "already there" (the publication counters would lie); it is asked
+ * for the publisher's queued keys at once (mc_prefetch_exists).  Then header
  * + payload are put from a registered buffer of this backend's (the C
  * ABI has no multi-buffer put); up to MC_WBUFS writes run at once, each
  * from its own buffer, grown when needed and registered once per size.
@@ -38,7 +39,7 @@
  * when the library has it: "^" and the prefix, every regex syntax
  * character escaped.  Mooncake cannot list keys, so it cannot count them.
  *
- * Every Mooncake result code is classified by one table (below), per
+ * Every Mooncake result code is classified by one table (mooncake_codes.c), per
  * operation (existence check, read, write), with vLLM's sets: not found,
  * already exists, recoverable (encode instead, or skip the write), or
  * "completion unconfirmed" (poison).  The engine judges byte counts
@@ -48,8 +49,9 @@
  * SIGHUP and SIGUSR1 and handles them on a thread of its own
  * (docs/stores.md): a program's own handlers for those never run.
  *
- * Somewhat over 600 lines, on purpose: the ABI's prototypes, its code
- * table, the operations and the loader of one backend read together.
+ * Somewhat over 600 lines, on purpose: the ABI's prototypes, the
+ * operations and the loader of one backend read together (its code table
+ * is mooncake_codes.c).
  */
 #include "store.h"
 #include "config/opts.h"
@@ -86,97 +88,14 @@ typedef int64_t (*mc_remove_by_regex_fn)(mc_handle, const char *pattern,
 typedef int (*mc_register_fn)(mc_handle, void *buffer, size_t size);
 typedef int (*mc_unregister_fn)(mc_handle, void *buffer);
 
-/* ------------------------------------------------------- result codes */
-
-/*
- * The one table of Mooncake answers (docs/compatibility.md), taken from
- * vLLM's embedding Store client (mooncake_store_embedding/store_client.py
- * and backend.py): per operation, what each code means to an encoder.
- *
- *   exists: vLLM counts an object present only on the answer 1; every
- *           other answer is "not present, encode instead".  No memory is
- *           lent to the Store, so nothing is ever unconfirmed here.
- *   read:   vLLM's _SAFE_GET_REJECTIONS are safe (encode instead); any
- *           other negative answer leaves the read unconfirmed (poison).
- *   write:  vLLM's _SAFE_PUT_REJECTIONS are safe (skip the write); any
- *           other negative answer leaves the write unconfirmed (poison).
- *
- * Codes not in the table take the last row (unknown).  The names are those
- * of Mooncake's ErrorCode enum (types.h, v0.3.12 / v0.3.12.post1).
- */
-enum {
-  K_ABSENT = 1, /* not found: MISS */
-  K_EXISTS,     /* already there: nothing written */
-  K_SAFE,       /* certainly not done / done: recoverable */
-  K_UNSAFE      /* completion unconfirmed: poison */
-};
-
-static const struct mc_code {
-  int code;
-  const char *name;
-  unsigned char op[ENCACHE__MC_OPS]; /* exists, read, write */
-} mc_codes[] = {
-    {-200, "NO_AVAILABLE_HANDLE", {K_SAFE, K_SAFE, K_SAFE}},
-    {-400, "INVALID_KEY", {K_SAFE, K_UNSAFE, K_UNSAFE}},
-    {-600, "INVALID_PARAMS", {K_SAFE, K_SAFE, K_UNSAFE}},
-    {-702, "INVALID_REPLICA", {K_SAFE, K_SAFE, K_UNSAFE}},
-    {-703, "REPLICA_IS_NOT_READY", {K_SAFE, K_SAFE, K_SAFE}},
-    {-704, "OBJECT_NOT_FOUND", {K_ABSENT, K_ABSENT, K_SAFE}},
-    {-705, "OBJECT_ALREADY_EXISTS", {K_SAFE, K_SAFE, K_EXISTS}},
-    {-706, "OBJECT_HAS_LEASE", {K_SAFE, K_UNSAFE, K_UNSAFE}},
-    {-707, "LEASE_EXPIRED", {K_SAFE, K_SAFE, K_UNSAFE}},
-    {-800, "TRANSFER_FAIL", {K_SAFE, K_UNSAFE, K_UNSAFE}},
-    {-900, "RPC_FAIL", {K_SAFE, K_SAFE, K_SAFE}},
-    {-901, "RPC_TIMEOUT", {K_SAFE, K_SAFE, K_SAFE}},
-    {-1700, "TENANT_QUOTA_EXCEEDED", {K_SAFE, K_UNSAFE, K_SAFE}},
-    {0, "unknown", {K_SAFE, K_UNSAFE, K_UNSAFE}}, /* every other code */
-};
-
-#define MC_NCODES (sizeof(mc_codes) / sizeof(mc_codes[0]))
-
-static const struct mc_code *mc_row(int64_t code) {
-  for (size_t i = 0; i + 1 < MC_NCODES; i++)
-    if (mc_codes[i].code == code)
-      return &mc_codes[i];
-  return &mc_codes[MC_NCODES - 1];
-}
-
-const char *encache__mooncake_code_name(int64_t code) {
-  return code >= 0 ? "OK" : mc_row(code)->name;
-}
-
-int encache__mooncake_classify_op(int op, int64_t code) {
-  if (op < 0 || op >= ENCACHE__MC_OPS)
-    return ENCACHE_EINVAL;
-  if (code >= 0)
-    return 0;
-  switch (mc_row(code)->op[op]) {
-  case K_ABSENT:
-    return ENCACHE_ENOENT;
-  case K_EXISTS:
-    return ENCACHE_EEXIST;
-  case K_SAFE:
-    return ENCACHE_EUNAVAIL;
-  default:
-    return ENCACHE_EUNCONFIRMED;
-  }
-}
-
-int encache__mooncake_classify(int64_t code) {
-  return encache__mooncake_classify_op(ENCACHE__MC_READ, code);
-}
-
-int encache__mooncake_code_count(void) { return (int)MC_NCODES - 1; }
-
-int64_t encache__mooncake_code_at(int i) {
-  return i >= 0 && i < (int)MC_NCODES - 1 ? mc_codes[i].code : 0;
-}
-
 /* ---------------------------------------------------------------- handle */
 
 /* Writes at once per handle (the publisher's writes in flight), each with
  * a registered buffer of its own. */
 #define MC_WBUFS ENCACHE__WRITES_MAX
+
+/* Existence answers kept ahead of the writes, at most. */
+#define MC_KNOWN 32
 
 typedef struct mooncake_store {
   encache_store base;
@@ -202,6 +121,12 @@ typedef struct mooncake_store {
   size_t wcap[MC_WBUFS];
   int wbusy[MC_WBUFS];
   int poisoned; /* a write buffer the Store may still touch: kept */
+  /* Existence answers the publisher asked for ahead of its writes
+   * (mc_prefetch_exists), by key; a write takes its key's out.  Under
+   * wmu. */
+  char *known[MC_KNOWN];
+  int known_present[MC_KNOWN];
+  int nknown;
 } mooncake_store;
 
 static mooncake_store *ms(encache_store *st) { return (mooncake_store *)st; }
@@ -240,7 +165,8 @@ static int mc_exists(encache_store *st, const char *const *keys, size_t n,
  */
 static int read_confirm(mooncake_store *s, const char *key, int64_t code,
                         int cls) {
-  if (cls != ENCACHE_EUNCONFIRMED || (code != -400 && mc_row(code)->code != 0))
+  if (cls != ENCACHE_EUNCONFIRMED ||
+      (code != -400 && encache__mooncake_code_known(code)))
     return cls;
   const char *keys[1] = {key};
   int present = -1;
@@ -472,6 +398,51 @@ static int put_via(mooncake_store *s, int i, const char *key, const void *hdr,
                              encache__mooncake_code_name(r));
 }
 
+static void known_clear(mooncake_store *s) {
+  while (s->nknown > 0)
+    encache__free(s->known[--s->nknown]);
+}
+
+/*
+ * The publisher's keys, about to be written in this order: one
+ * batch_is_exist for them all, instead of one per write.  Each answer is
+ * used by the next write of its key, which otherwise asks itself; a batch
+ * that fails leaves every write to ask itself.  The answers are the
+ * reference's (present only on 1), asked a few writes earlier: an object
+ * another encoder writes in between is put again, which Mooncake answers
+ * with success and does not replace (counted as written, as when it
+ * lands between a check and its put).
+ */
+static void mc_prefetch_exists(encache_store *st, const char *const *keys,
+                               size_t n) {
+  mooncake_store *s = ms(st);
+  int present[MC_KNOWN];
+  n = n > MC_KNOWN ? MC_KNOWN : n;
+  int rc = s->batch_is_exist(s->h, (const char **)keys, n, present);
+  pthread_mutex_lock(&s->wmu);
+  known_clear(s);
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    if ((s->known[s->nknown] = encache__strdup(keys[i])) != NULL)
+      s->known_present[s->nknown++] = present[i];
+  pthread_mutex_unlock(&s->wmu);
+}
+
+/* Key's prefetched existence answer, taken out; -2 when there is none. */
+static int known_take(mooncake_store *s, const char *key) {
+  int present = -2;
+  pthread_mutex_lock(&s->wmu);
+  for (int i = 0; i < s->nknown; i++)
+    if (strcmp(s->known[i], key) == 0) {
+      present = s->known_present[i];
+      encache__free(s->known[i]);
+      s->known[i] = s->known[s->nknown - 1];
+      s->known_present[i] = s->known_present[--s->nknown];
+      break;
+    }
+  pthread_mutex_unlock(&s->wmu);
+  return present;
+}
+
 static int mc_write(encache_store *st, const char *key, const void *hdr,
                     size_t hl, const void *payload, size_t len) {
   mooncake_store *s = ms(st);
@@ -484,8 +455,9 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
    * which never replaces an existing key in Mooncake.  The check stays:
    * the put answers success for an existing key too (see the top). */
   const char *keys[1] = {key};
-  int present = 0;
-  int rc = s->batch_is_exist(s->h, keys, 1, &present);
+  int present = known_take(s, key), rc = 0;
+  if (present == -2) /* not asked ahead: ask now */
+    rc = s->batch_is_exist(s->h, keys, 1, &present);
   if (rc == 0 && present == 1)
     return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
                                s->base.url);
@@ -569,6 +541,7 @@ static void mc_close(encache_store *st) {
         encache__aligned_free(s->wbuf[i]);
     s->destroy(s->h);
   }
+  known_clear(s);
   /* The library stays loaded: Mooncake's threads may outlive destroy. */
   pthread_cond_destroy(&s->wfree);
   pthread_mutex_destroy(&s->wmu);
@@ -705,6 +678,7 @@ int encache__mooncake_open(const char *url, encache_store **out) {
   }
   s->ops = mooncake_ops;
   s->base.ops = &s->ops;
+  s->base.prefetch_exists = mc_prefetch_exists;
   pthread_mutex_init(&s->wmu, NULL);
   pthread_cond_init(&s->wfree, NULL);
   *out = &s->base;

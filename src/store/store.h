@@ -33,15 +33,22 @@ struct encache_store {
   const encache_store_backend *ops;
   char *url;  /* as shown: never holds a password */
   void *data; /* encache_store_new()'s data */
+  /* Optional, internal (NULL: none): the publisher names the keys it is
+   * about to write (the next queued, in order), so that a backend whose
+   * write checks existence first (Mooncake) checks them in one batch;
+   * each later write of one of them uses that answer.  A hint: it fails
+   * silently, and every write still decides for itself. */
+  void (*prefetch_exists)(encache_store *st, const char *const *keys,
+                          size_t n);
 };
 
-/* The size of a backend table of API 1.0, which ends with close: the
- * smallest accepted.  A later operation is read only from a table whose
- * size covers it. */
 /* The most writes a publisher keeps in flight (store_writes_in_flight):
  * a backend that serves writes at once has room for this many. */
 #define ENCACHE__WRITES_MAX 8
 
+/* The size of a backend table of API 1.0, which ends with close: the
+ * smallest accepted.  A later operation is read only from a table whose
+ * size covers it. */
 #define ENCACHE__BACKEND_SIZE_1_0 offsetof(encache_store_backend, remove_prefix)
 #define ENCACHE__BACKEND_HAS(b, field)                                         \
   ((b)->size >= offsetof(encache_store_backend, field) + sizeof((b)->field) && \
@@ -82,6 +89,8 @@ int encache__mooncake_open(const char *url, encache_store **out);
  * the ErrorCode name ("unknown" when not in the table). */
 int encache__mooncake_classify(int64_t code);
 const char *encache__mooncake_code_name(int64_t code);
+/* Whether code is one of the table's (not the "unknown" row). */
+int encache__mooncake_code_known(int64_t code);
 /* Opens a shared-memory Store from an already open file descriptor (the
  * fuzzer and tests use this with a plain file).  The fd is duplicated. */
 int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
