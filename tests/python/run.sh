@@ -29,6 +29,9 @@ fi
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 export ENCACHE_TOOL="$build/encache"
 export ENCACHE_PYFAULT_LIB="${ENCACHE_PYFAULT_LIB:-$build/libencache_pyfault.so}"
+# test_mooncake.py runs on the stand-in Mooncake client the tests build
+# (tests/fake_mooncake.c).
+export ENCACHE_FAKE_MOONCAKE_LIB="$build/libfake_mooncake.so"
 # test_cuda.py runs on the fake CUDA runtime the tests build
 # (tests/fake_cudart.c); no other test touches a device.
 if [ -f "$build/libencache_fakecudart.so" ]; then
