@@ -46,7 +46,10 @@ typedef struct job {
   uint64_t nbytes;
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t lease; /* the token of the key's lease it ends, 0 = none */
-  int prefetched; /* its existence was asked ahead (prefetch_exists) */
+  /* Its existence, asked ahead with other queued jobs' (publish.c, for a
+   * Store with write_known): asked = 1 once `present` holds the answer;
+   * asking = 1 while a writer asks (no other asks for it). */
+  int asking, asked, present;
   int done;
   int result; /* enum job_result */
   char why[384]; /* JOB_FAILED, JOB_FATAL: the Store's reason */

@@ -871,9 +871,11 @@ static void publish_queued(encache *ec, int round) {
 }
 
 /* Publications queued behind a slow put have their existence asked in
- * one batch_is_exist (the publisher names them ahead: prefetch_exists),
- * not one each, with the same counters: the object already there is not
- * put.  A batch that fails leaves each write to ask, and to put anyway
+ * one batch_is_exist (the writer asks ahead for the queued jobs), not one
+ * each, with the same counters: the object already there is not put.  An
+ * answer lives in its job: a later publication of a key that was removed
+ * meanwhile asks again and is written.  Several writers give the same
+ * counts.  A batch that fails leaves each write to ask, and to put anyway
  * when that fails too, as vLLM's publisher does. */
 TEST(mooncake_existence_asked_ahead) {
   fake_ctl f;
@@ -886,6 +888,26 @@ TEST(mooncake_existence_asked_ahead) {
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_written, 7);
   ASSERT_EQ_U64(st.published_present, 1);
+  char key[256];
+  encache_key(encache_namespace_of(ec), "a", key, sizeof(key));
+  ASSERT_EQ_INT(encache_store_remove(ec->store, key), 0);
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  static const char *const a[] = {"a"};
+  encache_result r[1];
+  ASSERT_EQ_INT(lookup_fake(step, a, 1, r), 0);
+  static float out[4] = {5, 6, 7, 8};
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
+  ASSERT_EQ_INT(encache_publish(step, "a", &v, s), ENCACHE_QUEUED);
+  encache_storage_unref(s);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  encache_step_close(step);
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_written, 8);
+  ASSERT_EQ_U64(st.published_present, 1);
   f.calls[F_EXIST] = f.calls[F_PUT] = 0;
   f.inject_batch[F_EXIST] = -1; /* every batch_is_exist fails */
   publish_queued(ec, 2);
@@ -893,7 +915,16 @@ TEST(mooncake_existence_asked_ahead) {
   ASSERT(f.calls[F_EXIST] >= 8); /* each write asked again */
   ASSERT_EQ_INT(f.calls[F_PUT], 8);
   encache_stats_get(ec, &st);
-  ASSERT_EQ_U64(st.published_written, 15); /* "a" was put again: "written" */
+  ASSERT_EQ_U64(st.published_written, 16); /* "a" was put again: "written" */
+  ASSERT_EQ_U64(st.published_present, 1);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  unlink(cfg_path);
+  fake_extra = ", \"store_writes_in_flight\": 3";
+  ec = engine_on_fake("tcp", 4096, &f);
+  fake_extra = "";
+  publish_queued(ec, 3);
+  encache_stats_get(ec, &st);
+  ASSERT_EQ_U64(st.published_written, 7);
   ASSERT_EQ_U64(st.published_present, 1);
   ASSERT_EQ_INT(encache_close(ec), 0);
   unlink(cfg_path);

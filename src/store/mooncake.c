@@ -25,8 +25,9 @@
  * Writes check existence first, as the reference does, and this check
  * cannot be skipped: a Mooncake put on an existing key answers success
  * without replacing it, so the put's own answer cannot tell "written"
- * from "already there" (the publication counters would lie); it is asked
- * for the publisher's queued keys at once (mc_prefetch_exists).  Then header
+ * from "already there" (the publication counters would lie); the
+ * publisher asks it for several queued keys at once (mc_write_known).
+ * Then header
  * + payload are put from a registered buffer of this backend's (the C
  * ABI has no multi-buffer put); up to MC_WBUFS writes run at once, each
  * from its own buffer, grown when needed and registered once per size.
@@ -94,9 +95,6 @@ typedef int (*mc_unregister_fn)(mc_handle, void *buffer);
  * a registered buffer of its own. */
 #define MC_WBUFS ENCACHE__WRITES_MAX
 
-/* Existence answers kept ahead of the writes, at most. */
-#define MC_KNOWN 32
-
 typedef struct mooncake_store {
   encache_store base;
   void *lib;
@@ -121,12 +119,6 @@ typedef struct mooncake_store {
   size_t wcap[MC_WBUFS];
   int wbusy[MC_WBUFS];
   int poisoned; /* a write buffer the Store may still touch: kept */
-  /* Existence answers the publisher asked for ahead of its writes
-   * (mc_prefetch_exists), by key; a write takes its key's out.  Under
-   * wmu. */
-  char *known[MC_KNOWN];
-  int known_present[MC_KNOWN];
-  int nknown;
 } mooncake_store;
 
 static mooncake_store *ms(encache_store *st) { return (mooncake_store *)st; }
@@ -398,65 +390,27 @@ static int put_via(mooncake_store *s, int i, const char *key, const void *hdr,
                              encache__mooncake_code_name(r));
 }
 
-static void known_clear(mooncake_store *s) {
-  while (s->nknown > 0)
-    encache__free(s->known[--s->nknown]);
-}
-
 /*
- * The publisher's keys, about to be written in this order: one
- * batch_is_exist for them all, instead of one per write.  Each answer is
- * used by the next write of its key, which otherwise asks itself; a batch
- * that fails leaves every write to ask itself.  The answers are the
- * reference's (present only on 1), asked a few writes earlier: an object
- * another encoder writes in between is put again, which Mooncake answers
- * with success and does not replace (counted as written, as when it
- * lands between a check and its put).
+ * A write whose existence answer is `present` (mc_exists()'s, asked by
+ * the publisher with other queued keys: encache_store.write_known), or
+ * MC_UNASKED.  As vLLM's publisher: an object counts as present only on
+ * the answer 1; any other answer (absent, or a failed check) goes on to
+ * the put, which never replaces an existing key in Mooncake.  The check
+ * stays: the put answers success for an existing key too (see the top).
  */
-static void mc_prefetch_exists(encache_store *st, const char *const *keys,
-                               size_t n) {
-  mooncake_store *s = ms(st);
-  int present[MC_KNOWN];
-  n = n > MC_KNOWN ? MC_KNOWN : n;
-  int rc = s->batch_is_exist(s->h, (const char **)keys, n, present);
-  pthread_mutex_lock(&s->wmu);
-  known_clear(s);
-  for (size_t i = 0; rc == 0 && i < n; i++)
-    if ((s->known[s->nknown] = encache__strdup(keys[i])) != NULL)
-      s->known_present[s->nknown++] = present[i];
-  pthread_mutex_unlock(&s->wmu);
-}
+#define MC_UNASKED (-1000)
 
-/* Key's prefetched existence answer, taken out; -2 when there is none. */
-static int known_take(mooncake_store *s, const char *key) {
-  int present = -2;
-  pthread_mutex_lock(&s->wmu);
-  for (int i = 0; i < s->nknown; i++)
-    if (strcmp(s->known[i], key) == 0) {
-      present = s->known_present[i];
-      encache__free(s->known[i]);
-      s->known[i] = s->known[s->nknown - 1];
-      s->known_present[i] = s->known_present[--s->nknown];
-      break;
-    }
-  pthread_mutex_unlock(&s->wmu);
-  return present;
-}
-
-static int mc_write(encache_store *st, const char *key, const void *hdr,
-                    size_t hl, const void *payload, size_t len) {
+static int mc_write_known(encache_store *st, const char *key, int present,
+                          const void *hdr, size_t hl, const void *payload,
+                          size_t len) {
   mooncake_store *s = ms(st);
   if (hl + len == 0) /* Mooncake accepts the put and stores nothing */
     return encache__store_fail(st, ENCACHE_EINVAL,
                                "%s: Mooncake cannot store an empty object",
                                s->base.url);
-  /* As vLLM's publisher: an object counts as present only on the answer
-   * 1; any other answer (absent, or a failed check) goes on to the put,
-   * which never replaces an existing key in Mooncake.  The check stays:
-   * the put answers success for an existing key too (see the top). */
   const char *keys[1] = {key};
-  int present = known_take(s, key), rc = 0;
-  if (present == -2) /* not asked ahead: ask now */
+  int rc = 0;
+  if (present == MC_UNASKED)
     rc = s->batch_is_exist(s->h, keys, 1, &present);
   if (rc == 0 && present == 1)
     return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
@@ -469,6 +423,11 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
   rc = put_via(s, i, key, hdr, hl, payload, len);
   wbuf_give(s, i, rc);
   return rc;
+}
+
+static int mc_write(encache_store *st, const char *key, const void *hdr,
+                    size_t hl, const void *payload, size_t len) {
+  return mc_write_known(st, key, MC_UNASKED, hdr, hl, payload, len);
 }
 
 static int mc_remove(encache_store *st, const char *key) {
@@ -541,7 +500,6 @@ static void mc_close(encache_store *st) {
         encache__aligned_free(s->wbuf[i]);
     s->destroy(s->h);
   }
-  known_clear(s);
   /* The library stays loaded: Mooncake's threads may outlive destroy. */
   pthread_cond_destroy(&s->wfree);
   pthread_mutex_destroy(&s->wmu);
@@ -678,7 +636,7 @@ int encache__mooncake_open(const char *url, encache_store **out) {
   }
   s->ops = mooncake_ops;
   s->base.ops = &s->ops;
-  s->base.prefetch_exists = mc_prefetch_exists;
+  s->base.write_known = mc_write_known;
   pthread_mutex_init(&s->wmu, NULL);
   pthread_cond_init(&s->wfree, NULL);
   *out = &s->base;

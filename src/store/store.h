@@ -33,13 +33,14 @@ struct encache_store {
   const encache_store_backend *ops;
   char *url;  /* as shown: never holds a password */
   void *data; /* encache_store_new()'s data */
-  /* Optional, internal (NULL: none): the publisher names the keys it is
-   * about to write (the next queued, in order), so that a backend whose
-   * write checks existence first (Mooncake) checks them in one batch;
-   * each later write of one of them uses that answer.  A hint: it fails
-   * silently, and every write still decides for itself. */
-  void (*prefetch_exists)(encache_store *st, const char *const *keys,
-                          size_t n);
+  /* Optional, internal (NULL: none), for a backend whose write asks
+   * existence first (Mooncake): write() with that answer already known
+   * (`present`: this Store's exists() answer for the key, asked by the
+   * publisher for several queued jobs at once), so that it does not ask
+   * again.  The publisher asks ahead only when it is set. */
+  int (*write_known)(encache_store *st, const char *key, int present,
+                     const void *hdr, size_t hl, const void *payload,
+                     size_t len);
 };
 
 /* The most writes a publisher keeps in flight (store_writes_in_flight):
