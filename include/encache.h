@@ -1252,11 +1252,12 @@ typedef struct encache_allocator {
   void (*release)(void *ctx, size_t i, void *data, void *handle);
   /* Added in 1.3: how many bytes in front of every host destination
    * (data - headroom .. data) the lookup may overwrite; 0 (the default):
-   * none.  With ENCACHE_HEADER_SIZE or more, a Store that reads objects
-   * whole into memory it needs no registration for (Mooncake over TCP)
-   * reads each object straight into its destination, its 24-byte header
-   * just in front: no copy out of the staging buffer.  Those bytes then
-   * hold anything.  CUDA destinations are never written outside
+   * none.  With ENCACHE_HEADER_SIZE or more, a Store without split reads
+   * that needs no registered memory (Mooncake over TCP, a tier in front
+   * of it, a Store of your own without read_split) reads each object of
+   * a lookup of 1 MiB or more straight into its destination, its 24-byte
+   * header just in front: no copy out of the staging buffer.  Those bytes
+   * then hold anything.  CUDA destinations are never written outside
    * [data, data + nbytes). */
   size_t headroom;
 } encache_allocator;

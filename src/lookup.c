@@ -12,7 +12,8 @@
  *             buffer is OVERSIZE (with a warning naming both sizes);
  *   chunk     walk the present items in order, object size = 24 + payload;
  *             one that does not fit the rest of the current chunk closes
- *             it; slots are packed from offset 0;
+ *             it; slots are packed from offset 0, each of SLOT_PAGE_MIN
+ *             or more on a page;
  *   read      per chunk, one batched read (into the staging buffer's
  *             slots, or straight into destinations; lookup_read.c);
  *   validate  every answer and header of the chunk;

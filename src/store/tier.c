@@ -493,6 +493,7 @@ static void make_ops(tier_store *t) {
                                                    ENCACHE_STORE_CAP_LIST |
                                                    ENCACHE_STORE_CAP_PUT_IF_ABSENT));
   o->caps |= (l | r) & ENCACHE_STORE_CAP_REGISTER;
+  o->caps |= r & ENCACHE_STORE_CAP_BUSY_WAIT; /* its writes are the remote's */
   o->caps |= r & ENCACHE_STORE_CAP_LEASE;
   if ((l & ENCACHE_STORE_CAP_LIST) &&
       (r & (ENCACHE_STORE_CAP_LIST | ENCACHE_STORE_CAP_REMOVE_PREFIX)))
