@@ -621,6 +621,19 @@ TEST(mooncake_publication_round_trips) {
   unlink(cfg_path);
 }
 
+/* Publishes the 2x2 float32 output {5, 6, 7, 8} for each of ids[0..n)
+ * on step: every one queued. */
+static void publish_all(encache_step *step, const char *const *ids, int n) {
+  static float out[4] = {5, 6, 7, 8};
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
+  for (int i = 0; i < n; i++)
+    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
+  encache_storage_unref(s);
+}
+
 /* Publishes 4 outputs on an engine on the stand-in whose puts take
  * 20 ms, and returns how many were in flight at most; every publication
  * is written once, each from a write buffer of its own. */
@@ -642,14 +655,7 @@ static int puts_in_flight(const char *extra) {
   static const char *const ids[] = {"w1", "w2", "w3", "w4"};
   encache_result r[4];
   ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 0);
-  static float out[4] = {5, 6, 7, 8};
-  int64_t shape[2] = {2, 2};
-  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
-  encache_storage *s = NULL;
-  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
-  for (int i = 0; i < 4; i++)
-    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
-  encache_storage_unref(s);
+  publish_all(step, ids, 4);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   *delay = 0;
   ASSERT_EQ_INT(f.calls[F_PUT], 4);
@@ -856,14 +862,7 @@ static void publish_queued(encache *ec, int round) {
   ASSERT_EQ_INT(lookup_fake(step, idp, 4, r), 1);
   free_results(r, 4);
   ASSERT_EQ_INT(lookup_fake(step, idp + 4, 4, r), 0);
-  static float out[4] = {5, 6, 7, 8};
-  int64_t shape[2] = {2, 2};
-  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
-  encache_storage *s = NULL;
-  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
-  for (int i = 0; i < 8; i++)
-    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
-  encache_storage_unref(s);
+  publish_all(step, idp, 8);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   *delay = 0;
   encache_step_close(step);
@@ -895,13 +894,7 @@ TEST(mooncake_existence_asked_ahead) {
   static const char *const a[] = {"a"};
   encache_result r[1];
   ASSERT_EQ_INT(lookup_fake(step, a, 1, r), 0);
-  static float out[4] = {5, 6, 7, 8};
-  int64_t shape[2] = {2, 2};
-  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
-  encache_storage *s = NULL;
-  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
-  ASSERT_EQ_INT(encache_publish(step, "a", &v, s), ENCACHE_QUEUED);
-  encache_storage_unref(s);
+  publish_all(step, a, 1);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   encache_step_close(step);
   encache_stats_get(ec, &st);
