@@ -197,6 +197,11 @@ uint64_t encache__steps_lease_of(const encache *ec, const encache_step *except,
 const char *encache__step_note(encache_step *s, const char *fallback,
                                const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Asks existence ahead for job j (just taken by this writer) and the
+ * jobs queued behind it, when the Store has write_known (publish_ask.c).
+ * Called and returns with ec->mu held; releases it meanwhile. */
+void encache__ask_ahead(encache *ec, job *j);
+
 /* Closes every step still open (encache_close()). */
 void encache__steps_close_all(encache *ec);
 

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * publish_ask.c: asking existence ahead, for a Store with write_known
+ * (store.h: its write asks existence first, as Mooncake's does).  The
+ * writer that takes a job not yet asked for asks exists() for it and the
+ * jobs queued behind it (at most ASK_AHEAD) in one call, and hands each
+ * answer to its job if that job is its own or still queued; a job another
+ * writer took meanwhile asks for itself.  The answers live in the jobs:
+ * none outlives its job.  The question is vLLM's (present only on 1),
+ * asked a few writes earlier.
+ */
+#include "engine.h"
+
+#include <string.h>
+
+#define ASK_AHEAD 32
+
+typedef struct ask {
+  job *jobs[ASK_AHEAD];
+  const char *keys[ASK_AHEAD];
+  int present[ASK_AHEAD];
+  size_t n;
+  char *text; /* the keys, copied: a job another writer finishes may be
+               * reaped (freed) while the question is out */
+} ask;
+
+/* Under mu: j (just taken) and the queued jobs behind it that nobody has
+ * asked for, marked as being asked.  Returns 1 when there is something
+ * worth asking (two keys or more), else 0 (nothing marked). */
+static int ask_collect(encache *ec, job *j, ask *a) {
+  size_t len = 0, k = 0;
+  a->n = 0;
+  if (ec->store->write_known == NULL || j->asked || j->asking)
+    return 0;
+  for (job *q = j; q != NULL && k < ASK_AHEAD;
+       q = q == j ? ec->queue_head : q->next)
+    if (!q->asked && !q->asking)
+      a->jobs[k++] = q, len += strlen(q->key) + 1;
+  char *at = a->text = k > 1 ? encache__malloc(len) : NULL;
+  for (size_t i = 0; at != NULL && i < k; i++) {
+    size_t l = strlen(a->jobs[i]->key) + 1;
+    a->keys[i] = memcpy(at, a->jobs[i]->key, l);
+    at += l;
+    a->jobs[i]->asking = 1;
+  }
+  a->n = a->text != NULL ? k : 0;
+  return a->n > 0;
+}
+
+/* Under mu: whether q is still queued. */
+static int is_queued(const encache *ec, const job *q) {
+  for (const job *p = ec->queue_head; p != NULL; p = p->next)
+    if (p == q)
+      return 1;
+  return 0;
+}
+
+/* Under mu: the answers (when the question was answered) to j and to the
+ * jobs still queued; every job asked about is no longer being asked. */
+static void ask_deliver(encache *ec, job *j, ask *a, int answered) {
+  for (size_t i = 0; i < a->n; i++) {
+    job *q = a->jobs[i];
+    if (q != j && !is_queued(ec, q))
+      continue; /* taken by another writer (maybe gone): it asked */
+    q->asking = 0;
+    q->asked = answered;
+    q->present = a->present[i];
+  }
+  encache__free(a->text);
+}
+
+void encache__ask_ahead(encache *ec, job *j) {
+  ask a;
+  if (!ask_collect(ec, j, &a))
+    return;
+  pthread_mutex_unlock(&ec->mu);
+  encache_store *st = ec->store;
+  int answered = !encache__is_poisoned(ec) &&
+                 st->ops->exists(st, a.keys, a.n, a.present) == 0;
+  pthread_mutex_lock(&ec->mu);
+  ask_deliver(ec, j, &a, answered);
+}
