@@ -1255,9 +1255,10 @@ typedef struct encache_allocator {
    * none.  With ENCACHE_HEADER_SIZE or more, a Store without split reads
    * that needs no registered memory (Mooncake over TCP, a tier in front
    * of it, a Store of your own without read_split) reads each object of
-   * a lookup of 1 MiB or more straight into its destination, its 24-byte
-   * header just in front: no copy out of the staging buffer.  Those bytes
-   * then hold anything.  CUDA destinations are never written outside
+   * a lookup of 1 MiB or more (with no CUDA candidate and no empty
+   * output) straight into its destination, its 24-byte header just in
+   * front: no copy out of the staging buffer.  Those bytes then hold
+   * anything.  CUDA destinations are never written outside
    * [data, data + nbytes). */
   size_t headroom;
 } encache_allocator;

@@ -46,10 +46,13 @@ typedef struct job {
   uint64_t nbytes;
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t lease; /* the token of the key's lease it ends, 0 = none */
-  /* Its existence, asked ahead with other queued jobs' (publish.c, for a
-   * Store with write_known): asked = 1 once `present` holds the answer;
-   * asking = 1 while a writer asks (no other asks for it). */
+  /* Its existence, asked ahead with other queued jobs' (publish_ask.c,
+   * for a Store with write_known): asked = 1 once `present` holds the
+   * answer; asking = 1 while a writer asks (no other asks for it).  seq:
+   * the handle's count of queued jobs when it was queued (under mu), so
+   * that an answer never goes to another job at a reused address. */
   int asking, asked, present;
+  uint64_t seq;
   int done;
   int result; /* enum job_result */
   char why[384]; /* JOB_FAILED, JOB_FATAL: the Store's reason */
@@ -91,6 +94,7 @@ struct encache {
   pthread_cond_t work; /* worker waits: queue non-empty or closing */
   pthread_cond_t idle; /* flush waits: queue empty and nothing running */
   job *queue_head, *queue_tail; /* queued, not started */
+  uint64_t job_seq;              /* jobs queued so far (job.seq) */
   job *running;
   job *done_head; /* finished, not reaped */
   job *fatal_jobs; /* kept forever once poisoned */

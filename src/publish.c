@@ -280,8 +280,9 @@ static void *worker_main(void *arg) {
  * segment: a write waits on more than this CPU) ENCACHE__WRITERS; but one
  * whose calls wait by polling (ENCACHE_STORE_CAP_BUSY_WAIT) spends a CPU
  * per write in flight, taken from the transfers themselves: one (on
- * Mooncake over TCP with 2 cores, one write in flight made 0.98 to 0.99 of
- * raw put_from, two 0.65 to 0.78: bench_mooncake (b)). */
+ * Mooncake over TCP with 2 cores, builds alternating on one Store: one
+ * write in flight made 0.98 to 0.99 of raw put_from, two 0.65 to 0.78,
+ * bench_mooncake (b)). */
 static unsigned writes_in_flight(const encache *ec) {
   unsigned caps = ec->store->ops->caps;
   if (ec->writes_in_flight > 0)
@@ -450,6 +451,7 @@ static int enqueue(encache *ec, job *j, int dry_run) {
     storage->views_pending++;
     ec->pending_bytes += charge;
     ec->pending_items++;
+    j->seq = ++ec->job_seq;
     if (ec->queue_tail != NULL)
       ec->queue_tail->next = j;
     else

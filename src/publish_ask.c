@@ -17,6 +17,7 @@
 
 typedef struct ask {
   job *jobs[ASK_AHEAD];
+  uint64_t seqs[ASK_AHEAD]; /* each job's seq: its address may be reused */
   const char *keys[ASK_AHEAD];
   int present[ASK_AHEAD];
   size_t n;
@@ -40,6 +41,7 @@ static int ask_collect(encache *ec, job *j, ask *a) {
   for (size_t i = 0; at != NULL && i < k; i++) {
     size_t l = strlen(a->jobs[i]->key) + 1;
     a->keys[i] = memcpy(at, a->jobs[i]->key, l);
+    a->seqs[i] = a->jobs[i]->seq;
     at += l;
     a->jobs[i]->asking = 1;
   }
@@ -47,36 +49,39 @@ static int ask_collect(encache *ec, job *j, ask *a) {
   return a->n > 0;
 }
 
-/* Under mu: whether q is still queued. */
-static int is_queued(const encache *ec, const job *q) {
+/* Under mu: whether the job at q, queued as number seq, is still queued
+ * (a job taken meanwhile may be gone, and another queued at its
+ * address: the seq tells them apart). */
+static int still_queued(const encache *ec, const job *q, uint64_t seq) {
   for (const job *p = ec->queue_head; p != NULL; p = p->next)
     if (p == q)
-      return 1;
+      return p->seq == seq;
   return 0;
 }
 
-/* Under mu: the answers (when the question was answered) to j and to the
- * jobs still queued; every job asked about is no longer being asked. */
-static void ask_deliver(encache *ec, job *j, ask *a, int answered) {
+/* Under mu: the answers to j and to the jobs still queued.  rc is the
+ * exists() call's: a failed call answers every key "not known present"
+ * (ENCACHE_EUNAVAIL), so that each write goes on to its put as vLLM's
+ * does after a failed check, without asking again. */
+static void ask_deliver(encache *ec, job *j, ask *a, int rc) {
   for (size_t i = 0; i < a->n; i++) {
     job *q = a->jobs[i];
-    if (q != j && !is_queued(ec, q))
+    if (q != j && !still_queued(ec, q, a->seqs[i]))
       continue; /* taken by another writer (maybe gone): it asked */
     q->asking = 0;
-    q->asked = answered;
-    q->present = a->present[i];
+    q->asked = 1;
+    q->present = rc == 0 ? a->present[i] : ENCACHE_EUNAVAIL;
   }
   encache__free(a->text);
 }
 
 void encache__ask_ahead(encache *ec, job *j) {
   ask a;
-  if (!ask_collect(ec, j, &a))
-    return;
+  if (encache__is_poisoned(ec) || !ask_collect(ec, j, &a))
+    return; /* a poisoned handle touches the Store no more */
   pthread_mutex_unlock(&ec->mu);
   encache_store *st = ec->store;
-  int answered = !encache__is_poisoned(ec) &&
-                 st->ops->exists(st, a.keys, a.n, a.present) == 0;
+  int rc = st->ops->exists(st, a.keys, a.n, a.present);
   pthread_mutex_lock(&ec->mu);
-  ask_deliver(ec, j, &a, answered);
+  ask_deliver(ec, j, &a, rc);
 }

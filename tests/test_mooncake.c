@@ -635,7 +635,7 @@ static void publish_all(encache_step *step, const char *const *ids, int n) {
 }
 
 /* Publishes 4 outputs on an engine on the stand-in whose puts take
- * 20 ms, and returns how many were in flight at most; every publication
+ * 50 ms, and returns how many were in flight at most; every publication
  * is written once, each from a write buffer of its own. */
 static int puts_in_flight(const char *extra) {
   fake_ctl f;
@@ -648,7 +648,7 @@ static int puts_in_flight(const char *extra) {
   int *most = dlsym(lib, "fake_mooncake_puts_in_flight_max");
   dlclose(lib);
   ASSERT(delay != NULL && most != NULL);
-  *delay = 20000;
+  *delay = 50000;
   *most = 0;
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
@@ -873,14 +873,16 @@ static void publish_queued(encache *ec, int round) {
  * each, with the same counters: the object already there is not put.  An
  * answer lives in its job: a later publication of a key that was removed
  * meanwhile asks again and is written.  Several writers give the same
- * counts.  A batch that fails leaves each write to ask, and to put anyway
- * when that fails too, as vLLM's publisher does. */
+ * counts.  A batch that fails sends each of its writes on to the put, as
+ * vLLM's publisher does after a failed check, without asking again. */
 TEST(mooncake_existence_asked_ahead) {
   fake_ctl f;
   encache *ec = engine_on_fake("tcp", 4096, &f);
   f.calls[F_EXIST] = f.calls[F_PUT] = 0;
   publish_queued(ec, 1);
-  ASSERT(f.calls[F_EXIST] >= 1 && f.calls[F_EXIST] <= 2);
+  /* Usually 1 or 2 (the first job may be taken alone); fewer than 8 in
+   * any case. */
+  ASSERT(f.calls[F_EXIST] >= 1 && f.calls[F_EXIST] < 8);
   ASSERT_EQ_INT(f.calls[F_PUT], 7);
   encache_stats st = ENCACHE_STATS_INIT;
   encache_stats_get(ec, &st);
@@ -904,7 +906,8 @@ TEST(mooncake_existence_asked_ahead) {
   f.inject_batch[F_EXIST] = -1; /* every batch_is_exist fails */
   publish_queued(ec, 2);
   f.inject_batch[F_EXIST] = 0;
-  ASSERT(f.calls[F_EXIST] >= 8); /* each write asked again */
+  /* The failed batch answered for its jobs: none asks again. */
+  ASSERT(f.calls[F_EXIST] >= 1 && f.calls[F_EXIST] < 8);
   ASSERT_EQ_INT(f.calls[F_PUT], 8);
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_written, 16); /* "a" was put again: "written" */
