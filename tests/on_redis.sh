@@ -13,15 +13,8 @@ set -u
 tests=$1
 tool=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  echo "skipped: redis-server is not installed"
-  exit 77
-fi
-dir=$(mktemp -d)
-trap 'bash "$here/scripts/redis-servers.sh" stop "$dir"; rm -rf "$dir"' EXIT
-bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
-# shellcheck disable=SC1091
-. "$dir/env"
+# shellcheck source=tests/redis_up.sh
+. "$here/tests/redis_up.sh"
 rc=0
 for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   "$ENCACHE_REDIS_CLUSTER_URL"; do

@@ -10,19 +10,14 @@ set -u
 tests=$1
 tool=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  echo "skipped: redis-server is not installed"
-  exit 77
-fi
-dir=$(mktemp -d)
 seg="encache-tier-ctest-$$"
-trap 'bash "$here/scripts/redis-servers.sh" stop "$dir"; rm -rf "$dir";
-  "$tool" shm destroy "$seg" >/dev/null 2>&1;
-  "$tool" shm destroy "$seg-h0" >/dev/null 2>&1;
-  "$tool" shm destroy "$seg-h1" >/dev/null 2>&1' EXIT
-bash "$here/scripts/redis-servers.sh" start "$dir" >/dev/null || exit 1
-# shellcheck disable=SC1091
-. "$dir/env"
+cleanup() {
+  for s in "$seg" "$seg-h0" "$seg-h1"; do
+    "$tool" shm destroy "$s" >/dev/null 2>&1
+  done
+}
+# shellcheck source=tests/redis_up.sh
+. "$here/tests/redis_up.sh"
 rc=0
 for remote in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
   url="tier:shm://$seg?size=64MiB+$remote"
