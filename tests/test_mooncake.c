@@ -568,6 +568,19 @@ TEST(mooncake_lookup_faults_without_the_check) {
   unlink(cfg_path);
 }
 
+/* Publishes the 2x2 float32 output {5, 6, 7, 8} for each of ids[0..n)
+ * on step: every one queued. */
+static void publish_all(encache_step *step, const char *const *ids, int n) {
+  static float out[4] = {5, 6, 7, 8};
+  int64_t shape[2] = {2, 2};
+  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
+  encache_storage *s = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
+  for (int i = 0; i < n; i++)
+    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
+  encache_storage_unref(s);
+}
+
 /* A publication is the backend's check and one put: the engine checks
  * nothing itself (the write answers "exists"), so written and present
  * are counted as before; a failed check goes on to the put as vLLM's
@@ -582,13 +595,7 @@ TEST(mooncake_publication_round_trips) {
   ASSERT_EQ_INT(lookup_fake(step, ids, 4, r), 1);
   free_results(r, 4);
   fake_reset(&f);
-  static float out[4] = {5, 6, 7, 8};
-  int64_t shape[2] = {2, 2};
-  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
-  encache_storage *s = NULL;
-  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
-  ASSERT_EQ_INT(encache_publish(step, "a", &v, s), ENCACHE_QUEUED);
-  ASSERT_EQ_INT(encache_publish(step, "n1", &v, s), ENCACHE_QUEUED);
+  publish_all(step, ids, 2); /* "a", "n1" */
   ASSERT_EQ_INT(encache_flush(ec), 0);
   /* One check each, or one for both when the second was queued before
    * the first was taken (asked ahead: mooncake_existence_asked_ahead). */
@@ -602,11 +609,11 @@ TEST(mooncake_publication_round_trips) {
   ASSERT_EQ_U64(st.published_written, 1);
   ASSERT_EQ_U64(st.published_present, 1);
   f.inject[F_EXIST] = -900; /* the check fails: put anyway */
-  ASSERT_EQ_INT(encache_publish(step, "n2", &v, s), ENCACHE_QUEUED);
+  publish_all(step, ids + 2, 1);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   f.inject[F_EXIST] = 0;
   f.inject[F_PUT] = -200; /* no handle: skipped */
-  ASSERT_EQ_INT(encache_publish(step, "n3", &v, s), ENCACHE_QUEUED);
+  publish_all(step, ids + 3, 1);
   ASSERT_EQ_INT(encache_flush(ec), 0);
   encache_stats_get(ec, &st);
   ASSERT_EQ_U64(st.published_written, 2);
@@ -614,24 +621,10 @@ TEST(mooncake_publication_round_trips) {
   ASSERT_EQ_INT(lookup_fake(step, ids + 2, 1, r), 1); /* n2 is there */
   free_results(r, 1);
   f.inject[F_PUT] = -800; /* a transfer failure: unconfirmed */
-  ASSERT_EQ_INT(encache_publish(step, "n3", &v, s), ENCACHE_QUEUED);
+  publish_all(step, ids + 3, 1);
   ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
-  encache_storage_unref(s);
   ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
   unlink(cfg_path);
-}
-
-/* Publishes the 2x2 float32 output {5, 6, 7, 8} for each of ids[0..n)
- * on step: every one queued. */
-static void publish_all(encache_step *step, const char *const *ids, int n) {
-  static float out[4] = {5, 6, 7, 8};
-  int64_t shape[2] = {2, 2};
-  encache_tensor v = {sizeof v, out, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0, NULL};
-  encache_storage *s = NULL;
-  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &s), 0);
-  for (int i = 0; i < n; i++)
-    ASSERT_EQ_INT(encache_publish(step, ids[i], &v, s), ENCACHE_QUEUED);
-  encache_storage_unref(s);
 }
 
 /* Publishes 4 outputs on an engine on the stand-in whose puts take
