@@ -89,12 +89,20 @@ static inline encache_candidate bench_candidate(const char *id, uint64_t rows,
   return c;
 }
 
+/* The sustained benchmarks' pace: after a step, wait for the worker when
+ * the queue nears the item budget (more than 40 pending), so that the
+ * figure is what the worker sustains, not what the budget sheds. */
+static inline void bench_flush_if_full(encache *ec) {
+  encache_stats now;
+  bench_stats(ec, &now);
+  if (now.pending_items > 40)
+    encache_flush(ec);
+}
+
 /* Sustained publication: `total` new ids PREFIX-FIRST, PREFIX-FIRST+1, ...
  * looked up (all miss) in steps of 16 and each published from view v over
- * the storage [data, data + nbytes); a step waits for the worker when the
- * queue nears the item budget (more than 40 pending), so that the figure
- * is what the worker sustains, not what the budget sheds.  Seconds, with
- * the objects written meanwhile in *written. */
+ * the storage [data, data + nbytes), paced by bench_flush_if_full().
+ * Seconds, with the objects written meanwhile in *written. */
 static inline double bench_publish_sustained(encache *ec, const char *prefix,
                                              int first, int total,
                                              const encache_tensor *v,
@@ -124,10 +132,7 @@ static inline double bench_publish_sustained(encache *ec, const char *prefix,
       encache_storage_unref(stg);
     }
     encache_step_close(step);
-    encache_stats now;
-    bench_stats(ec, &now);
-    if (now.pending_items > 40)
-      encache_flush(ec);
+    bench_flush_if_full(ec);
   }
   encache_flush(ec);
   double dt = measure_now() - t0;

@@ -219,10 +219,7 @@ static void bench_sustained(encache *ec, encache_store *st, void *dev,
   t0 = measure_now();
   for (int i = 0; i < total; i += 8) {
     publish_batch(ec, "c-eng", i, 8, dev, rows, NULL);
-    encache_stats now;
-    bench_stats(ec, &now);
-    if (now.pending_items > 40)
-      encache_flush(ec);
+    bench_flush_if_full(ec);
   }
   encache_flush(ec);
   double eng = measure_now() - t0;

@@ -633,6 +633,7 @@ TEST(tier_full_promotion_queue_drops_without_waiting) {
   encache__shm_write_hook = NULL;
   s = stats_of(w.tier);
   ASSERT_EQ_U64(s.tier_promotions_done, s.tier_promotions_queued);
+  close(hold_fd[0]), close(hold_fd[1]);
   world_stop(&w);
 }
 
