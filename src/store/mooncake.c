@@ -219,14 +219,30 @@ static int slot_cmp(const void *a, const void *b) {
   return c != 0 ? c : x->at < y->at ? -1 : x->at > y->at;
 }
 
-/* One round of a batch read in rounds: its members' keys, buffers, sizes
- * and answers, in batch order. */
+/* The scratch of a batch read in rounds, one allocation for n keys: the
+ * sort, each key's round, and one round's members (keys, buffers, sizes
+ * and answers, in batch order).  Every member is 8-byte aligned. */
 typedef struct mc_round {
+  mc_slot *o;
+  size_t *round;
   const char **keys;
   void **bufs;
   size_t *caps;
   int64_t *answers;
 } mc_round;
+
+#define MC_ROUND_ENTRY                                                        \
+  (sizeof(mc_slot) + 2 * sizeof(size_t) + sizeof(char *) + sizeof(void *) +  \
+   sizeof(int64_t))
+
+static void round_carve(mc_round *m, unsigned char *p, size_t n) {
+  m->o = (mc_slot *)(void *)p;
+  m->round = (size_t *)(void *)(p += n * sizeof(mc_slot));
+  m->keys = (const char **)(void *)(p += n * sizeof(size_t));
+  m->bufs = (void **)(void *)(p += n * sizeof(char *));
+  m->caps = (size_t *)(void *)(p += n * sizeof(void *));
+  m->answers = (int64_t *)(void *)(p + n * sizeof(size_t));
+}
 
 /* Which occurrence of its key each of the n keys is (round[i]: 0 for the
  * first), using o (n slots); returns the number of rounds. */
@@ -258,36 +274,25 @@ static int mc_read(encache_store *st, const char *const *keys, size_t n,
                    void *const *bufs, const size_t *caps, int64_t *results) {
   if (n < 2)
     return read_batch(st, keys, n, bufs, caps, results);
-  mc_slot *o = encache__calloc(n, sizeof(*o));
-  size_t *round = encache__calloc(n, sizeof(*round));
-  mc_round m = {encache__calloc(n, sizeof(char *)),
-                encache__calloc(n, sizeof(void *)),
-                encache__calloc(n, sizeof(size_t)),
-                encache__calloc(n, sizeof(int64_t))};
-  int rc = o == NULL || round == NULL || m.keys == NULL || m.bufs == NULL ||
-                   m.caps == NULL || m.answers == NULL
-               ? encache__store_fail(st, ENCACHE_EUNAVAIL, "out of memory")
-               : 0;
-  size_t rounds = rc == 0 ? read_rounds(keys, n, o, round) : 0;
-  if (rounds == 1)
-    rc = read_batch(st, keys, n, bufs, caps, results);
+  unsigned char *p = encache__calloc(n, MC_ROUND_ENTRY);
+  if (p == NULL)
+    return encache__store_fail(st, ENCACHE_EUNAVAIL, "out of memory");
+  mc_round m;
+  round_carve(&m, p, n);
+  size_t rounds = read_rounds(keys, n, m.o, m.round);
+  int rc = rounds == 1 ? read_batch(st, keys, n, bufs, caps, results) : 0;
   for (size_t r = 0; rounds > 1 && r < rounds && rc == 0; r++) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-      if (round[i] == r) {
-        o[k].at = i;
+      if (m.round[i] == r) {
+        m.o[k].at = i;
         m.keys[k] = keys[i], m.bufs[k] = bufs[i], m.caps[k++] = caps[i];
       }
     rc = read_batch(st, m.keys, k, m.bufs, m.caps, m.answers);
     for (size_t j = 0; rc == 0 && j < k; j++)
-      results[o[j].at] = m.answers[j];
+      results[m.o[j].at] = m.answers[j];
   }
-  encache__free(o);
-  encache__free(round);
-  encache__free(m.keys);
-  encache__free(m.bufs);
-  encache__free(m.caps);
-  encache__free(m.answers);
+  encache__free(p);
   return rc;
 }
 
