@@ -88,6 +88,11 @@
   XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(shm_concurrent_opens_of_a_large_new_segment)                              \
   XX(shm_create_no_never_creates)                                              \
+  XX(shm_segment_of_another_user_is_refused)                               \
+  XX(shm_own_segment_writable_by_others_is_refused)                        \
+  XX(shm_fifo_or_symlink_at_the_name_is_refused)                           \
+  XX(shm_group_shares_a_segment_on_purpose)                                \
+  XX(shm_group_and_mode_options)                                           \
   XX(shm_lease_killed_holder_frees_at_once)                                  \
   XX(shm_lease_closed_handle_and_forked_child)                               \
   XX(shm_lease_full_table_is_recoverable)                                    \

@@ -127,10 +127,15 @@ static int parse_option(shm_store *s, const char *k, const char *v,
       return encache__store_fail(&s->base, ENCACHE_EURL,
                                  "%s: checksum=%s: must be on or off", url, v);
     s->checksum = strcmp(v, "on") == 0;
+  } else if (strcmp(k, "group") == 0) {
+    return encache__shm_parse_group(s, v);
+  } else if (strcmp(k, "mode") == 0) {
+    return encache__shm_parse_mode(s, v);
   } else {
     return encache__store_fail(&s->base, ENCACHE_EURL,
                                "%s: unknown option '%s' (known: size, "
-                               "lock_timeout_ms, checksum, create)", url, k);
+                               "lock_timeout_ms, checksum, create, group, "
+                               "mode)", url, k);
   }
   return 0;
 }
@@ -149,7 +154,7 @@ static int parse_query(shm_store *s, const char *query, uint64_t *size,
     return encache__store_fail(&s->base, ENCACHE_EURL,
                                "%s: malformed query (use ?key=value&...)",
                                s->base.url);
-  return 0;
+  return encache__shm_check_options(s);
 }
 
 int encache__shm_open(const char *url, encache_store **out) {
@@ -172,14 +177,28 @@ int encache__shm_open(const char *url, encache_store **out) {
   char path[SHM_MAX_NAME + 16];
   snprintf(path, sizeof(path), "/encache-%.*s", (int)nlen, name);
   snprintf(s->name, sizeof(s->name), "%.*s", (int)nlen, name);
-  s->fd = shm_open(path, O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0600);
+  char file[sizeof(path) + 16]; /* where Linux keeps it, for messages */
+  snprintf(file, sizeof(file), "/dev/shm%s", path);
+  /* Never through a symbolic link, never blocking (a FIFO at the name);
+   * the file is then checked before anything in it is used (owner.c). */
+  s->fd = shm_open(path,
+                   O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC | O_NOFOLLOW |
+                       O_NONBLOCK,
+                   0600);
   if (s->fd < 0 && errno == ENOENT && !create)
     return encache__store_fail(&s->base, ENCACHE_ENOENT,
                                "%s: no such segment \"%s\" (create=no opens "
                                "only an existing one)", url, s->name);
+  if (s->fd < 0 && errno == ELOOP)
+    return encache__store_fail(&s->base, -ELOOP,
+                               "%s: %s is a symbolic link: refused "
+                               "(someone else made it: remove it and open "
+                               "again)", url, file);
   if (s->fd < 0)
     return encache__store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,
                                path, strerror(errno));
+  if ((rc = encache__shm_check_owner(s, file)) < 0)
+    return rc;
   /* create_size 0: attach to a finished segment, never make one. */
   return encache__shm_attach(s, create ? size : 0);
 }

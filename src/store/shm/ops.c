@@ -455,6 +455,7 @@ int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp) {
   s->fd = -1;
   s->lock_timeout_ms = SHM_DEFAULT_LOCK_MS;
   s->checksum = 1;
+  s->share_gid = -1;
   s->slot = -1;
   pthread_mutex_init(&s->pmu, NULL);
   if ((s->base.url = encache__strdup(url)) == NULL) {

@@ -293,6 +293,9 @@ static int create_file(shm_store *s, uint64_t create_size, uint64_t *size) {
   const char *u = s->base.url;
   uint64_t init = SHM_INIT_MAGIC;
   *size = align_up(create_size, SHM_PAGE);
+  int rc = encache__shm_own_new_file(s);
+  if (rc < 0)
+    return rc;
   if (ftruncate(s->fd, 0) != 0 ||
       pwrite(s->fd, &init, sizeof(init), 0) != (ssize_t)sizeof(init) ||
       ftruncate(s->fd, (off_t)*size) != 0)
@@ -302,7 +305,7 @@ static int create_file(shm_store *s, uint64_t create_size, uint64_t *size) {
    * with SIGBUS on some later write. */
   int fr = posix_fallocate(s->fd, 0, (off_t)*size);
   if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) {
-    int rc = encache__store_fail(&s->base, -fr,
+    rc = encache__store_fail(&s->base, -fr,
                                  "%s: cannot reserve %" PRIu64 " bytes: %s",
                                  u, *size, strerror(fr));
     if (ftruncate(s->fd, 0) != 0) { /* leave it empty, to be remade */

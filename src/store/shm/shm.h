@@ -294,6 +294,10 @@ typedef struct shm_store {
   shm_lease *leases;
   uint32_t nleases;
   unsigned lock_timeout_ms;
+  /* Who may share the segment: its group (the URL's group=; -1: nobody
+   * but this uid) and the mode a new segment's file gets (open.c). */
+  long share_gid;
+  unsigned create_mode;
   int checksum;         /* compute and verify object checksums */
   int validate_pending; /* check the structure at the next lock */
   uint64_t stalled_until_ms; /* after a lock timeout: wait briefly */
@@ -486,6 +490,15 @@ void encache__shm_copy_sum(unsigned char *dst, const unsigned char *src,
 shm_store *encache__shm_handle(encache_store *st);
 /* A new handle for url, with the defaults, on the fork registry. */
 int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp);
+
+/* owner.c: the URL's group= and mode=, their consistency (after the whole
+ * query), the check of an opened segment's file (path: its shm name, for
+ * messages), and the group and mode a new segment's file gets. */
+int encache__shm_parse_group(shm_store *s, const char *v);
+int encache__shm_parse_mode(shm_store *s, const char *v);
+int encache__shm_check_options(shm_store *s);
+int encache__shm_check_owner(shm_store *s, const char *path);
+int encache__shm_own_new_file(shm_store *s);
 void encache__shm_reg_add(shm_store *s);
 void encache__shm_reg_remove(shm_store *s);
 
