@@ -1222,9 +1222,15 @@ ENCACHE_EXTERN int encache_step_set_stream(encache_step *step, void *stream);
 ENCACHE_EXTERN void encache_step_close(encache_step *step);
 
 /* One input of a step, as the caller describes it. */
+/* Added in 1.3: the longest candidate id, in bytes.  vLLM's ids are
+ * hashes (64 hex digits) or request UUIDs; a longer one is SKIPPED with
+ * the reason, whatever the Store's own key limit (shm's is 64 KiB). */
+#define ENCACHE_MAX_ID_LEN 8192
+
 typedef struct encache_candidate {
   size_t size;          /* sizeof(encache_candidate): set it first */
-  const char *id;       /* mm_hash or caller UUID; the key's identifier */
+  const char *id;       /* mm_hash or caller UUID; the key's identifier
+                           (1 to ENCACHE_MAX_ID_LEN bytes, else SKIPPED) */
   int modality;         /* encache_modality */
   int dtype;            /* expected output: encache_dtype, rows x cols */
   uint64_t rows;
@@ -1359,14 +1365,20 @@ ENCACHE_EXTERN void encache_storage_ref(encache_storage *s);
   XX(PENDING, 7, "already pending under the same key")                       \
   XX(CLOSED, 8, "publisher closed")                                          \
   XX(OVER_ITEMS, 9, "store_max_pending_items reached")                       \
-  XX(OVER_BYTES, 10, "store_max_pending_bytes reached")
+  XX(OVER_BYTES, 10, "store_max_pending_bytes reached")                      \
+  XX(MISMATCH, 11, "not the candidate's dtype and shape")
 
+/* ENCACHE_SKIP_COUNT_ is the size of encache_stats.published_skipped,
+ * frozen with the 1.0 ABI; reasons added since (MISMATCH, added in 1.3)
+ * are counted in fields of their own.  ENCACHE_SKIP_REASONS_ is one more
+ * than the highest reason: loop to it with encache_stats_skipped(). */
 typedef enum encache_skip {
   ENCACHE_QUEUED = 0,
 #define ENCACHE_SKIP_ENUM_(name, value, msg) ENCACHE_SKIP_##name = (value),
   ENCACHE_SKIP_MAP(ENCACHE_SKIP_ENUM_)
 #undef ENCACHE_SKIP_ENUM_
-  ENCACHE_SKIP_COUNT_ = 11
+  ENCACHE_SKIP_COUNT_ = 11,
+  ENCACHE_SKIP_REASONS_ = 12
 } encache_skip;
 
 /* "queued", or the reason's message. */
@@ -1375,8 +1387,11 @@ ENCACHE_EXTERN const char *encache_skip_name(int reason);
 /*
  * Queues the output `view` (a 2-D, row-major, contiguous matrix inside
  * `storage`) for publication under `id`, which must be an eligible
- * candidate of a lookup on `step` (else ENCACHE_SKIP_NOT_CANDIDATE).
- * Nothing is copied here: the worker writes straight from the storage,
+ * candidate of a lookup on `step` (else ENCACHE_SKIP_NOT_CANDIDATE), and
+ * be that candidate's output: its dtype, rows and cols (else, added in
+ * 1.3, ENCACHE_SKIP_MISMATCH: written, it would be INCOMPATIBLE to every
+ * reader, and never replaced).  An id looked up under two contracts takes
+ * either output.  Nothing is copied here: the worker writes straight from the storage,
  * which stays retained until the job is reaped.  Returns ENCACHE_QUEUED
  * (0), a skip reason (> 0; the storage is not retained), or a negative
  * code: ENCACHE_EPOISONED, ENCACHE_EINVAL, ENCACHE_ENOMEM.
@@ -1439,9 +1454,18 @@ typedef struct encache_stats {
   uint64_t device_published;    /* publications of CUDA outputs queued */
   uint64_t device_pool_bytes;   /* page-locked pool memory allocated now */
   uint64_t device_pool_full;    /* CUDA publications skipped: pool full */
+  /* Added in 1.3: publications skipped as ENCACHE_SKIP_MISMATCH (an
+   * output whose dtype, rows or cols are not the candidate's). */
+  uint64_t published_mismatch;
 } encache_stats;
 
 #define ENCACHE_STATS_INIT {.size = sizeof(encache_stats)}
+
+/* Added in 1.3.  The count of publications skipped for `reason` (1 to
+ * ENCACHE_SKIP_REASONS_ - 1) in *st, whichever field holds it; 0 for
+ * anything else, or a reason st->size has no room for. */
+ENCACHE_EXTERN uint64_t encache_stats_skipped(const encache_stats *st,
+                                              int reason);
 
 /* Fills *st (st->size set by the caller).  Errors: ENCACHE_EINVAL. */
 ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);

@@ -441,6 +441,17 @@ int encache_stats_get(const encache *ec, encache_stats *st) {
   return encache__struct_out(st, &full, sizeof(full), ENCACHE__STATS_MIN);
 }
 
+uint64_t encache_stats_skipped(const encache_stats *st, int reason) {
+  if (st == NULL || reason <= 0 || reason >= ENCACHE_SKIP_REASONS_)
+    return 0;
+  if (reason < ENCACHE_SKIP_COUNT_)
+    return st->published_skipped[reason];
+  if (st->size < offsetof(encache_stats, published_mismatch) +
+                     sizeof(st->published_mismatch))
+    return 0;
+  return st->published_mismatch;
+}
+
 int encache_engine_store_stats(const encache *ec, encache_store_stats *st) {
   if (ec == NULL || st == NULL || ec->store == NULL)
     return ENCACHE_EINVAL;

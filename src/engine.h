@@ -164,6 +164,12 @@ struct encache_step {
   uint64_t *hash;  /* n of them */
   size_t *off;     /* id k is text + off[k] */
   uint64_t *lease; /* id k's lease token while this step holds it, or 0 */
+  /* Entry k's contract, what a publication of it must be.  An id asked
+   * under two contracts has an entry for each; the first holds the lease. */
+  struct step_contract {
+    int dtype;
+    uint64_t rows, cols;
+  } *contract;
   char *text;
   size_t n, cap, text_len, text_cap;
   struct step_note *notes; /* the causes its lookups gave (result.why) */
@@ -174,9 +180,13 @@ struct encache_step {
  * that the next step_add calls cannot fail.  ENCACHE_ENOMEM otherwise
  * (the set is unchanged). */
 int encache__step_reserve(encache_step *s, size_t more, size_t bytes);
-/* Adds id (room reserved) unless the set holds it. */
-void encache__step_add(encache_step *s, const char *id, uint64_t hash);
-int encache__step_has(const encache_step *s, const char *id);
+/* Adds candidate c (room reserved; hash: of its id) unless the set holds
+ * its id under its contract. */
+void encache__step_add(encache_step *s, const encache_candidate *c,
+                       uint64_t hash);
+/* Whether id is in the set under the contract (dtype, rows, cols). */
+int encache__step_contract_ok(const encache_step *s, const char *id,
+                              int dtype, uint64_t rows, uint64_t cols);
 /* Where the step keeps id's lease token (0: none), or NULL when id is not
  * a candidate of the step. */
 uint64_t *encache__step_lease(encache_step *s, const char *id);

@@ -157,10 +157,17 @@ static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
 }
 
 /* NULL when c is eligible, or the rule it breaks (SKIPPED's why). */
-static const char *ineligible(const encache_candidate *c) {
+static const char *ineligible(encache_step *step,
+                              const encache_candidate *c) {
   uint64_t nbytes;
   if (c->id == NULL || c->id[0] == '\0')
     return "no id (NULL or empty)";
+  size_t idlen = strnlen(c->id, ENCACHE_MAX_ID_LEN + 1);
+  if (idlen > ENCACHE_MAX_ID_LEN)
+    return encache__step_note(step, "the id is too long",
+                              "the id of %zu bytes is too long (at most %d: "
+                              "ENCACHE_MAX_ID_LEN)", strlen(c->id),
+                              ENCACHE_MAX_ID_LEN);
   if (c->modality != ENCACHE_MODALITY_IMAGE)
     return "not an image (only image outputs are cached)";
   const char *why;
@@ -195,7 +202,7 @@ static int phase_dedupe(plan *p) {
   char *keytext = p->keytext;
   for (size_t i = 0; i < p->n; i++) {
     const encache_candidate *ci = &p->cand[i];
-    if ((p->res[i].why = ineligible(ci)) != NULL)
+    if ((p->res[i].why = ineligible(p->step, ci)) != NULL)
       continue;
     p->hash[i] = encache__hash_id(ci->id);
     if ((p->unique_of[i] = duplicate_of(p, i)) != SIZE_MAX)
@@ -220,7 +227,7 @@ static int phase_dedupe(plan *p) {
     return encache__fail(p->ec, ENCACHE_ENOMEM,
                          "lookup: out of memory (the step's candidates)");
   for (size_t u = 0; u < p->nu; u++)
-    encache__step_add(p->step, p->cand[p->items[u].first].id,
+    encache__step_add(p->step, &p->cand[p->items[u].first],
                       p->hash[p->items[u].first]);
   return 0;
 }

@@ -395,8 +395,24 @@ int encache_flush(encache *ec) {
 /* ---------------------------------------------------------------- publish */
 
 static int skip(encache *ec, int reason) {
-  STAT_ADD(ec, published_skipped[reason], 1);
+  if (reason == ENCACHE_SKIP_MISMATCH) /* past the array frozen in 1.0 */
+    STAT_ADD(ec, published_mismatch, 1);
+  else
+    STAT_ADD(ec, published_skipped[reason], 1);
   return reason;
+}
+
+/* Whether view is a matrix of a known dtype that is not the output id was
+ * a candidate for (the other faults of a view have reasons of their own,
+ * check_view's). */
+static int mismatched(const encache_step *step, const char *id,
+                      const encache_tensor *view) {
+  if (view->ndim != 2 || view->shape == NULL || view->shape[0] < 0 ||
+      view->shape[1] < 0 || encache_dtype_size(view->dtype) == 0)
+    return 0;
+  return !encache__step_contract_ok(step, id, view->dtype,
+                                    (uint64_t)view->shape[0],
+                                    (uint64_t)view->shape[1]);
 }
 
 static int key_pending(const encache *ec, const char *key) {
@@ -533,6 +549,10 @@ int encache_publish(encache_step *step, const char *id,
   uint64_t *lease = encache__step_lease(step, id);
   if (lease == NULL)
     return skip(ec, ENCACHE_SKIP_NOT_CANDIDATE);
+  /* Written, a wrong output would be INCOMPATIBLE to every reader and,
+   * objects being never replaced, keep the right one out. */
+  if (mismatched(step, id, &full))
+    return skip(ec, ENCACHE_SKIP_MISMATCH);
   /* The step's lease of this output (single flight) goes with the job,
    * which ends it once written; not queued, it ends now. */
   uint64_t token = encache__lease_slot_set(ec, lease, 0);

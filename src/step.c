@@ -74,6 +74,7 @@ void encache_step_close(encache_step *s) {
   __atomic_sub_fetch(&ec->live->steps_open, 1, __ATOMIC_RELAXED);
   encache__leases_end(s); /* the leases of outputs it never published */
   encache__free(s->lease);
+  encache__free(s->contract);
   encache__free(s->hash);
   encache__free(s->off);
   encache__free(s->text);
@@ -134,9 +135,11 @@ int encache__step_reserve(encache_step *s, size_t more, size_t bytes) {
   if (grow((void **)&s->hash, &cap, s->n + more, sizeof(*s->hash)) < 0)
     return ENCACHE_ENOMEM;
   if (cap != s->cap) {
-    size_t off_cap = s->cap, lease_cap = s->cap;
+    size_t off_cap = s->cap, lease_cap = s->cap, contract_cap = s->cap;
     if (grow((void **)&s->off, &off_cap, cap, sizeof(*s->off)) < 0 ||
-        grow((void **)&s->lease, &lease_cap, cap, sizeof(*s->lease)) < 0)
+        grow((void **)&s->lease, &lease_cap, cap, sizeof(*s->lease)) < 0 ||
+        grow((void **)&s->contract, &contract_cap, cap,
+             sizeof(*s->contract)) < 0)
       return ENCACHE_ENOMEM; /* hash grew: harmless, cap stays */
     s->cap = cap;
   }
@@ -151,8 +154,15 @@ static size_t find(const encache_step *s, const char *id, uint64_t hash) {
   return SIZE_MAX;
 }
 
-int encache__step_has(const encache_step *s, const char *id) {
-  return find(s, id, encache__hash_id(id)) != SIZE_MAX;
+int encache__step_contract_ok(const encache_step *s, const char *id,
+                              int dtype, uint64_t rows, uint64_t cols) {
+  uint64_t hash = encache__hash_id(id);
+  for (size_t i = find(s, id, hash); i < s->n; i++)
+    if (s->hash[i] == hash && strcmp(s->text + s->off[i], id) == 0 &&
+        s->contract[i].dtype == dtype && s->contract[i].rows == rows &&
+        s->contract[i].cols == cols)
+      return 1;
+  return 0;
 }
 
 uint64_t *encache__step_lease(encache_step *s, const char *id) {
@@ -174,14 +184,17 @@ uint64_t encache__steps_lease_of(const encache *ec, const encache_step *except,
   return 0;
 }
 
-void encache__step_add(encache_step *s, const char *id, uint64_t hash) {
-  if (find(s, id, hash) != SIZE_MAX)
+void encache__step_add(encache_step *s, const encache_candidate *c,
+                       uint64_t hash) {
+  const char *id = c->id;
+  if (encache__step_contract_ok(s, id, c->dtype, c->rows, c->cols))
     return;
   size_t len = strlen(id) + 1;
   ENCACHE_ASSERT(s->n < s->cap && len <= s->text_cap - s->text_len);
   memcpy(s->text + s->text_len, id, len);
   s->hash[s->n] = hash;
   s->lease[s->n] = 0;
+  s->contract[s->n] = (struct step_contract){c->dtype, c->rows, c->cols};
   s->off[s->n++] = s->text_len;
   s->text_len += len;
 }

@@ -93,6 +93,10 @@
   XX(shm_fifo_or_symlink_at_the_name_is_refused)                           \
   XX(shm_group_shares_a_segment_on_purpose)                                \
   XX(shm_group_and_mode_options)                                           \
+  XX(publish_refuses_an_output_that_is_not_the_candidates)                 \
+  XX(publish_accepts_either_contract_of_an_id_asked_twice)                 \
+  XX(lookup_skips_an_id_too_long_for_a_key)                                \
+  XX(config_refuses_nul_in_a_string_that_reaches_a_key)                    \
   XX(shm_lease_killed_holder_frees_at_once)                                  \
   XX(shm_lease_closed_handle_and_forked_child)                               \
   XX(shm_lease_full_table_is_recoverable)                                    \

@@ -71,6 +71,11 @@ def _stream(value):
 
 
 def _describe_torch(t):
+    torch = sys.modules["torch"]
+    if t.layout != torch.strided:
+        raise InvalidError(
+            f"a {t.layout} tensor cannot be published: publication reads "
+            "a dense matrix (pass tensor.to_dense())")
     if t.is_cuda:
         torch = sys.modules["torch"]
         index = t.device.index if t.device.index is not None else 0
@@ -85,8 +90,9 @@ def _describe_torch(t):
             f"a tensor on {t.device} cannot be published: publication reads "
             "host or CUDA memory (pass tensor.cpu())")
     st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    # The storage, not the tensor, is kept: a tensor can be given other
-    # memory (set_, resize_) while its old memory is still being written.
+    # A CPU tensor's bytes are copied at the call (step.c); a CUDA one's
+    # storage is kept until its write is reaped, though its bytes are
+    # already copied on the stream at the call.
     return (t.data_ptr(), _torch_dtype_codes().get(t.dtype, -1), t.shape,
             t.stride(), st.data_ptr(), st.nbytes(), st) + place
 

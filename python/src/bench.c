@@ -58,7 +58,7 @@ PyObject *ec_bench_c_lookup(PyObject *self, PyObject *args) {
   encache_result res[64];
   for (size_t i = 0; i < n; i++) {
     c[i] = (encache_candidate)ENCACHE_CANDIDATE_INIT;
-    c[i].id = PyUnicode_AsUTF8(PyList_GET_ITEM(ids, i));
+    c[i].id = ec_key_text(PyList_GET_ITEM(ids, i), "an id");
     if (c[i].id == NULL)
       return NULL;
     c[i].dtype = dtype;

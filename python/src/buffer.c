@@ -17,6 +17,11 @@
  * page fault per 4 KiB.  Any thread may free a block (a tensor dies
  * anywhere), so the cache has its own mutex.
  *
+ * A host publication's bytes are copied into a block at the call (a
+ * snapshot, ec_snapshot()): the caller may then change, resize or free
+ * the tensor, and what is written is still its value at the call.  The
+ * block goes back to the cache once the write is reaped.
+ *
  * The DLPack structures are declared here as the DLPack ABI (v0.x) lays
  * them out; no header of DLPack or of PyTorch is needed to build.
  */
@@ -161,6 +166,22 @@ void ec_block_release(void *ctx, size_t i, void *data, void *blk) {
   (void)i;
   (void)data;
   block_free(blk);
+}
+
+/* A snapshot's storage release: its block goes back (any thread). */
+static void snapshot_release(void *blk) { block_free(blk); }
+
+int ec_snapshot(const void *src, uint64_t nbytes, encache_storage **out,
+                const void **copy) {
+  void *data, *blk;
+  int rc = ec_block_alloc(NULL, 0, NULL, nbytes, &data, &blk);
+  if (rc < 0)
+    return rc;
+  memcpy(data, src, (size_t)nbytes);
+  if ((rc = encache_storage_new(data, nbytes, snapshot_release, blk, out)) < 0)
+    block_free(blk);
+  *copy = data;
+  return rc;
 }
 
 static void block_deleter(dl_managed *mt) { block_free((block *)mt); }

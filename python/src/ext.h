@@ -71,6 +71,11 @@ extern PyObject *ec_from_dlpack; /* torch's from_dlpack, or NULL */
 extern PyObject *ec_as_array;    /* numpy.asarray, or NULL */
 extern unsigned long ec_fork_gen;
 
+/* The UTF-8 text of str s, which reaches a Store key or an option: NULL
+ * with InvalidError ("WHAT: ...") when s is not a str, holds a NUL (a C
+ * string would end there: "a\0b" would be the key of "a") or is not valid
+ * UTF-8.  The text lives as long as s. */
+const char *ec_key_text(PyObject *s, const char *what);
 /* A str of the library's text, which may quote bytes that are not UTF-8
  * (keys, Store replies): those are replaced, never an error. */
 PyObject *ec_text(const char *s);
@@ -111,6 +116,13 @@ void ec_block_release(void *ctx, size_t i, void *data, void *blk);
 int ec_block_cache_init(void);
 /* Sets the most bytes of freed blocks kept for reuse; the old value. */
 size_t ec_block_cache_set(size_t max_bytes);
+/* A copy of src[0..nbytes) in a block (from the cache when one fits) and
+ * the storage that owns it, one reference in *out (its release returns
+ * the block, on any thread); the copy's address in *copy.  Call with the
+ * GIL held (the caller's other threads must not change src meanwhile).
+ * 0, or ENCACHE_ENOMEM. */
+int ec_snapshot(const void *src, uint64_t nbytes, encache_storage **out,
+                const void **copy);
 /* The Python object (tensor, array or Buffer) that takes ownership of
  * block blk holding a rows x cols matrix of dtype; NULL with an exception
  * set (blk is then freed). */

@@ -38,10 +38,17 @@ static int set_option(encache_config *cfg, const char *name,
   } else if (PyFloat_Check(value))
     rc = encache_config_set_double(cfg, id, PyFloat_AS_DOUBLE(value));
   else if (PyUnicode_Check(value)) {
-    const char *text = PyUnicode_AsUTF8(value);
+    Py_ssize_t n = 0;
+    const char *text = PyUnicode_AsUTF8AndSize(value, &n);
     if (text == NULL) { /* NULL would mean "reset" to the setter */
       PyErr_Clear();
       PyOS_snprintf(msg, sizeof(msg), "%s: not valid UTF-8 text", name);
+      ec_raise(ENCACHE_ECONFIG, msg);
+      return -1;
+    }
+    if (memchr(text, '\0', (size_t)n) != NULL) {
+      PyOS_snprintf(msg, sizeof(msg), "%s: the string holds a NUL character "
+                    "('\\0'): refused, no key or option may hold one", name);
       ec_raise(ENCACHE_ECONFIG, msg);
       return -1;
     }
@@ -71,10 +78,11 @@ static encache_config *config_of(PyObject *options) {
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(options, &pos, &key, &value)) {
-    const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    const char *name = ec_key_text(key, "an option name");
     if (name == NULL) {
       PyErr_Clear();
-      ec_raise(ENCACHE_ECONFIG, "option names are strings");
+      ec_raise(ENCACHE_ECONFIG, "option names are strings of text without "
+                                "NUL characters");
       goto fail;
     }
     if (set_option(cfg, name, value) < 0)
@@ -95,8 +103,10 @@ static int handle_init(PyObject *self, PyObject *args, PyObject *kw) {
   static const char *names[] = {"ec_transfer_config", "model", "revision",
                           "encoder_hash", "dtype", "store", "options",
                           "output", "log", NULL};
-  const char *ec_json = NULL, *model = NULL, *revision = NULL,
-             *encoder_hash = NULL, *store = NULL;
+  const char *ec_json = NULL, *text[4] = {NULL, NULL, NULL, NULL};
+  static const char *const what[4] = {"model", "revision", "encoder_hash",
+                                      "store"};
+  PyObject *given[4] = {NULL, NULL, NULL, NULL};
   Py_ssize_t ec_len = 0;
   int dtype = ENCACHE_BFLOAT16, output = OUT_BUFFER;
   PyObject *options = NULL, *log = NULL;
@@ -105,9 +115,15 @@ static int handle_init(PyObject *self, PyObject *args, PyObject *kw) {
   if (h->opened)
     return ec_invalid("a Cache is opened once: make a new one"), -1;
   if (!PyArg_ParseTupleAndKeywords(
-          args, kw, "|z#$zzzizOiO:Handle", (char **)names, &ec_json, &ec_len, &model,
-          &revision, &encoder_hash, &dtype, &store, &options, &output, &log))
+          args, kw, "|z#$OOOiOOiO:Handle", (char **)names, &ec_json,
+          &ec_len, &given[0], &given[1], &given[2], &dtype, &given[3],
+          &options, &output, &log))
     return -1;
+  /* These reach the namespace (and the Store URL names the Store). */
+  for (int k = 0; k < 4; k++)
+    if (given[k] != NULL && given[k] != Py_None &&
+        (text[k] = ec_key_text(given[k], what[k])) == NULL)
+      return -1;
   if (output < OUT_BUFFER || output > OUT_TORCH)
     return ec_invalid("output %d is not a known output", output), -1;
   if (output == OUT_TORCH && ec_from_dlpack == NULL)
@@ -125,11 +141,11 @@ static int handle_init(PyObject *self, PyObject *args, PyObject *kw) {
   o.ec_transfer_config = ec_json;
   o.ec_transfer_config_len = (size_t)ec_len;
   o.config = cfg;
-  o.model = model;
-  o.revision = revision;
-  o.encoder_hash = encoder_hash;
+  o.model = text[0];
+  o.revision = text[1];
+  o.encoder_hash = text[2];
   o.model_dtype = dtype;
-  o.store_url = store;
+  o.store_url = text[3];
   o.log = ec_log;
   o.log_ctx = h;
   Py_XSETREF(h->log, log == NULL || log == Py_None ? NULL : Py_NewRef(log));
@@ -297,8 +313,8 @@ static PyObject *handle_stats(PyObject *self, PyObject *args) {
   PUT(device_published) PUT(device_pool_bytes) PUT(device_pool_full)
 #undef PUT
   /* By reason code; the package names them. */
-  for (int r = 0; r < ENCACHE_SKIP_COUNT_; r++) {
-    PyObject *n = PyLong_FromUnsignedLongLong(st.published_skipped[r]);
+  for (int r = 0; r < ENCACHE_SKIP_REASONS_; r++) {
+    PyObject *n = PyLong_FromUnsignedLongLong(encache_stats_skipped(&st, r));
     if (n == NULL || PyList_Append(skipped, n) < 0) {
       Py_XDECREF(n);
       goto fail;

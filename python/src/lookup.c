@@ -232,7 +232,7 @@ static int parse_item(PyObject *item, encache_candidate *c, PyObject **id) {
                  item);
   else if (!PyUnicode_Check(*id))
     PyErr_Format(PyExc_TypeError, "the id %R is not a str", *id);
-  else if ((c->id = PyUnicode_AsUTF8(*id)) != NULL &&
+  else if ((c->id = ec_key_text(*id, "the id")) != NULL &&
            parse_dtype(PyTuple_GET_ITEM(f, 1), &c->dtype) == 0 &&
            parse_shape(PyTuple_GET_ITEM(f, 2), c) == 0 &&
            parse_device(n == 4 ? PyTuple_GET_ITEM(f, 3) : Py_None, c) == 0)

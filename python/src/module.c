@@ -55,6 +55,25 @@ PyObject *ec_raise(int code, const char *detail) {
   return raise_as(cls != NULL ? cls : error_base, code, msg);
 }
 
+const char *ec_key_text(PyObject *s, const char *what) {
+  if (!PyUnicode_Check(s))
+    return ec_invalid("%s must be a str, not %s", what, Py_TYPE(s)->tp_name),
+           NULL;
+  Py_ssize_t n = 0;
+  const char *text = PyUnicode_AsUTF8AndSize(s, &n);
+  if (text == NULL) {
+    PyErr_Clear();
+    return ec_invalid("%s is not valid UTF-8 text", what), NULL;
+  }
+  const char *nul = memchr(text, '\0', (size_t)n);
+  if (nul != NULL)
+    return ec_invalid("%s holds a NUL character ('\\0', at byte %zd): "
+                      "refused, since a key or option would end there",
+                      what, (Py_ssize_t)(nul - text)),
+           NULL;
+  return text;
+}
+
 PyObject *ec_invalid(const char *fmt, ...) {
   char msg[512];
   va_list ap;
@@ -188,7 +207,10 @@ static PyObject *mod_url_redact(PyObject *self, PyObject *args) {
 static PyObject *mod_identity(PyObject *self, PyObject *args) {
   (void)self;
   const char *dir, *label = NULL;
-  if (!PyArg_ParseTuple(args, "s|z:model_identity", &dir, &label))
+  PyObject *label_o = Py_None;
+  if (!PyArg_ParseTuple(args, "s|O:model_identity", &dir, &label_o) ||
+      (label_o != Py_None &&
+       (label = ec_key_text(label_o, "the label")) == NULL))
     return NULL;
   char out[ENCACHE_MODEL_IDENTITY_MAX], msg[1024] = "";
   int rc;
@@ -206,8 +228,11 @@ static PyObject *mod_identity(PyObject *self, PyObject *args) {
 static PyObject *mod_purge(PyObject *self, PyObject *args) {
   (void)self;
   const char *url, *prefix;
+  PyObject *url_o, *prefix_o;
   int dry = 0;
-  if (!PyArg_ParseTuple(args, "ss|p:purge", &url, &prefix, &dry))
+  if (!PyArg_ParseTuple(args, "OO|p:purge", &url_o, &prefix_o, &dry) ||
+      (url = ec_key_text(url_o, "the Store URL")) == NULL ||
+      (prefix = ec_key_text(prefix_o, "the namespace")) == NULL)
     return NULL;
   encache_store *st = NULL;
   uint64_t objects = 0, bytes = 0;

@@ -3,12 +3,14 @@
  * step.c: Step, an open encache_step with the results of its lookups,
  * and its publications.
  *
- * A step keeps, per backing storage it published from, one
- * encache_storage (key: the storage's address and size), so that views of
- * one storage published on the step share one budget charge.  The step
- * holds one reference to each until it closes; every queued publication
- * holds another.  The storage's release drops the Python reference that
- * kept the memory alive; the library runs it on the thread that reaps
+ * A host publication is a snapshot: its bytes are copied at the call into
+ * a block of the binding's (buffer.c), whose storage the queued write
+ * holds, so nothing the caller does to the tensor afterwards can change
+ * what is written.  A CUDA publication's bytes are copied on its stream
+ * by the library at the call; its storage (storage.c: one per backing
+ * storage, views charged once) keeps the device memory until the write
+ * is reaped.  A storage's release drops the Python reference that kept
+ * the memory alive; the library runs it on the thread that reaps
  * (lookup, publish, flush, close), never on its worker.
  */
 #include "ext.h"
@@ -111,15 +113,19 @@ static PyObject *step_exit(PyObject *self, PyObject *args) {
 
 /* ------------------------------------------------------------ publication */
 
-/* Publishes view under id on s (of h), with the storage of prep's memory;
+/* Publishes view under id on s (of h), with the storage `snap` (a host
+ * snapshot: its reference is taken over) or else that of prep's memory;
  * the library's answer, or raised. */
 static PyObject *publish_locked(step *s, handle *h, const char *id,
-                                const encache_tensor *view, ec_pub *prep) {
+                                const encache_tensor *view, ec_pub *prep,
+                                encache_storage *snap) {
   char msg[1024] = "";
   int rc = 0;
-  EC_LOCKED(h, rc, encache_storage *st = NULL;
+  EC_LOCKED(h, rc, encache_storage *st = snap;
             rc = s->st == NULL ? ENCACHE_ECLOSED
+                 : st != NULL  ? 0
                                : ec_pub_acquire(h, &prep, &st);
+            if (rc < 0 && snap != NULL) encache_storage_unref(snap);
             if (rc == 0) {
               rc = encache_publish(s->st, id, view, st);
               /* A queued write holds its own reference. */
@@ -173,7 +179,7 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
                         &device_index, &stream) ||
       (ndim = int64s(shape, dims, 8)) < 0 ||
       (strides != Py_None && (nstrides = int64s(strides, steps, 8)) < 0) ||
-      (key = PyUnicode_AsUTF8(id)) == NULL)
+      (key = ec_key_text(id, "the id")) == NULL)
     goto done;
   if (strides != Py_None && nstrides != ndim) {
     ec_invalid("%zd strides for %zd dimensions", nstrides, ndim);
@@ -193,8 +199,26 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
                          .device = device,
                          .device_index = device_index,
                          .stream = (void *)(uintptr_t)stream};
-  if ((prep = ec_pub_prepare(h, keep, (uintptr_t)base, nbytes)) != NULL)
-    out = publish_locked(s, h, key, &view, prep);
+  /* Host memory is copied now: whatever the caller does to the tensor
+   * afterwards (resize_, set_, in-place writes, even freeing it), the
+   * bytes written are those of the call.  A view the library will refuse
+   * (not a contiguous matrix of a known dtype) is passed as it is: it is
+   * never read.  CUDA memory is copied on its stream at the call, by the
+   * library. */
+  unsigned char hdr[ENCACHE_HEADER_SIZE];
+  uint64_t size = 0;
+  encache_storage *snap = NULL;
+  if (device == ENCACHE_DEVICE_HOST && encache_header_encode(&view, hdr) == 0 &&
+      encache_payload_size(dtype, (uint64_t)dims[0], (uint64_t)dims[1],
+                           &size) == 0 && size > 0) {
+    int rc = ec_snapshot(view.data, size, &snap, &view.data);
+    if (rc < 0) {
+      ec_raise(rc, "publish: no memory for the copy of the output");
+      goto done;
+    }
+    out = publish_locked(s, h, key, &view, NULL, snap);
+  } else if ((prep = ec_pub_prepare(h, keep, (uintptr_t)base, nbytes)) != NULL)
+    out = publish_locked(s, h, key, &view, prep, NULL);
 done:
   Py_XDECREF(d);
   Py_DECREF(h);

@@ -290,11 +290,52 @@ void encache__commit_section(encache_config *cfg, scratch *s,
   encache__config_sync(cfg);
 }
 
-/* Parses json[0..len) as one JSON object, or fails with line and column. */
+/* The path (a.b.c) of the first string under j that holds a NUL, written
+ * into path (its first used bytes at *used); 1 if found, else 0. */
+static int nul_string(const json_t *j, char *path, size_t size, size_t used) {
+  if (json_is_string(j))
+    return memchr(json_string_value(j), '\0', json_string_length(j)) != NULL;
+  const char *name;
+  json_t *v;
+  size_t i;
+  if (json_is_object(j))
+    json_object_foreach((json_t *)j, name, v) {
+      int n = snprintf(path + used, size - used, "%s%s", used ? "." : "", name);
+      if (nul_string(v, path, size,
+                     n < 0 || (size_t)n >= size - used ? size - 1 : used + (size_t)n))
+        return 1;
+      path[used] = '\0';
+    }
+  if (json_is_array(j))
+    json_array_foreach(j, i, v) {
+      int n = snprintf(path + used, size - used, "[%zu]", i);
+      if (nul_string(v, path, size,
+                     n < 0 || (size_t)n >= size - used ? size - 1 : used + (size_t)n))
+        return 1;
+      path[used] = '\0';
+    }
+  return 0;
+}
+
+/* Parses json[0..len) as one JSON object, or fails with line and column.
+ * Python's json reads \u0000 inside a string, so it is read here too, and
+ * then refused by name: no string of the configuration may hold a NUL (a
+ * C string would end there, and two different identities or prefixes
+ * would give one namespace). */
 json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
                              const char *what, int *rc) {
   json_error_t err;
-  json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err);
+  json_t *root =
+      json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+  char path[256] = "";
+  if (root != NULL && nul_string(root, path, sizeof(path), 0)) {
+    *rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
+                               "%s: %s: the string holds a NUL character "
+                               "(\\u0000): refused, no key or option may hold "
+                               "one", what, path);
+    json_decref(root);
+    return NULL;
+  }
   if (root == NULL) {
     *rc = json_error_code(&err) == json_error_out_of_memory
               ? encache__config_fail(cfg, ENCACHE_ENOMEM, "%s: out of memory",

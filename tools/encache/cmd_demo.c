@@ -49,7 +49,7 @@ static figures compute(phase *c, phase *b) {
               : (double)t->hits *
                     (t->encodes ? t->encode_s / (double)t->encodes : 0);
   f.skipped = 0;
-  for (int k = 1; k < ENCACHE_SKIP_COUNT_; k++)
+  for (int k = 1; k < ENCACHE_SKIP_REASONS_; k++)
     f.skipped += t->skipped[k];
   return f;
 }
@@ -94,7 +94,7 @@ static void summary_json(const demo_opts *o, const char *url,
       ENCACHE_SKIP_MAP(SKIP_ID_)
 #undef SKIP_ID_
   };
-  for (int k = 1; k < ENCACHE_SKIP_COUNT_; k++)
+  for (int k = 1; k < ENCACHE_SKIP_REASONS_; k++)
     if (t->skipped[k])
       printf(", \"skipped_%s\": %" PRIu64, skip_ids[k], t->skipped[k]);
   if (t->tier_local + t->tier_remote > 0)
@@ -172,7 +172,7 @@ static void summary_text(const demo_opts *o, const char *url,
   printf("%-30s %16s  (%" PRIu64 " objects; %" PRIu64 " already present)\n",
          "bytes published", wb, t->published_written, t->published_present);
   printf("%-30s %16" PRIu64, "publications skipped", f->skipped + t->published_failed);
-  for (int k = 1; k < ENCACHE_SKIP_COUNT_; k++)
+  for (int k = 1; k < ENCACHE_SKIP_REASONS_; k++)
     if (t->skipped[k])
       printf("  %s: %" PRIu64, encache_skip_name(k), t->skipped[k]);
   if (t->published_failed)

@@ -100,7 +100,7 @@ typedef struct report {
   uint64_t outcome[ENCACHE_IN_FLIGHT + 1];
   uint64_t verified, verify_failed;
   uint64_t bytes_read, published_written, published_present, published_failed;
-  uint64_t skipped[ENCACHE_SKIP_COUNT_];
+  uint64_t skipped[ENCACHE_SKIP_REASONS_];
   uint64_t waited, waited_hits, wait_us; /* single flight */
   uint64_t tier_local, tier_remote, tier_promoted; /* a tier: Store's */
   double encode_s, wall_s;

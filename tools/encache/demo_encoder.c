@@ -176,8 +176,8 @@ static void engine_finish(worker *w) {
   w->rep.waited = st.waited;
   w->rep.waited_hits = st.waited_hits;
   w->rep.wait_us = st.wait_us;
-  for (int k = 0; k < ENCACHE_SKIP_COUNT_; k++)
-    w->rep.skipped[k] = st.published_skipped[k];
+  for (int k = 1; k < ENCACHE_SKIP_REASONS_; k++)
+    w->rep.skipped[k] = encache_stats_skipped(&st, k);
   demo_tier_counts(w->ec, &w->rep);
   if (encache_close(w->ec) != 0) {
     w->rep.poisoned = 1;

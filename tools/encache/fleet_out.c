@@ -164,15 +164,17 @@ static const metric metrics[] = {
 
 #define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
 
-/* Every counter of encache_stats has a row (published_skipped[] and
- * poisoned are printed apart): a field added to the struct must be added
+/* Every counter of encache_stats has a row (published_skipped[],
+ * published_mismatch and poisoned are printed apart: the skips by reason,
+ * encache_stats_skipped()): a field added to the struct must be added
  * here too, or this fails to compile. */
 _Static_assert(NMETRICS ==
                    (offsetof(encache_stats, poisoned) -
                     offsetof(encache_stats, lookups)) / sizeof(uint64_t) -
                        ENCACHE_SKIP_COUNT_ +
                        (sizeof(encache_stats) -
-                        offsetof(encache_stats, in_flight)) / sizeof(uint64_t),
+                        offsetof(encache_stats, in_flight)) / sizeof(uint64_t) -
+                       1,
                "fleet_out.c: a field of encache_stats has no metric");
 
 static uint64_t field_of(const encache_stats *st, size_t off) {
@@ -316,12 +318,13 @@ static void prom_handles(FILE *out, const fleet_view *v) {
   family(out, "encache_published_skipped_total", "counter",
          "outputs not queued for the Store, by reason");
   for (size_t k = 0; k < v->n; k++)
-    for (int s = 1; s < ENCACHE_SKIP_COUNT_; s++) {
+    for (int s = 1; s < ENCACHE_SKIP_REASONS_; s++) {
       char reason[96];
       snprintf(reason, sizeof(reason), "reason=\"%s\"", encache_skip_name(s));
       fputs("encache_published_skipped_total", out);
       row_labels(out, &v->rows[k], reason);
-      fprintf(out, " %" PRIu64 "\n", v->rows[k].st.published_skipped[s]);
+      fprintf(out, " %" PRIu64 "\n",
+              encache_stats_skipped(&v->rows[k].st, s));
     }
   family(out, "encache_written_bytes_total", "counter",
          "bytes written to the Store (headers included)");
@@ -462,10 +465,10 @@ static void json_row(FILE *out, const fleet_row *r) {
     fprintf(out, "%s\"%s\": %" PRIu64, m ? ", " : "", metrics[m].field,
             field_of(&r->st, metrics[m].off));
   fputs(", \"published_skipped\": {", out);
-  for (int s = 1; s < ENCACHE_SKIP_COUNT_; s++) {
+  for (int s = 1; s < ENCACHE_SKIP_REASONS_; s++) {
     fprintf(out, "%s", s > 1 ? ", " : "");
     json_string(out, encache_skip_name(s));
-    fprintf(out, ": %" PRIu64, r->st.published_skipped[s]);
+    fprintf(out, ": %" PRIu64, encache_stats_skipped(&r->st, s));
   }
   fprintf(out, "}, \"poisoned\": %s, \"written_bytes\": %" PRIu64 "}",
           r->st.poisoned ? "true" : "false", r->bytes_written);
