@@ -88,15 +88,15 @@
   XX(shm_stopped_lock_holder_costs_one_timeout)                                \
   XX(shm_concurrent_opens_of_a_large_new_segment)                              \
   XX(shm_create_no_never_creates)                                              \
-  XX(shm_segment_of_another_user_is_refused)                               \
-  XX(shm_own_segment_writable_by_others_is_refused)                        \
-  XX(shm_fifo_or_symlink_at_the_name_is_refused)                           \
-  XX(shm_group_shares_a_segment_on_purpose)                                \
-  XX(shm_group_and_mode_options)                                           \
-  XX(publish_refuses_an_output_that_is_not_the_candidates)                 \
-  XX(publish_accepts_either_contract_of_an_id_asked_twice)                 \
-  XX(lookup_skips_an_id_too_long_for_a_key)                                \
-  XX(config_refuses_nul_in_a_string_that_reaches_a_key)                    \
+  XX(shm_segment_of_another_user_is_refused)                                 \
+  XX(shm_own_segment_writable_by_others_is_refused)                          \
+  XX(shm_fifo_or_symlink_at_the_name_is_refused)                             \
+  XX(shm_group_shares_a_segment_on_purpose)                                  \
+  XX(shm_group_and_mode_options)                                             \
+  XX(publish_refuses_an_output_that_is_not_the_candidates)                   \
+  XX(publish_accepts_either_contract_of_an_id_asked_twice)                   \
+  XX(lookup_skips_an_id_too_long_for_a_key)                                  \
+  XX(config_refuses_nul_in_a_string_that_reaches_a_key)                      \
   XX(shm_lease_killed_holder_frees_at_once)                                  \
   XX(shm_lease_closed_handle_and_forked_child)                               \
   XX(shm_lease_full_table_is_recoverable)                                    \
@@ -132,7 +132,7 @@
   XX(engine_skips_ineligible_and_non_candidates)                             \
   XX(engine_unavailable_store_means_encode)                                  \
   XX(engine_threads_step_and_worker)                                         \
-  XX(engine_overlong_identifier_is_recoverable)                                         \
+  XX(engine_overlong_identifier_is_skipped)                                  \
   XX(engine_steps_publish_independently)                                     \
   XX(engine_steps_bounded)                                                   \
   XX(engine_close_with_open_steps)                                           \
