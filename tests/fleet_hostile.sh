@@ -113,6 +113,64 @@ else
 fi
 expect "stats, our own registry" 0 "store" -- stats --segment "$reg"
 
+# --- finding 8: labels that would drive the terminal.  encoder_name takes
+# any string, and a damaged registry any bytes: a copy of our registry
+# with three slots made live (their locks held here) and their labels
+# replaced; the offsets are those of layout version 1 (src/fleet.c).
+cp "/dev/shm/$reg" "/dev/shm/$reg.labels"
+"$py" - "/dev/shm/$reg.labels" "$tool" >"$tmp/py" 2>&1 <<'EOF'
+import fcntl, json, os, re, struct, subprocess, sys
+from prometheus_client.parser import text_string_to_metric_families
+path, tool = sys.argv[1:3]
+seg = os.path.basename(path)
+evil = b"evil\x1b]0;pwned\x07\x1b[2J\r\nFAKE-ROW 1 2 3"
+evil_store = b"shm://x\x1b[31mred\xc2\x9b\xff"   # C1 CSI, a stray byte
+labels = [(evil, evil_store), ("\u00e9" * 30).encode(), ("\u00fc" * 10).encode()]
+labels = [labels[0], (labels[1], b"shm://wide"), (labels[2], "shm://\u00fc".encode())]
+fd = os.open(path, os.O_RDWR)
+slot_size = struct.unpack_from("<I", os.pread(fd, 64, 0), 20)[0]
+for i, (enc, store) in enumerate(labels):
+    off = 64 + i * slot_size
+    os.pwrite(fd, struct.pack("<QI4xQqQ", 2, 1, 0, 4242 + i, 0), off)
+    os.pwrite(fd, enc + bytes(128 - len(enc)) + store + bytes(256 - len(store)), off + 40)
+    fcntl.fcntl(fd, 37, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, off, 1, 0))  # F_OFD_SETLK
+def run(*args):
+    out = subprocess.run([tool, *args, "--segment", seg], capture_output=True, timeout=20).stdout
+    text = out.decode("utf-8")                  # strict: valid UTF-8 or it fails
+    bad = [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) <= 0x9f]
+    assert not bad, ("control characters reach the terminal", args, bad, text)
+    return text
+shown = r"evil\x1b]0;pwned\x07\x1b[2J\r\nFAKE-ROW 1 2 3"
+shown_store = "shm://x\\x1b[31mred\\u009b\ufffd"
+# stats (text): one line per handle, the label escaped, columns by characters
+lines = run("stats").splitlines()
+rows = [l for l in lines if re.search(r" 424[234] ", l)]
+assert len(rows) == 3 and not any(l.startswith("FAKE-ROW") for l in lines), lines
+assert rows[0].startswith(shown + " ") and rows[0].endswith("  " + shown_store), rows[0]
+assert rows[2][:24] == "\u00fc" * 10 + " " * 14 and rows[2][24:33] == "     4244", rows[2]
+assert rows[2].endswith("  shm://\u00fc"), rows[2]
+# top: the encoder cut to 20 characters, never inside one; columns by characters
+lines = run("top", "--once").splitlines()
+rows = {int(l[21:29]): l for l in lines[2:]}
+assert sorted(rows) == [4242, 4243, 4244] and not any(l.startswith("FAKE-ROW") for l in lines), lines
+assert rows[4243][:21] == "\u00e9" * 20 + " ", rows[4243]
+assert rows[4242][:20] == shown[:20] and rows[4242].endswith("  " + shown_store), rows[4242]
+assert rows[4244][:21] == "\u00fc" * 10 + " " * 11, rows[4244]
+# Prometheus: parses; newline, quote and backslash exact (the format has
+# escapes for them), other control characters as their escapes' text
+text = run("stats", "--format", "prometheus")
+got = {s.labels["pid"]: (s.labels["encoder"], s.labels["store"])
+       for f in text_string_to_metric_families(text) for s in f.samples if "pid" in s.labels}
+assert got["4242"] == (r"evil\x1b]0;pwned\x07\x1b[2J\r" + "\nFAKE-ROW 1 2 3", shown_store), got["4242"]
+assert got["4243"][0] == "\u00e9" * 30, got["4243"]
+# JSON: exact (every control character escaped as \u00XX), U+FFFD for bad bytes
+h = {x["pid"]: x for x in json.loads(run("stats", "--format", "json"))["handles"]}
+assert h[4242]["encoder"] == evil.decode() and h[4242]["store"] == "shm://x\x1b[31mred\u009b\ufffd", h[4242]
+print("stats, top, prometheus and json: no control character, valid UTF-8, columns by characters")
+EOF
+if [ $? -eq 0 ]; then ok "hostile labels: $(cat "$tmp/py")"
+else not_ok "hostile labels" "$tmp/py"; fi
+
 # --- finding 9: the URL of a Store that cannot be opened, as given (a
 # password redacted), in the text and in encache_store_up's label: it was
 # uninitialised memory for every URL but a plain shm:// one.

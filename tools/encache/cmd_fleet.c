@@ -504,13 +504,16 @@ static void top_text(FILE *out, const char *segment) {
     double rate = r->st.candidates
                       ? 100.0 * (double)r->st.hits / (double)r->st.candidates
                       : 0.0;
-    fprintf(out, "%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7"
-            PRIu64 "  %s\n", r->encoder, r->pid, rate, r->st.hits,
+    fleet_label(out, r->encoder, LABEL_TEXT, 20, 20);
+    fprintf(out, " %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7" PRIu64
+            "  ", r->pid, rate, r->st.hits,
             human_bytes(r->st.bytes_read, b1, sizeof(b1)),
             human_bytes(r->bytes_written, b2, sizeof(b2)),
             human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
             human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
-            r->st.pending_items, r->store);
+            r->st.pending_items);
+    fleet_label(out, r->store, LABEL_TEXT, 0, 0);
+    fputc('\n', out);
   }
   fleet_view_free(&v);
 }
