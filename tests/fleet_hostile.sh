@@ -171,6 +171,67 @@ EOF
 if [ $? -eq 0 ]; then ok "hostile labels: $(cat "$tmp/py")"
 else not_ok "hostile labels" "$tmp/py"; fi
 
+# --- finding 6: a client that holds 16 idle connections to the exporter
+# (as many as it serves at once) and opens a new one the moment one is
+# closed; meanwhile scrapes from another process must be answered.
+start_exporter "$reg"
+"$py" - "$port" "$tmp/flood" <<'EOF' &
+import selectors, socket, sys, time
+port, report = int(sys.argv[1]), sys.argv[2]
+sel = selectors.DefaultSelector()
+def conn():
+    s = socket.create_connection(("127.0.0.1", port))
+    sel.register(s, selectors.EVENT_READ)
+for _ in range(16):
+    conn()
+reopened, last = 0, 0.0
+while True:
+    for key, _ in sel.select(timeout=0.2):
+        s = key.fileobj
+        try:
+            data = s.recv(4096)
+        except OSError:
+            data = b""
+        if not data:                    # closed by the exporter: again
+            sel.unregister(s)
+            s.close()
+            conn()
+            reopened += 1
+    if time.monotonic() - last > 0.2:
+        open(report, "w").write("%d %d\n" % (len(sel.get_map()), reopened))
+        last = time.monotonic()
+EOF
+flood_pid=$!
+bg_pids="$bg_pids $flood_pid"
+for _ in $(seq 50); do [ -s "$tmp/flood" ] && break; sleep 0.1; done
+sleep 1 # the flood in place
+"$py" - "$port" >"$tmp/py" 2>&1 <<'EOF'
+import sys, time, urllib.request
+port = sys.argv[1]
+t0 = time.monotonic()
+tries, served, first = 0, 0, None
+while time.monotonic() - t0 < 6:      # three head deadlines of the flood
+    tries += 1
+    time.sleep(0.3)
+    try:
+        r = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=3)
+        if r.status == 200 and b"encache_handles" in r.read():
+            served += 1
+            first = first or time.monotonic() - t0
+    except OSError as e:
+        print("scrape %d: %s" % (tries, e))
+assert served >= 1 and first <= 5, (served, tries, first)
+print("%d of %d scrapes served during the flood, the first after %.2f s" % (served, tries, first))
+EOF
+st=$?
+sleep 0.5
+flood=$(cat "$tmp/flood")
+kill "$flood_pid"; wait "$flood_pid" 2>/dev/null
+if [ "$st" -eq 0 ] && [ "${flood%% *}" -eq 16 ] && [ "${flood##* }" -ge 16 ]; then
+  ok "exporter flood (16 idle connections, reopened at once; $(echo "$flood" | cut -d' ' -f2) reopened): $(tail -1 "$tmp/py")"
+else not_ok "exporter flood: 16 idle connections starve the scrapes (flooder: $flood)" "$tmp/py"; fi
+stop_exporter
+
 # --- finding 9: the URL of a Store that cannot be opened, as given (a
 # password redacted), in the text and in encache_store_up's label: it was
 # uninitialised memory for every URL but a plain shm:// one.
