@@ -264,5 +264,29 @@ redis://:sekret@127.0.0.1:notaport|redis://:***@127.0.0.1:notaport
 shm://$seg-absent?create=no|shm://$seg-absent?create=no
 EOF
 
+# --- finding 9: damaged counters in a real segment's header (evictions,
+# reinsertions, repairs: 8 bytes each, 32 bytes after the ring head at
+# 192: shm.h): stats never prints them; they restart, the repair counted.
+"$py" - "/dev/shm/encache-$seg" <<'EOF'
+import struct, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(224)
+    f.write(struct.pack("<QQQ", 0x8BADF00DDEADBEEF, 0xFFFFFFFFFFFFFFFE, 0x4141414141414141))
+EOF
+"$tool" --store "$store" stats >"$tmp/text" 2>&1
+st=$?
+"$tool" --store "$store" stats --format json >"$tmp/json" 2>>"$tmp/text"
+"$py" - "$tmp/text" "$tmp/json" >"$tmp/py" 2>&1 <<'EOF'
+import json, sys
+text = dict(l.split(None, 1) for l in open(sys.argv[1]) if l.strip())
+got = {k: int(text[k]) for k in ("objects", "evictions", "reinsertions", "repairs")}
+assert got == {"objects": 3, "evictions": 0, "reinsertions": 0, "repairs": 1}, got
+js = json.load(open(sys.argv[2]))["store"]
+assert (js["evictions_total"], js["reinsertions_total"], js["repairs_total"]) == (0, 0, 1), js
+print(got)
+EOF
+if [ $? -eq 0 ] && [ "$st" -eq 0 ]; then ok "stats after damage to the shm header's counters: $(cat "$tmp/py")"
+else not_ok "stats after damage to the shm header's counters: exit $st" "$tmp/py"; sed 's/^/# /' "$tmp/text"; fi
+
 echo "1..$n"
 [ "$fails" -eq 0 ]

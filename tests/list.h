@@ -72,6 +72,7 @@
   XX(shm_repairs_after_lock_holder_dies)                                     \
   XX(shm_killed_writer_loses_only_its_object)                                \
   XX(shm_repairs_corrupted_index)                                            \
+  XX(shm_damaged_counters_are_repaired_not_reported)                         \
   XX(shm_stress_processes_and_threads)                                       \
   XX(shm_threads_in_one_process)                                             \
   XX(shm_sigkill_writers_at_random_moments)                                  \
