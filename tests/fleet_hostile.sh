@@ -110,6 +110,16 @@ else
     stats --segment "$reg.other"
   expect "top --once, another uid's registry" 1 "owned by uid 65534" -- \
     top --once --segment "$reg.other"
+  # ... which its owner reads (what docs/engine.md tells root to do).
+  if ! command -v setpriv >/dev/null 2>&1; then ok "# SKIP reading it as its owner: no setpriv"
+  else
+    timeout 20 setpriv --reuid=65534 --regid=65534 --clear-groups \
+      "$tool" top --once --segment "$reg.other" >"$tmp/out" 2>&1
+    st=$?
+    if [ "$st" -eq 126 ] || [ "$st" -eq 127 ]; then ok "# SKIP reading it as its owner: uid 65534 cannot run $tool"
+    elif [ "$st" -eq 0 ] && grep -q "^ENCODER" "$tmp/out"; then ok "its owner (uid 65534, setpriv) reads it"
+    else not_ok "uid 65534 reading its own registry: exit $st" "$tmp/out"; fi
+  fi
 fi
 expect "stats, our own registry" 0 "store" -- stats --segment "$reg"
 

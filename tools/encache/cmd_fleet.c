@@ -5,8 +5,9 @@
  * `encache exporter` (Prometheus over HTTP: one poll() loop serving up to
  * 16 connections at once, each with a short deadline for its request head
  * and one for its whole life, the oldest idle one closed for a new one
- * when all are taken, loopback unless --allow-remote) and `encache top` (a live table on a
- * plain terminal: ANSI escapes, no curses, cut to the terminal's size).
+ * when all are taken, loopback unless --allow-remote) and `encache top`
+ * (a live table on a plain terminal: ANSI escapes, no curses, cut to the
+ * terminal's size).
  *
  * (Over 600 lines: the three commands share the stop flag and its signal
  * handling; each section is short and stands alone.)
