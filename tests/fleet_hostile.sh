@@ -6,8 +6,9 @@
 # invalid UTF-8; a client flooding the exporter's connections; Store URLs
 # that cannot be opened; a shm segment whose header counters are damaged.
 # Real processes, a real FIFO, a real segment; the other uid's case runs
-# as root only (CI) and creates no user (a file is chowned to uid
-# 65534).  Skips (77) only when python3-prometheus-client is missing.
+# as root only (CI) and needs no user of that uid: a registry is chowned
+# to uid 65534 and read as that uid through setpriv.  Skips (77) only when
+# python3-prometheus-client is missing.
 set -u
 tool=$1
 py=/usr/bin/python3
