@@ -35,7 +35,10 @@
  * Trust: the registry belongs to one user (default name "encache.fleet."
  * + the euid), created 0600; a writer maps it and counts into the mapping,
  * so it publishes only into a file of its own user that nobody else may
- * write (another could truncate it under the mapping: SIGBUS).  Readers
+ * write (another could truncate it under the mapping: SIGBUS), and a
+ * reader trusts the same files only (another user's could forge rows).
+ * Both open it without blocking or following a link, and refuse anything
+ * but a regular file: a FIFO planted at its name would hang them.  Readers
  * never map it: they copy slots with pread(), so a file cut short under
  * them is a short read.  A header is trusted only when its slot count is
  * at most FLEET_MAX_SLOTS and the file is exactly that layout's size.
@@ -303,44 +306,88 @@ static int seg_prepare(seg *s, int create, size_t *size, char *why,
   return rc;
 }
 
-/* A writer publishes only into a file of its own user that nobody else
- * may write: another user could truncate it under the writer's mapping
- * (SIGBUS) or read what it is told.  0, or -EPERM with why. */
-static int seg_owned(int fd, char *why, size_t whysz) {
+/* What a file that is not a regular file is, for messages. */
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m)   ? "a FIFO"
+         : S_ISDIR(m)  ? "a directory"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+                       : "not a regular file";
+}
+
+/* Only a regular file of this process's user that nobody else may write
+ * is a registry: a writer maps it (another user could truncate it under
+ * the mapping: SIGBUS, or read what it is told), a reader prints what it
+ * holds (another user could forge its rows).  The caller opened it with
+ * O_NONBLOCK and O_NOFOLLOW, so that a FIFO or a link planted at its name
+ * is seen here, not waited on or followed.  0, or a negative code with
+ * why (what the file is, who owns it, what to do). */
+static int seg_trusted(int fd, const char *path, char *why, size_t whysz) {
   struct stat sb;
   if (fstat(fd, &sb) < 0) {
     int e = errno;
     snprintf(why, whysz, "%s", strerror(e));
     return -e;
   }
+  if (!S_ISREG(sb.st_mode)) {
+    snprintf(why, whysz, "%s, not a registry: refused (remove it: rm "
+             "/dev/shm%s, once you know who made it)", file_kind(sb.st_mode),
+             path);
+    return ENCACHE_EFORMAT;
+  }
   if (sb.st_uid != geteuid()) {
     snprintf(why, whysz, "owned by uid %u, not by this process's user (uid "
-             "%u): refused", (unsigned)sb.st_uid, (unsigned)geteuid());
+             "%u): refused (a registry is one user's: remove it, or read it "
+             "as its owner)", (unsigned)sb.st_uid, (unsigned)geteuid());
     return -EPERM;
   }
   if (sb.st_mode & (S_IWGRP | S_IWOTH)) {
     snprintf(why, whysz, "writable by group or others (mode 0%03o): refused "
-             "(it must be 0600)", (unsigned)(sb.st_mode & 0777));
+             "(it must be 0600: chmod 600 /dev/shm%s)",
+             (unsigned)(sb.st_mode & 0777), path);
     return -EPERM;
   }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return 0;
+}
+
+/* shm_open() of path that never blocks (a FIFO) nor follows a link:
+ * the descriptor, or -1 with why and *rc. */
+static int seg_shm_open(const char *path, int create, int *rc, char *why,
+                        size_t whysz) {
+  int flags = O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC;
+  int fd = create ? shm_open(path, O_RDWR | O_CREAT | flags, 0600)
+                  : shm_open(path, O_RDONLY | flags, 0);
+  if (fd >= 0)
+    return fd;
+  int e = errno;
+  if (e == ENOENT) {
+    snprintf(why, whysz, "no such registry");
+    *rc = ENCACHE_ENOENT;
+  } else if (e == ELOOP) {
+    snprintf(why, whysz, "a symbolic link, not a registry: refused (remove "
+             "it: rm /dev/shm%s, once you know who made it)", path);
+    *rc = ENCACHE_EFORMAT;
+  } else {
+    snprintf(why, whysz, "%s", strerror(e));
+    *rc = -e;
+  }
+  return -1;
 }
 
 /* Opens the segment at path: a writer (create set) creates it (0600) and
  * maps it; a reader opens it read-only and copies slots with pread(), so
- * that a file cut short under it is a short read, never SIGBUS. */
+ * that a file cut short under it is a short read, never SIGBUS.  Both
+ * refuse a file that is not their user's own (seg_trusted). */
 static int seg_open(seg *s, const char *path, int create, char *why,
                     size_t whysz) {
   memset(s, 0, sizeof(*s));
-  s->fd = create ? shm_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)
-                 : shm_open(path, O_RDONLY | O_CLOEXEC, 0);
-  if (s->fd < 0) {
-    int e = errno;
-    snprintf(why, whysz, "%s", e == ENOENT ? "no such registry" : strerror(e));
-    return e == ENOENT ? ENCACHE_ENOENT : -e;
-  }
+  int rc = 0;
+  if ((s->fd = seg_shm_open(path, create, &rc, why, whysz)) < 0)
+    return rc;
   size_t size = 0;
-  int rc = create ? seg_owned(s->fd, why, whysz) : 0;
+  rc = seg_trusted(s->fd, path, why, whysz);
   if (rc == 0 && (rc = seg_flock(s->fd, create ? LOCK_EX : LOCK_SH)) < 0)
     snprintf(why, whysz, "%s", rc == -EWOULDBLOCK
                                    ? "busy: another process holds its lock"

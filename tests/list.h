@@ -72,6 +72,7 @@
   XX(shm_repairs_after_lock_holder_dies)                                     \
   XX(shm_killed_writer_loses_only_its_object)                                \
   XX(shm_repairs_corrupted_index)                                            \
+  XX(shm_damaged_counters_are_repaired_not_reported)                         \
   XX(shm_stress_processes_and_threads)                                       \
   XX(shm_threads_in_one_process)                                             \
   XX(shm_sigkill_writers_at_random_moments)                                  \
@@ -243,6 +244,7 @@
   XX(fleet_writer_refuses_a_registry_others_may_write)                       \
   XX(fleet_crafted_slot_count_is_refused_at_once)                            \
   XX(fleet_long_names_are_cut_at_a_character_boundary)                       \
+  XX(fleet_reader_refuses_a_fifo_a_link_and_other_users_files)               \
   XX(tier_removal_beats_a_pending_promotion)                                 \
   XX(tier_object_size_and_empty_objects_are_local_hits)                      \
   XX(mooncake_caps_follow_the_protocol)                                      \

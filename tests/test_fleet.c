@@ -547,3 +547,88 @@ TEST(fleet_long_names_are_cut_at_a_character_boundary) {
   ASSERT(strncmp(s.encoder[0], name, 126) == 0);
   encache_close(ec);
 }
+
+/* ---------------------------------------- hostile registries (issue 26) */
+
+/* encache_fleet_read() of the test's registry in a child, killed after
+ * 10 s (a read that blocks, on a FIFO say, would hang every tool): its
+ * result and message in msg, or "hung" with ENCACHE_EUNAVAIL. */
+static int read_in_child(char *msg, size_t n) {
+  int p[2];
+  ASSERT_EQ_INT(pipe(p), 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    alarm(10);
+    seen s;
+    char out[600];
+    int rc = encache_fleet_read(reg_name, see, &s);
+    int len = snprintf(out, sizeof(out), "%d %s", rc, encache_errmsg(NULL));
+    _exit(write(p[1], out, (size_t)len + 1) == len + 1 ? 0 : 1);
+  }
+  close(p[1]);
+  char buf[600] = "";
+  ssize_t got = read(p[0], buf, sizeof(buf) - 1);
+  close(p[0]);
+  int status = 0, rc = ENCACHE_EUNAVAIL;
+  ASSERT_EQ_INT(waitpid(pid, &status, 0), pid);
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) {
+    snprintf(msg, n, "hung: still in encache_fleet_read() after 10 s");
+    return rc;
+  }
+  buf[got > 0 ? got : 0] = '\0';
+  int used = 0;
+  if (sscanf(buf, "%d %n", &rc, &used) != 1)
+    test__fail(__FILE__, __LINE__, "the child said \"%s\"", buf);
+  snprintf(msg, n, "%s", buf + used);
+  return rc;
+}
+
+TEST(fleet_reader_refuses_a_fifo_a_link_and_other_users_files) {
+  fleet_env();
+  char path[128], msg[600];
+  snprintf(path, sizeof(path), "/dev/shm/%s", reg_name);
+  /* A FIFO: a blocking open would wait for a writer forever. */
+  ASSERT_EQ_INT(mkfifo(path, 0600), 0);
+  ASSERT_EQ_INT(read_in_child(msg, sizeof(msg)), ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, reg_name);
+  ASSERT_CONTAINS(msg, "a FIFO, not a registry");
+  ASSERT_CONTAINS(msg, "remove it");
+  last_log[0] = '\0';
+  encache *ec = open_as(reg_name, "w"); /* the writer: never a failed open */
+  ASSERT(ec->fleet == NULL);
+  ASSERT_CONTAINS(last_log, "a FIFO, not a registry");
+  encache_close(ec);
+  ASSERT_EQ_INT(unlink(path), 0);
+  /* A real registry of ours, then a symbolic link to it at another name. */
+  encache_close(open_as(reg_name, "mine"));
+  char real[sizeof(reg_name)];
+  memcpy(real, reg_name, sizeof(real));
+  ASSERT(strlen(real) + 5 < sizeof(reg_name));
+  strcat(reg_name, ".link");
+  char link[128];
+  snprintf(link, sizeof(link), "/dev/shm/%s", reg_name);
+  ASSERT_EQ_INT(symlink(path, link), 0);
+  int rc = read_in_child(msg, sizeof(msg));
+  ASSERT_EQ_INT(unlink(link), 0);
+  memcpy(reg_name, real, sizeof(real));
+  ASSERT_EQ_INT(rc, ENCACHE_EFORMAT);
+  ASSERT_CONTAINS(msg, "a symbolic link, not a registry");
+  /* Writable by others: anyone could forge its rows. */
+  int fd = open_reg();
+  ASSERT_EQ_INT(fchmod(fd, 0622), 0);
+  ASSERT_EQ_INT(read_in_child(msg, sizeof(msg)), -EPERM);
+  ASSERT_CONTAINS(msg, "writable by group or others (mode 0622)");
+  ASSERT_EQ_INT(fchmod(fd, 0600), 0);
+  ASSERT_EQ_INT(read_in_child(msg, sizeof(msg)), 0);
+  if (geteuid() != 0) {
+    printf("# skipped the other-owner part: it needs root (chown)\n");
+  } else { /* another uid's (no user needs to exist for it) */
+    ASSERT_EQ_INT(fchown(fd, 65534, 65534), 0);
+    ASSERT_EQ_INT(read_in_child(msg, sizeof(msg)), -EPERM);
+    ASSERT_CONTAINS(msg, "owned by uid 65534");
+    ASSERT_CONTAINS(msg, "not by this process's user (uid 0)");
+  }
+  close(fd);
+}

@@ -384,6 +384,49 @@ TEST(shm_repairs_corrupted_index) {
   encache_store_close(st);
 }
 
+/* The header's counters: evictions, reinsertions, repairs (shm.h: after
+ * the ring head, the list ends, nobjects and bytes_used). */
+static void poke_counters(const encache__shm_layout *lay, uint64_t ev,
+                          uint64_t re, uint64_t rp) {
+  uint64_t c[3] = {ev, re, rp};
+  for (int i = 0; i < 3; i++)
+    if (c[i] != 0)
+      poke(seg_name, (off_t)(lay->head_off + 32 + 8 * (uint64_t)i), &c[i], 8);
+}
+
+TEST(shm_damaged_counters_are_repaired_not_reported) {
+  char url[128];
+  encache_store *st = seg_open("2MiB", url, sizeof(url));
+  encache__shm_layout lay;
+  ASSERT_EQ_INT(encache__shm_test_layout(st, &lay), 0);
+  for (int i = 0; i < 40; i++) { /* 5 MiB through a 2 MiB ring */
+    char key[32];
+    snprintf(key, sizeof(key), "e-%d", i);
+    put(st, key, 128 << 10, (uint64_t)i);
+  }
+  encache_store_stats s = {.size = sizeof(s)};
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  uint64_t evicted = s.evictions;
+  ASSERT(evicted >= 20);
+  ASSERT_EQ_U64(s.repairs, 0);
+  /* repairs beyond anything a segment of this history can have made */
+  poke_counters(&lay, 0, 0, UINT64_MAX - 1);
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT_EQ_U64(s.evictions, evicted); /* the others kept */
+  ASSERT_EQ_U64(s.repairs, 1);
+  /* more evictions and second chances than records the ring has held */
+  poke_counters(&lay, UINT64_C(0x8badf00ddeadbeef), UINT64_C(1) << 40, 0);
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT_EQ_U64(s.evictions, 0);
+  ASSERT_EQ_U64(s.reinsertions, 0);
+  ASSERT_EQ_U64(s.repairs, 2);
+  ASSERT_EQ_U64(s.objects, 40 - evicted); /* the objects untouched */
+  put(st, "after", 128 << 10, 1); /* and counted from there */
+  ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
+  ASSERT(s.evictions >= 1 && s.evictions <= 2);
+  encache_store_close(st);
+}
+
 /* Random operations with verification, from one thread. */
 typedef struct worker_arg {
   const char *url;

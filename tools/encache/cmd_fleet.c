@@ -3,9 +3,11 @@
  * cmd_fleet.c: the fleet commands, readers of the statistics registry
  * (docs/engine.md, "Seeing the fleet"): the end of `encache stats`,
  * `encache exporter` (Prometheus over HTTP: one poll() loop serving up to
- * 16 connections at once, each with one deadline for its whole life,
- * loopback unless --allow-remote) and `encache top` (a live table on a
- * plain terminal: ANSI escapes, no curses, cut to the terminal's size).
+ * 16 connections at once, each with a short deadline for its request head
+ * and one for its whole life, the oldest idle one closed for a new one
+ * when all are taken, loopback unless --allow-remote) and `encache top`
+ * (a live table on a plain terminal: ANSI escapes, no curses, cut to the
+ * terminal's size).
  *
  * (Over 600 lines: the three commands share the stop flag and its signal
  * handling; each section is short and stands alone.)
@@ -103,7 +105,8 @@ static const char exporter_usage[] =
     "                      else encache.fleet.<uid>)\n";
 
 #define EXPORTER_TIMEOUT_S 5 /* a connection's whole life, at most */
-#define EXPORTER_CONNS 16    /* served at once; more are closed at once */
+#define EXPORTER_HEAD_S 2    /* ... and the time to send its request head */
+#define EXPORTER_CONNS 16    /* served at once (then the oldest idle goes) */
 #define REQUEST_MAX 8192
 
 /* Splits HOST:PORT ([V6]:PORT) into host and port. */
@@ -190,12 +193,16 @@ static int open_listener(const char *listen_at, int allow_remote, int *code) {
 }
 
 /* One client connection of the exporter: its request head is read, then
- * its answer sent, without blocking, all within its deadline (a silent or
- * slow client holds its connection EXPORTER_TIMEOUT_S at most, and never
- * the others). */
+ * its answer sent, without blocking, all within its deadline: a silent or
+ * slow client holds its connection EXPORTER_HEAD_S at most before its
+ * head is complete, EXPORTER_TIMEOUT_S in all, and never delays the
+ * others.  While its head is not complete it is idle: the oldest idle
+ * connection gives its place to a new one when all are taken, so that
+ * clients that hold every connection cannot keep a scrape out. */
 typedef struct conn {
   int fd;         /* -1: unused */
-  double deadline;
+  double opened;  /* when it was accepted */
+  double deadline; /* opened + EXPORTER_HEAD_S, then + EXPORTER_TIMEOUT_S */
   size_t in;      /* bytes of req read */
   char *out;      /* the answer (malloc), NULL while the head is read */
   size_t outn, sent;
@@ -315,6 +322,7 @@ static void conn_step(conn *c, const char *segment, encache_store *st) {
       respond_text(c, "400 Bad Request", "", "request head too long\n");
     else
       return;
+    c->deadline = c->opened + EXPORTER_TIMEOUT_S; /* its answer's time */
     if (c->out == NULL)
       conn_close(c); /* no memory for the answer */
     return;
@@ -327,9 +335,26 @@ static void conn_step(conn *c, const char *segment, encache_store *st) {
     conn_close(c); /* done, or the client left */
 }
 
-/* Takes a new connection into a free conn, or closes it at once when all
- * EXPORTER_CONNS are busy (the client sees the connection closed). */
-static void conn_accept(int lfd, conn *cs) {
+/* The conn a new connection takes: a free one, else the oldest idle one
+ * (still reading its head), closed for it; NULL when every one is sending
+ * an answer (each is done within its deadline). */
+static conn *conn_slot(conn *cs) {
+  conn *idle = NULL;
+  for (int i = 0; i < EXPORTER_CONNS; i++) {
+    if (cs[i].fd < 0)
+      return &cs[i];
+    if (cs[i].out == NULL && (idle == NULL || cs[i].opened < idle->opened))
+      idle = &cs[i];
+  }
+  if (idle != NULL)
+    conn_close(idle);
+  return idle;
+}
+
+/* Takes a new connection (closed at once when every conn is sending an
+ * answer) and reads the request it may have sent already. */
+static void conn_accept(int lfd, conn *cs, const char *segment,
+                        encache_store *st) {
   int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
   if (cfd < 0) {
     if (errno == EMFILE || errno == ENFILE || errno == ENOMEM ||
@@ -337,15 +362,17 @@ static void conn_accept(int lfd, conn *cs) {
       poll(NULL, 0, 100); /* out of something: no busy loop */
     return;
   }
-  for (int i = 0; i < EXPORTER_CONNS; i++)
-    if (cs[i].fd < 0) {
-      cs[i].fd = cfd;
-      cs[i].in = 0;
-      cs[i].req[0] = '\0';
-      cs[i].deadline = now_s() + EXPORTER_TIMEOUT_S;
-      return;
-    }
-  close(cfd);
+  conn *c = conn_slot(cs);
+  if (c == NULL) {
+    close(cfd);
+    return;
+  }
+  c->fd = cfd;
+  c->in = 0;
+  c->req[0] = '\0';
+  c->opened = now_s();
+  c->deadline = c->opened + EXPORTER_HEAD_S;
+  conn_step(c, segment, st);
 }
 
 /* Serves until SIGINT or SIGTERM: up to EXPORTER_CONNS connections at
@@ -373,7 +400,7 @@ static void serve_loop(int lfd, const char *segment, encache_store *st) {
         if (p[k].revents != 0)
           conn_step(&cs[map[k]], segment, st);
       if (p[0].revents & POLLIN)
-        conn_accept(lfd, cs);
+        conn_accept(lfd, cs, segment, st);
     }
     now = now_s();
     for (int i = 0; i < EXPORTER_CONNS; i++)
@@ -504,13 +531,16 @@ static void top_text(FILE *out, const char *segment) {
     double rate = r->st.candidates
                       ? 100.0 * (double)r->st.hits / (double)r->st.candidates
                       : 0.0;
-    fprintf(out, "%-20.20s %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7"
-            PRIu64 "  %s\n", r->encoder, r->pid, rate, r->st.hits,
+    fleet_label(out, r->encoder, LABEL_TEXT, 20, 20);
+    fprintf(out, " %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7" PRIu64
+            "  ", r->pid, rate, r->st.hits,
             human_bytes(r->st.bytes_read, b1, sizeof(b1)),
             human_bytes(r->bytes_written, b2, sizeof(b2)),
             human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),
             human_us(fleet_quantile(&r->lookup, 0.99), l2, sizeof(l2)),
-            r->st.pending_items, r->store);
+            r->st.pending_items);
+    fleet_label(out, r->store, LABEL_TEXT, 0, 0);
+    fputc('\n', out);
   }
   fleet_view_free(&v);
 }

@@ -253,11 +253,14 @@ static int stats_store(const tool_args *a, encache_store *st) {
 
 /* The fleet of the host when the Store cannot be opened (its reason is
  * printed): exit 1 when a Store was named (--store, $ENCACHE_STORE), 0
- * when none was (the default shm segment may simply not exist). */
+ * when none was (the default shm segment may simply not exist).  The URL
+ * shown is the one opened (tool_existing_url() writes buf only for a
+ * plain shm:// URL), its password redacted as every message has it. */
 static int stats_without_store(const tool_globals *g, const tool_args *a) {
   const char *format = a->val[0] != NULL ? a->val[0] : "text";
-  char url[4096];
-  tool_existing_url(g, url, sizeof(url));
+  char buf[4096], url[4096];
+  encache_store_url_redact(tool_existing_url(g, buf, sizeof(buf)), url,
+                           sizeof(url));
   if (strcmp(format, "text") == 0)
     printf("%-13s %s (cannot be opened)\n", "store", url);
   int rc = stats_fleet(format, a->val[1], NULL, url);

@@ -216,41 +216,72 @@ static size_t utf8_len(const unsigned char *s) {
   return n;
 }
 
-/* Writes the character at *s (advancing it) when it is valid UTF-8 of
- * more than one byte, or U+FFFD for a byte that does not start one: 1;
- * 0 for a one-byte character (*s unchanged: the caller writes it). */
-static int put_wide(FILE *out, const char **s) {
-  const unsigned char *u = (const unsigned char *)*s;
-  if (u[0] < 0x80)
+/* The code point of the valid UTF-8 character of n bytes at s. */
+static uint32_t utf8_code(const unsigned char *s, size_t n) {
+  static const unsigned char lead_bits[5] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+  uint32_t cp = s[0] & lead_bits[n];
+  for (size_t i = 1; i < n; i++)
+    cp = (cp << 6) | (s[i] & 0x3F);
+  return cp;
+}
+
+/* How label style st writes the control character cp (C0, DEL or C1), or
+ * a backslash, a quote: into rep; 0 when cp is written as it is.  TEXT
+ * shows each as the text of its C escape (\n, \x1b, \u009b) and a
+ * backslash doubled, so that what is printed says what the label holds;
+ * PROM keeps a backslash, a quote and a newline exact (the format has
+ * escapes for them) and writes the others as TEXT shows them; JSON keeps
+ * all of them exact (\u00XX). */
+static int label_escape(uint32_t cp, label_style st, char *rep, size_t n) {
+  int ctl = cp < 0x20 || (cp >= 0x7F && cp <= 0x9F);
+  const char *pre = st == LABEL_PROM ? "\\\\" : "\\";
+  if (cp == '\\')
+    return snprintf(rep, n, "\\\\");
+  if (cp == '"')
+    return st == LABEL_TEXT ? 0 : snprintf(rep, n, "\\\"");
+  if (!ctl)
     return 0;
-  size_t n = utf8_len(u);
-  if (n == 0) {
-    fputs("\xEF\xBF\xBD", out); /* U+FFFD, for this byte */
-    n = 1;
-  } else {
-    fwrite(u, 1, n, out);
+  if (cp == '\n') /* the same text in all three */
+    return snprintf(rep, n, "\\n");
+  if (st == LABEL_JSON)
+    return snprintf(rep, n, "\\u%04x", (unsigned)cp);
+  if (cp == '\r' || cp == '\t')
+    return snprintf(rep, n, "%s%c", pre, cp == '\r' ? 'r' : 't');
+  return cp < 0x80 ? snprintf(rep, n, "%sx%02x", pre, (unsigned)cp)
+                   : snprintf(rep, n, "%su%04x", pre, (unsigned)cp);
+}
+
+size_t fleet_label(FILE *out, const char *s, label_style st, size_t cut,
+                   size_t pad) {
+  const unsigned char *u = (const unsigned char *)s;
+  size_t shown = 0;
+  while (*u != '\0') {
+    size_t n = utf8_len(u), w = 1;
+    char rep[16];
+    int rn = n == 0 ? 0 : label_escape(utf8_code(u, n), st, rep, sizeof(rep));
+    if (rn > 0 && st == LABEL_TEXT)
+      w = (size_t)rn; /* escapes are ASCII: a column per byte */
+    if (cut != 0 && shown + w > cut)
+      break; /* never a character or an escape cut in two */
+    if (n == 0)
+      fputs("\xEF\xBF\xBD", out); /* U+FFFD, for this byte */
+    else if (rn > 0)
+      fputs(rep, out);
+    else
+      fwrite(u, 1, n, out);
+    u += n == 0 ? 1 : n;
+    shown += w;
   }
-  *s += n - 1; /* the caller's loop steps over the last byte */
-  return 1;
+  for (size_t i = shown; i < pad; i++)
+    fputc(' ', out);
+  return shown;
 }
 
 /* ---------------------------------------------------------- Prometheus */
 
-/* A label value as the text format wants it: \\, \" and \n escaped, and
- * valid UTF-8 (U+FFFD for each byte that is not). */
+/* A label value as the text format wants it (fleet_label()). */
 static void label_value(FILE *out, const char *s) {
-  for (; *s; s++) {
-    if (put_wide(out, &s))
-      continue;
-    if (*s == '\\')
-      fputs("\\\\", out);
-    else if (*s == '"')
-      fputs("\\\"", out);
-    else if (*s == '\n')
-      fputs("\\n", out);
-    else
-      fputc(*s, out);
-  }
+  fleet_label(out, s, LABEL_PROM, 0, 0);
 }
 
 static void row_labels(FILE *out, const fleet_row *r, const char *extra) {
@@ -429,17 +460,7 @@ int fleet_prometheus(FILE *out, encache_store *st, const fleet_view *v,
 
 static void json_string(FILE *out, const char *s) {
   fputc('"', out);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (put_wide(out, &s)) /* valid UTF-8, U+FFFD for what is not */
-      continue;
-    if (c == '"' || c == '\\')
-      fprintf(out, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(out, "\\u%04x", c);
-    else
-      fputc(c, out);
-  }
+  fleet_label(out, s, LABEL_JSON, 0, 0);
   fputc('"', out);
 }
 
@@ -519,9 +540,12 @@ void fleet_text(FILE *out, const fleet_view *v) {
           "lookups", "hits", "candidates", "p50_us", "p99_us", "store");
   for (size_t k = 0; k < v->n; k++) {
     const fleet_row *r = &v->rows[k];
-    fprintf(out, "%-24s %8lld %10" PRIu64 " %10" PRIu64 " %12" PRIu64
-            " %10.0f %10.0f  %s\n", r->encoder, r->pid, r->st.lookups,
-            r->st.hits, r->st.candidates, fleet_quantile(&r->lookup, 0.5),
-            fleet_quantile(&r->lookup, 0.99), r->store);
+    fleet_label(out, r->encoder, LABEL_TEXT, 0, 24);
+    fprintf(out, " %8lld %10" PRIu64 " %10" PRIu64 " %12" PRIu64
+            " %10.0f %10.0f  ", r->pid, r->st.lookups, r->st.hits,
+            r->st.candidates, fleet_quantile(&r->lookup, 0.5),
+            fleet_quantile(&r->lookup, 0.99));
+    fleet_label(out, r->store, LABEL_TEXT, 0, 0);
+    fputc('\n', out);
   }
 }

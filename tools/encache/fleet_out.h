@@ -42,6 +42,22 @@ void fleet_view_free(fleet_view *v);
  * in microseconds (interpolated in its bucket); -1 when it is empty. */
 double fleet_quantile(const encache_histogram *h, double q);
 
+/* How fleet_label() writes a label: for a terminal (stats' table, top),
+ * as a Prometheus label value, as the body of a JSON string. */
+typedef enum { LABEL_TEXT, LABEL_PROM, LABEL_JSON } label_style;
+
+/* Writes the label s (an encoder's, a Store URL: bytes from the registry,
+ * which anyone who can write it, or damage, may have put there) in style
+ * st, the one way every output path prints one: valid UTF-8 (U+FFFD for
+ * each byte that does not start a character) with no control character
+ * (C0, DEL, C1) left raw, so that it can neither drive a terminal nor
+ * forge a row (label_escape() in fleet_out.c says how each style writes
+ * them).  LABEL_TEXT counts characters (an escape's each): at most cut
+ * of them (0: all), never a character or an escape cut in two, then
+ * spaces up to pad.  Returns the characters written, padding aside. */
+size_t fleet_label(FILE *out, const char *s, label_style st, size_t cut,
+                   size_t pad);
+
 /* The Prometheus text format (0.0.4) of the Store's counters (st NULL:
  * none) and of every handle of v.  Returns 0, or -1 with the reason in
  * why when the Store's counters cannot be read, unless tolerant: then

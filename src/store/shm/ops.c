@@ -394,6 +394,7 @@ static int shm_stats(encache_store *st, encache_store_stats *out) {
   int rc = encache__shm_lock(s);
   if (rc < 0)
     return rc;
+  encache__shm_check_counters(s); /* damaged ones are never reported */
   out->objects = s->h->nobjects;
   out->bytes_used = s->h->bytes_used;
   out->capacity = s->data_size;

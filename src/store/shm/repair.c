@@ -315,3 +315,32 @@ int encache__shm_structure_ok(shm_store *s) {
         return 0;
   return chained == live;
 }
+
+/* The most repairs a segment can have made beyond one per record (an
+ * object dropped for its checksum, a dead writer's): a repair walks the
+ * whole entry table, so 2^32 of them would take weeks of nothing else. */
+#define REPAIRS_SLACK (UINT64_C(1) << 32)
+
+/* Every eviction and every second chance ends a record of the ring (a
+ * second chance allocates its successor), and every record took at
+ * least REC_ALIGN bytes of ring positions below the head: together they
+ * are at most head / REC_ALIGN.  Repairs are at most one per record plus
+ * REPAIRS_SLACK.  A counter past its bound was written by something
+ * else than its one increment (damage, another process's bug): it
+ * restarts from 0, as a Prometheus counter may, and the repair is
+ * counted, so that stats never reports it. */
+void encache__shm_check_counters(shm_store *s) {
+  shm_header *h = s->h;
+  uint64_t records = __atomic_load_n(&h->head, __ATOMIC_RELAXED) / REC_ALIGN;
+  int damaged = 0;
+  if (h->evictions > records || h->reinsertions > records ||
+      h->evictions + h->reinsertions > records) {
+    h->evictions = h->reinsertions = 0;
+    damaged = 1;
+  }
+  if (h->repairs > records + REPAIRS_SLACK) {
+    h->repairs = 0;
+    damaged = 1;
+  }
+  h->repairs += (uint64_t)damaged;
+}

@@ -468,6 +468,10 @@ int encache__shm_slots_held(int fd, uint64_t size);
 int encache__shm_repair(shm_store *s);
 /* Under the lock: whether every list and chain validates. */
 int encache__shm_structure_ok(shm_store *s);
+/* Checks the header's counters against what the segment's history
+ * allows and restarts (0) those that cannot be right, counting a repair
+ * (repair.c).  Under the lock. */
+void encache__shm_check_counters(shm_store *s);
 
 /* ----------------------------------------------------- lease.c: leases */
 
