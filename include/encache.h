@@ -1450,7 +1450,10 @@ ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
  * encache_store_stats_get() gives them (a tier: Store's per-tier counters
  * are then this engine's: hits of the local and the remote tier,
  * promotions).  Any thread.  Errors: ENCACHE_EINVAL (ec or st NULL, a bad
- * st->size, or a disabled handle, which has no Store), the Store's. */
+ * st->size, or a disabled handle, which has no Store), the Store's (such
+ * as ENCACHE_EUNAVAIL when a tier's local lock is held); the calling
+ * thread's encache_errmsg(NULL) says why (ec's own message belongs to the
+ * thread that makes its calls, so this call leaves it alone). */
 ENCACHE_EXTERN int encache_engine_store_stats(const encache *ec,
                                               encache_store_stats *st);
 

@@ -3,9 +3,11 @@
  * test_tier_purge.c: a tier used by several processes at once (issue 26):
  * a purge from one process while encoder processes read through their own
  * tier handles and promote (finding 5: purged objects came back into the
- * local tier and were served).  Real processes, one real shm segment, a
- * real redis-server on a free loopback port as the remote tier; skipped
- * (said) without redis-server.
+ * local tier and were served), and the engine's Store stats on a tier
+ * whose local lock another process holds (9d: EUNAVAIL with an empty
+ * message).  Real processes, one real shm segment, a real redis-server on
+ * a free loopback port as the remote tier; skipped (said) without
+ * redis-server.
  */
 #include "redis_util.h"
 #include "runner.h"
@@ -244,4 +246,54 @@ TEST(tier_purge_from_another_process_stays_purged) {
                "(want 0 and 0): %s", back, P_ROUNDS,
                (unsigned long long)served, report);
   printf("# %s\n", report);
+}
+
+/* ------------------------------------- stats with the local lock held */
+
+/* The engine's Store stats on a tier whose local lock another process
+ * holds: recoverable, and the calling thread's message says which tier
+ * and why (it was empty); once the holder is gone, they work again. */
+TEST(tier_engine_stats_with_the_local_lock_held_say_why) {
+  pworld w;
+  if (pworld_start(&w, "size=1MiB&lock_timeout_ms=100") < 0)
+    return;
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config =
+      "{\"ec_connector\": \"ECMooncakeStorageConnector\", \"ec_role\": "
+      "\"ec_producer\", \"ec_connector_extra_config\": "
+      "{\"cross_encoder_cache\": true}}";
+  o.model = "tier/model";
+  o.model_dtype = ENCACHE_FLOAT32;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache__open_with_store(&o, popen_url(w.tier_url), &ec), 0);
+  int fd[2];
+  ASSERT_EQ_INT(pipe(fd), 0);
+  pid_t holder = fork();
+  if (holder == 0) {
+    encache_store *st = NULL;
+    if (encache_store_open(w.local_url, &st) != 0 ||
+        encache__shm_test_lock(st) != 0)
+      _exit(1);
+    if (write(fd[1], "l", 1) != 1)
+      _exit(1);
+    pause(); /* holds the lock until killed */
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ_INT((int)read(fd[0], &c, 1), 1);
+  encache_store_stats s = {.size = sizeof(s)};
+  int rc = encache_engine_store_stats(ec, &s);
+  kill_wait(holder, SIGKILL);
+  ASSERT_EQ_INT(rc, ENCACHE_EUNAVAIL);
+  const char *m = encache_errmsg(NULL);
+  ASSERT_CONTAINS(m, "local tier: ");
+  ASSERT_CONTAINS(m, "lock not acquired within 100 ms");
+  ASSERT_CONTAINS(m, w.shm);
+  printf("# %s\n", m);
+  /* The holder died: the next call repairs and answers. */
+  ASSERT_EQ_INT(encache_engine_store_stats(ec, &s), 0);
+  ASSERT_EQ_STR(s.kind, "tier");
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  close(fd[0]), close(fd[1]);
+  purge_exit();
 }
