@@ -314,14 +314,13 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
  * bumps the segment's purge epoch (refusing, in every process of the
  * host, the promotions read before it: tier_promote.c) and drops this
  * handle's queued promotions of what is removed.  0, or the local tier's
- * error (its removal cannot succeed either). */
+ * error with its message (its removal cannot succeed either). */
 static int purge_epoch_bump(tier_store *t, const char *what, int prefix) {
   uint64_t epoch;
   int rc = encache__shm_purge_epoch_bump(t->local, &epoch);
-  if (rc < 0)
-    return relay(t, t->local, rc);
-  encache__tier_promote_forget(t, what, prefix, epoch);
-  return 0;
+  if (rc == 0)
+    encache__tier_promote_forget(t, what, prefix, epoch);
+  return rc;
 }
 
 static int tier_remove(encache_store *st, const char *key) {
