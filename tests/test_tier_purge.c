@@ -252,7 +252,10 @@ TEST(tier_purge_from_another_process_stays_purged) {
 
 /* The engine's Store stats on a tier whose local lock another process
  * holds: recoverable, and the calling thread's message says which tier
- * and why (it was empty); once the holder is gone, they work again. */
+ * and why (it was empty); once the holder lets it go, they work again.
+ * (The holder unlocks rather than dies: ThreadSanitizer does not model a
+ * robust mutex's EOWNERDEAD across processes, and CI runs tier_ under
+ * it.) */
 TEST(tier_engine_stats_with_the_local_lock_held_say_why) {
   pworld w;
   if (pworld_start(&w, "size=1MiB&lock_timeout_ms=100") < 0)
@@ -266,34 +269,39 @@ TEST(tier_engine_stats_with_the_local_lock_held_say_why) {
   o.model_dtype = ENCACHE_FLOAT32;
   encache *ec = NULL;
   ASSERT_EQ_INT(encache__open_with_store(&o, popen_url(w.tier_url), &ec), 0);
-  int fd[2];
+  int fd[2], go[2];
   ASSERT_EQ_INT(pipe(fd), 0);
+  ASSERT_EQ_INT(pipe(go), 0);
   pid_t holder = fork();
+  char c;
   if (holder == 0) {
     encache_store *st = NULL;
     if (encache_store_open(w.local_url, &st) != 0 ||
         encache__shm_test_lock(st) != 0)
       _exit(1);
-    if (write(fd[1], "l", 1) != 1)
-      _exit(1);
-    pause(); /* holds the lock until killed */
+    if (write(fd[1], "l", 1) != 1 || read(go[0], &c, 1) != 1)
+      _exit(1); /* holds the lock until told */
+    encache__shm_test_unlock(st);
+    encache_store_close(st);
     _exit(0);
   }
-  char c;
   ASSERT_EQ_INT((int)read(fd[0], &c, 1), 1);
   encache_store_stats s = {.size = sizeof(s)};
   int rc = encache_engine_store_stats(ec, &s);
-  kill_wait(holder, SIGKILL);
+  ASSERT_EQ_INT((int)write(go[1], "g", 1), 1);
+  int status = 0;
+  ASSERT_EQ_INT(waitpid(holder, &status, 0), holder);
+  ASSERT_EQ_INT(status, 0);
   ASSERT_EQ_INT(rc, ENCACHE_EUNAVAIL);
   const char *m = encache_errmsg(NULL);
   ASSERT_CONTAINS(m, "local tier: ");
   ASSERT_CONTAINS(m, "lock not acquired within 100 ms");
   ASSERT_CONTAINS(m, w.shm);
   printf("# %s\n", m);
-  /* The holder died: the next call repairs and answers. */
+  /* The lock is free again: the next call answers. */
   ASSERT_EQ_INT(encache_engine_store_stats(ec, &s), 0);
   ASSERT_EQ_STR(s.kind, "tier");
   ASSERT_EQ_INT(encache_close(ec), 0);
-  close(fd[0]), close(fd[1]);
+  close(fd[0]), close(fd[1]), close(go[0]), close(go[1]);
   purge_exit();
 }

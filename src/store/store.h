@@ -113,8 +113,10 @@ int encache__shm_write_at_epoch(encache_store *st, uint64_t epoch,
 /* Test hooks of the shm backend (src/store/shm/). */
 extern void (*encache__shm_read_hook)(void);
 extern void (*encache__shm_write_hook)(void);
-/* Takes the segment lock and returns holding it (to test a holder's death). */
+/* Takes the segment lock and returns holding it (to test a holder's death,
+ * or a held lock); test_unlock lets it go. */
 int encache__shm_test_lock(encache_store *st);
+void encache__shm_test_unlock(encache_store *st);
 /* Where the shared structures of an shm handle's segment lie, as offsets
  * into the segment file, for the tests and the campaign that damage them. */
 typedef struct encache__shm_layout {

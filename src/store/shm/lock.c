@@ -215,6 +215,10 @@ int encache__shm_test_lock(encache_store *st) {
   return encache__shm_lock((shm_store *)st);
 }
 
+void encache__shm_test_unlock(encache_store *st) {
+  encache__shm_unlock((shm_store *)st);
+}
+
 int encache__shm_test_repair(encache_store *st, int always) {
   shm_store *s = (shm_store *)st;
   int rc = encache__shm_lock(s);
