@@ -771,7 +771,8 @@ ENCACHE_EXTERN const char *encache_store_url(const encache_store *st);
  * scheme://:password@rest scheme://:***@rest); a URL without a password
  * is written as it is.  The credentials end at the last '@' before the
  * query ('?'), so '@', ':' and '/' may appear raw in a password
- * (percent-encode '?' as %3F).  Every message of the library, and
+ * (percent-encode '?' as %3F).  A tier: URL is redacted part by part
+ * (since 1.3).  Every message of the library, and
  * encache_store_url(), show URLs in this form; a program that prints a
  * Store URL should too.  Same return convention as encache_namespace():
  * the length, ENCACHE_ENOBUFS (buf[0] = 0), a size query with buf NULL

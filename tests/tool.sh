@@ -334,6 +334,14 @@ for c in stats ls "get k" "inspect k" "rm k" "purge --key-prefix k" \
     fails=$((fails + 1)); "$tool" shm destroy "$none" >/dev/null
   else echo "ok $n - $c created no local segment of a tier"; fi
 done
+# ... and the URL it prints then hides the remote's password.
+n=$((n + 1))
+out=$("$tool" --store "tier:shm://$none?size=64MiB+redis://u:sekret@127.0.0.1:1" stats --format prometheus 2>&1)
+if printf '%s' "$out" | grep -q sekret ||
+   ! printf '%s' "$out" | grep -qF "redis://u:***@127.0.0.1:1"; then
+  echo "not ok $n - stats on a tier that cannot be opened hides the password"; printf '%s\n' "$out" | sed 's/^/# /'
+  fails=$((fails + 1))
+else echo "ok $n - stats on a tier that cannot be opened hides the password"; fi
 check "create=no is checked" 1 "create=maybe: must be yes or no" -- --store "shm://$none?create=maybe" put k "$tmp/payload"
 # The default Store too, when this machine has none (never touched if it has).
 if [ ! -e /dev/shm/encache-encache ]; then

@@ -256,8 +256,11 @@ static int stats_store(const tool_args *a, encache_store *st) {
  * when none was (the default shm segment may simply not exist). */
 static int stats_without_store(const tool_globals *g, const tool_args *a) {
   const char *format = a->val[0] != NULL ? a->val[0] : "text";
-  char url[4096];
-  tool_existing_url(g, url, sizeof(url));
+  char raw[4096], url[4096];
+  /* Shown, never with a password (a tier's remote may hold one). */
+  if (encache_store_url_redact(tool_existing_url(g, raw, sizeof(raw)), url,
+                               sizeof(url)) < 0)
+    snprintf(url, sizeof(url), "(a Store URL too long to show)");
   if (strcmp(format, "text") == 0)
     printf("%-13s %s (cannot be opened)\n", "store", url);
   int rc = stats_fleet(format, a->val[1], NULL, url);
