@@ -771,7 +771,8 @@ ENCACHE_EXTERN const char *encache_store_url(const encache_store *st);
  * scheme://:password@rest scheme://:***@rest); a URL without a password
  * is written as it is.  The credentials end at the last '@' before the
  * query ('?'), so '@', ':' and '/' may appear raw in a password
- * (percent-encode '?' as %3F).  Every message of the library, and
+ * (percent-encode '?' as %3F).  A tier: URL is redacted part by part
+ * (since 1.3).  Every message of the library, and
  * encache_store_url(), show URLs in this form; a program that prints a
  * Store URL should too.  Same return convention as encache_namespace():
  * the length, ENCACHE_ENOBUFS (buf[0] = 0), a size query with buf NULL
@@ -1474,7 +1475,10 @@ ENCACHE_EXTERN int encache_stats_get(const encache *ec, encache_stats *st);
  * encache_store_stats_get() gives them (a tier: Store's per-tier counters
  * are then this engine's: hits of the local and the remote tier,
  * promotions).  Any thread.  Errors: ENCACHE_EINVAL (ec or st NULL, a bad
- * st->size, or a disabled handle, which has no Store), the Store's. */
+ * st->size, or a disabled handle, which has no Store), the Store's (such
+ * as ENCACHE_EUNAVAIL when a tier's local lock is held); the calling
+ * thread's encache_errmsg(NULL) says why (ec's own message belongs to the
+ * thread that makes its calls, so this call leaves it alone). */
 ENCACHE_EXTERN int encache_engine_store_stats(const encache *ec,
                                               encache_store_stats *st);
 

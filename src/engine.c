@@ -452,8 +452,20 @@ uint64_t encache_stats_skipped(const encache_stats *st, int reason) {
   return st->published_mismatch;
 }
 
+/* Any thread: a failure's message goes to the calling thread's
+ * encache_errmsg(NULL), never into ec's (the encoder thread's). */
 int encache_engine_store_stats(const encache *ec, encache_store_stats *st) {
   if (ec == NULL || st == NULL || ec->store == NULL)
-    return ENCACHE_EINVAL;
-  return encache_store_stats_get(ec->store, st);
+    return encache__thread_failed(ENCACHE_EINVAL, "encache_engine_store_stats: "
+                                  "%s", ec == NULL || st == NULL
+                                            ? "a NULL argument"
+                                            : "a disabled handle has no Store");
+  int rc = encache_store_stats_get(ec->store, st);
+  if (rc < 0) {
+    const char *m = encache_store_errmsg(ec->store);
+    encache__thread_failed(rc, "the Store's stats: %s: %s",
+                           encache_store_url(ec->store),
+                           m[0] ? m : encache_strerror(rc));
+  }
+  return rc;
 }

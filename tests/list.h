@@ -247,6 +247,8 @@
   XX(fleet_reader_refuses_a_fifo_a_link_and_other_users_files)               \
   XX(tier_removal_beats_a_pending_promotion)                                 \
   XX(tier_object_size_and_empty_objects_are_local_hits)                      \
+  XX(tier_purge_from_another_process_stays_purged)                          \
+  XX(tier_engine_stats_with_the_local_lock_held_say_why)                     \
   XX(mooncake_caps_follow_the_protocol)                                      \
   XX(mooncake_lookup_is_one_read)                                            \
   XX(mooncake_lookup_faults_without_the_check)                               \

@@ -836,6 +836,14 @@ TEST(redis_url_redact) {
       {"postgres://u:pw@db/x", "postgres://u:***@db/x"},
       {"shm://encache?size=1GiB", "shm://encache?size=1GiB"},
       {"mooncake:", "mooncake:"},
+      /* A tier, part by part: the remote's password too. */
+      {"tier:shm://e?size=8GiB&create=no+redis://u:p+w@h:1?db=2",
+       "tier:shm://e?size=8GiB&create=no+redis://u:***@h:1?db=2"},
+      {"tier:redis://u:pw@a:1+redis://v:pw@b:2",
+       "tier:redis://u:***@a:1+redis://v:***@b:2"},
+      {"tier:shm://e+tier:shm://f+redis://u:pw@h:1",
+       "tier:shm://e+tier:shm://f+redis://u:***@h:1"},
+      {"tier:shm://e?size=1MiB", "tier:shm://e?size=1MiB"}, /* no '+' */
       {"", ""},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -321,6 +321,27 @@ done
 n=$((n + 1))
 if [ -e "/dev/shm/encache-$none" ]; then echo "not ok $n - read-only commands created no segment"; fails=$((fails + 1))
 else echo "ok $n - read-only commands created no segment"; fi
+# The local segment of a tier: not created either (issue 26, 9b: it was,
+# at the tier's full size), whatever the remote (here one never reached).
+tier="tier:shm://$none?size=64MiB+redis://127.0.0.1:1?connect_timeout_ms=200"
+for c in stats ls "get k" "inspect k" "rm k" "purge --key-prefix k" \
+  "lookup --model m --dtype float32 --rows 2 --cols 2 img1"; do
+  # shellcheck disable=SC2086
+  check "$c on a tier whose local segment is missing" 1 "the local tier shm://$none?size=64MiB&create=no: shm://$none?size=64MiB&create=no: no such segment \"$none\"" -- --store "$tier" $c
+  n=$((n + 1))
+  if [ -e "/dev/shm/encache-$none" ]; then
+    echo "not ok $n - $c created the local segment of a tier ($(wc -c <"/dev/shm/encache-$none") bytes)"
+    fails=$((fails + 1)); "$tool" shm destroy "$none" >/dev/null
+  else echo "ok $n - $c created no local segment of a tier"; fi
+done
+# ... and the URL it prints then hides the remote's password.
+n=$((n + 1))
+out=$("$tool" --store "tier:shm://$none?size=64MiB+redis://u:sekret@127.0.0.1:1" stats --format prometheus 2>&1)
+if printf '%s' "$out" | grep -q sekret ||
+   ! printf '%s' "$out" | grep -qF "redis://u:***@127.0.0.1:1"; then
+  echo "not ok $n - stats on a tier that cannot be opened hides the password"; printf '%s\n' "$out" | sed 's/^/# /'
+  fails=$((fails + 1))
+else echo "ok $n - stats on a tier that cannot be opened hides the password"; fi
 check "create=no is checked" 1 "create=maybe: must be yes or no" -- --store "shm://$none?create=maybe" put k "$tmp/payload"
 # The default Store too, when this machine has none (never touched if it has).
 if [ ! -e /dev/shm/encache-encache ]; then

@@ -97,11 +97,26 @@ int encache__mooncake_code_known(int64_t code);
 int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
                          encache_store **out);
 
+/* The shm Store's purge epoch (src/store/shm/ops.c, the tier's side of
+ * removals: tier.c): a count of the removals made through a tier on the
+ * segment, kept in it.  purge_epoch reads it; purge_epoch_bump adds one
+ * and gives the new value; write_at_epoch is write() that publishes the
+ * object only while the epoch is still `epoch` (else ENCACHE_EUNAVAIL:
+ * not written).  ENCACHE_EINVAL on a Store that is not shm. */
+int encache__shm_purge_epoch(encache_store *st, uint64_t *epoch);
+int encache__shm_purge_epoch_bump(encache_store *st, uint64_t *epoch);
+int encache__shm_write_at_epoch(encache_store *st, uint64_t epoch,
+                                const char *key, const void *hdr,
+                                size_t hdr_len, const void *payload,
+                                size_t len);
+
 /* Test hooks of the shm backend (src/store/shm/). */
 extern void (*encache__shm_read_hook)(void);
 extern void (*encache__shm_write_hook)(void);
-/* Takes the segment lock and returns holding it (to test a holder's death). */
+/* Takes the segment lock and returns holding it (to test a holder's death,
+ * or a held lock); test_unlock lets it go. */
 int encache__shm_test_lock(encache_store *st);
+void encache__shm_test_unlock(encache_store *st);
 /* Where the shared structures of an shm handle's segment lie, as offsets
  * into the segment file, for the tests and the campaign that damage them. */
 typedef struct encache__shm_layout {

@@ -21,8 +21,14 @@
  *     error otherwise, whatever the local tier said (a local copy is a
  *     cache), except an unconfirmed local answer, which is returned as it
  *     is.
- *   - remove and remove_prefix act on both, and first cancel the
- *     promotions of what they remove (tier_promote.c); list lists both,
+ *   - remove and remove_prefix act on the remote tier first, then bump
+ *     the local segment's purge epoch (kept in the segment, shared by
+ *     every process of the host), then act on the local tier.  Every
+ *     promotion and every local copy of a publication is written at the
+ *     epoch noted before the remote was asked, and the segment refuses it
+ *     once the epoch moved (tier_promote.c): so an object removed through
+ *     any tier of the host never comes back into its local tier from a
+ *     read made before the removal, in any process.  list lists both,
  *     each key once; leases are the remote's (the tier every host
  *     shares).
  *
@@ -41,15 +47,25 @@ static void count(uint64_t *c, uint64_t k) {
   __atomic_add_fetch(c, k, __ATOMIC_RELAXED);
 }
 
-/* Returns rc with the message of the inner Store that answered it.  The
- * inner message lives in the thread's message buffer, which
- * encache_store_fail() writes: it is copied out first. */
-static int relay(tier_store *t, encache_store *inner, int rc) {
+/* Returns rc with message m of the inner Store that answered it. */
+static int relay_msg(tier_store *t, encache_store *inner, int rc,
+                     const char *m) {
   char msg[512];
-  const char *m = encache_store_errmsg(inner);
   snprintf(msg, sizeof(msg), "%s", m[0] ? m : encache_strerror(rc));
   return encache_store_fail(&t->base, rc, "%s tier: %s",
                             inner == t->local ? "local" : "remote", msg);
+}
+
+/* The same with the inner Store's latest message.  It lives in the
+ * thread's message buffer, which encache_store_fail() writes (relay_msg
+ * copies it out first), and which a later call on the other tier
+ * replaces: a caller that asks that tier first keeps it (kept_msg). */
+static int relay(tier_store *t, encache_store *inner, int rc) {
+  return relay_msg(t, inner, rc, encache_store_errmsg(inner));
+}
+
+static void kept_msg(encache_store *inner, char *buf, size_t size) {
+  snprintf(buf, size, "%s", encache_store_errmsg(inner));
 }
 
 /* Whether a local read or object_size answer leaves the item to the
@@ -146,9 +162,9 @@ static int sub_make(const rd *r, size_t m, sub *s) {
  * remote tier, in one batch. */
 static int read_remote(tier_store *t, const rd *r, size_t m) {
   int rc;
-  /* Removals after this point make what the remote answers stale for
-   * promotion (tier_promote.c). */
-  uint64_t gen = __atomic_load_n(&t->rm_gen, __ATOMIC_ACQUIRE);
+  /* A removal after this point (in any process of the host) makes what
+   * the remote answers stale for promotion (tier_promote.c). */
+  uint64_t gen = encache__tier_epoch(t);
   if (m == r->n) { /* nothing local: the remote answers as it would alone */
     if ((rc = rd_call(t->remote, r)) < 0) {
       count(&t->n.remote_errors, r->n);
@@ -272,16 +288,20 @@ static int tier_object_size(encache_store *st, const char *key, uint64_t *len) {
  * copy serves this host meanwhile).  When the remote already had the key
  * (EEXIST) the local tier is left alone: the remote's object, the one the
  * fleet serves, is promoted on this host's next remote hit, so the two
- * tiers never hold different objects for a key written through here. */
+ * tiers never hold different objects for a key written through here.  The
+ * local copy is written at the purge epoch of before the remote write: a
+ * removal in between (which may have removed the remote's) refuses it. */
 static int tier_write(encache_store *st, const char *key, const void *hdr,
                       size_t hdr_len, const void *payload, size_t len) {
   tier_store *t = TIER(st);
+  uint64_t epoch = encache__tier_epoch(t);
   int rc = t->remote->ops->write(t->remote, key, hdr, hdr_len, payload, len);
   int cls = encache_store_classify(rc);
   if (cls == ENCACHE_ANSWER_RECOVERABLE || cls == ENCACHE_ANSWER_UNCONFIRMED)
     count(&t->n.remote_errors, 1);
   if (cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_RECOVERABLE) {
-    int lrc = t->local->ops->write(t->local, key, hdr, hdr_len, payload, len);
+    int lrc = encache__shm_write_at_epoch(t->local, epoch, key, hdr, hdr_len,
+                                          payload, len);
     if (encache_store_classify(lrc) == ENCACHE_ANSWER_UNCONFIRMED)
       return relay(t, t->local, lrc); /* the caller's buffer may be in use */
   }
@@ -290,14 +310,30 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
 
 
 
+/* Between a removal from the remote tier and the one from the local tier:
+ * bumps the segment's purge epoch (refusing, in every process of the
+ * host, the promotions read before it: tier_promote.c) and drops this
+ * handle's queued promotions of what is removed.  0, or the local tier's
+ * error with its message (its removal cannot succeed either). */
+static int purge_epoch_bump(tier_store *t, const char *what, int prefix) {
+  uint64_t epoch;
+  int rc = encache__shm_purge_epoch_bump(t->local, &epoch);
+  if (rc == 0)
+    encache__tier_promote_forget(t, what, prefix, epoch);
+  return rc;
+}
+
 static int tier_remove(encache_store *st, const char *key) {
   tier_store *t = TIER(st);
-  encache__tier_promote_forget(t, key, 0); /* before the local removal */
-  int lrc = t->local->ops->remove(t->local, key);
-  int rrc = t->remote->ops->remove(t->remote, key);
+  char rmsg[512];
+  int rrc = t->remote->ops->remove(t->remote, key); /* the remote first */
+  kept_msg(t->remote, rmsg, sizeof(rmsg));
+  int lrc = purge_epoch_bump(t, key, 0);
+  if (lrc == 0)
+    lrc = t->local->ops->remove(t->local, key);
   int la = encache_store_classify(lrc), ra = encache_store_classify(rrc);
   if (ra != ENCACHE_ANSWER_OK && ra != ENCACHE_ANSWER_ABSENT)
-    return relay(t, t->remote, rrc);
+    return relay_msg(t, t->remote, rrc, rmsg);
   if (la != ENCACHE_ANSWER_OK && la != ENCACHE_ANSWER_ABSENT)
     return relay(t, t->local, lrc);
   if (la == ENCACHE_ANSWER_ABSENT && ra == ENCACHE_ANSWER_ABSENT)
@@ -310,14 +346,17 @@ static int tier_remove_prefix(encache_store *st, const char *prefix,
                               uint64_t *removed) {
   tier_store *t = TIER(st);
   uint64_t l = 0, r = 0;
-  encache__tier_promote_forget(t, prefix, 1);
-  int lrc = encache_store_remove_prefix(t->local, prefix, &l);
-  int rrc = encache_store_remove_prefix(t->remote, prefix, &r);
+  char rmsg[512];
+  int rrc = encache_store_remove_prefix(t->remote, prefix, &r); /* first */
+  kept_msg(t->remote, rmsg, sizeof(rmsg));
+  int lrc = purge_epoch_bump(t, prefix, 1);
+  if (lrc == 0)
+    lrc = encache_store_remove_prefix(t->local, prefix, &l);
   /* Every object is in the remote tier, and in the local one when cached
    * there: the larger count is the number of distinct objects removed. */
   *removed = l > r ? l : r;
   if (rrc < 0)
-    return relay(t, t->remote, rrc);
+    return relay_msg(t, t->remote, rrc, rmsg);
   return lrc < 0 ? relay(t, t->local, lrc) : 0;
 }
 
@@ -523,6 +562,16 @@ int encache__tier_wrap(encache_store *local, encache_store *remote,
     encache_store_close(remote);
     return encache_store_fail(NULL, ENCACHE_ENOMEM, "tier: out of memory "
                               "making the handle");
+  }
+  /* The purge epoch that keeps removals removed lives in the local
+   * segment (tier_promote.c): the local tier is shm. */
+  if (encache__shm_purge_epoch(local, &(uint64_t){0}) < 0) {
+    encache__free(t);
+    encache__free(url);
+    encache_store_close(local);
+    encache_store_close(remote);
+    return encache_store_fail(NULL, ENCACHE_EINVAL, "tier: the local tier "
+                              "must be an shm Store");
   }
   t->base.url = url;
   t->base.ops = &t->ops;

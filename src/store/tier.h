@@ -35,8 +35,7 @@ typedef struct tier_promo {
   char *key;
   size_t len;   /* the object's length */
   int fetch;    /* 1: data is empty, read the object from the remote */
-  int stale;    /* 1: its key was removed while it was being written */
-  uint64_t gen; /* the removal generation it is valid for (rm_gen) */
+  uint64_t gen; /* the local segment's purge epoch it was read under */
   unsigned char data[]; /* the whole object, header first (or nothing) */
 } tier_promo;
 
@@ -62,10 +61,6 @@ typedef struct tier_store {
   pthread_cond_t cv, idle;
   tier_promo *head, *tail;
   tier_promo *cur; /* the promotion being written (the thread's) */
-  /* Removal generation: bumped (under mu) by each remove/remove_prefix
-   * before it removes anything; a promotion read from the remote under
-   * an older one may be of a removed object (tier_promote.c). */
-  uint64_t rm_gen;
   size_t qitems, max_items;
   uint64_t qbytes, max_bytes;
   int stop, thread_started, busy;
@@ -93,18 +88,26 @@ void encache__tier_drain(encache_store *st);
 /* tier_promote.c: the promotion queue and its thread. */
 int encache__tier_promote_start(tier_store *t);
 void encache__tier_promote_stop(tier_store *t);
+/* The local segment's purge epoch now (shm's purge_epoch, kept in the
+ * segment: bumped by every removal through a tier of the host, after its
+ * remote removal).  A lookup or write notes it before asking the remote;
+ * what it promotes is written only while the epoch has not moved. */
+uint64_t encache__tier_epoch(tier_store *t);
 /* Queues a copy of the object key = head[0..hlen) + body[0..blen) when it
- * is a well-formed v3 object and the queue has room and no removal began
- * since the remote was asked (gen: rm_gen then); else counts it dropped.
- * Never blocks on the local tier. */
+ * is a well-formed v3 object and the queue has room and no removal
+ * happened since the remote was asked (gen: the epoch then); else counts
+ * it dropped.  Never blocks on the local tier. */
 void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
                            const void *head, size_t hlen, const void *body,
                            size_t blen);
-/* Called by remove (prefix 0) and remove_prefix (prefix 1) before they
- * remove anything: drops the queued promotions of what they remove, marks
- * the one being written stale (the thread removes it again locally once
- * written) and makes the others current. */
-void encache__tier_promote_forget(tier_store *t, const char *key, int prefix);
+/* Called by remove (prefix 0) and remove_prefix (prefix 1) once they
+ * bumped the purge epoch to `epoch` (after the remote removal, before the
+ * local one): drops the queued promotions of what they remove, and makes
+ * the others current when that bump was the only one since they were
+ * read (the one being written is refused by the local tier if its key,
+ * or any, was removed). */
+void encache__tier_promote_forget(tier_store *t, const char *key, int prefix,
+                                  uint64_t epoch);
 /* Wakes the promotion thread for what encache__tier_promote() queued. */
 void encache__tier_promote_kick(tier_store *t);
 

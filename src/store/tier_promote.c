@@ -20,21 +20,24 @@
  * read and again on the whole object written, so that an object that is
  * incompatible in the remote tier never reaches the local one.
  *
- * Removals: remove and remove_prefix call encache__tier_promote_forget()
- * before they remove anything.  Under t->mu it bumps the removal
- * generation, drops the queued promotions of removed keys, marks the one
- * being written stale when its key is removed, and moves the others to
- * the new generation.  A promotion is written only while it is current
- * (checked under t->mu before the write), and removed from the local tier
- * again when it went stale during its write: a removal marks it before
- * its own local removal, so either the removal sees the written object or
- * the thread sees the mark.  A lookup that read the remote before a
- * removal began and queues after it is dropped (its generation is old):
- * a removal rarely meets a lookup, and a dropped promotion is refilled by
- * the next remote hit.
+ * Removals, across the processes of the host.  Every promotion carries
+ * the local segment's purge epoch (encache__tier_epoch()) noted before
+ * the remote was asked, and is written with encache__shm_write_at_epoch():
+ * the segment publishes it only if the epoch is unchanged, compared under
+ * the segment lock.  A removal through any tier of the host (tier.c)
+ * removes from the remote first, then bumps the epoch, then removes from
+ * the local segment under that lock.  So a promotion of a removed object
+ * read the remote before the remote removal (else it found nothing), with
+ * an epoch from before the bump; its publication either comes before the
+ * local removal, which then removes it, or after the bump, which refuses
+ * it.  Any removal refuses every promotion read before it, whatever its
+ * key: a removal rarely meets a lookup, and the next remote hit promotes
+ * again.  Within this handle, encache__tier_promote_forget() also drops
+ * the queued promotions of the removed keys, and keeps the others
+ * current when the removal's bump was the only one since they were read.
  *
- * Locking: t->mu guards the queue, its reservations, stop, rm_gen, cur and
- * the promotions' stale/gen.  The copy is made outside the lock, after a
+ * Locking: t->mu guards the queue, its reservations, stop, cur and the
+ * promotions' gen.  The copy is made outside the lock, after a
  * reservation that keeps the bounds.
  */
 #include "tier.h"
@@ -105,10 +108,9 @@ void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
   p->key = (char *)p->data + data;
   memcpy(p->key, key, klen + 1);
   p->next = NULL;
-  p->stale = 0;
   p->gen = gen;
   pthread_mutex_lock(&t->mu);
-  int fresh = gen == t->rm_gen;
+  int fresh = gen == encache__tier_epoch(t);
   if (fresh) {
     if (t->tail != NULL)
       t->tail->next = p;
@@ -129,15 +131,17 @@ static int removed_by(const char *key, const char *what, int prefix) {
                 : strcmp(key, what) == 0;
 }
 
-void encache__tier_promote_forget(tier_store *t, const char *key, int prefix) {
+void encache__tier_promote_forget(tier_store *t, const char *key, int prefix,
+                                  uint64_t epoch) {
   tier_promo *drop = NULL;
   pthread_mutex_lock(&t->mu);
-  uint64_t gen = t->rm_gen + 1;
-  __atomic_store_n(&t->rm_gen, gen, __ATOMIC_RELEASE);
   for (tier_promo **pp = &t->head, *prev = NULL; *pp != NULL;) {
     tier_promo *p = *pp;
     if (!removed_by(p->key, key, prefix)) {
-      p->gen = gen;
+      /* Read under the epoch just before this removal's bump: no other
+       * removal since, and this one is not of its key. */
+      if (p->gen + 1 == epoch)
+        p->gen = epoch;
       prev = p;
       pp = &p->next;
       continue;
@@ -150,12 +154,6 @@ void encache__tier_promote_forget(tier_store *t, const char *key, int prefix) {
     p->next = drop;
     drop = p;
   }
-  if (t->cur != NULL) {
-    if (removed_by(t->cur->key, key, prefix))
-      t->cur->stale = 1;
-    else
-      t->cur->gen = gen;
-  }
   if (t->qitems == 0 && !t->busy)
     pthread_cond_broadcast(&t->idle);
   pthread_mutex_unlock(&t->mu);
@@ -167,13 +165,19 @@ void encache__tier_promote_forget(tier_store *t, const char *key, int prefix) {
   }
 }
 
-/* Whether p may still be written: no removal of its key since it was
- * read from the remote. */
-static int current(tier_store *t, const tier_promo *p) {
+uint64_t encache__tier_epoch(tier_store *t) {
+  uint64_t e = UINT64_MAX; /* a local handle used after fork(): refused */
+  encache__shm_purge_epoch(t->local, &e);
+  return e;
+}
+
+/* Whether p may still be written (no removal since it was read from the
+ * remote), with the epoch to write it at in *gen. */
+static int current(tier_store *t, const tier_promo *p, uint64_t *gen) {
   pthread_mutex_lock(&t->mu);
-  int ok = !p->stale && p->gen == t->rm_gen;
+  *gen = p->gen;
   pthread_mutex_unlock(&t->mu);
-  return ok;
+  return *gen == encache__tier_epoch(t);
 }
 
 void encache__tier_promote_kick(tier_store *t) {
@@ -220,7 +224,8 @@ static void promote_one(tier_store *t, tier_promo *p) {
   /* Closing: a copy is written, but nothing more is asked of the remote
    * (which may be down: close must not wait for its timeouts). */
   int stopping = __atomic_load_n(&t->stop, __ATOMIC_RELAXED);
-  const unsigned char *obj = !current(t, p)          ? NULL
+  uint64_t gen;
+  const unsigned char *obj = !current(t, p, &gen)    ? NULL
                              : !p->fetch              ? p->data
                              : stopping || t->fetch_off ? NULL
                                                         : fetch(t, p);
@@ -228,14 +233,11 @@ static void promote_one(tier_store *t, tier_promo *p) {
     count(&t->n.promo_dropped);
     return;
   }
-  int rc = t->local->ops->write(t->local, p->key, NULL, 0, obj, p->len);
+  /* Published only if no removal bumped the epoch since gen (a removal
+   * while it is written refuses it, or finds it: see the top). */
+  int rc = encache__shm_write_at_epoch(t->local, gen, p->key, NULL, 0, obj,
+                                       p->len);
   int cls = encache_store_classify(rc);
-  if (cls == ENCACHE_ANSWER_OK && !current(t, p)) {
-    /* Removed while being written: remove it again (a removal that marked
-     * it may have found nothing yet). */
-    t->local->ops->remove(t->local, p->key);
-    cls = ENCACHE_ANSWER_ABSENT;
-  }
   count(cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_EXISTS
             ? &t->n.promo_done
             : &t->n.promo_dropped);

@@ -58,12 +58,8 @@ int encache__url_userinfo(const char *url, size_t *start, size_t *end) {
   return 1;
 }
 
-int encache_store_url_redact(const char *url, char *buf, size_t size) {
-  if (url == NULL || (buf == NULL && size > 0)) {
-    if (buf != NULL && size > 0)
-      buf[0] = '\0';
-    return ENCACHE_EINVAL;
-  }
+/* One URL (not a tier's), as encache_store_url_redact() shows it. */
+static int redact_one(const char *url, char *buf, size_t size) {
   size_t len = strlen(url), start, end, keep = len, skip = 0;
   const char *colon = NULL;
   if (encache__url_userinfo(url, &start, &end))
@@ -88,4 +84,51 @@ int encache_store_url_redact(const char *url, char *buf, size_t size) {
   }
   buf[out] = '\0';
   return (int)out;
+}
+
+/* A tier, "tier:LOCAL+REMOTE", part by part: seen whole, the first
+ * "scheme://" is the local part's and the remote's password would be
+ * shown.  The local part is redacted from a copy on the stack; one that
+ * does not fit (no shm URL is that long) is shown up to its first ':' or
+ * '@', then "...".  The remote part may be a tier again (refused at
+ * open, redacted all the same). */
+static int redact_tier(const char *url, char *buf, size_t size) {
+  char local[1024];
+  size_t n = strcspn(url + 5, "+");
+  const char *remote = url + 5 + n + 1;
+  if (n < sizeof(local)) {
+    memcpy(local, url + 5, n);
+    local[n] = '\0';
+  } else {
+    size_t k = strcspn(url + 5, ":@");
+    snprintf(local, sizeof(local), "%.*s...", (int)(k < 1000 ? k : 1000),
+             url + 5);
+  }
+  int a = redact_one(local, NULL, 0);
+  int b = encache_store_url_redact(remote, NULL, 0);
+  if (a < 0 || b < 0 || (uint64_t)a + (uint64_t)b + 6 > INT_MAX)
+    return ENCACHE_EINVAL;
+  size_t out = 6 + (size_t)a + (size_t)b;
+  if (buf == NULL)
+    return (int)out;
+  if (size <= out) {
+    buf[0] = '\0';
+    return ENCACHE_ENOBUFS;
+  }
+  memcpy(buf, "tier:", 5);
+  redact_one(local, buf + 5, size - 5);
+  buf[5 + a] = '+';
+  encache_store_url_redact(remote, buf + 6 + a, size - 6 - (size_t)a);
+  return (int)out;
+}
+
+int encache_store_url_redact(const char *url, char *buf, size_t size) {
+  if (url == NULL || (buf == NULL && size > 0)) {
+    if (buf != NULL && size > 0)
+      buf[0] = '\0';
+    return ENCACHE_EINVAL;
+  }
+  if (strncmp(url, "tier:", 5) == 0 && url[5 + strcspn(url + 5, "+")] == '+')
+    return redact_tier(url, buf, size);
+  return redact_one(url, buf, size);
 }

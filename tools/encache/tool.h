@@ -58,8 +58,9 @@ enum {
 };
 
 /* The Store URL of g (the default when none was given) in buf, with
- * create=no added to an shm:// URL that does not say (a read-only command
- * answers "no such segment" instead of creating one). */
+ * create=no added to an shm:// URL, or to the local part of a tier: URL,
+ * that does not say (a read-only command answers "no such segment"
+ * instead of creating one). */
 const char *tool_existing_url(const tool_globals *g, char *buf, size_t size);
 
 /* Opens the Store of g for cmd (an existing one only, when existing is

@@ -32,29 +32,35 @@
 #define SHM_CLOCKLOCK 1
 #endif
 
-/* Publishes a record this handle finished copying, if it is still ours. */
-int encache__shm_publish_record(shm_store *s, shm_entry *e, uint64_t gen,
-                                uint64_t sum, uint32_t flags) {
+/* Publishes a record this handle finished copying, if it is still ours;
+ * one written for a purge epoch that has passed is freed instead.  The
+ * epoch is compared under the lock, and a tier's removal takes the lock
+ * after it bumps the epoch: either it finds the object published, or the
+ * publication finds the epoch moved (tier.c, "Removals"). */
+int encache__shm_publish(shm_store *s, const shm_pending *p) {
   shm_entry c;
-  if (encache__shm_load_entry(s, ent_id(s, e), &c, 0) &&
-      c.state == E_WRITING && c.gen == gen &&
-      c.owner_slot == (uint32_t)s->slot && c.owner_token == s->token) {
-    c.state = E_READY;
-    c.owner_slot = UINT32_MAX;
-    c.sum = sum;
-    c.flags = flags;
-    encache__shm_store_entry(s, e, &c);
-    return 0;
+  if (!encache__shm_load_entry(s, ent_id(s, p->e), &c, 0) ||
+      c.state != E_WRITING || c.gen != p->gen ||
+      c.owner_slot != (uint32_t)s->slot || c.owner_token != s->token)
+    return -1;
+  if (p->at_epoch &&
+      __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE) != p->epoch) {
+    encache__shm_entry_free(s, p->e);
+    return 1;
   }
-  return -1;
+  c.state = E_READY;
+  c.owner_slot = UINT32_MAX;
+  c.sum = p->sum;
+  c.flags = p->flags;
+  encache__shm_store_entry(s, p->e, &c);
+  return 0;
 }
 
 /* Under the lock: publishes what an earlier timeout left pending. */
 static void publish_pending(shm_store *s) {
   pthread_mutex_lock(&s->pmu);
   for (int i = 0; i < s->npending; i++)
-    encache__shm_publish_record(s, s->pending[i].e, s->pending[i].gen,
-                                s->pending[i].sum, s->pending[i].flags);
+    encache__shm_publish(s, &s->pending[i]);
   __atomic_store_n(&s->npending, 0, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&s->pmu);
 }
@@ -207,6 +213,10 @@ void encache__shm_unlock(shm_store *s) { pthread_mutex_unlock(&s->h->lock); }
 
 int encache__shm_test_lock(encache_store *st) {
   return encache__shm_lock((shm_store *)st);
+}
+
+void encache__shm_test_unlock(encache_store *st) {
+  encache__shm_unlock((shm_store *)st);
 }
 
 int encache__shm_test_repair(encache_store *st, int always) {

@@ -264,10 +264,9 @@ static int write_reserve(shm_store *s, const char *key, size_t klen,
   return rc;
 }
 
-/* Publishes the copied record e (generation gen): at once, or, when the
- * lock cannot be had, at the handle's next successful lock. */
-static int write_publish(shm_store *s, shm_entry *e, uint64_t gen,
-                         uint64_t digest, uint32_t flags) {
+/* Publishes the copied record p names: at once, or, when the lock cannot
+ * be had, at the handle's next successful lock. */
+static int write_publish(shm_store *s, const shm_pending *p) {
   int rc = encache__shm_lock(s);
   if (rc < 0) {
     /* The copy is complete but cannot be published now.  Left WRITING it
@@ -276,23 +275,33 @@ static int write_publish(shm_store *s, shm_entry *e, uint64_t gen,
      * remember it, leave it to be reclaimed when the handle closes. */
     pthread_mutex_lock(&s->pmu);
     if (s->npending < (int)(sizeof(s->pending) / sizeof(s->pending[0]))) {
-      s->pending[s->npending] = (shm_pending){e, gen, digest, flags};
+      s->pending[s->npending] = *p;
       __atomic_store_n(&s->npending, s->npending + 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s->pmu);
     return rc;
   }
-  if (encache__shm_publish_record(s, e, gen, digest, flags) < 0)
+  int r = encache__shm_publish(s, p);
+  if (r < 0)
     rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
                              "%s: the object was reclaimed while being "
                              "written", s->base.url);
+  else if (r > 0)
+    rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
+                             "%s: not written: a removal through a tier "
+                             "began after the object was read (purge epoch "
+                             "%" PRIu64 ", now %" PRIu64 ")", s->base.url,
+                             p->epoch,
+                             __atomic_load_n(&s->h->purge_epoch,
+                                             __ATOMIC_RELAXED));
   encache__shm_unlock(s);
   return rc;
 }
 
-static int shm_write(encache_store *st, const char *key, const void *hdr,
-                     size_t hdr_len, const void *payload, size_t len) {
-  shm_store *s = (shm_store *)st;
+/* A write; at_epoch: published only while the purge epoch is epoch. */
+static int write_common(shm_store *s, const char *key, const void *hdr,
+                        size_t hdr_len, const void *payload, size_t len,
+                        int at_epoch, uint64_t epoch) {
   size_t klen;
   uint64_t obj_len = (uint64_t)hdr_len + len, gen = 0;
   shm_entry *e = NULL;
@@ -309,8 +318,43 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   encache__shm_copy_sum(dst, hdr, hdr_len, s->checksum ? &sum : NULL);
   encache__shm_copy_sum(dst + hdr_len, payload, len,
                         s->checksum ? &sum : NULL);
-  uint64_t digest = s->checksum ? encache__shm_sum_final(&sum) : 0;
-  return write_publish(s, e, gen, digest, s->checksum ? F_SUMMED : 0);
+  shm_pending p = {e, gen, s->checksum ? encache__shm_sum_final(&sum) : 0,
+                   s->checksum ? F_SUMMED : 0, at_epoch, epoch};
+  return write_publish(s, &p);
+}
+
+static int shm_write(encache_store *st, const char *key, const void *hdr,
+                     size_t hdr_len, const void *payload, size_t len) {
+  return write_common((shm_store *)st, key, hdr, hdr_len, payload, len, 0, 0);
+}
+
+int encache__shm_write_at_epoch(encache_store *st, uint64_t epoch,
+                                const char *key, const void *hdr,
+                                size_t hdr_len, const void *payload,
+                                size_t len) {
+  shm_store *s = encache__shm_handle(st);
+  if (s == NULL)
+    return encache__store_fail(st, ENCACHE_EINVAL, "not an shm Store");
+  return write_common(s, key, hdr, hdr_len, payload, len, 1, epoch);
+}
+
+int encache__shm_purge_epoch(encache_store *st, uint64_t *epoch) {
+  shm_store *s = encache__shm_handle(st);
+  if (s == NULL || s->h == NULL)
+    return encache__store_fail(st, ENCACHE_EINVAL, "%s",
+                               s == NULL ? "not an shm Store"
+                                         : "shm handle used in a child after "
+                                           "fork(): open a new one");
+  *epoch = __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE);
+  return 0;
+}
+
+int encache__shm_purge_epoch_bump(encache_store *st, uint64_t *epoch) {
+  int rc = encache__shm_purge_epoch(st, epoch);
+  if (rc == 0)
+    *epoch = __atomic_add_fetch(&((shm_store *)st)->h->purge_epoch, 1,
+                                __ATOMIC_SEQ_CST);
+  return rc;
 }
 
 static int shm_remove(encache_store *st, const char *key) {

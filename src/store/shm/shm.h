@@ -112,7 +112,7 @@ void AnnotateIgnoreReadsEnd(const char *file, int line);
 
 #define SHM_MAGIC 0x314d48534e434e45ull      /* "ENCNSHM1" */
 #define SHM_INIT_MAGIC 0x54494e494e434e45ull /* "ENCNINIT": being created */
-#define SHM_VERSION 4u /* 4: the lease table (lease.c) */
+#define SHM_VERSION 5u /* 4: the lease table (lease.c); 5: purge_epoch */
 #define REC_ALIGN 64u
 #define SHM_MAX_KEY (64u * 1024u)
 #define SHM_MAX_NAME 200
@@ -197,6 +197,16 @@ typedef struct shm_header {
   uint64_t reinsertions;
   uint64_t repairs;
   uint32_t dirty; /* a repair is owed (one could not finish) */
+  /* Changed without the lock, by atomic increments only: the removals
+   * made through a tier on this segment (tier.c bumps it after each
+   * removal from its remote tier, before its removal from this one).  A
+   * write made for an earlier epoch (a promotion, read from the remote
+   * before such a removal) is refused when it is published
+   * (encache__shm_write_at_epoch()), so that no process of the host
+   * brings a removed object back.  Damage to it costs refused promotions,
+   * never a wrong hit.  On its own cache line: it is read by every
+   * remote lookup of a tier and written by removals only. */
+  _Alignas(64) uint64_t purge_epoch;
 } shm_header;
 
 /* Every process that maps a segment reads these structs at these offsets:
@@ -235,7 +245,7 @@ SHM_FIELD_AT(shm_lease, key_len, 44);
 SHM_FIELD_AT(shm_lease, check, 48);
 _Static_assert(sizeof(pthread_mutex_t) <= 64,
                "the segment lock must fit its cache line");
-_Static_assert(sizeof(shm_header) == 256, "shm_header size: bump SHM_VERSION");
+_Static_assert(sizeof(shm_header) == 320, "shm_header size: bump SHM_VERSION");
 SHM_FIELD_AT(shm_header, magic, 0);
 SHM_FIELD_AT(shm_header, format, 8);
 SHM_FIELD_AT(shm_header, total_size, 16);
@@ -260,6 +270,7 @@ SHM_FIELD_AT(shm_header, evictions, 224);
 SHM_FIELD_AT(shm_header, reinsertions, 232);
 SHM_FIELD_AT(shm_header, repairs, 240);
 SHM_FIELD_AT(shm_header, dirty, 248);
+SHM_FIELD_AT(shm_header, purge_epoch, 256);
 /* The slot tokens and the hash buckets: arrays of these, shared. */
 _Static_assert(sizeof(uint64_t) == 8 && sizeof(uint32_t) == 4,
                "slot tokens are u64, buckets u32");
@@ -270,11 +281,15 @@ _Static_assert(sizeof(uint64_t) == 8 && sizeof(uint32_t) == 4,
    ((uint64_t)sizeof(shm_entry) << 24) |                                     \
    ((uint64_t)sizeof(pthread_mutex_t) << 8) | (uint64_t)sizeof(void *))
 
-/* A record this handle copied but could not publish (the lock timed out). */
+/* A record this handle copied, to be published: at once, or later when
+ * the lock timed out.  at_epoch: published only while the segment's
+ * purge_epoch is still `epoch` (else freed: encache__shm_publish()). */
 typedef struct shm_pending {
   shm_entry *e;
   uint64_t gen, sum;
   uint32_t flags;
+  int at_epoch;
+  uint64_t epoch;
 } shm_pending;
 
 typedef struct shm_store {
@@ -450,9 +465,10 @@ int encache__shm_lock(shm_store *s);
 void encache__shm_unlock(shm_store *s);
 /* Whether m's kind word is not a robust process-shared mutex's. */
 int encache__shm_lock_damaged(pthread_mutex_t *m);
-/* Under the lock: READY the record this handle wrote, if still its own. */
-int encache__shm_publish_record(shm_store *s, shm_entry *e, uint64_t gen,
-                                uint64_t sum, uint32_t flags);
+/* Under the lock: READY the record p names, if still this handle's: 0;
+ * -1 when it is not; 1 when p is for a purge epoch that has passed (the
+ * record is freed instead). */
+int encache__shm_publish(shm_store *s, const shm_pending *p);
 
 /* ------------------------------------------- repair.c: liveness, repair */
 
