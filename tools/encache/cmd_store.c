@@ -254,15 +254,14 @@ static int stats_store(const tool_args *a, encache_store *st) {
 /* The fleet of the host when the Store cannot be opened (its reason is
  * printed): exit 1 when a Store was named (--store, $ENCACHE_STORE), 0
  * when none was (the default shm segment may simply not exist).  The URL
- * shown is the one opened (tool_existing_url() writes raw only for a
- * plain shm:// URL or a tier's), its password redacted as every message
- * has it. */
+ * shown is the one given (not the create=no form the read-only open
+ * used), its password redacted as every message has it. */
 static int stats_without_store(const tool_globals *g, const tool_args *a) {
   const char *format = a->val[0] != NULL ? a->val[0] : "text";
-  char raw[4096], url[4096];
+  const char *given = g->store_url ? g->store_url : ENCACHE_DEFAULT_STORE;
+  char url[4096];
   /* Shown, never with a password (a tier's remote may hold one). */
-  if (encache_store_url_redact(tool_existing_url(g, raw, sizeof(raw)), url,
-                               sizeof(url)) < 0)
+  if (encache_store_url_redact(given, url, sizeof(url)) < 0)
     snprintf(url, sizeof(url), "(a Store URL too long to show)");
   if (strcmp(format, "text") == 0)
     printf("%-13s %s (cannot be opened)\n", "store", url);
