@@ -122,10 +122,11 @@ static PyObject *publish_locked(step *s, handle *h, const char *id,
   char msg[1024] = "";
   int rc = 0;
   EC_LOCKED(h, rc, encache_storage *st = snap;
+            snap = NULL; /* st's now */
             rc = s->st == NULL ? ENCACHE_ECLOSED
                  : st != NULL  ? 0
                                : ec_pub_acquire(h, &prep, &st);
-            if (rc < 0 && snap != NULL) encache_storage_unref(snap);
+            if (rc < 0) encache_storage_unref(st); /* NULL: a no-op */
             if (rc == 0) {
               rc = encache_publish(s->st, id, view, st);
               /* A queued write holds its own reference. */
@@ -134,6 +135,7 @@ static PyObject *publish_locked(step *s, handle *h, const char *id,
             if (rc < 0 && rc != ENCACHE_ECLOSED)
               PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
   ec_pub_discard(prep);
+  encache_storage_unref(snap); /* the handle closed meanwhile: not taken */
   if (rc < 0)
     return ec_raise(rc, rc == ENCACHE_ECLOSED
                             ? "the step or its Cache is closed"
