@@ -26,6 +26,20 @@ static rreply *next_reply(const redisReadTask *task) {
   return r;
 }
 
+/* Copies the first len bytes of a value into item's buffers (its first
+ * split bytes to its head), fed to st as they are copied (NULL: none),
+ * or sets too_large when they do not fit. */
+static void copy_value(const rpipe *p, size_t item, rreply *r,
+                       const char *str, size_t len, XXH3_state_t *st) {
+  if (len > p->split && len - p->split > p->caps[item]) {
+    r->too_large = 1;
+    return;
+  }
+  size_t h = len < p->split ? len : p->split;
+  encache__redis_check_copy(st, p->heads[item], str, h);
+  encache__redis_check_copy(st, p->bufs[item], str + h, len - h);
+}
+
 static void *rf_string(const redisReadTask *task, char *str, size_t len) {
   rreply *r = next_reply(task);
   rpipe *p = task->privdata;
@@ -35,15 +49,14 @@ static void *rf_string(const redisReadTask *task, char *str, size_t len) {
   if (task->type == REDIS_REPLY_STRING) {
     size_t item = p->item ? p->item[p->next - 1] : SIZE_MAX;
     if (p->bufs != NULL && item != SIZE_MAX) {
-      if (len > p->split && len - p->split > p->caps[item]) {
-        r->too_large = 1;
-      } else {
-        size_t h = len < p->split ? len : p->split;
-        if (h > 0)
-          memcpy(p->heads[item], str, h);
-        if (len > h)
-          memcpy(p->bufs[item], str + h, len - h);
-      }
+      if (p->seeds != NULL) { /* a whole value, its check verified */
+        r->len = encache__redis_check_value(
+            (const unsigned char *)str, len, p->split, p->heads[item],
+            p->bufs[item], p->caps[item], p->seeds[item], &r->check);
+        r->too_large = r->len < 0;
+      } else
+        copy_value(p, item, r, str, len,
+                   p->hash != NULL && item < p->nhashed ? p->hash : NULL);
     } else {
       snprintf(r->text, sizeof(r->text), "%.*s", (int)(len < 199 ? len : 199),
                str);
