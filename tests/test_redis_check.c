@@ -5,7 +5,7 @@
  * servers: a byte flipped anywhere in a stored object (header, payload,
  * check) is never a hit, in one GET and in windows; an object copied
  * under another key (COPY, DUMP + RESTORE, GET + SET) is not a hit; an
- * object written without the check, as encache 1.3 wrote it, is still
+ * object written without the check, as an older encache wrote it, is still
  * served (and refused with checksum=required); a tier never promotes a
  * damaged remote object; the check's bytes are those of the page's
  * vector.  The last test runs the same on the Store tests/on_redis.sh
@@ -27,8 +27,9 @@
 #define COLS 300 /* float32: a 4800-byte payload */
 #define NBYTES ((size_t)ROWS * COLS * 4)
 #define NFLIPS 200
-/* R1's digest: XXH3-64 of O1 seeded with XXH3-64 of K2, little-endian. */
-#define CHECK_VECTOR_DIGEST 0x43, 0x1f, 0xec, 0xba, 0xe2, 0x44, 0xac, 0x41
+/* R1's digest (docs/format.md): mix64(sum(O1) ^ XXH3-64(K2)), in
+ * little-endian order. */
+#define CHECK_VECTOR_DIGEST 0xe6, 0xd6, 0xd4, 0x5b, 0xe3, 0x19, 0x93, 0xce
 
 /* ------------------------------------------------------ raw server access */
 
@@ -318,7 +319,7 @@ TEST(redis_check_object_copied_under_another_key_is_not_a_hit) {
   kill_wait(pid, SIGKILL);
 }
 
-/* An object SET raw, as encache 1.3 wrote it (no check): served by url;
+/* An object SET raw, as an older encache wrote it (no check): served by url;
  * returns whether it was a hit with its payload. */
 static int old_object_served(const char *url, const char *id) {
   encache *ec = open_engine(url);
@@ -347,7 +348,7 @@ TEST(redis_check_objects_written_without_it_are_still_served) {
            "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
            port);
   ASSERT_EQ_INT(old_object_served(url, "old-win"), 1);
-  /* checksum=off writes them so (1.3 readers read them), and a reader
+  /* checksum=off writes them so (older readers read them), and a reader
    * with checksum=required serves none of them, but serves checked ones. */
   snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=off", port);
   encache *ec = open_engine(url);
@@ -391,7 +392,8 @@ TEST(redis_check_vector) {
       0x45, 0x43, 0x4b, 0x31, 0, 0, 0, 0, /* "ECK1", reserved */
       CHECK_VECTOR_DIGEST};
   const char *key = "embedding@model:shared/model@revision:default@encoder:"
-                    "encoder:default@dtype:torch.float32@protocol:v3@id:image@1";
+                    "encoder:default@dtype:torch.float32@protocol:v3"
+                    "@id:image@1";
   encache_store *st = NULL;
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, key, o1, 24, o1 + 24, 16), 0);

@@ -1,30 +1,36 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * check.c: the key-bound check of Redis objects (docs/format.md, "Redis
- * objects: the check").
+ * values: the object and its check").
  *
  * A value at a key is a v3 object (header + payload) followed, when it
  * carries a check, by 16 bytes: the tag "ECK1", four zero bytes, and the
- * XXH3-64 digest (little-endian) of the object's bytes with the seed
- * XXH3-64(key).  So a byte changed anywhere in the value, or the value
- * copied under another key, fails the check.  A value carries one exactly
- * when its first 24 bytes are a v3 header (magic, a known dtype) whose
- * object is 16 bytes shorter than the value: the length the header
- * implies decides, never a flag byte that damage could clear, and every
- * other value (an object written without a check, by encache 1.3 or with
- * checksum=off, or bytes that are no v3 object) is read as it is.  A
- * reader verifies the digest as it copies the bytes (in pieces of any
- * length: a GET, or the windows of a large object) and returns the v3
- * object alone; a value whose check fails is a miss.
+ * digest (little-endian) mix64(sum(object) ^ XXH3-64(key)), where sum is
+ * the shm Store's object checksum (src/store/shm/checksum.c, sum.h).  So
+ * a byte changed anywhere in the value, or the value copied under
+ * another key, fails the check.  The sum is the shm Store's because it
+ * is computed inside the copy, each word summed as it passes through a
+ * register: XXH3 over each piece after copying it cost 15-22 % of a 1 MiB
+ * or 8 MiB lookup here (bench_redis (c)), the sum a few per cent.
  *
- * Writers compute the digest before they send (they send from the
- * caller's buffers, with no copy to compute it in); only well-formed v3
- * objects get one, so other bytes written through the Store read back as
- * they were written.
+ * A value carries one exactly when its first 24 bytes are a v3 header
+ * (magic, a known dtype) whose object is 16 bytes shorter than the value:
+ * the length the header implies decides, never a flag byte that damage
+ * could clear, and every other value (an object written without a check,
+ * by an older encache or with checksum=off, or bytes that are no v3
+ * object) is read as it is.  A reader verifies the digest as it copies
+ * the bytes (in pieces of any length: a GET, or the windows of a large
+ * object) and returns the v3 object alone; a value whose check fails is
+ * a miss.
+ *
+ * Writers compute the sum before they send (they send from the caller's
+ * buffers, with no copy to compute it in); only well-formed v3 objects
+ * get one, so other bytes written through the Store read back as they
+ * were written.
  */
 #include "redis.h"
 
-#define CHECK_COPY_PIECE (16u << 10) /* copied, then hashed while in L1 */
+#include <xxhash.h>
 
 static const unsigned char check_tag[8] = {'E', 'C', 'K', '1', 0, 0, 0, 0};
 
@@ -71,30 +77,16 @@ int encache__redis_check_make(int checksum, const char *key, const void *hdr,
   if (encache__redis_check_objlen(head, sizeof(head), total + CHECK_BYTES) ==
       total + CHECK_BYTES)
     return 0; /* not a v3 object: written as given */
-  XXH3_state_t st;
-  XXH3_64bits_reset_withSeed(&st, encache__redis_check_seed(key));
-  XXH3_64bits_update(&st, hdr, hl);
-  XXH3_64bits_update(&st, payload, len);
-  encache__redis_check_seal(out, XXH3_64bits_digest(&st));
+  sum_state st = {0};
+  encache__shm_sum_update(&st, hdr, hl);
+  encache__shm_sum_update(&st, payload, len);
+  encache__redis_check_seal(
+      out, encache__redis_check_digest(&st, encache__redis_check_seed(key)));
   return 1;
 }
 
-void encache__redis_check_copy(XXH3_state_t *st, void *dst, const void *src,
-                               size_t n) {
-  if (n == 0)
-    return; /* src and dst may be NULL */
-  if (st == NULL) {
-    memcpy(dst, src, n);
-    return;
-  }
-  unsigned char *d = dst;
-  const unsigned char *p = src;
-  while (n > 0) {
-    size_t k = n < CHECK_COPY_PIECE ? n : CHECK_COPY_PIECE;
-    memcpy(d, p, k);
-    XXH3_64bits_update(st, d, k); /* what the reader returns */
-    d += k, p += k, n -= k;
-  }
+uint64_t encache__redis_check_digest(sum_state *st, uint64_t seed) {
+  return mix64(encache__shm_sum_final(st) ^ seed);
 }
 
 int64_t encache__redis_check_value(const unsigned char *v, size_t len,
@@ -104,15 +96,13 @@ int64_t encache__redis_check_value(const unsigned char *v, size_t len,
   *check = CHECK_NONE;
   if (obj > split && obj - split > cap)
     return -1;
-  XXH3_state_t st;
-  if (obj != len)
-    XXH3_64bits_reset_withSeed(&st, seed);
+  sum_state st = {0};
   size_t h = obj < split ? (size_t)obj : split;
-  encache__redis_check_copy(obj != len ? &st : NULL, head, v, h);
-  encache__redis_check_copy(obj != len ? &st : NULL, buf, v + h,
-                            (size_t)obj - h);
+  encache__shm_copy_sum(head, v, h, obj != len ? &st : NULL);
+  encache__shm_copy_sum(buf, v + h, (size_t)obj - h, obj != len ? &st : NULL);
   if (obj != len)
-    *check = encache__redis_check_holds(v + obj, XXH3_64bits_digest(&st))
+    *check = encache__redis_check_holds(
+                 v + obj, encache__redis_check_digest(&st, seed))
                  ? CHECK_OK
                  : CHECK_BAD;
   return (int64_t)obj;

@@ -30,14 +30,15 @@ static rreply *next_reply(const redisReadTask *task) {
  * split bytes to its head), fed to st as they are copied (NULL: none),
  * or sets too_large when they do not fit. */
 static void copy_value(const rpipe *p, size_t item, rreply *r,
-                       const char *str, size_t len, XXH3_state_t *st) {
+                       const char *str, size_t len, sum_state *st) {
   if (len > p->split && len - p->split > p->caps[item]) {
     r->too_large = 1;
     return;
   }
   size_t h = len < p->split ? len : p->split;
-  encache__redis_check_copy(st, p->heads[item], str, h);
-  encache__redis_check_copy(st, p->bufs[item], str + h, len - h);
+  const unsigned char *v = (const unsigned char *)str;
+  encache__shm_copy_sum(p->heads[item], v, h, st);
+  encache__shm_copy_sum(p->bufs[item], v + h, len - h, st);
 }
 
 static void *rf_string(const redisReadTask *task, char *str, size_t len) {

@@ -96,14 +96,15 @@
  * the node it names.
  *
  * Integrity.  A v3 object is written with a 16-byte check after it (the
- * tag "ECK1", four zero bytes, XXH3-64 of header and payload seeded with
- * XXH3-64 of the key: docs/format.md); a value carries one exactly when
+ * tag "ECK1", four zero bytes, and a digest of the key and the object:
+ * the shm Store's sum of header and payload (sum.h), mixed with XXH3-64
+ * of the key: docs/format.md); a value carries one exactly when
  * its header implies an object 16 bytes shorter than the value.  Readers
  * verify it while they copy (io.c's reply functions: a GET whole; the
  * windows of wread.c as they arrive) and return the object without it;
  * a value whose check fails is a miss (ENCACHE_ENOENT, the message says
  * why), so a tier never promotes it.  Values without a check (written by
- * encache 1.3, or with checksum=off) are served as they are, unless
+ * an older encache, or with checksum=off) are served as they are, unless
  * checksum=required.
  *
  * Nothing here poisons: Redis never writes into our memory after a call
@@ -115,8 +116,7 @@
 #include "../store.h"
 
 #include <hiredis/hiredis.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "sum.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -158,7 +158,7 @@
 /* checksum= (docs/stores.md): what writers add, what readers accept. */
 enum {
   CHECKSUM_ON,      /* write checks; verify them; serve values without one */
-  CHECKSUM_OFF,     /* write none (1.3 readers read them); verify, serve */
+  CHECKSUM_OFF,     /* write none (older readers read them); verify, serve */
   CHECKSUM_REQUIRED /* write checks; a value without one is a miss */
 };
 
@@ -223,7 +223,7 @@ typedef struct rpipe {
    * (NULL: none): the bytes of items [0, nhashed) are fed to it as they
    * are copied (the windows of a read, in order). */
   const uint64_t *seeds;
-  XXH3_state_t *hash;
+  sum_state *hash;
   size_t nhashed;
 } rpipe;
 
@@ -404,9 +404,9 @@ int encache__redis_check_make(int checksum, const char *key, const void *hdr,
 int64_t encache__redis_check_value(const unsigned char *v, size_t len,
                                    size_t split, void *head, void *buf,
                                    size_t cap, uint64_t seed, int *check);
-/* memcpy in pieces, each fed to st once copied (st NULL: memcpy). */
-void encache__redis_check_copy(XXH3_state_t *st, void *dst, const void *src,
-                               size_t n);
+/* The digest of an object whose bytes st summed, for the key whose seed
+ * is seed; st is spent. */
+uint64_t encache__redis_check_digest(sum_state *st, uint64_t seed);
 
 /* ------------------------------------------------------ wread.c, wwrite.c */
 

@@ -44,7 +44,7 @@ typedef struct wread {
   uint64_t first;  /* bytes of the first window */
   int checked;     /* the value carries a check */
   uint64_t seed;   /* the seed of the key's check */
-  XXH3_state_t hash; /* checked: of the object's bytes read so far */
+  sum_state hash;  /* checked: the sum of the object's bytes read so far */
   unsigned char ck[CHECK_BYTES]; /* checked: the value's check */
   size_t node;
   int ask;
@@ -64,7 +64,7 @@ typedef struct wpipe {
   void *bufs[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
   size_t caps[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
   size_t nitems;
-  XXH3_state_t *hash; /* items [0, nhashed) are fed to it (NULL: none) */
+  sum_state *hash; /* items [0, nhashed) are summed into it (NULL: none) */
   size_t nhashed;
 } wpipe;
 
@@ -140,7 +140,7 @@ static int changed(wread *w, const char *what) {
 /* Copies the n bytes at offset off of the destination (head, then buf)
  * to out, or feeds them to st when out is NULL. */
 static void gather(wread *w, uint64_t off, unsigned char *out, size_t n,
-                   XXH3_state_t *st) {
+                   sum_state *st) {
   while (n > 0) {
     const char *src = off < w->split ? w->head + off
                                      : w->buf + (off - w->split);
@@ -151,7 +151,7 @@ static void gather(wread *w, uint64_t off, unsigned char *out, size_t n,
       memcpy(out, src, k);
       out += k;
     } else {
-      XXH3_64bits_update(st, src, k);
+      encache__shm_sum_update(st, (const unsigned char *)src, k);
     }
     off += k, n -= k;
   }
@@ -175,7 +175,7 @@ static int wformat(wread *w, uint64_t got) {
     return ENCACHE_ETOOLARGE;
   }
   if (w->checked) {
-    XXH3_64bits_reset_withSeed(&w->hash, w->seed);
+    memset(&w->hash, 0, sizeof(w->hash));
     gather(w, 0, NULL, (size_t)(got < w->objend ? got : w->objend), &w->hash);
     if (w->len <= w->first) /* all of it: the check is in the buffers */
       gather(w, w->objend, w->ck, CHECK_BYTES, NULL);
@@ -187,7 +187,8 @@ static int wformat(wread *w, uint64_t got) {
  * when it has none and the handle requires one; else 0. */
 static int wverdict(wread *w) {
   if (w->checked &&
-      !encache__redis_check_holds(w->ck, XXH3_64bits_digest(&w->hash))) {
+      !encache__redis_check_holds(
+          w->ck, encache__redis_check_digest(&w->hash, w->seed))) {
     snprintf(w->why, w->whysize,
              "%s: the object fails its check (damaged, or copied from "
              "another key): a miss",
