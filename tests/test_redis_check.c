@@ -422,6 +422,59 @@ TEST(redis_check_vector) {
   kill_wait(pid, SIGKILL);
 }
 
+/*
+ * Windows of 64 bytes around every length of object from 24 to 280
+ * bytes: read back whole into a buffer of its exact size and into a
+ * larger one (where the first window may end inside the check), and a
+ * miss once a payload byte is flipped.
+ */
+TEST(redis_check_window_edges) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=64&window_depth=2&window_threshold=0",
+           port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  raw r;
+  raw_open(&r, url);
+  static unsigned char obj[24 + 256], out[4096];
+  for (int64_t cols = 0; cols <= 64; cols++) {
+    int64_t shape[2] = {1, cols};
+    encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0,
+                        NULL};
+    ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
+    size_t len = 24 + (size_t)cols * 4;
+    for (size_t i = 24; i < len; i++)
+      obj[i] = (unsigned char)(i * 7 + (size_t)cols);
+    char key[32];
+    snprintf(key, sizeof(key), "edge-%d", (int)cols);
+    ASSERT_EQ_INT(encache_store_write(st, key, obj, 24, obj + 24, len - 24), 0);
+    const char *keys[1] = {key};
+    void *bufs[1] = {out};
+    int64_t res[1];
+    for (int big = 0; big < 2; big++) {
+      size_t caps[1] = {big ? sizeof(out) : len};
+      memset(out, 0, sizeof(out));
+      ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+      ASSERT_EQ_INT(res[0], (int64_t)len);
+      ASSERT_EQ_MEM(out, obj, len);
+    }
+    if (len > 24) {
+      raw_setrange(&r, key, len - 1, (unsigned char)(obj[len - 1] ^ 1));
+      size_t caps[1] = {sizeof(out)};
+      ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+      ASSERT_EQ_INT(res[0], ENCACHE_ENOENT);
+    }
+  }
+  raw_close(&r);
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
 /* Reads key through st into a buffer of its size; returns the answer. */
 static int64_t read_key(encache_store *st, const char *key, size_t cap) {
   static unsigned char buf[1u << 20];
