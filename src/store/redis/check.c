@@ -72,8 +72,10 @@ int encache__redis_check_make(int checksum, const char *key, const void *hdr,
   if (checksum == CHECKSUM_OFF || total < ENCACHE_HEADER_SIZE)
     return 0;
   size_t h = hl < sizeof(head) ? hl : sizeof(head);
-  memcpy(head, hdr, h);
-  memcpy(head + h, payload, sizeof(head) - h);
+  if (h > 0) /* hdr may be NULL when hl is 0 */
+    memcpy(head, hdr, h);
+  if (h < sizeof(head)) /* payload may be NULL otherwise */
+    memcpy(head + h, payload, sizeof(head) - h);
   if (encache__redis_check_objlen(head, sizeof(head), total + CHECK_BYTES) ==
       total + CHECK_BYTES)
     return 0; /* not a v3 object: written as given */
