@@ -205,7 +205,7 @@ typedef struct rreply {
 } rreply;
 
 /* rreply.check */
-enum { CHECK_NONE, CHECK_OK, CHECK_BAD };
+enum { CHECK_NONE, CHECK_OK, CHECK_BAD, CHECK_SUMMED };
 
 /* The pipeline being read: where each string reply goes. */
 typedef struct rpipe {
@@ -225,6 +225,11 @@ typedef struct rpipe {
   const uint64_t *seeds;
   sum_state *hash;
   size_t nhashed;
+  /* 1 + the index of a STRLEN reply earlier in the pipeline (0: none):
+   * item 0, the first window of that value, is summed into hash too when
+   * its header says the value carries a check and the window ends within
+   * the object (its reply's check is then CHECK_SUMMED). */
+  size_t len_reply;
 } rpipe;
 
 /* The outcome of an exchange. */

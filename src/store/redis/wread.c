@@ -66,6 +66,7 @@ typedef struct wpipe {
   size_t nitems;
   sum_state *hash; /* items [0, nhashed) are summed into it (NULL: none) */
   size_t nhashed;
+  size_t len_reply; /* rpipe's */
 } wpipe;
 
 /* Appends "VERB key [a b]" (ASKING first when asked); its string reply
@@ -97,8 +98,9 @@ static void wcmd(wread *w, wpipe *p, const char *verb, uint64_t a, uint64_t b,
  * p->r[0..*n).  Returns 0, WX_REDIRECTED (w->node and w->ask updated),
  * or ENCACHE_EUNAVAIL (why set). */
 static int wrun(wread *w, wpipe *p, size_t split, uint64_t bytes, size_t *n) {
-  rpipe rp = {p->r,     0,       p->nrep, p->item_of, split,   p->heads,
-              p->bufs,  p->caps, NULL,    NULL,       p->hash, p->nhashed};
+  rpipe rp = {p->r,    0,          p->nrep, p->item_of, split,
+              p->heads, p->bufs,    p->caps, NULL,       NULL,
+              p->hash,  p->nhashed, p->len_reply};
   struct iovec iov = {p->o.p, p->o.len};
   char xwhy[256];
   int x = p->o.oom ? XR_FAIL
@@ -157,12 +159,13 @@ static void gather(wread *w, uint64_t off, unsigned char *out, size_t n,
   }
 }
 
-/* After the first window (got bytes of the value): whether the value
- * carries a check (check.c), the object's end, too large or not; when
- * checked, the digest of what the first window holds of the object, and
- * the check itself when the window held all of the value.  Returns 1
- * when more windows follow, 0 when the value was read whole, or a code. */
-static int wformat(wread *w, uint64_t got) {
+/* After the first window (got bytes of the value, already summed when
+ * summed): whether the value carries a check (check.c), the object's end,
+ * too large or not; when checked, the sum of what the first window holds
+ * of the object, and the check itself when the window held all of the
+ * value.  Returns 1 when more windows follow, 0 when the value was read
+ * whole, or a code. */
+static int wformat(wread *w, uint64_t got, int summed) {
   unsigned char h[ENCACHE_HEADER_SIZE];
   size_t hn = got < sizeof(h) ? (size_t)got : sizeof(h);
   gather(w, 0, h, hn, NULL);
@@ -174,9 +177,11 @@ static int wformat(wread *w, uint64_t got) {
              " fit", w->key, w->objend, whole);
     return ENCACHE_ETOOLARGE;
   }
-  if (w->checked) {
+  if (w->checked && !summed) { /* the window ran into the check */
     memset(&w->hash, 0, sizeof(w->hash));
     gather(w, 0, NULL, (size_t)(got < w->objend ? got : w->objend), &w->hash);
+  }
+  if (w->checked) {
     if (w->len <= w->first) /* all of it: the check is in the buffers */
       gather(w, w->objend, w->ck, CHECK_BYTES, NULL);
   }
@@ -215,6 +220,10 @@ static int wfirst(wread *w) {
     w->first = 1;
   wcmd(w, &p, "EXISTS", 0, 0, NULL, 0);
   wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+  p.len_reply = p.nrep; /* 1 + STRLEN's: the window is summed as it is
+                           copied when it is a checked object's */
+  memset(&w->hash, 0, sizeof(w->hash));
+  p.hash = &w->hash;
   wcmd(w, &p, "GETRANGE", 0, w->first - 1, w->head, w->cap);
   p.bufs[0] = w->buf;
   size_t n;
@@ -247,7 +256,7 @@ static int wfirst(wread *w) {
   uint64_t want = w->len < w->first ? w->len : w->first;
   if (p.r[2].too_large || (uint64_t)p.r[2].len != want)
     return changed(w, "first window");
-  return wformat(w, want);
+  return wformat(w, want, p.r[2].check == CHECK_SUMMED);
 }
 
 /* Whether the n bytes at offset off of the destination equal q. */
