@@ -2,7 +2,7 @@
 /*
  * bench_redis: the Redis Store against raw hiredis, in one run.
  *
- *   bench_redis redis://HOST:PORT[?options] [--iterations N]
+ *   bench_redis redis://HOST:PORT[?options] [--iterations N] [--ab]
  *
  * (a) reads of 4 objects of 1, 8 and 30 MiB, interleaved so that all see
  *     the same machine: raw hiredis pipelined GETs (reply objects, as any
@@ -16,7 +16,14 @@
  * (b) writes of one object of 1, 8 and 30 MiB: raw hiredis SET against the
  *     Store's write (SET NX from the caller's buffers, or windows above
  *     window_threshold); ratio write / SET (target >= 3 where SET falls
- *     off a cliff).
+ *     off a cliff);
+ * (c) the key-bound check of Redis objects (issue 26): lookups of 4 hits
+ *     of 16 KiB, 1 MiB and 8 MiB through two Stores on the same server,
+ *     one with checksum=on (objects written with their check, verified
+ *     as read) and one with checksum=off (objects written without, read
+ *     as they are), in alternating rounds (A/B, then B/A, ...) so that a
+ *     noisy neighbour hits both alike; p50 GB/s of each and the ratio
+ *     on / off (goal: >= 0.95 at 1 MiB and 8 MiB).  --ab runs only (c).
  */
 #include "bench_common.h"
 
@@ -34,7 +41,8 @@
 static redisContext *raw_redis;
 
 static const char usage[] =
-    "usage: bench_redis redis://HOST:PORT[?options] [--iterations N]\n";
+    "usage: bench_redis redis://HOST:PORT[?options] [--iterations N] "
+    "[--ab]\n";
 
 static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
 #define NSIZES ((int)(sizeof(sizes) / sizeof(sizes[0])))
@@ -182,9 +190,80 @@ static int bench_writes(encache_store *st, int iters) {
   return rc;
 }
 
+/* (c): the lookups of ab[0] (checksum=on) and ab[1] (off), in
+ * alternating order, p50 of each, for each size. */
+static int bench_check_rows(bench_hits *ab, int iters) {
+  measure m[2];
+  if (measure_init(&m[0], iters) < 0 || measure_init(&m[1], iters) < 0)
+    return 1;
+  int rc = 0;
+  for (int it = -2; it < iters && rc == 0; it++)
+    for (int k = 0; k < 2 && rc == 0; k++) {
+      int side = (it & 1) ? 1 - k : k; /* A/B, then B/A */
+      double t0 = measure_now();
+      rc = bench_hits_lookup(&ab[side]);
+      if (it >= 0)
+        measure_add(&m[side], measure_now() - t0);
+    }
+  double bytes = (double)NOBJ * (double)ab[0].nbytes;
+  double on = measure_gbs(bytes, measure_pct(&m[0], 50));
+  double off = measure_gbs(bytes, measure_pct(&m[1], 50));
+  char label[16];
+  measure_size_label(label, sizeof(label), ab[0].nbytes);
+  if (rc == 0)
+    printf("%-8s %12.2f %12.2f %10.3f\n", label, on, off, on / off);
+  measure_free(&m[0]);
+  measure_free(&m[1]);
+  return rc;
+}
+
+static int bench_check(const char *url, int iters) {
+  static const size_t ab_sizes[] = {16u << 10, 1u << 20, 8u << 20};
+  static const char *const modes[2] = {"on", "off"};
+  encache *ec[2] = {NULL, NULL};
+  encache_store *st[2] = {NULL, NULL};
+  int rc = 0;
+  for (int k = 0; k < 2 && rc == 0; k++) {
+    char u[1024];
+    snprintf(u, sizeof(u), "%s%cchecksum=%s", url,
+             strchr(url, '?') ? '&' : '?', modes[k]);
+    rc = bench_open("bench_redis", u,
+                    "{\"ec_connector_extra_config\": "
+                    "{\"cross_encoder_cache\": true}}",
+                    &ec[k], &st[k]);
+  }
+  printf("\n(c) lookups of 4 objects, checksum=on against off, alternating, "
+         "p50 of %d (GB/s)\n", iters);
+  printf("%-8s %12s %12s %10s\n", "object", "check on", "check off", "on/off");
+  for (size_t s = 0; rc == 0 && s < sizeof(ab_sizes) / sizeof(*ab_sizes);
+       s++) {
+    bench_hits ab[2];
+    if (bench_hits_make(&ab[0], ec[0], st[0], "ab-on", NOBJ, ab_sizes[s]) ||
+        bench_hits_make(&ab[1], ec[1], st[1], "ab-off", NOBJ, ab_sizes[s])) {
+      bench_hits_drop(&ab[0]); /* a failed make left nothing to drop */
+      rc = 1;
+      break;
+    }
+    rc = bench_check_rows(ab, iters);
+    bench_hits_drop(&ab[0]);
+    bench_hits_drop(&ab[1]);
+  }
+  for (int k = 0; k < 2; k++) {
+    encache_close(ec[k]);
+    encache_store_close(st[k]);
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   const char *url = NULL;
-  int iters = 20;
+  int iters = 20, ab_only = 0;
+  for (int i = 1; i < argc; i++) /* --ab: only (c) */
+    if (strcmp(argv[i], "--ab") == 0) {
+      ab_only = 1;
+      memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof(*argv));
+      argc--, i--;
+    }
   int rc = measure_options(argc, argv, usage, 1, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -210,9 +289,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("store: %s\n\n", encache_store_url(st));
-  rc = bench_reads(ec, st, iters);
-  if (rc == 0)
+  rc = ab_only ? 0 : bench_reads(ec, st, iters);
+  if (rc == 0 && !ab_only)
     rc = bench_writes(st, iters);
+  if (rc == 0)
+    rc = bench_check(url, iters);
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);

@@ -184,6 +184,13 @@
   XX(redis_lease_dead_server_is_unavailable_promptly)                       \
   XX(redis_lease_survives_a_failover_of_its_master)                          \
   XX(redis_lease_on_the_url_under_test)                                     \
+  XX(redis_check_flipped_bytes_are_never_hits)                             \
+  XX(redis_check_object_copied_under_another_key_is_not_a_hit)             \
+  XX(redis_check_objects_written_without_it_are_still_served)              \
+  XX(redis_check_vector)                                                   \
+  XX(redis_check_window_edges)                                             \
+  XX(redis_check_tier_never_promotes_a_damaged_object)                     \
+  XX(redis_check_on_the_url_under_test)                                    \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \

@@ -7,8 +7,9 @@
 # run and stopped after it, at the default window threshold and with
 # windows forced for every size (issue 14), then the tool's Store commands
 # on them (no output may show the password), purge (issue 16) and the
-# demo; and the Redis leases (issue 16: a race of processes, a lease never
-# listed, counted or purged) on each.  Exits 77 (skipped) without redis-server.
+# demo; the Redis leases (issue 16: a race of processes, a lease never
+# listed, counted or purged) and the objects' check (issue 26: flipped
+# bytes, copies under another key, objects written without it) on each.  Exits 77 (skipped) without redis-server.
 set -u
 tests=$1
 tool=$2
@@ -19,7 +20,8 @@ rc=0
 for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   "$ENCACHE_REDIS_CLUSTER_URL"; do
   echo "# on $url"
-  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ redis_lease_on_ device_ || rc=1
+  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ redis_lease_on_ \
+    redis_check_on_ device_ || rc=1
 done
 # Windows (issue 14) forced for every size: 16 KiB windows, 4 per
 # exchange, so that most objects of the suites take several exchanges.
@@ -27,7 +29,7 @@ win="window=16KiB&window_depth=4&window_threshold=0"
 for url in "$ENCACHE_REDIS_URL?$win" "$ENCACHE_REDIS_UNIX_URL?$win" \
   "$ENCACHE_REDIS_CLUSTER_URL?$win"; do
   echo "# on $url"
-  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
+  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ redis_check_on_ || rc=1
 done
 # A server that requires a password (AUTH): the Store suite with the
 # password in a file (password_file=), the engine suite with it in the

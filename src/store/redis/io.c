@@ -26,6 +26,46 @@ static rreply *next_reply(const redisReadTask *task) {
   return r;
 }
 
+/* Copies the first len bytes of a value into item's buffers (its first
+ * split bytes to its head), fed to st as they are copied (NULL: none),
+ * or sets too_large when they do not fit. */
+static void copy_value(const rpipe *p, size_t item, rreply *r,
+                       const char *str, size_t len, sum_state *st) {
+  if (len > p->split && len - p->split > p->caps[item]) {
+    r->too_large = 1;
+    return;
+  }
+  size_t h = len < p->split ? len : p->split;
+  const unsigned char *v = (const unsigned char *)str;
+  encache__shm_copy_sum(p->heads[item], v, h, st);
+  encache__shm_copy_sum(p->bufs[item], v + h, len - h, st);
+}
+
+/* The sum item's bytes go to as they are copied: the pipe's for items
+ * below nhashed, and for the first window of a value whose STRLEN came
+ * before it when the window is a checked object's (r->check records it);
+ * NULL: none. */
+static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
+                         const char *str, size_t len) {
+  if (p->hash == NULL)
+    return NULL;
+  if (item < p->nhashed)
+    return p->hash;
+  const rreply *l = p->len_reply > 0 && p->len_reply < p->next
+                        ? &p->replies[p->len_reply - 1]
+                        : NULL;
+  if (item != 0 || l == NULL || l->type != REDIS_REPLY_INTEGER ||
+      l->integer < (long long)(ENCACHE_HEADER_SIZE + CHECK_BYTES))
+    return NULL;
+  uint64_t vlen = (uint64_t)l->integer;
+  uint64_t obj =
+      encache__redis_check_objlen((const unsigned char *)str, len, vlen);
+  if (obj == vlen || len > obj)
+    return NULL; /* no check, or the window runs into it */
+  r->check = CHECK_SUMMED;
+  return p->hash;
+}
+
 static void *rf_string(const redisReadTask *task, char *str, size_t len) {
   rreply *r = next_reply(task);
   rpipe *p = task->privdata;
@@ -35,14 +75,13 @@ static void *rf_string(const redisReadTask *task, char *str, size_t len) {
   if (task->type == REDIS_REPLY_STRING) {
     size_t item = p->item ? p->item[p->next - 1] : SIZE_MAX;
     if (p->bufs != NULL && item != SIZE_MAX) {
-      if (len > p->split && len - p->split > p->caps[item]) {
-        r->too_large = 1;
+      if (p->seeds != NULL) { /* a whole value, its check verified */
+        r->len = encache__redis_check_value(
+            (const unsigned char *)str, len, p->split, p->heads[item],
+            p->bufs[item], p->caps[item], p->seeds[item], &r->check);
+        r->too_large = r->len < 0;
       } else {
-        size_t h = len < p->split ? len : p->split;
-        if (h > 0)
-          memcpy(p->heads[item], str, h);
-        if (len > h)
-          memcpy(p->bufs[item], str + h, len - h);
+        copy_value(p, item, r, str, len, sum_of(p, item, r, str, len));
       }
     } else {
       snprintf(r->text, sizeof(r->text), "%.*s", (int)(len < 199 ? len : 199),

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * list.c: listing a node's keys with SCAN and their sizes with pipelined
- * STRLEN, and removing the keys under a prefix with SCAN and pipelined
+ * STRLEN and GETRANGE of the header (an object's size is without its
+ * check: check.c), and removing the keys under a prefix with SCAN and pipelined
  * UNLINK, on a short-lived context of ordinary (bounded) replies.  A
  * server whose cursor never comes back to 0 is stopped by a bound on
  * calls and keys derived from its DBSIZE (LIST_* in redis.h); an answer
@@ -77,25 +78,40 @@ typedef struct list_ctx {
   void *arg;
 } list_ctx;
 
-/* page_fn of a listing: STRLEN of each of keys, pipelined, then cb on each
- * key that has one until cb answers non-zero (*stop). */
+/* The length of the object the value of STRLEN len and head h holds
+ * (without its check, check.c), or -1 when they are not a length and a
+ * string. */
+static int64_t object_len(const redisReply *len, const redisReply *h) {
+  if (len->type != REDIS_REPLY_INTEGER || len->integer < 0 ||
+      h->type != REDIS_REPLY_STRING)
+    return -1;
+  return (int64_t)encache__redis_check_objlen((const unsigned char *)h->str,
+                                              h->len, (uint64_t)len->integer);
+}
+
+/* page_fn of a listing: STRLEN and the header (GETRANGE 0 23) of each of
+ * keys, pipelined, then cb on each key that has one until cb answers
+ * non-zero (*stop). */
 static int sizes_of(redis_store *s, redisContext *c, const redisReply *keys,
                     void *ctx, int *stop, char *why, size_t whysize) {
   const list_ctx *l = ctx;
   size_t n = keys->elements;
   if (n == 0)
     return 0;
-  void **lens = encache__calloc(n, sizeof(void *));
+  void **lens = encache__calloc(2 * n, sizeof(void *));
   obuf b = {NULL, 0, 0, lens == NULL};
   for (size_t i = 0; i < n; i++) {
-    const char *argv[2] = {"STRLEN", keys->element[i]->str};
-    size_t argl[2] = {6, keys->element[i]->len};
+    const char *argv[4] = {"STRLEN", keys->element[i]->str, "0", "23"};
+    size_t argl[4] = {6, keys->element[i]->len, 1, 2};
     encache__redis_cmd(&b, 2, argv, argl);
+    argv[0] = "GETRANGE";
+    argl[0] = 8;
+    encache__redis_cmd(&b, 4, argv, argl);
   }
   char xwhy[256];
-  int x = lens == NULL
-              ? XR_FAIL
-              : encache__redis_plain(s, c, &b, n, lens, xwhy, sizeof(xwhy));
+  int x = lens == NULL ? XR_FAIL
+                       : encache__redis_plain(s, c, &b, 2 * n, lens, xwhy,
+                                              sizeof(xwhy));
   encache__free(b.p);
   if (x != XR_OK) {
     snprintf(why, whysize, "STRLEN: %s", lens ? xwhy : "out of memory");
@@ -103,10 +119,11 @@ static int sizes_of(redis_store *s, redisContext *c, const redisReply *keys,
     return -1;
   }
   for (size_t i = 0; i < n; i++) {
-    redisReply *len = lens[i];
-    if (!*stop && len->type == REDIS_REPLY_INTEGER && len->integer >= 0)
-      *stop = l->cb(keys->element[i]->str, (uint64_t)len->integer, l->arg);
-    freeReplyObject(len);
+    int64_t len = object_len(lens[2 * i], lens[2 * i + 1]);
+    if (!*stop && len >= 0)
+      *stop = l->cb(keys->element[i]->str, (uint64_t)len, l->arg);
+    freeReplyObject(lens[2 * i]);
+    freeReplyObject(lens[2 * i + 1]);
   }
   encache__free(lens);
   return 0;

@@ -12,9 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum op { OP_EXISTS, OP_GET, OP_STRLEN };
+enum op { OP_EXISTS, OP_GET, OP_STRLEN, OP_HEAD };
 
-static const char *const verbs[] = {"EXISTS", "GET", "STRLEN"};
+/* OP_HEAD: GETRANGE key 0 23, the header (object_size()). */
+static const char *const verbs[] = {"EXISTS", "GET", "STRLEN", "GETRANGE"};
 
 /* A batch in progress: one command per key, pipelined per node, over
  * rounds that follow redirections.  results[i] is INT64_MIN while key i
@@ -27,6 +28,7 @@ typedef struct batch_run {
   void *const *heads, *const *bufs;
   const size_t *caps;
   int64_t *results;
+  uint64_t *seeds;    /* OP_GET: the seed of each key's check */
   size_t *target;     /* node of each key (NO_NODE: none serves it) */
   unsigned char *ask; /* send ASKING before the key's command */
   size_t *order;      /* the keys of one node's pipeline */
@@ -40,6 +42,7 @@ typedef struct batch_run {
 static void batch_free(batch_run *b) {
   if (b->set != NULL)
     encache__redis_give_back(b->s, b->set);
+  encache__free(b->seeds);
   encache__free(b->target);
   encache__free(b->ask);
   encache__free(b->order);
@@ -55,9 +58,10 @@ static int batch_start(batch_run *b) {
   b->order = encache__calloc(n, sizeof(size_t));
   b->item_of = encache__calloc(2 * n, sizeof(size_t));
   b->replies = encache__calloc(2 * n, sizeof(rreply));
+  b->seeds = b->op == OP_GET ? encache__calloc(n, sizeof(uint64_t)) : NULL;
   b->set = encache__redis_borrow(b->s);
   if (!b->target || !b->ask || !b->order || !b->item_of || !b->replies ||
-      !b->set) {
+      !b->set || (b->op == OP_GET && !b->seeds)) {
     batch_free(b);
     return encache__store_fail(&b->s->base, ENCACHE_ENOMEM, "out of memory");
   }
@@ -65,6 +69,8 @@ static int batch_start(batch_run *b) {
   for (size_t i = 0; i < n; i++) {
     b->results[i] = INT64_MIN; /* pending */
     b->target[i] = encache__redis_locate(b->s, b->keys[i]);
+    if (b->seeds != NULL)
+      b->seeds[i] = encache__redis_check_seed(b->keys[i]);
   }
   return 0;
 }
@@ -99,13 +105,34 @@ static size_t batch_commands(batch_run *b, size_t m, obuf *o, uint64_t *want) {
       encache__redis_cmd(o, 1, a, NULL);
       b->item_of[nrep++] = SIZE_MAX;
     }
-    const char *argv[2] = {verbs[b->op], b->keys[i]};
-    encache__redis_cmd(o, 2, argv, NULL);
+    const char *argv[4] = {verbs[b->op], b->keys[i], "0", "23"};
+    encache__redis_cmd(o, b->op == OP_HEAD ? 4 : 2, argv, NULL);
     b->item_of[nrep++] = i;
-    if (b->op == OP_GET)
+    if (b->op == OP_GET || b->op == OP_HEAD)
       *want = sat_add(*want, sat_add(b->split, b->caps[i]));
   }
   return nrep;
+}
+
+/* The answer of a value read whole for key i (r: its reply): its length,
+ * or a miss when its check fails, or when it has none and the handle
+ * requires one. */
+static int64_t value_answer(batch_run *b, size_t i, const rreply *r) {
+  if (r->check == CHECK_BAD) {
+    snprintf(b->why, sizeof(b->why),
+             "%s: the object fails its check (damaged, or copied from "
+             "another key): a miss",
+             b->keys[i]);
+    return ENCACHE_ENOENT;
+  }
+  if (r->check == CHECK_NONE && b->op == OP_GET &&
+      b->s->checksum == CHECKSUM_REQUIRED) {
+    snprintf(b->why, sizeof(b->why),
+             "%s: the object has no check (checksum=required): a miss",
+             b->keys[i]);
+    return ENCACHE_ENOENT;
+  }
+  return r->len;
 }
 
 /* The result of key i from its reply r; a redirection sends it to
@@ -123,11 +150,11 @@ static void batch_take(batch_run *b, size_t i, const rreply *r) {
     snprintf(b->why, sizeof(b->why), "%s %s: %s", verbs[b->op], b->keys[i],
              r->text);
     *res = ENCACHE_EUNAVAIL;
-  } else if (b->op == OP_GET) {
+  } else if (b->op == OP_GET || b->op == OP_HEAD) {
     *res = r->type == REDIS_REPLY_NIL      ? ENCACHE_ENOENT
            : r->type != REDIS_REPLY_STRING ? ENCACHE_EUNAVAIL
            : r->too_large                  ? ENCACHE_ETOOLARGE
-                                           : r->len;
+                                           : value_answer(b, i, r);
   } else if (r->type == REDIS_REPLY_INTEGER) {
     *res = b->op == OP_EXISTS ? r->integer > 0 : r->integer;
   } else {
@@ -151,9 +178,12 @@ static void batch_node(batch_run *b, size_t first) {
   obuf o = {NULL, 0, 0, 0};
   uint64_t want;
   size_t nrep = batch_commands(b, m, &o, &want);
+  int values = b->op == OP_GET || b->op == OP_HEAD;
   rpipe p = {b->replies, 0,        nrep,
-             b->item_of, b->split, b->op == OP_GET ? b->heads : NULL,
-             b->bufs,    b->caps,  NULL};
+             b->item_of, b->split, values ? b->heads : NULL,
+             b->bufs,    b->caps,  NULL,
+             b->seeds,   NULL,     0,
+             0};
   char xwhy[256];
   struct iovec iov = {o.p, o.len};
   int x = o.oom ? XR_FAIL
@@ -270,6 +300,16 @@ static int redis_object_size(encache_store *st, const char *key,
       return ENCACHE_ENOENT;
   }
   *len = (uint64_t)r[0];
+  if (*len < ENCACHE_HEADER_SIZE + CHECK_BYTES)
+    return 0;
+  /* The object's length, without its check: the header says. */
+  unsigned char head[ENCACHE_HEADER_SIZE];
+  void *bufs[1] = {head};
+  size_t caps[1] = {sizeof(head)};
+  rc = batch((redis_store *)st, OP_HEAD, keys, 1, 0, bufs, bufs, caps, e);
+  if (rc < 0 || e[0] < 0)
+    return rc < 0 ? rc : (int)e[0];
+  *len = encache__redis_check_objlen(head, (size_t)e[0], *len);
   return 0;
 }
 
@@ -289,8 +329,8 @@ static int redis_object_size(encache_store *st, const char *key,
  */
 static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
                     const char *key, const void *hdr, size_t hl,
-                    const void *payload, size_t len, size_t *moved_to,
-                    int *ask) {
+                    const void *payload, size_t len, const unsigned char *ck,
+                    size_t ckl, size_t *moved_to, int *ask) {
   char why[512] = "";
   char pre[512], ttl[32], post[96];
   size_t klen = strlen(key);
@@ -299,18 +339,21 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
   int pl = snprintf(pre, sizeof(pre), "%s*%d\r\n$3\r\nSET\r\n$%zu\r\n",
                     ask_first ? "*1\r\n$6\r\nASKING\r\n" : "", nargs, klen);
   int ql =
-      snprintf(pre + pl, sizeof(pre) - (size_t)pl, "\r\n$%zu\r\n", hl + len);
+      snprintf(pre + pl, sizeof(pre) - (size_t)pl, "\r\n$%zu\r\n",
+               hl + len + ckl);
   int tl = s->ttl_s ? snprintf(post, sizeof(post),
                                "\r\n$2\r\nNX\r\n$2\r\nEX\r\n$%zu\r\n%s\r\n",
                                strlen(ttl), ttl)
                     : snprintf(post, sizeof(post), "\r\n$2\r\nNX\r\n");
-  struct iovec iov[6] = {{pre, (size_t)pl},      {(void *)key, klen},
+  struct iovec iov[7] = {{pre, (size_t)pl},      {(void *)key, klen},
                          {pre + pl, (size_t)ql}, {(void *)hdr, hl},
-                         {(void *)payload, len}, {post, (size_t)tl}};
+                         {(void *)payload, len}, {(void *)ck, ckl},
+                         {post, (size_t)tl}};
   rreply r[2];
   size_t nrep = ask_first ? 2 : 1;
-  rpipe p = {r, 0, nrep, NULL, 0, NULL, NULL, NULL, NULL};
-  if (encache__redis_run_on(s, set, node, iov, 6, nrep, &p,
+  rpipe p = {r,    0,    nrep, NULL, 0, NULL,
+             NULL, NULL, NULL, NULL, NULL, 0, 0};
+  if (encache__redis_run_on(s, set, node, iov, 7, nrep, &p,
                             encache__redis_deadline(s, hl + len), why,
                             sizeof(why)) != XR_OK)
     return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
@@ -333,17 +376,23 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
 static int redis_write(encache_store *st, const char *key, const void *hdr,
                        size_t hl, const void *payload, size_t len) {
   redis_store *s = (redis_store *)st;
-  if (hl + len > 512ull << 20)
+  unsigned char ck[CHECK_BYTES];
+  size_t ckl = encache__redis_check_make(s->checksum, key, hdr, hl, payload,
+                                          len, ck)
+                   ? CHECK_BYTES
+                   : 0;
+  if ((uint64_t)hl + len + ckl > 512ull << 20)
     return encache__store_fail(st, ENCACHE_ETOOLARGE,
                                "%s: %zu bytes: Redis values are at most "
                                "512 MiB",
-                               s->base.url, hl + len);
+                               s->base.url, hl + len + ckl);
   rset *set = encache__redis_borrow(s);
   if (set == NULL)
     return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
   encache__redis_ensure_slots(s);
-  if ((uint64_t)hl + len > s->window_threshold) {
-    int rc = encache__redis_wwrite(s, set, key, hdr, hl, payload, len);
+  if ((uint64_t)hl + len + ckl > s->window_threshold) {
+    int rc =
+        encache__redis_wwrite(s, set, key, hdr, hl, payload, len, ck, ckl);
     encache__redis_give_back(s, set);
     return rc;
   }
@@ -351,7 +400,8 @@ static int redis_write(encache_store *st, const char *key, const void *hdr,
   int rc = ENCACHE_EUNAVAIL, ask = 0;
   for (int round = 0; round < ROUNDS && node != NO_NODE; round++) {
     size_t moved = NO_NODE;
-    rc = set_once(s, set, node, ask, key, hdr, hl, payload, len, &moved, &ask);
+    rc = set_once(s, set, node, ask, key, hdr, hl, payload, len, ck, ckl,
+                  &moved, &ask);
     if (rc != 1)
       break;
     node = moved;

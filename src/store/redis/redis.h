@@ -19,6 +19,8 @@
  *   wread.c    windowed reads of large objects (GETRANGE windows)
  *   wwrite.c   windowed writes of large objects (SETRANGE windows into
  *              a temporary key, RENAMENX into place)
+ *   check.c    the key-bound check after each object (issue 26): made
+ *              by writers, verified by readers as they copy
  *
  * URLs (docs/stores.md):
  *   redis://[user:password@]host:port[/db][?options]
@@ -26,7 +28,8 @@
  *   redis-cluster://[user:password@]host:port[,host:port...][?options]
  * options: connect_timeout_ms, timeout_ms (the deadline of each exchange
  * with a node), ttl_s (expiry of written objects; 0 = none),
- * password_file (a file whose first line is the password).  The password
+ * password_file (a file whose first line is the password), checksum
+ * (on, off, required: see "Integrity" below).  The password
  * is the URL's, else password_file's, else $ENCACHE_REDIS_PASSWORD.  A
  * handle keeps the URL with its password redacted
  * (encache_store_url_redact()): no message ever shows the password.
@@ -92,6 +95,18 @@
  * leaves a temporary that expires.  A redirection restarts the object on
  * the node it names.
  *
+ * Integrity.  A v3 object is written with a 16-byte check after it (the
+ * tag "ECK1", four zero bytes, and a digest of the key and the object:
+ * the shm Store's sum of header and payload (sum.h), mixed with XXH3-64
+ * of the key: docs/format.md); a value carries one exactly when
+ * its header implies an object 16 bytes shorter than the value.  Readers
+ * verify it while they copy (io.c's reply functions: a GET whole; the
+ * windows of wread.c as they arrive) and return the object without it;
+ * a value whose check fails is a miss (ENCACHE_ENOENT, the message says
+ * why), so a tier never promotes it.  Values without a check (written by
+ * an older encache, or with checksum=off) are served as they are, unless
+ * checksum=required.
+ *
  * Nothing here poisons: Redis never writes into our memory after a call
  * returns.  Every failure is recoverable (EUNAVAIL) or a plain answer.
  */
@@ -101,6 +116,7 @@
 #include "../store.h"
 
 #include <hiredis/hiredis.h>
+#include "sum.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -137,6 +153,14 @@
 #define LIST_CALLS_MIN 64
 #define LIST_KEYS_SLACK 100000
 #define LIST_DBSIZE_MAX (16u << 20)
+#define CHECK_BYTES 16 /* the check after an object (check.c) */
+
+/* checksum= (docs/stores.md): what writers add, what readers accept. */
+enum {
+  CHECKSUM_ON,      /* write checks; verify them; serve values without one */
+  CHECKSUM_OFF,     /* write none (older readers read them); verify, serve */
+  CHECKSUM_REQUIRED /* write checks; a value without one is a miss */
+};
 
 typedef struct rnode {
   char host[256]; /* or the socket path */
@@ -160,6 +184,7 @@ typedef struct redis_store {
   uint64_t window;           /* bytes of a window */
   uint64_t window_threshold; /* larger objects go in windows (0: all) */
   unsigned window_depth;     /* windows per exchange */
+  int checksum;              /* CHECKSUM_* */
   pthread_mutex_t mu; /* guards everything below */
   rnode nodes[MAX_NODES];
   size_t nnodes;
@@ -175,8 +200,12 @@ typedef struct rreply {
   long long integer;
   int64_t len;
   int too_large;
+  int check;      /* a value read with its key's seed: CHECK_* */
   char text[200]; /* error or status text, truncated */
 } rreply;
+
+/* rreply.check */
+enum { CHECK_NONE, CHECK_OK, CHECK_BAD, CHECK_SUMMED };
 
 /* The pipeline being read: where each string reply goes. */
 typedef struct rpipe {
@@ -188,6 +217,19 @@ typedef struct rpipe {
   void *const *bufs;
   const size_t *caps;
   const char *bad; /* why a reply function stopped the reader */
+  /* Integrity (check.c).  seeds (NULL: none): per item, the seed of its
+   * key: a whole value (GET) that carries a check is verified as it is
+   * copied, its len is the object's, and its check is not copied.  hash
+   * (NULL: none): the bytes of items [0, nhashed) are fed to it as they
+   * are copied (the windows of a read, in order). */
+  const uint64_t *seeds;
+  sum_state *hash;
+  size_t nhashed;
+  /* 1 + the index of a STRLEN reply earlier in the pipeline (0: none):
+   * item 0, the first window of that value, is summed into hash too when
+   * its header says the value carries a check and the window ends within
+   * the object (its reply's check is then CHECK_SUMMED). */
+  size_t len_reply;
 } rpipe;
 
 /* The outcome of an exchange. */
@@ -338,19 +380,54 @@ int encache__redis_list_node(
 int encache__redis_unlink_node(redis_store *s, redisContext *c,
                                const char *prefix, uint64_t *removed);
 
+/* ------------------------------------------------------------- check.c */
+
+/* XXH3-64 of the key: the seed of its objects' checks. */
+uint64_t encache__redis_check_seed(const char *key);
+/* The length of the v3 object a value of vlen bytes holds, from its
+ * first n bytes: vlen - CHECK_BYTES when they start a v3 header whose
+ * object is exactly that long (the value carries a check), else vlen. */
+uint64_t encache__redis_check_objlen(const unsigned char *head, size_t n,
+                                     uint64_t vlen);
+/* The check of an object whose digest is `digest`, into out. */
+void encache__redis_check_seal(unsigned char out[CHECK_BYTES],
+                               uint64_t digest);
+/* Whether the CHECK_BYTES at t are the check of digest. */
+int encache__redis_check_holds(const unsigned char t[CHECK_BYTES],
+                               uint64_t digest);
+/* Writes: 1 with the check of hdr + payload under key in out when that
+ * is a v3 object and checksum (CHECKSUM_*) writes checks, else 0 (the
+ * value is written as given). */
+int encache__redis_check_make(int checksum, const char *key, const void *hdr,
+                              size_t hl, const void *payload, size_t len,
+                              unsigned char out[CHECK_BYTES]);
+/* Reads a whole value (len bytes at v) for a destination of head (its
+ * first split bytes) and buf (cap bytes), with the seed of its key:
+ * copies the object, without its check, verified while it is copied
+ * when the value carries one (*check: CHECK_*).  Returns the object's
+ * length, or -1 when it does not fit (nothing copied). */
+int64_t encache__redis_check_value(const unsigned char *v, size_t len,
+                                   size_t split, void *head, void *buf,
+                                   size_t cap, uint64_t seed, int *check);
+/* The digest of an object whose bytes st summed, for the key whose seed
+ * is seed; st is spent. */
+uint64_t encache__redis_check_digest(sum_state *st, uint64_t seed);
+
 /* ------------------------------------------------------ wread.c, wwrite.c */
 
 /* Reads key in windows into head (its first split bytes) and buf (cap
- * bytes); returns the object's length or ENCACHE_ENOENT /
- * ENCACHE_ETOOLARGE / ENCACHE_EUNAVAIL (why says what failed). */
+ * bytes), its check verified as the windows arrive; returns the object's
+ * length (without its check) or ENCACHE_ENOENT (also: a check that
+ * fails) / ENCACHE_ETOOLARGE / ENCACHE_EUNAVAIL (why says what failed). */
 int64_t encache__redis_wread(redis_store *s, rset *set, const char *key,
                              size_t split, void *head, void *buf, size_t cap,
                              char *why, size_t whysize);
-/* Writes hdr + payload under key in windows (a temporary, RENAMENX);
- * returns 0, ENCACHE_EEXIST or ENCACHE_EUNAVAIL with the message set. */
+/* Writes hdr + payload (+ the check ck, ckl bytes: 0 or CHECK_BYTES)
+ * under key in windows (a temporary, RENAMENX); returns 0,
+ * ENCACHE_EEXIST or ENCACHE_EUNAVAIL with the message set. */
 int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
                           const void *hdr, size_t hl, const void *payload,
-                          size_t len);
+                          size_t len, const unsigned char *ck, size_t ckl);
 /* Tests only: called between the exchanges of a windowed read or write
  * with the bytes moved so far (NULL: none). */
 extern void (*encache__redis_window_hook)(const char *key, uint64_t done);

@@ -254,6 +254,19 @@ static int take_window(redis_store *s, const char *k, const char *v) {
   return 0;
 }
 
+/* checksum=on|off|required (redis.h, "Integrity"). */
+static int take_checksum(redis_store *s, const char *v) {
+  static const char *const names[] = {"on", "off", "required"};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(v, names[i]) == 0) {
+      s->checksum = i; /* CHECKSUM_ON, _OFF, _REQUIRED */
+      return 0;
+    }
+  return encache__store_fail(&s->base, ENCACHE_EURL,
+                             "%s: checksum=%s: must be on, off or required",
+                             s->base.url, v);
+}
+
 /* One numeric option k=v. */
 static int take_number(redis_store *s, int unix_sock, const char *k,
                        const char *v) {
@@ -270,7 +283,7 @@ static int take_number(redis_store *s, int unix_sock, const char *k,
                                "%s: unknown option '%s' (known: "
                                "connect_timeout_ms, timeout_ms, ttl_s, "
                                "window, window_threshold, window_depth, "
-                               "password_file%s)",
+                               "checksum, password_file%s)",
                                s->base.url, k, unix_sock ? ", db" : "");
   if (!number || (field != &s->ttl_s && val == 0) ||
       (field == NULL && val > 65535))
@@ -297,6 +310,8 @@ static int take_options(redis_store *s, int unix_sock, const char *query) {
                ? 0
                : encache__store_fail(&s->base, ENCACHE_ENOMEM,
                                      "%s: out of memory", s->base.url);
+    } else if (strcmp(k, "checksum") == 0) {
+      rc = take_checksum(s, v);
     } else if (strncmp(k, "window", 6) == 0 &&
                (k[6] == '\0' || strcmp(k + 6, "_threshold") == 0 ||
                 strcmp(k + 6, "_depth") == 0)) {

@@ -11,6 +11,15 @@
  * again.  Objects are never changed in place, only deleted and written
  * again, so a difference in any of them means that the windows may come
  * from two objects: the key is a miss.
+ *
+ * The check (check.c).  The first window says, with STRLEN, whether the
+ * value carries a check: then the windows cover the object only, each
+ * fed to the digest as it is copied (io.c), the first one once it is
+ * known to be an object's; the check itself is read by its own GETRANGE
+ * in the last exchange (or with the first window, when that was all of
+ * the value), and a digest that differs is a miss.  The check covers
+ * every byte of the object, so a read that mixed two objects fails it
+ * too (issue 30 builds on that to drop the re-reads above).
  */
 #include "redis.h"
 
@@ -30,8 +39,13 @@ typedef struct wread {
   const char *key;
   size_t split, cap;
   char *head, *buf;
-  uint64_t len;   /* STRLEN at the start */
-  uint64_t first; /* bytes of the first window */
+  uint64_t len;    /* STRLEN at the start: the value's length */
+  uint64_t objend; /* the object's: len, or len - CHECK_BYTES (checked) */
+  uint64_t first;  /* bytes of the first window */
+  int checked;     /* the value carries a check */
+  uint64_t seed;   /* the seed of the key's check */
+  sum_state hash;  /* checked: the sum of the object's bytes read so far */
+  unsigned char ck[CHECK_BYTES]; /* checked: the value's check */
   size_t node;
   int ask;
   char *why;
@@ -50,6 +64,9 @@ typedef struct wpipe {
   void *bufs[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
   size_t caps[WINDOW_DEPTH_MAX + CHECK_TAILS + 4];
   size_t nitems;
+  sum_state *hash; /* items [0, nhashed) are summed into it (NULL: none) */
+  size_t nhashed;
+  size_t len_reply; /* rpipe's */
 } wpipe;
 
 /* Appends "VERB key [a b]" (ASKING first when asked); its string reply
@@ -81,8 +98,9 @@ static void wcmd(wread *w, wpipe *p, const char *verb, uint64_t a, uint64_t b,
  * p->r[0..*n).  Returns 0, WX_REDIRECTED (w->node and w->ask updated),
  * or ENCACHE_EUNAVAIL (why set). */
 static int wrun(wread *w, wpipe *p, size_t split, uint64_t bytes, size_t *n) {
-  rpipe rp = {p->r,        0,     p->nrep, p->item_of, split,
-              p->heads,    p->bufs, p->caps, NULL};
+  rpipe rp = {p->r,    0,          p->nrep, p->item_of, split,
+              p->heads, p->bufs,    p->caps, NULL,       NULL,
+              p->hash,  p->nhashed, p->len_reply};
   struct iovec iov = {p->o.p, p->o.len};
   char xwhy[256];
   int x = p->o.oom ? XR_FAIL
@@ -121,6 +139,76 @@ static int changed(wread *w, const char *what) {
   return ENCACHE_ENOENT;
 }
 
+/* Copies the n bytes at offset off of the destination (head, then buf)
+ * to out, or feeds them to st when out is NULL. */
+static void gather(wread *w, uint64_t off, unsigned char *out, size_t n,
+                   sum_state *st) {
+  while (n > 0) {
+    const char *src = off < w->split ? w->head + off
+                                     : w->buf + (off - w->split);
+    size_t k = off < w->split && w->split - off < n
+                   ? (size_t)(w->split - off)
+                   : n;
+    if (out != NULL) {
+      memcpy(out, src, k);
+      out += k;
+    } else {
+      encache__shm_sum_update(st, (const unsigned char *)src, k);
+    }
+    off += k, n -= k;
+  }
+}
+
+/* After the first window (got bytes of the value, already summed when
+ * summed): whether the value carries a check (check.c), the object's end,
+ * too large or not; when checked, the sum of what the first window holds
+ * of the object, and the check itself when the window held all of the
+ * value.  Returns 1 when more windows follow, 0 when the value was read
+ * whole, or a code. */
+static int wformat(wread *w, uint64_t got, int summed) {
+  unsigned char h[ENCACHE_HEADER_SIZE];
+  size_t hn = got < sizeof(h) ? (size_t)got : sizeof(h);
+  gather(w, 0, h, hn, NULL);
+  w->objend = encache__redis_check_objlen(h, hn, w->len);
+  w->checked = w->objend != w->len;
+  uint64_t whole = sat_add(w->split, w->cap);
+  if (w->objend > whole) {
+    snprintf(w->why, w->whysize, "%s: %" PRIu64 " bytes where %" PRIu64
+             " fit", w->key, w->objend, whole);
+    return ENCACHE_ETOOLARGE;
+  }
+  if (w->checked && !summed) { /* the window ran into the check */
+    memset(&w->hash, 0, sizeof(w->hash));
+    gather(w, 0, NULL, (size_t)(got < w->objend ? got : w->objend), &w->hash);
+  }
+  if (w->checked) {
+    if (w->len <= w->first) /* all of it: the check is in the buffers */
+      gather(w, w->objend, w->ck, CHECK_BYTES, NULL);
+  }
+  return w->len > w->first;
+}
+
+/* The verdict on a value read whole: a miss when its check fails, or
+ * when it has none and the handle requires one; else 0. */
+static int wverdict(wread *w) {
+  if (w->checked &&
+      !encache__redis_check_holds(
+          w->ck, encache__redis_check_digest(&w->hash, w->seed))) {
+    snprintf(w->why, w->whysize,
+             "%s: the object fails its check (damaged, or copied from "
+             "another key): a miss",
+             w->key);
+    return ENCACHE_ENOENT;
+  }
+  if (!w->checked && w->s->checksum == CHECKSUM_REQUIRED) {
+    snprintf(w->why, w->whysize,
+             "%s: the object has no check (checksum=required): a miss",
+             w->key);
+    return ENCACHE_ENOENT;
+  }
+  return 0;
+}
+
 /* EXISTS, STRLEN and the first window.  Returns 1 when more windows
  * follow, 0 when the object was read whole, or a code. */
 static int wfirst(wread *w) {
@@ -132,6 +220,10 @@ static int wfirst(wread *w) {
     w->first = 1;
   wcmd(w, &p, "EXISTS", 0, 0, NULL, 0);
   wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+  p.len_reply = p.nrep; /* 1 + STRLEN's: the window is summed as it is
+                           copied when it is a checked object's */
+  memset(&w->hash, 0, sizeof(w->hash));
+  p.hash = &w->hash;
   wcmd(w, &p, "GETRANGE", 0, w->first - 1, w->head, w->cap);
   p.bufs[0] = w->buf;
   size_t n;
@@ -161,15 +253,10 @@ static int wfirst(wread *w) {
                ? 0
                : changed(w, "length");
   }
-  if (w->len > whole) {
-    snprintf(w->why, w->whysize, "%s: %" PRIu64 " bytes where %" PRIu64
-             " fit", w->key, w->len, whole);
-    return ENCACHE_ETOOLARGE;
-  }
   uint64_t want = w->len < w->first ? w->len : w->first;
   if (p.r[2].too_large || (uint64_t)p.r[2].len != want)
     return changed(w, "first window");
-  return w->len > w->first;
+  return wformat(w, want, p.r[2].check == CHECK_SUMMED);
 }
 
 /* Whether the n bytes at offset off of the destination equal q. */
@@ -183,16 +270,16 @@ static int same(const wread *w, uint64_t off, const char *q, size_t n) {
   return n == 0 || memcmp(w->buf + (off - w->split), q, n) == 0;
 }
 
-/* The end of window k (k = 0: the first window). */
+/* The end of window k (k = 0: the first window) of the object. */
 static uint64_t wend(const wread *w, uint64_t k) {
   uint64_t e = w->first + k * w->s->window;
-  return e < w->len ? e : w->len;
+  return e < w->objend ? e : w->objend;
 }
 
 /* Appends the final checks to p: STRLEN is already there; the head and
  * the tails of up to CHECK_TAILS windows, into chk. */
 static void wchecks(wread *w, wpipe *p, char *chk, uint64_t nwin) {
-  size_t head = w->len < CHECK_HEAD ? (size_t)w->len : CHECK_HEAD;
+  size_t head = w->objend < CHECK_HEAD ? (size_t)w->objend : CHECK_HEAD;
   wcmd(w, p, "GETRANGE", 0, head - 1, chk, head);
   uint64_t step = nwin > CHECK_TAILS ? (nwin + CHECK_TAILS - 1) / CHECK_TAILS
                                      : 1;
@@ -206,7 +293,7 @@ static void wchecks(wread *w, wpipe *p, char *chk, uint64_t nwin) {
 /* Compares the final checks (replies from index at) with what was read. */
 static int wcompare(wread *w, const wpipe *p, size_t at, size_t n,
                     const char *chk, uint64_t nwin) {
-  size_t head = w->len < CHECK_HEAD ? (size_t)w->len : CHECK_HEAD;
+  size_t head = w->objend < CHECK_HEAD ? (size_t)w->objend : CHECK_HEAD;
   if (at >= n || p->r[at].len != (int64_t)head || p->r[at].too_large ||
       !same(w, 0, chk, head))
     return changed(w, "head");
@@ -222,13 +309,16 @@ static int wcompare(wread *w, const wpipe *p, size_t at, size_t n,
   return 0;
 }
 
-/* The windows after the first, window_depth per exchange; the last
- * exchange ends with the checks.  Returns 0 or a code. */
+/* The windows after the first, window_depth per exchange, fed to the
+ * digest as they arrive when the value is checked; the last exchange
+ * (at least one: the value is longer than the first window) reads the
+ * check and ends with the re-reads.  Returns 0 or a code. */
 static int wrest(wread *w) {
   uint64_t win = w->s->window, depth = w->s->window_depth;
-  uint64_t nwin = 1 + (w->len - w->first + win - 1) / win;
+  uint64_t nwin =
+      1 + (w->objend > w->first ? (w->objend - w->first + win - 1) / win : 0);
   char chk[CHECK_HEAD + CHECK_TAILS * CHECK_TAIL];
-  for (uint64_t k = 1; k < nwin;) {
+  for (uint64_t k = 1;;) {
     if (encache__redis_window_hook != NULL)
       encache__redis_window_hook(w->key, wend(w, k - 1));
     wpipe p = {0};
@@ -239,7 +329,11 @@ static int wrest(wread *w) {
       bytes += e - a;
     }
     size_t nw = (size_t)(k - k0);
+    p.hash = w->checked ? &w->hash : NULL;
+    p.nhashed = nw;
     wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+    if (k == nwin && w->checked)
+      wcmd(w, &p, "GETRANGE", w->objend, w->len - 1, w->ck, CHECK_BYTES);
     if (k == nwin)
       wchecks(w, &p, chk, nwin);
     size_t n;
@@ -253,28 +347,36 @@ static int wrest(wread *w) {
     if (nw >= n || p.r[nw].type != REDIS_REPLY_INTEGER ||
         (uint64_t)p.r[nw].integer != w->len)
       return changed(w, "length");
-    if (k == nwin)
-      return wcompare(w, &p, nw + 1, n, chk, nwin);
+    if (k < nwin)
+      continue;
+    size_t at = nw + 1 + (size_t)w->checked;
+    if (w->checked && (at > n || p.r[at - 1].too_large ||
+                       p.r[at - 1].len != CHECK_BYTES))
+      return changed(w, "check");
+    return wcompare(w, &p, at, n, chk, nwin);
   }
-  return 0;
 }
 
 int64_t encache__redis_wread(redis_store *s, rset *set, const char *key,
                              size_t split, void *head, void *buf, size_t cap,
                              char *why, size_t whysize) {
   wread w = {.s = s, .set = set, .key = key, .split = split, .cap = cap,
-             .head = head, .buf = buf, .why = why, .whysize = whysize};
+             .head = head, .buf = buf, .why = why, .whysize = whysize,
+             .seed = encache__redis_check_seed(key)};
   w.node = encache__redis_locate(s, key);
   int rc = ENCACHE_EUNAVAIL;
   why[0] = '\0';
   if (w.node >= MAX_NODES)
     snprintf(why, whysize, "no node serves the slot of %s", key);
   for (int round = 0; round < ROUNDS && w.node < MAX_NODES; round++) {
+    w.checked = 0;
     rc = wfirst(&w);
     if (rc == 1)
       rc = wrest(&w);
+    if (rc == 0)
+      rc = wverdict(&w);
     if (rc != WX_REDIRECTED)
-      return rc < 0 ? rc : (int64_t)w.len;
+      return rc < 0 ? rc : (int64_t)(w.checked ? w.objend : w.len);
     rc = ENCACHE_EUNAVAIL;
     snprintf(why, whysize, "%s: still redirected after %d rounds", key,
              ROUNDS);

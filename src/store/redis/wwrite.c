@@ -2,7 +2,8 @@
 /*
  * wwrite.c: windowed writes of large objects (see redis.h, "Windows").
  *
- * The object goes under a temporary key in the final key's slot, window
+ * The object (header, payload, and its check when it has one: check.c)
+ * goes under a temporary key in the final key's slot, window
  * by window (wwindows(): SET NX PX of the first, SETRANGE of the others,
  * the last one second so that the string has its whole length at once),
  * window_depth per exchange, each exchange checking every answer and
@@ -32,8 +33,9 @@ typedef struct wwrite {
   rset *set;
   const char *key;
   const char *hdr, *payload;
-  size_t hl, len;
-  uint64_t total;
+  const unsigned char *ck; /* the check after the payload */
+  size_t hl, len, ckl;
+  uint64_t total; /* hl + len + ckl */
   char *tmp;
   char ttl[24]; /* the temporary's expiry, ms */
   size_t node;
@@ -77,15 +79,20 @@ static void wbulk(wxch *x, const char *t, size_t n) {
   wtext(x, "\r\n", 2);
 }
 
-/* The bytes [a, b) of the object, as a bulk string from the caller's
- * buffers (header and payload), not copied. */
+/* The bytes [a, b) of the value, as a bulk string from the caller's
+ * buffers (header and payload) and the check, not copied. */
 static void wdata(wwrite *w, wxch *x, uint64_t a, uint64_t b) {
   char num[32];
   wtext(x, num,
         (size_t)snprintf(num, sizeof(num), "$%" PRIu64 "\r\n", b - a));
+  uint64_t pend = (uint64_t)w->hl + w->len; /* the check starts there */
   while (a < b) {
-    const char *p = a < w->hl ? w->hdr + a : w->payload + (a - w->hl);
-    uint64_t end = a < w->hl && b > w->hl ? w->hl : b;
+    const char *p = a < w->hl ? w->hdr + a
+                    : a < pend ? w->payload + (a - w->hl)
+                               : (const char *)w->ck + (a - pend);
+    uint64_t end = a < w->hl ? w->hl : a < pend ? pend : b;
+    if (end > b)
+      end = b;
     ENCACHE_ASSERT(x->nseg < RUN_IOV_MAX);
     x->seg[x->nseg].p = p;
     x->seg[x->nseg++].len = (size_t)(end - a);
@@ -120,7 +127,8 @@ static int wrun(wwrite *w, wxch *x, uint64_t bytes) {
                                            : x->o.p + x->seg[i].off);
     iov[i].iov_len = x->seg[i].len;
   }
-  rpipe p = {x->r, 0, x->nrep, NULL, 0, NULL, NULL, NULL, NULL};
+  rpipe p = {x->r, 0,    x->nrep, NULL, 0, NULL,
+             NULL, NULL, NULL,    NULL, NULL, 0, 0};
   char xwhy[200];
   int xr = x->o.oom ? XR_FAIL
                     : encache__redis_run_on(
@@ -318,9 +326,10 @@ static char *wtmp_name(const wwrite *w) {
 
 int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
                           const void *hdr, size_t hl, const void *payload,
-                          size_t len) {
+                          size_t len, const unsigned char *ck, size_t ckl) {
   wwrite w = {.s = s, .set = set, .key = key, .hdr = hdr, .payload = payload,
-              .hl = hl, .len = len, .total = (uint64_t)hl + len};
+              .ck = ck, .hl = hl, .len = len, .ckl = ckl,
+              .total = (uint64_t)hl + len + ckl};
   /* Long enough for one exchange twice over; renewed at each. */
   uint64_t mib = (s->window * s->window_depth + (1u << 20) - 1) >> 20;
   snprintf(w.ttl, sizeof(w.ttl), "%" PRIu64,

@@ -15,7 +15,7 @@
  * or after either copy (a stray write, a writer whose record was reclaimed
  * under it) makes the reader's sum differ.  It guards against damage, not
  * against an adversary.  Streaming: an object may be copied in pieces of
- * any length.
+ * any length.  The Redis Store's check uses it too (sum.h).
  */
 #include "shm.h"
 
@@ -127,7 +127,9 @@ static void sum_blocks(sum_state *st, unsigned char *dst,
 #endif
 
 /* Sums n bytes (already copied, or private) in pieces of any length. */
-static void sum_update(sum_state *st, const unsigned char *p, size_t n) {
+void encache__shm_sum_update(sum_state *st, const unsigned char *p, size_t n) {
+  if (n == 0)
+    return; /* p may be NULL */
   st->len += n;
   if (st->npart > 0) {
     size_t take = 32 - st->npart < n ? 32 - st->npart : n;
@@ -166,7 +168,7 @@ static void copy_sum_small(unsigned char *dst, const unsigned char *src,
   for (size_t i = 0; i < n; i++) /* one load each, as above */
     tmp[i] = ((const volatile unsigned char *)src)[i];
   memcpy(dst, tmp, n);
-  sum_update(st, tmp, n);
+  encache__shm_sum_update(st, tmp, n);
 }
 
 /* memcpy, and (when st) the sum of the bytes copied.  Pieces of one

@@ -73,6 +73,7 @@
 #define ENCACHE_SHM_H
 
 #include "store.h"
+#include "sum.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -327,13 +328,7 @@ typedef struct shm_store {
   struct shm_store *reg_next; /* the process's open handles (fork) */
 } shm_store;
 
-/* A streaming object checksum (checksum.c). */
-typedef struct sum_state {
-  uint64_t a[4], b[4], c[4];
-  uint64_t len;
-  unsigned char part[32];
-  size_t npart;
-} sum_state;
+/* A streaming object checksum (checksum.c): sum_state, in sum.h. */
 
 /* ------------------------------------------------ small shared helpers */
 
@@ -365,15 +360,6 @@ static inline shm_entry *ent(shm_store *s, uint32_t i) {
 
 static inline uint32_t ent_id(shm_store *s, const shm_entry *e) {
   return (uint32_t)(e - s->entries) + 1;
-}
-
-static inline uint64_t mix64(uint64_t h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return h;
 }
 
 /* A check word: words w[0..n) mixed in turn after seed ^ id. */
@@ -498,11 +484,8 @@ int encache__shm_lease_drop(encache_store *st, const char *key,
 
 /* ------------------------------------------------ checksum.c: checksums */
 
-/* The checksum of what st summed. */
-uint64_t encache__shm_sum_final(sum_state *st);
-/* memcpy, and (when st) the sum of the bytes copied. */
-void encache__shm_copy_sum(unsigned char *dst, const unsigned char *src,
-                           size_t n, sum_state *st);
+/* encache__shm_sum_final(), encache__shm_copy_sum() and
+ * encache__shm_sum_update(): in sum.h (the Redis Store uses them too). */
 
 /* ------------------------------------------------- ops.c and open.c */
 

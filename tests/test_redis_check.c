@@ -1,0 +1,559 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The Redis Store's key-bound check (issue 26, finding 10;
+ * src/store/redis/check.c, docs/format.md "Redis objects") on real
+ * servers: a byte flipped anywhere in a stored object (header, payload,
+ * check) is never a hit, in one GET and in windows; an object copied
+ * under another key (COPY, DUMP + RESTORE, GET + SET) is not a hit; an
+ * object written without the check, as an older encache wrote it, is still
+ * served (and refused with checksum=required); a tier never promotes a
+ * damaged remote object; the check's bytes are those of the page's
+ * vector.  The last test runs the same on the Store tests/on_redis.sh
+ * names (TCP, a Unix socket, a Redis Cluster, windows forced).  Tests say
+ * "skipped" and pass when redis-server is not installed.
+ */
+#include "runner.h"
+
+#include "encache.h"
+#include "redis_util.h"
+
+#include <hiredis/hiredis.h>
+
+#include <signal.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+#define ROWS 4
+#define COLS 300 /* float32: a 4800-byte payload */
+#define NBYTES ((size_t)ROWS * COLS * 4)
+#define NFLIPS 200
+/* R1's digest (docs/format.md): mix64(sum(O1) ^ XXH3-64(K2)), in
+ * little-endian order. */
+#define CHECK_VECTOR_DIGEST 0xe6, 0xd6, 0xd4, 0x5b, 0xe3, 0x19, 0x93, 0xce
+
+/* ------------------------------------------------------ raw server access */
+
+/* A raw connection to the Store at url (redis://H:P, unix://PATH, or the
+ * first seed of redis-cluster://H:P,...), following MOVED by hand. */
+typedef struct raw {
+  char url[512];
+  redisContext *c;
+} raw;
+
+static redisContext *raw_dial(const char *url) {
+  char host[256] = "";
+  int port = 0;
+  if (strncmp(url, "unix://", 7) == 0) {
+    char path[256];
+    sscanf(url + 7, "%255[^?]", path);
+    return redisConnectUnix(path);
+  }
+  const char *hp = strstr(url, "://");
+  hp = hp ? hp + 3 : url;
+  const char *at = strchr(hp, '@');
+  if (at != NULL && (strchr(hp, '?') == NULL || at < strchr(hp, '?')))
+    hp = at + 1;
+  sscanf(hp, "%255[^:]:%d", host, &port);
+  return redisConnect(host, port);
+}
+
+static void raw_open(raw *r, const char *url) {
+  snprintf(r->url, sizeof(r->url), "%s", url);
+  r->c = raw_dial(url);
+  ASSERT(r->c != NULL && !r->c->err);
+}
+
+static void raw_close(raw *r) { redisFree(r->c); }
+
+/* A command about one key (its arguments as argv); MOVED followed. */
+static redisReply *raw_cmd(raw *r, int argc, const char **argv,
+                           const size_t *lens) {
+  for (int round = 0; round < 3; round++) {
+    redisReply *rep = redisCommandArgv(r->c, argc, argv, lens);
+    ASSERT(rep != NULL);
+    if (rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "MOVED ", 6) != 0)
+      return rep;
+    char where[300];
+    snprintf(where, sizeof(where), "redis://%s", strchr(rep->str + 6, ' ') + 1);
+    freeReplyObject(rep);
+    redisFree(r->c);
+    r->c = raw_dial(where);
+    ASSERT(r->c != NULL && !r->c->err);
+  }
+  test__fail(__FILE__, __LINE__, "still redirected");
+}
+
+static void raw_set(raw *r, const char *key, const void *v, size_t n) {
+  const char *argv[3] = {"SET", key, v};
+  size_t lens[3] = {3, strlen(key), n};
+  redisReply *rep = raw_cmd(r, 3, argv, lens);
+  ASSERT_EQ_INT(rep->type, REDIS_REPLY_STATUS);
+  freeReplyObject(rep);
+}
+
+/* The value at key into a fresh buffer (*n bytes); NULL when none. */
+static unsigned char *raw_get(raw *r, const char *key, size_t *n) {
+  const char *argv[2] = {"GET", key};
+  size_t lens[2] = {3, strlen(key)};
+  redisReply *rep = raw_cmd(r, 2, argv, lens);
+  unsigned char *out = NULL;
+  if (rep->type == REDIS_REPLY_STRING) {
+    out = malloc(rep->len + 1);
+    memcpy(out, rep->str, rep->len);
+    *n = rep->len;
+  }
+  freeReplyObject(rep);
+  return out;
+}
+
+static void raw_setrange(raw *r, const char *key, size_t off, unsigned char b) {
+  char at[32];
+  snprintf(at, sizeof(at), "%zu", off);
+  const char *argv[4] = {"SETRANGE", key, at, (const char *)&b};
+  size_t lens[4] = {8, strlen(key), strlen(at), 1};
+  freeReplyObject(raw_cmd(r, 4, argv, lens));
+}
+
+static void raw_del(raw *r, const char *key) {
+  const char *argv[2] = {"DEL", key};
+  size_t lens[2] = {3, strlen(key)};
+  freeReplyObject(raw_cmd(r, 2, argv, lens));
+}
+
+/* ------------------------------------------------------------ the engine */
+
+static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **handle) {
+  (void)ctx, (void)i, (void)c;
+  *handle = NULL;
+  *data = malloc(nbytes);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void host_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)ctx, (void)i, (void)handle;
+  free(data);
+}
+
+static encache *open_engine(const char *url) {
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config =
+      "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}";
+  o.model = "redis/check";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  encache *ec = NULL;
+  if (encache_open(&o, &ec) != 0)
+    test__fail(__FILE__, __LINE__, "open %s: %s", url, encache_errmsg(NULL));
+  return ec;
+}
+
+/* The payload of id: floats derived from its name. */
+static void payload_of(const char *id, float *f) {
+  for (size_t i = 0; i < NBYTES / 4; i++)
+    f[i] = (float)(i * 3 + strlen(id)) * 0.25f;
+}
+
+/* The v3 object of id (24 + NBYTES bytes) into obj. */
+static void object_of(const char *id, unsigned char *obj) {
+  int64_t shape[2] = {ROWS, COLS};
+  encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0,
+                      NULL};
+  ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
+  payload_of(id, (float *)(obj + 24));
+}
+
+/* Looks id up (ROWS x COLS float32); returns the outcome.  A hit's bytes
+ * are returned in *hit (free it), else *hit is NULL. */
+static int look_one(encache *ec, const char *id, float **hit) {
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  encache_candidate c = {sizeof(c), id, ENCACHE_MODALITY_IMAGE,
+                         ENCACHE_FLOAT32, ROWS, COLS, ENCACHE_DEVICE_HOST, 0};
+  encache_allocator a = {sizeof(a), NULL, host_alloc, host_release, 0};
+  encache_result r;
+  r.size = sizeof(r);
+  ASSERT(encache_lookup(step, &c, 1, &a, &r) >= 0);
+  *hit = r.outcome == ENCACHE_HIT ? r.data : NULL;
+  encache_step_close(step);
+  return r.outcome;
+}
+
+/* Whether id's lookup is a hit with id's own payload (0: not a hit). */
+static int hit_is_right(encache *ec, const char *id) {
+  float *got, want[NBYTES / 4];
+  if (look_one(ec, id, &got) != ENCACHE_HIT)
+    return 0;
+  payload_of(id, want);
+  int same = memcmp(got, want, NBYTES) == 0;
+  free(got);
+  return same ? 1 : -1;
+}
+
+static void key_of(encache *ec, const char *id, char *key, size_t size) {
+  ASSERT(encache_key(encache_namespace_of(ec), id, key, size) > 0);
+}
+
+/* Writes id's object through the Store at url (with the check). */
+static void store_put(const char *url, const char *key, const char *id) {
+  static unsigned char obj[24 + NBYTES];
+  object_of(id, obj);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  encache_store_remove(st, key);
+  ASSERT_EQ_INT(encache_store_write(st, key, obj, 24, obj + 24, NBYTES), 0);
+  encache_store_close(st);
+}
+
+/* ------------------------------------------------------------ the tests */
+
+/*
+ * Flips one bit of each of `flips` positions of id's stored object, in
+ * turn (all 24 header bytes, the last 16 bytes, the rest spread over the
+ * payload), looks it up after each, and puts the byte back.  Returns how
+ * many damaged objects were served as hits.
+ */
+static int flip_campaign(const char *url, const char *id, int flips) {
+  encache *ec = open_engine(url);
+  char key[512];
+  key_of(ec, id, key, sizeof(key));
+  store_put(url, key, id);
+  ASSERT_EQ_INT(hit_is_right(ec, id), 1); /* undamaged: a hit */
+  raw r;
+  raw_open(&r, url);
+  size_t len = 0;
+  unsigned char *orig = raw_get(&r, key, &len);
+  ASSERT(orig != NULL && len >= 24 + NBYTES);
+  int served = 0;
+  for (int i = 0; i < flips; i++) {
+    size_t mid = (size_t)(flips - 40);
+    size_t pos = i < 24            ? (size_t)i
+                 : i >= flips - 16 ? len - (size_t)(flips - i)
+                                   : 24 + (size_t)(i - 24) * (len - 40) / mid;
+    raw_setrange(&r, key, pos, (unsigned char)(orig[pos] ^ (1u << (i % 8))));
+    int right = hit_is_right(ec, id);
+    ASSERT(right != 1); /* the damaged object's payload differs, or ... */
+    served += right != 0;
+    raw_setrange(&r, key, pos, orig[pos]);
+  }
+  ASSERT_EQ_INT(hit_is_right(ec, id), 1); /* repaired: a hit again */
+  free(orig);
+  raw_close(&r);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  printf("# %s: %d of %d flipped objects served\n", url, served, flips);
+  return served;
+}
+
+TEST(redis_check_flipped_bytes_are_never_hits) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  int served = flip_campaign(url, "flip-get", NFLIPS);
+  /* The same in windows of 1 KiB, two per exchange. */
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
+           port);
+  served += flip_campaign(url, "flip-win", NFLIPS);
+  ASSERT_EQ_INT(served, 0);
+  kill_wait(pid, SIGKILL);
+}
+
+/* id's object copied to id2's key by each of three means; never a hit. */
+static int copies_served(const char *url, int with_copy) {
+  encache *ec = open_engine(url);
+  char key[512], key2[512];
+  key_of(ec, "copy-src", key, sizeof(key));
+  key_of(ec, "copy-dst", key2, sizeof(key2));
+  store_put(url, key, "copy-src");
+  ASSERT_EQ_INT(hit_is_right(ec, "copy-src"), 1);
+  raw r;
+  raw_open(&r, url);
+  int served = 0;
+  for (int how = with_copy ? 0 : 2; how < 3; how++) {
+    raw_del(&r, key2);
+    redisReply *rep = NULL;
+    if (how == 0) { /* COPY */
+      const char *argv[3] = {"COPY", key, key2};
+      rep = raw_cmd(&r, 3, argv, NULL);
+    } else if (how == 1) { /* DUMP + RESTORE */
+      const char *argv[2] = {"DUMP", key};
+      redisReply *d = raw_cmd(&r, 2, argv, NULL);
+      ASSERT_EQ_INT(d->type, REDIS_REPLY_STRING);
+      const char *rv[4] = {"RESTORE", key2, "0", d->str};
+      size_t rl[4] = {7, strlen(key2), 1, d->len};
+      rep = raw_cmd(&r, 4, rv, rl);
+      freeReplyObject(d);
+    } else { /* GET + SET */
+      size_t n;
+      unsigned char *v = raw_get(&r, key, &n);
+      raw_set(&r, key2, v, n);
+      free(v);
+    }
+    ASSERT(rep == NULL || rep->type != REDIS_REPLY_ERROR);
+    freeReplyObject(rep);
+    float *got;
+    int out = look_one(ec, "copy-dst", &got);
+    served += out == ENCACHE_HIT;
+    free(got);
+  }
+  raw_close(&r);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  return served;
+}
+
+TEST(redis_check_object_copied_under_another_key_is_not_a_hit) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  ASSERT_EQ_INT(copies_served(url, 1), 0);
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
+           port);
+  ASSERT_EQ_INT(copies_served(url, 1), 0);
+  kill_wait(pid, SIGKILL);
+}
+
+/* An object SET raw, as an older encache wrote it (no check): served by url;
+ * returns whether it was a hit with its payload. */
+static int old_object_served(const char *url, const char *id) {
+  encache *ec = open_engine(url);
+  char key[512];
+  key_of(ec, id, key, sizeof(key));
+  static unsigned char obj[24 + NBYTES];
+  object_of(id, obj);
+  raw r;
+  raw_open(&r, url);
+  raw_set(&r, key, obj, sizeof(obj));
+  raw_close(&r);
+  int right = hit_is_right(ec, id);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  return right;
+}
+
+TEST(redis_check_objects_written_without_it_are_still_served) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[200];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  ASSERT_EQ_INT(old_object_served(url, "old-get"), 1);
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
+           port);
+  ASSERT_EQ_INT(old_object_served(url, "old-win"), 1);
+  /* checksum=off writes them so (older readers read them), and a reader
+   * with checksum=required serves none of them, but serves checked ones. */
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=off", port);
+  encache *ec = open_engine(url);
+  char key[512];
+  key_of(ec, "off", key, sizeof(key));
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  store_put(url, key, "off");
+  raw r;
+  raw_open(&r, url);
+  size_t n = 0;
+  free(raw_get(&r, key, &n));
+  raw_close(&r);
+  ASSERT_EQ_INT(n, 24 + NBYTES);
+  ASSERT_EQ_INT(old_object_served(url, "old-off"), 1);
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=required", port);
+  ASSERT_EQ_INT(old_object_served(url, "old-req"), 0);
+  ec = open_engine(url);
+  key_of(ec, "req", key, sizeof(key));
+  store_put(url, key, "req");
+  ASSERT_EQ_INT(hit_is_right(ec, "req"), 1);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  kill_wait(pid, SIGKILL);
+}
+
+/*
+ * docs/format.md's vector R1: O1 (the float32 [[1, 2], [3, 4]]) written
+ * under K2's key is the 40 bytes of O1 then these 16.
+ */
+TEST(redis_check_vector) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  static const unsigned char o1[40] = {
+      0x4e, 0x4f, 0x4f, 0x4d, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
+      2,    0,    0,    0,    0, 0, 0, 0, 0, 0, 0x80, 0x3f, 0, 0, 0, 0x40,
+      0,    0,    0x40, 0x40, 0, 0, 0x80, 0x40};
+  static const unsigned char r1[16] = {
+      0x45, 0x43, 0x4b, 0x31, 0, 0, 0, 0, /* "ECK1", reserved */
+      CHECK_VECTOR_DIGEST};
+  const char *key = "embedding@model:shared/model@revision:default@encoder:"
+                    "encoder:default@dtype:torch.float32@protocol:v3"
+                    "@id:image@1";
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_write(st, key, o1, 24, o1 + 24, 16), 0);
+  raw r;
+  raw_open(&r, url);
+  size_t n = 0;
+  unsigned char *v = raw_get(&r, key, &n);
+  ASSERT_EQ_INT(n, 56);
+  ASSERT_EQ_MEM(v, o1, 40);
+  ASSERT_EQ_MEM(v + 40, r1, 16);
+  /* Read back through the Store: the v3 object, 40 bytes. */
+  unsigned char out[64];
+  const char *keys[1] = {key};
+  void *bufs[1] = {out};
+  size_t caps[1] = {40};
+  int64_t res[1];
+  ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[0], 40);
+  ASSERT_EQ_MEM(out, o1, 40);
+  uint64_t len = 0;
+  ASSERT_EQ_INT(encache_store_object_size(st, key, &len), 0);
+  ASSERT_EQ_U64(len, 40);
+  free(v);
+  raw_close(&r);
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
+/*
+ * Windows of 64 bytes around every length of object from 24 to 280
+ * bytes: read back whole into a buffer of its exact size and into a
+ * larger one (where the first window may end inside the check), and a
+ * miss once a payload byte is flipped.
+ */
+TEST(redis_check_window_edges) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=64&window_depth=2&window_threshold=0",
+           port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  raw r;
+  raw_open(&r, url);
+  static unsigned char obj[24 + 256], out[4096];
+  for (int64_t cols = 0; cols <= 64; cols++) {
+    int64_t shape[2] = {1, cols};
+    encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0,
+                        NULL};
+    ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
+    size_t len = 24 + (size_t)cols * 4;
+    for (size_t i = 24; i < len; i++)
+      obj[i] = (unsigned char)(i * 7 + (size_t)cols);
+    char key[32];
+    snprintf(key, sizeof(key), "edge-%d", (int)cols);
+    ASSERT_EQ_INT(encache_store_write(st, key, obj, 24, obj + 24, len - 24), 0);
+    const char *keys[1] = {key};
+    void *bufs[1] = {out};
+    int64_t res[1];
+    for (int big = 0; big < 2; big++) {
+      size_t caps[1] = {big ? sizeof(out) : len};
+      memset(out, 0, sizeof(out));
+      ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+      ASSERT_EQ_INT(res[0], (int64_t)len);
+      ASSERT_EQ_MEM(out, obj, len);
+    }
+    if (len > 24) {
+      raw_setrange(&r, key, len - 1, (unsigned char)(obj[len - 1] ^ 1));
+      size_t caps[1] = {sizeof(out)};
+      ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+      ASSERT_EQ_INT(res[0], ENCACHE_ENOENT);
+    }
+  }
+  raw_close(&r);
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
+/* Reads key through st into a buffer of its size; returns the answer. */
+static int64_t read_key(encache_store *st, const char *key, size_t cap) {
+  static unsigned char buf[1u << 20];
+  const char *keys[1] = {key};
+  void *bufs[1] = {buf};
+  size_t caps[1] = {cap};
+  int64_t res[1];
+  int rc = encache_store_read(st, keys, 1, bufs, caps, res);
+  return rc < 0 ? rc : res[0];
+}
+
+/*
+ * A tier in front of Redis: a damaged remote object (one payload byte
+ * flipped), small (copied into the promotion queue) or large (read again
+ * by the promotion thread), is not read and not promoted; an undamaged
+ * one beside it is promoted.
+ */
+TEST(redis_check_tier_never_promotes_a_damaged_object) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char rurl[160], turl[300], lurl[200], shm[64];
+  snprintf(rurl, sizeof(rurl), "redis://127.0.0.1:%d", port);
+  snprintf(shm, sizeof(shm), "check-tier-%d", (int)getpid());
+  snprintf(turl, sizeof(turl), "tier:shm://%s?size=16MiB+%s", shm, rurl);
+  snprintf(lurl, sizeof(lurl), "shm://%s?create=no", shm);
+  static const size_t sizes[2] = {4096, 512u << 10};
+  encache_store *remote = NULL;
+  ASSERT_EQ_INT(encache_store_open(rurl, &remote), 0);
+  static unsigned char obj[24 + (512u << 10)];
+  raw r;
+  raw_open(&r, rurl);
+  for (int s = 0; s < 2; s++) {
+    int64_t shape[2] = {1, (int64_t)sizes[s] / 4};
+    encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0,
+                        NULL};
+    ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
+    memset(obj + 24, 7, sizes[s]);
+    char good[64], bad[64];
+    snprintf(good, sizeof(good), "tier-good-%d", s);
+    snprintf(bad, sizeof(bad), "tier-bad-%d", s);
+    ASSERT_EQ_INT(encache_store_write(remote, good, obj, 24, obj + 24,
+                                      sizes[s]), 0);
+    ASSERT_EQ_INT(encache_store_write(remote, bad, obj, 24, obj + 24,
+                                      sizes[s]), 0);
+    raw_setrange(&r, bad, 24 + sizes[s] / 2, 8);
+    encache_store *tier = NULL;
+    ASSERT_EQ_INT(encache_store_open(turl, &tier), 0);
+    ASSERT_EQ_INT(read_key(tier, good, 24 + sizes[s]), 24 + sizes[s]);
+    ASSERT(read_key(tier, bad, 24 + sizes[s]) < 0);
+    encache_store_close(tier); /* writes the promotions still queued */
+    encache_store *local = NULL;
+    ASSERT_EQ_INT(encache_store_open(lurl, &local), 0);
+    ASSERT_EQ_INT(read_key(local, good, 24 + sizes[s]), 24 + sizes[s]);
+    ASSERT_EQ_INT(read_key(local, bad, 24 + sizes[s]), ENCACHE_ENOENT);
+    encache_store_close(local);
+  }
+  raw_close(&r);
+  encache_store_close(remote);
+  encache_shm_destroy(shm);
+  kill_wait(pid, SIGKILL);
+}
+
+/* The flips, copies and old objects on the Store tests/on_redis.sh names
+ * ($ENCACHE_TEST_STORE: TCP, a Unix socket, the cluster; windows forced). */
+TEST(redis_check_on_the_url_under_test) {
+  const char *url = getenv("ENCACHE_TEST_STORE");
+  if (url == NULL || (strncmp(url, "redis://", 8) != 0 &&
+                      strncmp(url, "unix://", 7) != 0 &&
+                      strncmp(url, "redis-cluster://", 16) != 0)) {
+    printf("# skipped: ENCACHE_TEST_STORE is not a Redis URL\n");
+    return;
+  }
+  char id[64];
+  snprintf(id, sizeof(id), "flip-%d", (int)getpid());
+  ASSERT_EQ_INT(flip_campaign(url, id, 60), 0);
+  /* COPY and RESTORE would cross slots in a cluster: GET + SET there. */
+  ASSERT_EQ_INT(copies_served(url, strncmp(url, "redis-cluster:", 14) != 0), 0);
+  snprintf(id, sizeof(id), "old-%d", (int)getpid());
+  ASSERT_EQ_INT(old_object_served(url, id), 1);
+}
