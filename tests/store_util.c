@@ -93,3 +93,33 @@ int ts_verify(const char *key, const unsigned char *buf, size_t len) {
   free(want);
   return ok;
 }
+
+int64_t ts_read_one(encache_store *st, const char *key, void *buf,
+                    size_t cap) {
+  const char *keys[1] = {key};
+  void *bufs[1] = {buf};
+  size_t caps[1] = {cap};
+  int64_t res[1];
+  int rc = encache_store_read(st, keys, 1, bufs, caps, res);
+  return rc < 0 ? rc : res[0];
+}
+
+static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
+                      uint64_t nbytes, void **data, void **handle) {
+  (void)ctx, (void)i, (void)c;
+  *handle = NULL;
+  *data = malloc(nbytes ? nbytes : 1);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void host_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)ctx, (void)i, (void)handle;
+  free(data);
+}
+
+encache_allocator ts_host_allocator(void) {
+  encache_allocator a = ENCACHE_ALLOCATOR_INIT;
+  a.alloc = host_alloc;
+  a.release = host_release;
+  return a;
+}

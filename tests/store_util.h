@@ -30,4 +30,11 @@ void ts_fill(const char *key, uint64_t version, unsigned char *buf, size_t len);
 /* Returns 1 when buf[0..len) is exactly some version's object for key. */
 int ts_verify(const char *key, const unsigned char *buf, size_t len);
 
+/* Reads key alone into buf[0..cap): its length, or the call's (negative)
+ * code or the key's own. */
+int64_t ts_read_one(encache_store *st, const char *key, void *buf, size_t cap);
+/* An engine allocator of malloc'd host destinations (each hit's data is
+ * the caller's to free). */
+encache_allocator ts_host_allocator(void);
+
 #endif

@@ -7,6 +7,7 @@
  * inside a JSON string that reaches a key is refused by name.
  */
 #include "runner.h"
+#include "store_util.h"
 
 #include <encache.h>
 #include <unistd.h>
@@ -36,19 +37,6 @@ static encache *open_private(void) {
   return ec;
 }
 
-static void *heap_alloc(size_t n) { return calloc(1, n ? n : 1); }
-
-static int talloc(void *ctx, size_t i, const encache_candidate *c,
-                  uint64_t nbytes, void **data, void **handle) {
-  (void)ctx, (void)i, (void)c;
-  *data = *handle = heap_alloc(nbytes);
-  return *data ? 0 : ENCACHE_ENOMEM;
-}
-static void trelease(void *ctx, size_t i, void *data, void *handle) {
-  (void)ctx, (void)i, (void)data;
-  free(handle);
-}
-
 /* Looks up one float32 candidate; its result in *r (a hit's data is the
  * caller's to free). */
 static void lookup_one(encache_step *st, const char *id, uint64_t rows,
@@ -58,8 +46,7 @@ static void lookup_one(encache_step *st, const char *id, uint64_t rows,
   c.dtype = ENCACHE_FLOAT32;
   c.rows = rows;
   c.cols = cols;
-  encache_allocator a = {.size = sizeof(a), .alloc = talloc,
-                         .release = trelease};
+  encache_allocator a = ts_host_allocator();
   *r = (encache_result)ENCACHE_RESULT_INIT;
   ASSERT(encache_lookup(st, &c, 1, &a, r) >= 0);
 }
@@ -110,7 +97,7 @@ TEST(publish_refuses_an_output_that_is_not_the_candidates) {
   lookup_one(st, "x", 4, 8, &r);
   ASSERT_EQ_INT(r.outcome, ENCACHE_HIT);
   ASSERT_EQ_MEM(r.data, buf, 32 * sizeof(float));
-  free(r.handle);
+  free(r.data);
   encache_step_close(st);
   ASSERT_EQ_INT(encache_close(ec), 0);
 }

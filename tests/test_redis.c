@@ -20,6 +20,7 @@
 
 #include "encache.h"
 #include "redis_util.h"
+#include "store_util.h"
 #include "resp_fake.h"
 
 #include <hiredis/hiredis.h>
@@ -36,19 +37,6 @@
 #include <unistd.h>
 
 /* --------------------------------------------------------- engine helpers */
-
-static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
-                      uint64_t nbytes, void **data, void **handle) {
-  (void)ctx, (void)i, (void)c;
-  *handle = NULL;
-  *data = malloc(nbytes);
-  return *data ? 0 : ENCACHE_ENOMEM;
-}
-
-static void host_release(void *ctx, size_t i, void *data, void *handle) {
-  (void)ctx, (void)i, (void)handle;
-  free(data);
-}
 
 static void free_ctx(void *p) { free(p); }
 
@@ -75,7 +63,7 @@ static int look(encache_step *step, const char *const *ids, int n,
                             ENCACHE_FLOAT32, 2, 4, ENCACHE_DEVICE_HOST, 0};
     c[i] = cc;
   }
-  encache_allocator a = {sizeof(a), NULL, host_alloc, host_release, 0};
+  encache_allocator a = ts_host_allocator();
   r[0].size = sizeof(r[0]);
   int hits = encache_lookup(step, c, (size_t)n, &a, r);
   ASSERT(hits >= 0);
@@ -250,16 +238,6 @@ static int owner(cluster *cl, const char *key) {
   return slot_owner(cl->port, 3, cl->port[0], key);
 }
 
-static int64_t read_one(encache_store *st, const char *key, void *buf,
-                        size_t cap) {
-  const char *keys[1] = {key};
-  void *bufs[1] = {buf};
-  size_t caps[1] = {cap};
-  int64_t res[1];
-  int rc = encache_store_read(st, keys, 1, bufs, caps, res);
-  return rc < 0 ? rc : res[0];
-}
-
 TEST(redis_cluster_node_killed_others_still_hit) {
   if (!redis_have())
     return;
@@ -334,7 +312,7 @@ TEST(redis_cluster_follows_moved_and_ask) {
   ASSERT_EQ_INT(encache_store_open(cl.url, &st), 0);
   char buf[64];
   /* The Store learns the slot map. */
-  ASSERT_EQ_INT(read_one(st, "warm-up", buf, sizeof(buf)), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(ts_read_one(st, "warm-up", buf, sizeof(buf)), ENCACHE_ENOENT);
 
   /* MOVED: an empty slot handed from its owner A to B behind our back. */
   const char *key = "moved-key";
@@ -349,7 +327,7 @@ TEST(redis_cluster_follows_moved_and_ask) {
   for (int i = 0; i < 3; i++)
     on_node(cl.port[i], "CLUSTER SETSLOT %s NODE %s", slot, bid);
   ASSERT_EQ_INT(encache_store_write(st, key, NULL, 0, "moved", 5), 0);
-  ASSERT_EQ_INT(read_one(st, key, buf, sizeof(buf)), 5);
+  ASSERT_EQ_INT(ts_read_one(st, key, buf, sizeof(buf)), 5);
   ASSERT_EQ_MEM(buf, "moved", 5);
   ASSERT_EQ_INT(owner(&cl, key), b);
 
@@ -368,7 +346,7 @@ TEST(redis_cluster_follows_moved_and_ask) {
   on_node(cl.port[b], "CLUSTER SETSLOT %s IMPORTING %s", slot, aid);
   on_node(cl.port[a], "CLUSTER SETSLOT %s MIGRATING %s", slot, bid);
   ASSERT_EQ_INT(encache_store_write(st, key2, NULL, 0, "asked", 5), 0);
-  ASSERT_EQ_INT(read_one(st, key2, buf, sizeof(buf)), 5);
+  ASSERT_EQ_INT(ts_read_one(st, key2, buf, sizeof(buf)), 5);
   ASSERT_EQ_MEM(buf, "asked", 5);
   /* It really is on B. */
   c = connect_to(cl.port[b]);
@@ -522,7 +500,7 @@ TEST(redis_killed_connections_never_raise_sigpipe) {
     int w = encache_store_write(st, "big-after-kill", NULL, 0, value, big);
     ok = ok && (w == 0 || w == ENCACHE_EUNAVAIL);
     char buf[8];
-    ok = ok && read_one(st, "before-kill", buf, sizeof(buf)) == 1;
+    ok = ok && ts_read_one(st, "before-kill", buf, sizeof(buf)) == 1;
     ok = ok && encache_store_write(st, "big-2", NULL, 0, value, big) == 0;
     encache_store_close(st);
     free(value);
@@ -624,8 +602,8 @@ TEST(redis_fake_connection_closed_unanswered_is_retried_once) {
   /* Each connection answers one command and closes at the next: every
    * operation after the first finds its pooled connection closed before
    * any byte of reply, redials at once and succeeds. */
-  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), 5);
-  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), 5);
+  ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), 5);
+  ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), 5);
   ASSERT_EQ_MEM(buf, "hello", 5);
   const char *keys[1] = {"k"};
   int present[1];
@@ -650,7 +628,7 @@ static encache_store *bounded_read(resp_mode mode, unsigned timeout_ms,
   char *buf = malloc(cap);
   long rss0 = maxrss_kib();
   double t0 = now_s();
-  int64_t r = read_one(st, "k", buf, cap);
+  int64_t r = ts_read_one(st, "k", buf, cap);
   double took = now_s() - t0;
   long grew = maxrss_kib() - rss0;
   free(buf);
@@ -690,7 +668,7 @@ TEST(redis_fake_oversized_bulk_is_refused_unread) {
   /* The connection was dropped, not reused mid-reply: the next read asks
    * again on a new one. */
   char buf[4096];
-  ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_ETOOLARGE);
+  ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), ENCACHE_ETOOLARGE);
   encache_store_close(st);
   ASSERT_EQ_INT(resp_fake_stop(srv), 2);
 }
@@ -703,7 +681,7 @@ TEST(redis_fake_malformed_and_cut_replies_are_unavailable) {
     encache_store *st = open_fake(port, 1000);
     char buf[4096];
     double t0 = now_s();
-    ASSERT_EQ_INT(read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
+    ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
     const char *keys[1] = {"k"};
     int present[1];
     ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
@@ -1158,7 +1136,7 @@ TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
     wh.value = lens[v] ? b : NULL;
     wh.len = lens[v];
     wh_arm(wh_rewrite);
-    ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
+    ASSERT_EQ_INT(ts_read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
     ASSERT(wh.calls >= 1);
     ASSERT_CONTAINS(encache_store_errmsg(st), "changed while it was read");
   }
@@ -1166,7 +1144,7 @@ TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
   wh_arm(NULL);
   wh.value = b, wh.len = WOBJ;
   wh_rewrite();
-  ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), WOBJ);
+  ASSERT_EQ_INT(ts_read_one(st, "wkey", out, sizeof(out)), WOBJ);
   ASSERT_EQ_MEM(out, b, WOBJ);
   encache__redis_window_hook = NULL;
   encache_store_close(st);
@@ -1193,7 +1171,7 @@ TEST(redis_window_key_expiring_mid_read_is_a_miss) {
   for (int it = 0; it < 3000; it++) {
     freeReplyObject(redisCommand(c, "SET rkey %b PX 1", val, sizeof(val)));
     for (;;) {
-      int64_t r = read_one(st, "rkey", out, sizeof(out));
+      int64_t r = ts_read_one(st, "rkey", out, sizeof(out));
       if (r == (int64_t)sizeof(val))
         continue;
       empty += r == 0;
@@ -1206,7 +1184,7 @@ TEST(redis_window_key_expiring_mid_read_is_a_miss) {
   ASSERT_EQ_INT(misses, 3000);
   /* A real empty object is still read as one. */
   freeReplyObject(redisCommand(c, "SET ekey %b", "", (size_t)0));
-  ASSERT_EQ_INT(read_one(st, "ekey", out, sizeof(out)), 0);
+  ASSERT_EQ_INT(ts_read_one(st, "ekey", out, sizeof(out)), 0);
   redisFree(c);
   encache_store_close(st);
   kill_wait(pid, SIGKILL);
@@ -1265,7 +1243,7 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
   encache_store *st = NULL;
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   unsigned char out[64];
-  ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(ts_read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
   /* Its temporary is there, with an expiry (2 x (200 ms + 250 ms)). */
   long long pttl = 0;
   ASSERT_EQ_INT((int)tmp_keys(port, &pttl), 1);
@@ -1287,7 +1265,7 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
                 ENCACHE_EUNAVAIL);
   encache__redis_window_hook = NULL;
   ASSERT_CONTAINS(encache_store_errmsg(st), "temporary");
-  ASSERT_EQ_INT(read_one(st, "wkey3", out, sizeof(out)), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(ts_read_one(st, "wkey3", out, sizeof(out)), ENCACHE_ENOENT);
   ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
   /* The final key has the objects' expiry, not the temporary's: none, or
    * ttl_s. */
@@ -1323,7 +1301,7 @@ TEST(redis_window_server_killed_mid_window_is_unavailable) {
   ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24), 0);
   wh_arm(wh_kill_server);
   double t0 = now_s();
-  ASSERT_EQ_INT(read_one(st, "wkey", out, sizeof(out)), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(ts_read_one(st, "wkey", out, sizeof(out)), ENCACHE_EUNAVAIL);
   ASSERT(now_s() - t0 < 2);
   ASSERT(wh.calls >= 1);
   /* Restarted: a write killed mid-way is unavailable too. */
@@ -1386,7 +1364,7 @@ TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
   ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
   int before = owner(&cl, wh_key);
   wh_arm(wh_migrate);
-  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT_EQ_INT(ts_read_one(st, wh_key, out, sizeof(out)), WOBJ);
   ASSERT(wh.calls >= 1);
   ASSERT_EQ_MEM(out, a, WOBJ);
   ASSERT_EQ_INT(owner(&cl, wh_key), (before + 1) % 3);
@@ -1399,7 +1377,7 @@ TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
   encache__redis_window_hook = NULL;
   ASSERT_EQ_INT(owner(&cl, wh_key), (before + 1) % 3);
   memset(out, 0, sizeof(out));
-  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT_EQ_INT(ts_read_one(st, wh_key, out, sizeof(out)), WOBJ);
   ASSERT_EQ_MEM(out, a, WOBJ);
   /* A read whose key migrates between two windows, the slot still
    * migrating: ASK, and the object read whole from the importing node. */
@@ -1408,7 +1386,7 @@ TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
   ASSERT_EQ_INT(encache_store_write(st, wh_key, a, 24, a + 24, WOBJ - 24), 0);
   wh_arm(wh_migrate);
   memset(out, 0, sizeof(out));
-  ASSERT_EQ_INT(read_one(st, wh_key, out, sizeof(out)), WOBJ);
+  ASSERT_EQ_INT(ts_read_one(st, wh_key, out, sizeof(out)), WOBJ);
   ASSERT(wh.calls >= 1);
   encache__redis_window_hook = NULL;
   ASSERT_EQ_MEM(out, a, WOBJ);
@@ -1498,7 +1476,7 @@ TEST(redis_lease_take_renew_held_drop) {
   ASSERT_EQ_INT(encache_store_write(st, "img-1", NULL, 0, "obj", 3), 0);
   ASSERT_EQ_INT(encache_store_lease_drop(st, "img-1", 42), 0);
   char buf[8];
-  ASSERT_EQ_INT(read_one(st, "img-1", buf, sizeof(buf)), 3);
+  ASSERT_EQ_INT(ts_read_one(st, "img-1", buf, sizeof(buf)), 3);
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 43, 5000), 0);
   /* Each script went whole (EVAL) once, then by its SHA-1 (EVALSHA). */
   ASSERT_EQ_INT(calls_of(port, "eval"), 2);

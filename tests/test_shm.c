@@ -48,20 +48,10 @@ static encache_store *reopen(const char *url) {
   return st;
 }
 
-static int64_t read_one(encache_store *st, const char *key, void *buf,
-                        size_t cap) {
-  const char *keys[1] = {key};
-  void *bufs[1] = {buf};
-  size_t caps[1] = {cap};
-  int64_t res[1];
-  int rc = encache_store_read(st, keys, 1, bufs, caps, res);
-  return rc < 0 ? rc : res[0];
-}
-
 /* key reads back whole and byte for byte as written. */
 static void assert_hit(encache_store *st, const char *key, size_t len) {
   unsigned char *buf = malloc(len ? len : 1);
-  int64_t r = read_one(st, key, buf, len);
+  int64_t r = ts_read_one(st, key, buf, len);
   int ok = r == (int64_t)len && ts_verify(key, buf, len);
   free(buf);
   if (!ok)
@@ -164,7 +154,7 @@ TEST(shm_refuses_foreign_or_corrupt_header) {
   /* Restored, it opens and still holds its object. */
   st = reopen(url);
   unsigned char out[100];
-  ASSERT_EQ_INT(read_one(st, "k", out, sizeof(out)), 100);
+  ASSERT_EQ_INT(ts_read_one(st, "k", out, sizeof(out)), 100);
   ASSERT(ts_verify("k", out, 100));
   encache_store_close(st);
 
@@ -195,7 +185,7 @@ TEST(shm_evicts_when_full_and_refuses_too_large) {
   ASSERT(s.objects * (64u << 10) <= s.capacity);
   unsigned char *out = malloc(64 << 10);
   assert_hit(st, "obj-199", 64 << 10);
-  ASSERT_EQ_INT(read_one(st, "obj-000", out, 64 << 10), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(ts_read_one(st, "obj-000", out, 64 << 10), ENCACHE_ENOENT);
   free(out);
   /* An object that cannot fit the segment is refused, not half-stored. */
   unsigned char *big = calloc(1, 4u << 20);
@@ -210,7 +200,7 @@ TEST(shm_evicts_when_full_and_refuses_too_large) {
     put(st, key, 8, (uint64_t)i);
   }
   unsigned char t[8];
-  ASSERT_EQ_INT(read_one(st, "tiny-2999", t, 8), 8);
+  ASSERT_EQ_INT(ts_read_one(st, "tiny-2999", t, 8), 8);
   encache_store_close(st);
 }
 
@@ -222,13 +212,13 @@ TEST(shm_second_chance_keeps_read_objects) {
   put(st, "cold", 64 << 10, 1);
   for (int i = 0; i < 300; i++) {
     if (i % 10 == 0)
-      ASSERT_EQ_INT(read_one(st, "hot", out, 64 << 10), 64 << 10);
+      ASSERT_EQ_INT(ts_read_one(st, "hot", out, 64 << 10), 64 << 10);
     char key[32];
     snprintf(key, sizeof(key), "filler-%d", i);
     put(st, key, 64 << 10, (uint64_t)i);
   }
   assert_hit(st, "hot", 64 << 10);
-  ASSERT_EQ_INT(read_one(st, "cold", out, 64 << 10), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(ts_read_one(st, "cold", out, 64 << 10), ENCACHE_ENOENT);
   encache_store_stats s = {.size = sizeof(s)};
   ASSERT_EQ_INT(encache_store_stats_get(st, &s), 0);
   ASSERT(s.reinsertions >= 5);
@@ -249,9 +239,9 @@ TEST(shm_miss_when_object_replaced_while_read) {
   put(st, "victim", 4096, 1);
   unsigned char out[4096];
   encache__shm_read_hook = remove_during_read;
-  ASSERT_EQ_INT(read_one(st, "victim", out, sizeof(out)), ENCACHE_ENOENT);
+  ASSERT_EQ_INT(ts_read_one(st, "victim", out, sizeof(out)), ENCACHE_ENOENT);
   encache__shm_read_hook = NULL;
-  ASSERT_EQ_INT(read_one(st, "victim", out, sizeof(out)), 4096);
+  ASSERT_EQ_INT(ts_read_one(st, "victim", out, sizeof(out)), 4096);
   uint64_t v;
   memcpy(&v, out, 8);
   ASSERT_EQ_U64(v, 2);
@@ -282,7 +272,7 @@ TEST(shm_repairs_after_lock_holder_dies) {
   for (int i = 0; i < 20; i++) {
     char key[32];
     snprintf(key, sizeof(key), "keep-%d", i);
-    ASSERT_EQ_INT(read_one(st, key, out, sizeof(out)), 10000);
+    ASSERT_EQ_INT(ts_read_one(st, key, out, sizeof(out)), 10000);
     ASSERT(ts_verify(key, out, 10000));
   }
   encache_store_stats s = {.size = sizeof(s)};
@@ -370,7 +360,7 @@ TEST(shm_repairs_corrupted_index) {
   for (int i = 0; i < 40; i++) {
     char key[32];
     snprintf(key, sizeof(key), "c-%d", i);
-    int64_t n = read_one(st, key, out, 20000);
+    int64_t n = ts_read_one(st, key, out, 20000);
     ASSERT(n == 20000 || n == ENCACHE_ENOENT);
     if (n == 20000) {
       ASSERT(ts_verify(key, out, 20000));
@@ -379,7 +369,7 @@ TEST(shm_repairs_corrupted_index) {
   }
   ASSERT(survivors >= 5);
   put(st, "fresh", 20000, 1);
-  ASSERT_EQ_INT(read_one(st, "fresh", out, 20000), 20000);
+  ASSERT_EQ_INT(ts_read_one(st, "fresh", out, 20000), 20000);
   free(out);
   encache_store_close(st);
 }
@@ -468,7 +458,7 @@ static void *worker(void *p) {
         a->bad = 1;
       }
     } else if (op < 15) {
-      int64_t n = read_one(a->st, key, out, 256 << 10);
+      int64_t n = ts_read_one(a->st, key, out, 256 << 10);
       if (n >= 0 && ((size_t)n != len || !ts_verify(key, out, len)))
         a->bad = 2;
       else if (n < 0 && n != ENCACHE_ENOENT && n != ENCACHE_EUNAVAIL)
@@ -547,7 +537,7 @@ TEST(shm_threads_in_one_process) {
 static int verify_all_cb(const char *key, uint64_t len, void *arg) {
   encache_store *st = arg;
   unsigned char *out = malloc(len ? len : 1);
-  int64_t n = read_one(st, key, out, len);
+  int64_t n = ts_read_one(st, key, out, len);
   int ok = n == ENCACHE_ENOENT || (n == (int64_t)len && ts_verify(key, out, len));
   free(out);
   if (!ok)
@@ -649,7 +639,7 @@ TEST(shm_writer_in_another_pid_namespace_is_alive) {
       break;
     usleep(10000); /* the kernel tears the namespace down */
   }
-  ASSERT_EQ_INT(read_one(st, "contained", buf, sizeof(buf)), 16);
+  ASSERT_EQ_INT(ts_read_one(st, "contained", buf, sizeof(buf)), 16);
   encache_store_close(st);
 }
 
@@ -692,7 +682,7 @@ TEST(shm_publication_survives_a_lock_timeout) {
     ;
   /* The next lock of the handle publishes it. */
   unsigned char out[4096];
-  ASSERT_EQ_INT(read_one(st, "victim", out, sizeof(out)), 4096);
+  ASSERT_EQ_INT(ts_read_one(st, "victim", out, sizeof(out)), 4096);
   ASSERT(ts_verify("victim", out, sizeof(out)));
   for (int i = 0; i < 100; i++) { /* and the ring runs past it */
     char key[32];
@@ -788,7 +778,7 @@ static int hits_all_right(encache_store *st, char keys[][32], int n,
   unsigned char *buf = malloc(len);
   int hits = 0;
   for (int i = 0; i < n; i++) {
-    int64_t r = read_one(st, keys[i], buf, len);
+    int64_t r = ts_read_one(st, keys[i], buf, len);
     if (r == ENCACHE_ENOENT)
       continue;
     if (r != (int64_t)len || !ts_verify(keys[i], buf, len))
@@ -827,7 +817,7 @@ static void head_moved_back(const char *opts) {
   /* The newest record before the damage was not written over. */
   ASSERT(hits_all_right(st, keys, 12, 128 << 10) >= 7);
   unsigned char *buf = malloc(128 << 10);
-  ASSERT_EQ_INT(read_one(st, keys[5], buf, 128 << 10), 128 << 10);
+  ASSERT_EQ_INT(ts_read_one(st, keys[5], buf, 128 << 10), 128 << 10);
   free(buf);
   munmap(m, size);
   encache_store_close(st);
@@ -870,7 +860,7 @@ static int flipped_payloads_served(const char *opts) {
       p[at] ^= 0x80;
       p[at + 64 * (size_t)(i % 3 + 1)] ^= 0x80;
     }
-    int64_t r = read_one(st, key, buf, len);
+    int64_t r = ts_read_one(st, key, buf, len);
     if (r == (int64_t)len)
       served++;
     else
@@ -908,12 +898,12 @@ TEST(shm_damaged_lock_is_refused_not_fatal) {
     ASSERT_CONTAINS(msg, "lock is damaged");
     ASSERT_CONTAINS(msg, "encache shm destroy");
     unsigned char out[100];
-    ASSERT_EQ_INT(read_one(st, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
+    ASSERT_EQ_INT(ts_read_one(st, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
     ASSERT_CONTAINS(encache_store_errmsg(st), "lock is damaged");
   }
   memcpy(m + lay.lock_kind_off, &saved, sizeof(saved));
   unsigned char out[100];
-  ASSERT_EQ_INT(read_one(st, "k", out, sizeof(out)), 100);
+  ASSERT_EQ_INT(ts_read_one(st, "k", out, sizeof(out)), 100);
   munmap(m, size);
   encache_store_close(st);
 }
@@ -940,7 +930,7 @@ TEST(shm_zeroed_magic_is_refused_never_remade) {
   ASSERT_EQ_INT(stat(path, &sb), 0);
   ASSERT_EQ_U64((uint64_t)sb.st_size, (uint64_t)size);
   unsigned char *buf = malloc(256 << 10);
-  ASSERT_EQ_INT(read_one(st, keys[7], buf, 256 << 10), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(ts_read_one(st, keys[7], buf, 256 << 10), ENCACHE_EUNAVAIL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "header is damaged");
   memcpy(m, &saved, 8);
   ASSERT_EQ_INT(hits_all_right(st, keys, 8, 256 << 10), 8);
@@ -1028,7 +1018,7 @@ TEST(shm_repair_survives_concurrent_damage) {
   /* Damage stopped: one repair makes it whole and usable again. */
   ASSERT_EQ_INT(encache__shm_test_repair(st, 0), 0);
   put(st, "after-the-damage", 8 << 10, 1);
-  ASSERT_EQ_INT(read_one(st, "after-the-damage", buf, sizeof(buf)), 8 << 10);
+  ASSERT_EQ_INT(ts_read_one(st, "after-the-damage", buf, sizeof(buf)), 8 << 10);
   encache_store_close(st);
 }
 
@@ -1092,12 +1082,12 @@ TEST(shm_stopped_lock_holder_costs_one_timeout) {
   double open_s = since(&t0);
   unsigned char out[100];
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  ASSERT_EQ_INT(read_one(o, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(ts_read_one(o, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
   ASSERT_CONTAINS(encache_store_errmsg(o), "lock not acquired within 500 ms");
   double first_s = since(&t0);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (int i = 0; i < 20; i++)
-    ASSERT_EQ_INT(read_one(o, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
+    ASSERT_EQ_INT(ts_read_one(o, "k", out, sizeof(out)), ENCACHE_EUNAVAIL);
   double next_s = since(&t0);
   printf("# open %.3f s, first operation %.3f s, next 20 %.3f s\n", open_s,
          first_s, next_s);
@@ -1107,7 +1097,7 @@ TEST(shm_stopped_lock_holder_costs_one_timeout) {
   /* The holder dies: the next locker repairs and goes on. */
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
-  ASSERT_EQ_INT(read_one(o, "k", out, sizeof(out)), 100);
+  ASSERT_EQ_INT(ts_read_one(o, "k", out, sizeof(out)), 100);
   encache_store_close(o);
   encache_store_close(st);
 }
