@@ -65,7 +65,9 @@ static int raw_gets(void *ctx) {
 }
 
 /* measure_fn: raw hiredis pipelined GETRANGE windows of the objects, each
- * copied into its place in the object's raw buffer. */
+ * copied into its place in the object's raw buffer.  A value written with
+ * the key-bound check holds 16 bytes after the object: the last window may
+ * bring them, and they are not kept (the baseline checks nothing). */
 static int raw_windows(void *ctx) {
   bench_hits *h = ctx;
   uint64_t len = h->nbytes + 24;
@@ -78,12 +80,12 @@ static int raw_windows(void *ctx) {
     for (uint64_t off = 0; off < len; off += RAW_WINDOW) {
       redisReply *rep;
       if (redisGetReply(raw_redis, (void **)&rep) != REDIS_OK ||
-          rep->type != REDIS_REPLY_STRING ||
-          (uint64_t)rep->len > len - off) {
+          rep->type != REDIS_REPLY_STRING || rep->len > RAW_WINDOW) {
         fprintf(stderr, "bench_redis: raw GETRANGE failed\n");
         return 1;
       }
-      memcpy((char *)h->raw[k] + off, rep->str, rep->len);
+      size_t n = (uint64_t)rep->len < len - off ? rep->len : len - off;
+      memcpy((char *)h->raw[k] + off, rep->str, n);
       freeReplyObject(rep);
     }
   return 0;
