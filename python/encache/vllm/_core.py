@@ -295,15 +295,20 @@ class WorkerCore:
                 self.counters.already_local += 1
                 continue
             todo.append(c)
-        if self._step is None:
-            self._step = self.cache.step()
         if not todo:
+            if self._step is None:
+                self._step = self.cache.step()
             return set()
-        items = [encache.Item(c.mm_hash, c.dtype, (c.rows, c.cols),
-                              self.device) for c in todo]
+        device = self.device
+        items = [(c.mm_hash, c.dtype, (c.rows, c.cols), device)
+                 for c in todo]
         self.counters.looked_up += len(items)
         try:
-            results = self._step.lookup(items)
+            if self._step is None:  # one call: open the step and look up
+                self._step = self.cache.lookup(items)
+                results = self._step.results
+            else:
+                results = self._step.lookup(items)
         except encache.PoisonedError:
             raise  # unconfirmed I/O: the worker fails, as the reference's
         except encache.Error as e:
