@@ -282,3 +282,21 @@ def test_the_handle_is_labelled_with_the_instance(engines, shm):
     e = engines(vf.vllm_config(shm()))
     assert ecc._encoder_name(e.config, "worker") == \
         "vllm:engine-0:ec_producer:worker:0"
+
+
+def test_the_handle_appears_in_encache_stats_with_the_instance(engines, shm):
+    # Item 7: the worker's handle in the fleet registry (encache stats,
+    # top and the exporter read it) under the vLLM instance's labels.
+    segment = ectest.unique("fleet")
+    e = engines(vf.vllm_config(shm(), stats_segment=segment))
+    e.step([vf.request("r1", ["A"])])
+    try:
+        out = ectest.tool("stats", "--format", "json", "--segment",
+                          segment).stdout.decode()
+        assert "vllm:engine-0:ec_producer:worker:0" in out, out
+    finally:
+        e.worker.shutdown()
+        try:  # the registry is a POSIX shared-memory object
+            os.unlink(f"/dev/shm/{segment}")
+        except FileNotFoundError:
+            pass
