@@ -300,3 +300,28 @@ def test_the_handle_appears_in_encache_stats_with_the_instance(engines, shm):
             os.unlink(f"/dev/shm/{segment}")
         except FileNotFoundError:
             pass
+
+
+def test_a_step_left_open_is_closed_by_the_next_bind(engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.core.cache.flush()
+    b = engines(vf.vllm_config(url))
+    req = vf.request("r2", ["A"])
+    meta = b.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r2", req.mm_features)], {"r2": [0]}, set()))
+    b.worker.bind_connector_metadata(meta)
+    b.worker.start_save_caches(encoder_cache={})  # no clear: an error
+    cache = {}
+    b.worker.bind_connector_metadata(meta)
+    b.worker.start_save_caches(encoder_cache=cache)
+    assert "A" in cache
+    assert b.worker.core.stats().steps_open == 1
+
+
+def test_the_namespace_is_logged_at_start_up(engines, shm, caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger=_core.logger.name):
+        e = engines(vf.vllm_config(shm()))
+    assert any(e.worker.namespace in r.getMessage() for r in caplog.records)

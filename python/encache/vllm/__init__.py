@@ -34,8 +34,11 @@ def register(factory=None) -> bool:
     registry = getattr(factory, "_registry", {})
     if CONNECTOR_NAME in registry:
         return False
-    factory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE,
-                               CONNECTOR_NAME)
+    try:
+        factory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE,
+                                   CONNECTOR_NAME)
+    except ValueError:  # "already registered", by a factory without
+        return False    # a _registry to look at first
     return True
 
 

@@ -264,11 +264,10 @@ class WorkerCore:
             extra["encoder_name"] = self._encoder_name
         cache = encache.Cache(cfg, store=self.config.resolved_store(),
                               log=logger.warning, **self._namespace)
-        url = self.config.resolved_store() or os.environ.get(
-            "ENCACHE_STORE") or "the default shm Store"
+        url = self.config.resolved_store() or os.environ.get("ENCACHE_STORE")
         logger.info("encache: cross-encoder reuse on %s, namespace %s",
-                    encache.url_redact(url) if "://" in url or
-                    url.endswith(":") else url, cache.namespace)
+                    encache.url_redact(url) if url else
+                    "the default shm Store", cache.namespace)
         return cache
 
     @property
@@ -276,6 +275,12 @@ class WorkerCore:
         return self.cache.namespace if self.cache is not None else None
 
     # ----------------------------------------------------------- a step
+
+    def bind(self) -> None:
+        """A new step's metadata is bound: a step the runner left open
+        (no clear_connector_metadata after an error) is closed first."""
+        if self._begun or self._step is not None:
+            self.end_step()
 
     def begin_step(self, plan: StepPlan | None,
                    encoder_cache: dict | None) -> set[str]:
@@ -417,13 +422,20 @@ class WorkerCore:
     def close(self) -> None:
         """Closes the step and the Cache (waits for queued publications).
         Raises PoisonedError when the Cache was poisoned."""
-        self.end_step()
+        try:
+            self.end_step()
+        except encache.Error:
+            pass  # a poisoned step: close below reports it
         cache, self.cache = self.cache, None
-        if cache is not None:
+        if cache is None:
+            return
+        try:
             s = cache.stats()
             logger.info(
                 "encache: %d steps, %d looked up, %d loaded, %d published "
                 "(%d written), %d unavailable", self.counters.steps,
                 self.counters.looked_up, self.counters.loaded,
                 self.counters.published, s.published_written, s.unavailable)
-            cache.close()
+        except encache.Error:
+            pass
+        cache.close()

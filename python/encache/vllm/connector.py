@@ -77,6 +77,9 @@ try:  # inside vLLM
     from vllm.distributed.ec_transfer.ec_connector.base import (
         ECConnectorBase, ECConnectorMetadata, ECConnectorRole)
     HAVE_VLLM = True
+    # Under vLLM's logger, whose handler vLLM configures: the namespace at
+    # start-up and the counters at shutdown show in vLLM's log.
+    _core.logger = logging.getLogger("vllm.encache")
 except ImportError:  # tests, docs: the stand-ins of the same shape
     from ._shim import ECConnectorBase, ECConnectorMetadata, ECConnectorRole
     HAVE_VLLM = False
@@ -253,6 +256,8 @@ class EncacheECConnector(ECConnectorBase):
 
     def bind_connector_metadata(self, connector_metadata) -> None:
         super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            self._worker.bind()
         if self._inner is not None:
             inner = getattr(connector_metadata, "inner", connector_metadata)
             if inner is not None:
