@@ -104,3 +104,43 @@ def test_the_package_imports_no_vllm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == ("True" if ecc.HAVE_VLLM else "False")
+
+
+class _Recorder:
+    """Forwards to a connector and records the methods called on it."""
+
+    def __init__(self, target, calls):
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_calls", calls)
+
+    def __getattr__(self, name):
+        value = getattr(self._target, name)
+        if callable(value):
+            self._calls.add(name)
+        return value
+
+
+def test_every_call_the_engine_makes_is_in_the_lists(shm):
+    # The suite's engine (vllm_fakes.Engine, vLLM's call order) calls
+    # only methods of the lists above: a call vLLM makes that the lists
+    # lack, or one removed from them, fails here or above.
+    import vllm_fakes as vf
+    calls = set()
+    e = vf.Engine(vf.vllm_config(shm()))
+    try:
+        e.scheduler = _Recorder(e.scheduler, calls)
+        e.worker = _Recorder(e.worker, calls)
+        reqs = [vf.request("r1", ["A", "B"])]
+        e.step(reqs)
+        e.step(reqs)
+        e.finish(reqs)
+    finally:
+        e.shutdown()
+    listed = set(ABSTRACT) | set(HOOKS) | set(PRODUCER)
+    assert calls - listed == set(), sorted(calls - listed)
+    # And the engine exercises every abstract method but a consumer's two
+    # (start_load_caches, and update_state_after_alloc for an external
+    # load) and the producer's lookup point.
+    assert set(ABSTRACT) - {"start_load_caches",
+                            "update_state_after_alloc"} <= calls
+    assert "start_save_caches" in calls

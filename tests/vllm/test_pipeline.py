@@ -24,16 +24,20 @@ def bits(t):
     return t.contiguous().view(-1).view(torch.int32).tolist()
 
 
-STORES = ["shm", "redis"]
+STORES = ["shm", "redis", "redis-cluster", "tier"]
 
 
 def store_of(kind, shm):
     if kind == "shm":
         return shm()
-    url = os.environ.get("ENCACHE_REDIS_URL")
+    env = "ENCACHE_REDIS_CLUSTER_URL" if kind == "redis-cluster" \
+        else "ENCACHE_REDIS_URL"
+    url = os.environ.get(env)
     if not url:
-        pytest.skip("no Redis server (tests/vllm/run.sh starts one when "
+        pytest.skip(f"no {env} (tests/vllm/run.sh starts the servers when "
                     "redis-server is installed)")
+    if kind == "tier":  # a host's shm in front of the Redis server
+        return f"tier:{shm()}+{url}"
     return url
 
 
