@@ -30,3 +30,22 @@ def test_hits_land_on_the_workers_device(engines, shm):
         assert isinstance(got, DeviceArray)
         assert got.host().tobytes() == a.encoder_cache[k].numpy().tobytes()
     assert b.worker.core.stats().device_bytes_copied == 2 * 4 * 8 * 4
+
+
+def test_cuda_without_an_index_is_the_workers_current_gpu(engines, shm,
+                                                         monkeypatch):
+    # vLLM's device_config says "cuda"; each worker has made its GPU
+    # current (encache's own "cuda" would be GPU 0).
+    import torch
+    asked = []
+    monkeypatch.setattr(torch.cuda, "current_device",
+                        lambda: asked.append(1) or 0)
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.shutdown()
+    b = engines(vf.VllmConfig(vf.vllm_config(url).ec_transfer_config,
+                              device="cuda"))
+    assert b.worker.core.device == "cuda"
+    b.step([vf.request("r2", ["A"])])
+    assert asked and isinstance(b.encoder_cache["A"], DeviceArray)

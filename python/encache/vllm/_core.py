@@ -242,7 +242,8 @@ class WorkerCore:
 
     namespace: dict(model=, revision=, encoder_hash=, dtype=), the key
     fields as vLLM's reuse takes them (encache.vllm.connector fills it from
-    vLLM's model config); device: where hits go ("cpu", "cuda:N")."""
+    vLLM's model config); device: where hits go ("cpu", "cuda:N", or
+    "cuda": the GPU current on the worker's thread at each step)."""
 
     def __init__(self, config: ConnectorConfig, namespace: dict,
                  device: str = "cpu", encoder_name: str | None = None):
@@ -305,6 +306,9 @@ class WorkerCore:
                 self._step = self.cache.step()
             return set()
         device = self.device
+        if device == "cuda":  # the worker's current GPU, at each step
+            import torch
+            device = f"cuda:{torch.cuda.current_device()}"
         items = [(c.mm_hash, c.dtype, (c.rows, c.cols), device)
                  for c in todo]
         self.counters.looked_up += len(items)

@@ -154,11 +154,11 @@ def _device_of(vllm_config) -> str:
         return "cpu"
     kind = getattr(dev, "type", str(dev))
     if kind == "cuda":
+        # vLLM's device_config names "cuda" without an index: each worker
+        # has made its own GPU current, which is what encache's "cuda"
+        # means at each lookup.
         index = getattr(dev, "index", None)
-        if index is None:
-            import torch
-            index = torch.cuda.current_device()
-        return f"cuda:{index}"
+        return "cuda" if index is None else f"cuda:{index}"
     return "cpu"
 
 
