@@ -329,3 +329,14 @@ def test_the_namespace_is_logged_at_start_up(engines, shm, caplog):
     with caplog.at_level(logging.INFO, logger=_core.logger.name):
         e = engines(vf.vllm_config(shm()))
     assert any(e.worker.namespace in r.getMessage() for r in caplog.records)
+
+
+def test_an_output_wider_than_planned_is_not_published_and_said(
+        engines, shm, caplog):
+    import logging
+    e = engines(vf.vllm_config(shm(), encoder_output_width=16))
+    with caplog.at_level(logging.WARNING, logger=_core.logger.name):
+        e.step([vf.request("r1", ["A"])])  # the encoder makes 4x8
+    assert e.worker.core.counters.published == 0
+    assert any("encoder_output_width" in r.getMessage()
+               for r in caplog.records)

@@ -255,6 +255,7 @@ class WorkerCore:
         self._step = None
         self._planned: dict[str, Candidate] = {}
         self._begun = False
+        self._warned_mismatch = False
         self.cache = self._open(config.library_config) \
             if config.enabled and config.is_producer else None
 
@@ -371,6 +372,20 @@ class WorkerCore:
         skip = self._step.publish(mm_hash, tensor)
         if skip == encache.Skip.QUEUED:
             self.counters.published += 1
+        elif skip == encache.Skip.MISMATCH and not self._warned_mismatch:
+            # The plan's contract is not the encoder's output: no output of
+            # this model will ever be published.  Say so once.
+            self._warned_mismatch = True
+            self.counters.publish_skipped += 1
+            c = self._planned.get(mm_hash)
+            logger.warning(
+                "encache: the output of %s is %s %s, the plan expected "
+                "%sx%s %s: not published (set encoder_output_width in "
+                "ec_connector_extra_config if the model's encoder outputs "
+                "are not as wide as its input embeddings)", mm_hash,
+                "x".join(map(str, tuple(tensor.shape))), tensor.dtype,
+                getattr(c, "rows", "?"), getattr(c, "cols", "?"),
+                getattr(c, "dtype", "?"))
         else:
             self.counters.publish_skipped += 1
             logger.debug("encache: %s not published: %s", mm_hash,
