@@ -217,6 +217,7 @@ def test_a_namespace_switch_takes_effect_on_the_next_request(engines, shm):
     a.encoder_cache.clear()  # vLLM drops its encoder cache with new weights
     a.step([vf.request("r2", ["A"])])  # not the old weights' output
     assert a.encoder.calls == ["A", "A"]
+    a.worker.core.cache.flush()  # its publication is written
     b = engines(vf.vllm_config(
         url, embedding_model_identity="vit@weights:epoch-2"))
     assert b.worker.namespace == new
