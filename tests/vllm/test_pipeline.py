@@ -341,3 +341,30 @@ def test_an_output_wider_than_planned_is_not_published_and_said(
     assert e.worker.core.counters.published == 0
     assert any("encoder_output_width" in r.getMessage()
                for r in caplog.records)
+
+
+def test_ec_both_looks_up_once_per_step(engines, shm):
+    # ActiveECConnector calls start_save_caches (a producer) and then
+    # start_load_caches (a consumer) on an ec_both instance.
+    url = shm()
+    a = engines(vf.vllm_config(url, role="ec_both"))
+    a.step([vf.request("r1", ["A", "B"])])
+    a.worker.shutdown()
+    vllm_delivery.CALLS.clear()
+    b2 = engines(vf.vllm_config(url, role="ec_both"))
+    worker = vllm_delivery.CALLS[1]
+    b2.step([vf.request("r2", ["A", "B"])])
+    assert b2.encoder.calls == [] and b2.worker.core.counters.looked_up == 2
+    assert ("start_load_caches", {"A", "B"}) in worker.calls
+
+
+def test_a_consumer_opens_no_store_and_forwards(engines, shm):
+    e = engines(vf.vllm_config(shm(), role="ec_consumer"))
+    assert e.worker.core.cache is None
+    cache = {}
+    e.worker.bind_connector_metadata(
+        ecc.EncacheECConnectorMetadata(_core.StepPlan(), {"inner": "meta"}))
+    e.worker.start_load_caches(cache)
+    e.worker.clear_connector_metadata()
+    inner = e.worker._inner
+    assert [c[0] for c in inner.calls] == ["bind", "start_load_caches"]
