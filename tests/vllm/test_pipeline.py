@@ -368,3 +368,17 @@ def test_a_consumer_opens_no_store_and_forwards(engines, shm):
     e.worker.clear_connector_metadata()
     inner = e.worker._inner
     assert [c[0] for c in inner.calls] == ["bind", "start_load_caches"]
+
+
+def test_an_output_the_library_refuses_does_not_stop_the_step(engines, shm):
+    e = engines(vf.vllm_config(shm()))
+    req = vf.request("r1", ["S"])
+    meta = e.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r1", req.mm_features)], {"r1": [0]}, set()))
+    e.worker.bind_connector_metadata(meta)
+    cache = {}
+    e.worker.start_save_caches(encoder_cache=cache)
+    cache["S"] = torch.ones(4, 8).to_sparse()  # refused: InvalidError
+    e.worker.save_caches(encoder_cache=cache, mm_hash="S")
+    e.worker.clear_connector_metadata()
+    assert e.worker.core.counters.publish_skipped == 1

@@ -369,7 +369,16 @@ class WorkerCore:
             if r.hit:
                 self.counters.publish_skipped += 1
                 return encache.Skip.PENDING
-        skip = self._step.publish(mm_hash, tensor)
+        try:
+            skip = self._step.publish(mm_hash, tensor)
+        except encache.PoisonedError:
+            raise
+        except encache.Error as e:
+            # A tensor the library cannot take (another device kind, a
+            # sparse layout): the serving path goes on, unpublished.
+            self.counters.publish_skipped += 1
+            logger.warning("encache: %s not published: %s", mm_hash, e)
+            return None
         if skip == encache.Skip.QUEUED:
             self.counters.published += 1
         elif skip == encache.Skip.MISMATCH and not self._warned_mismatch:
