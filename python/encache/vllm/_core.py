@@ -29,6 +29,14 @@ it:
   end_step()                        clear_connector_metadata: closes the
       step.
 
+The lookup is synchronous, in begin_step, as the reference's is: vLLM's
+V2 runner calls start_save_caches right after binding the step's
+metadata and decides what to encode from the encoder cache right after
+that, so a read started at bind time would gain nothing on the worker;
+the scheduler runs in another process, where outputs read from the Store
+could not reach the encoder cache (a scheduler-time prefetch would only
+warm a tier's host shm; not done).
+
 Failures follow the reference (vLLM's cross-encoder reuse, docs "Shared
 Encoder output Store", Failure semantics): every outcome but a hit means
 "encode it", and a Store that cannot be reached gives UNAVAILABLE outcomes,
