@@ -382,3 +382,21 @@ def test_an_output_the_library_refuses_does_not_stop_the_step(engines, shm):
     e.worker.save_caches(encoder_cache=cache, mm_hash="S")
     e.worker.clear_connector_metadata()
     assert e.worker.core.counters.publish_skipped == 1
+
+
+def test_start_save_caches_without_an_encoder_cache_defers_the_lookup(
+        engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url, role="ec_both"))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url, role="ec_both"))
+    req = vf.request("r2", ["A"])
+    meta = b.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r2", req.mm_features)], {"r2": [0]}, set()))
+    b.worker.bind_connector_metadata(meta)
+    b.worker.start_save_caches()  # as some vLLM tests call it
+    cache = {}
+    b.worker.start_load_caches(cache)
+    assert "A" in cache
+    b.worker.clear_connector_metadata()

@@ -298,15 +298,15 @@ class WorkerCore:
         encoder_cache under its identifier.  Returns the identifiers
         loaded.  Called once per step (a second call, e.g. start_load_caches
         after start_save_caches on ec_both, does nothing)."""
-        if self._begun:
-            return set()
+        if self._begun or encoder_cache is None:
+            return set()  # done, or nowhere to put hits (yet)
         self._begun = True
         self.counters.steps += 1
         if self.cache is None:
             return set()
         todo = []
         for c in plan.candidates if plan is not None else ():
-            if encoder_cache is not None and c.mm_hash in encoder_cache:
+            if c.mm_hash in encoder_cache:
                 self.counters.already_local += 1
                 continue
             todo.append(c)
@@ -339,8 +339,7 @@ class WorkerCore:
         for c, r in zip(todo, results):
             self._planned[c.mm_hash] = c
             if r.hit:
-                if encoder_cache is not None:
-                    encoder_cache[c.mm_hash] = r.tensor
+                encoder_cache[c.mm_hash] = r.tensor
                 loaded.add(c.mm_hash)
         self.counters.loaded += len(loaded)
         return loaded
