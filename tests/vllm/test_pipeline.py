@@ -400,3 +400,57 @@ def test_start_save_caches_without_an_encoder_cache_defers_the_lookup(
     b.worker.start_load_caches(cache)
     assert "A" in cache
     b.worker.clear_connector_metadata()
+
+
+def test_scheduler_prefetch_warms_the_hosts_tier(engines, shm):
+    # The scheduler reads the step's candidates when it plans them; on a
+    # tier the remote hits are promoted into the host's shm, where the
+    # worker's own lookup then finds them.
+    redis = os.environ.get("ENCACHE_REDIS_URL")
+    if not redis:
+        pytest.skip("no Redis server")
+    img = ectest.unique("img")
+    a = engines(vf.vllm_config(redis))  # an encoder on another host
+    a.step([vf.request("r1", [img])])
+    a.worker.shutdown()
+    local = shm()
+    b = engines(vf.vllm_config(f"tier:{local}+{redis}",
+                               scheduler_prefetch=True))
+    pf = b.scheduler.core.prefetcher
+    assert pf is not None
+    req = vf.request("r2", [img])
+    b.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r2", req.mm_features)], {"r2": [0]}, set()))
+    pf.wait()
+    assert pf.prefetched == 1 and pf.failed == 0
+    # The host's shm alone (no remote) has it once promoted.
+    cfg = ecc.ec_transfer_dict(b.config.ec_transfer_config)
+    lib = _core.ConnectorConfig.from_ec_transfer_config(cfg).library_config
+    with encache.Cache(lib, store=local,
+                       **ecc.namespace_fields(b.config)) as host:
+        import time
+        deadline = time.monotonic() + ectest.TIMEOUT
+        while True:
+            with host.lookup([(img, torch.float32, (4, 8))]) as step:
+                if step[0].hit:
+                    assert bits(step[0].tensor) == \
+                        bits(a.encoder_cache[img])
+                    break
+            assert time.monotonic() < deadline, "never promoted"
+            time.sleep(0.05)
+
+
+def test_scheduler_prefetch_is_off_by_default_and_bounded(engines, shm):
+    e = engines(vf.vllm_config(shm()))
+    assert e.scheduler.core.prefetcher is None
+    with pytest.raises(encache.ConfigError, match="scheduler_prefetch"):
+        _core.ConnectorConfig.from_ec_transfer_config(
+            {"ec_connector_extra_config": {"scheduler_prefetch": 1}})
+    p = engines(vf.vllm_config(shm(), scheduler_prefetch=True))
+    pf = p.scheduler.core.prefetcher
+    pf.close()  # its thread gone, nothing takes from the queue: a full
+    # queue drops the step rather than wait
+    for _ in range(8):
+        assert pf.submit([("x", torch.float32, (4, 8))]) is True
+    assert pf.submit([("x", torch.float32, (4, 8))]) is False
+    assert pf.dropped == 1

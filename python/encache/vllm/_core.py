@@ -73,6 +73,7 @@ OWN_OPTIONS = {
     "inner_ec_connector": (str, "ECMooncakeConnector"),
     "inner_ec_connector_module_path": (str, None),
     "encoder_output_width": (int, None),
+    "scheduler_prefetch": (bool, False),
 }
 
 # The modalities looked up: the reference covers images only, other
@@ -118,6 +119,7 @@ class ConnectorConfig:
     inner_module_path: str | None
     encoder_output_width: int | None
     library_config: dict
+    scheduler_prefetch: bool = False
 
     @classmethod
     def from_ec_transfer_config(cls, cfg: dict) -> ConnectorConfig:
@@ -131,8 +133,9 @@ class ConnectorConfig:
         own = {}
         for name, (kind, default) in OWN_OPTIONS.items():
             value = extra.get(name, default)
-            if value is not None and (not isinstance(value, kind)
-                                      or isinstance(value, bool)):
+            if value is not None and (
+                    not isinstance(value, kind)
+                    or (kind is not bool and isinstance(value, bool))):
                 raise encache.ConfigError(
                     f"{name}: expected a {kind.__name__}, got {value!r}")
             if isinstance(value, str) and "\0" in value:
@@ -156,7 +159,8 @@ class ConnectorConfig:
                    store_url=own["store_url"], inner=own["inner_ec_connector"],
                    inner_module_path=own["inner_ec_connector_module_path"],
                    encoder_output_width=own["encoder_output_width"],
-                   library_config=library)
+                   library_config=library,
+                   scheduler_prefetch=own["scheduler_prefetch"])
 
     @property
     def is_producer(self) -> bool:
@@ -187,16 +191,94 @@ def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
             "counters that collide across encoders")
 
 
+class Prefetcher:
+    """scheduler_prefetch: the scheduler process reads the step's
+    candidates as soon as it has planned them, on a thread of its own,
+    and drops what it read.  The outputs cannot reach the worker's encoder
+    cache from there (another process), but a tier Store promotes each
+    remote hit into the host's shm, so that the worker's own lookup a
+    moment later is a local hit.  Bounded: at most `depth` steps wait;
+    a step that finds the queue full is not prefetched (counted).  A
+    Store operation that cannot be confirmed ends prefetching for the
+    process (the worker's lookups are not affected: another handle)."""
+
+    def __init__(self, cache, depth: int = 8):
+        import queue
+        import threading
+        self.cache = cache
+        self.prefetched = self.dropped = self.failed = 0
+        self._queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="encache-prefetch")
+        self._thread.start()
+
+    def submit(self, items) -> bool:
+        import queue
+        try:
+            self._queue.put_nowait(items)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def _run(self):
+        while True:
+            items = self._queue.get()
+            try:
+                if items is None:
+                    return
+                with self.cache.lookup(items):
+                    pass
+                self.prefetched += len(items)
+            except encache.PoisonedError as e:
+                logger.warning("encache: scheduler prefetch stopped: %s", e)
+                self.failed += 1
+                return
+            except encache.Error as e:
+                self.failed += 1
+                logger.debug("encache: prefetch failed: %s", e)
+            finally:
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        """Until every submitted step is read (tests, shutdown)."""
+        if self._thread.is_alive():
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        try:
+            self.cache.close()
+        except encache.Error as e:
+            logger.warning("encache: scheduler prefetch: %s", e)
+
+
 class SchedulerCore:
     """The scheduler half: remembers each request's image features and
-    plans, per step, the candidates of the encoder inputs scheduled."""
+    plans, per step, the candidates of the encoder inputs scheduled.
+    namespace (dict(model=, revision=, encoder_hash=, dtype=), as
+    WorkerCore's): given with scheduler_prefetch on, for its Cache."""
 
-    def __init__(self, config: ConnectorConfig, cols: int, dtype: str):
+    def __init__(self, config: ConnectorConfig, cols: int, dtype: str,
+                 namespace: dict | None = None,
+                 encoder_name: str | None = None):
         self.config = config
         self.cols = config.encoder_output_width or cols
         self.dtype = dtype
         # request id -> [(identifier, rows, modality)], in feature order.
         self._features: dict[str, list[tuple[str, int, str]]] = {}
+        self.prefetcher = None
+        if config.enabled and config.is_producer and \
+                config.scheduler_prefetch and namespace is not None:
+            cfg = json.loads(json.dumps(config.library_config))
+            extra = cfg.setdefault("ec_connector_extra_config", {})
+            if encoder_name and "encoder_name" not in extra:
+                extra["encoder_name"] = encoder_name
+            self.prefetcher = Prefetcher(encache.Cache(
+                cfg, store=config.resolved_store(), log=logger.warning,
+                **namespace))
 
     def note_request(self, req_id: str,
                      features: typing.Iterable[tuple[str, int, str]]) -> None:
@@ -226,10 +308,18 @@ class SchedulerCore:
                     continue
                 seen.add(ident)
                 out.append(Candidate(ident, rows, self.cols, self.dtype))
+        if out and self.prefetcher is not None:
+            self.prefetcher.submit([(c.mm_hash, c.dtype, (c.rows, c.cols))
+                                    for c in out])
         return StepPlan(tuple(out))
 
     def forget(self, req_id: str) -> None:
         self._features.pop(req_id, None)
+
+    def close(self) -> None:
+        prefetcher, self.prefetcher = self.prefetcher, None
+        if prefetcher is not None:
+            prefetcher.close()
 
 
 @dataclasses.dataclass

@@ -220,7 +220,9 @@ class EncacheECConnector(ECConnectorBase):
         if role == ECConnectorRole.SCHEDULER:
             self._scheduler = _core.SchedulerCore(
                 self._config, output_cols(vllm_config.model_config),
-                str(vllm_config.model_config.dtype))
+                str(vllm_config.model_config.dtype),
+                namespace=namespace_fields(vllm_config),
+                encoder_name=_encoder_name(vllm_config, "scheduler"))
         elif role == ECConnectorRole.WORKER:
             self._worker = _core.WorkerCore(
                 self._config, namespace_fields(vllm_config),
@@ -372,5 +374,7 @@ class EncacheECConnector(ECConnectorBase):
         try:
             if self._worker is not None:
                 self._worker.close()
+            if self._scheduler is not None:
+                self._scheduler.close()
         finally:
             self._forward("shutdown")
