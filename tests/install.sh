@@ -81,6 +81,18 @@ assert encache.__file__.startswith(sys.argv[1]), encache.__file__
 libs = [l.split()[-1] for l in open("/proc/self/maps") if "libencache" in l]
 assert libs and all(p.startswith(sys.argv[1]) for p in libs), libs
 ' "$prefix" || fail "the installed Python package does not import"
+  step "vLLM finds the connector's plugin in PREFIX (vllm.general_plugins)"
+  PYTHONPATH=$(dirname "$(dirname "$init")") /usr/bin/python3 -c '
+import importlib.metadata as m, sys
+import encache, encache.vllm.connector
+eps = [e for e in m.entry_points(group="vllm.general_plugins")
+       if e.name == "encache"]
+assert len(eps) == 1 and eps[0].value == "encache.vllm:register", eps
+assert eps[0].load() is encache.vllm.register
+assert m.version("encache") == encache.__version__
+assert m.distribution("encache").locate_file("").as_posix().startswith(
+    sys.argv[1])
+' "$prefix" || fail "the installed package has no vllm.general_plugins entry point"
 fi
 
 step "find_package(encache 1.0): encache::encache and encache::encache_static"

@@ -5,7 +5,8 @@
 # in BUILD_DIR/python, the tool BUILD_DIR/encache and the fault Store
 # library (ENCACHE_PYFAULT_LIB, else BUILD_DIR/libencache_pyfault.so), with
 # a Redis server and a Redis Cluster of its own (scripts/redis-servers.sh;
-# without redis-server the Redis tests skip).  Exits 77 (skipped) when
+# without redis-server the Redis tests skip); ENCACHE_PY_SUITE names
+# another suite directory (tests/vllm/run.sh).  Exits 77 (skipped) when
 # /usr/bin/python3 cannot import torch or the extension was not built.
 set -u
 # A sanitizer build's runtimes (LD_PRELOAD) are for the interpreter only,
@@ -55,4 +56,4 @@ fi
 cd "$src" || exit 1
 export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the source tree
 env ${preload:+"LD_PRELOAD=$preload"} \
-  "$py" -m pytest -q -p no:cacheprovider "$@" tests/python
+  "$py" -m pytest -q -p no:cacheprovider "$@" "${ENCACHE_PY_SUITE:-tests/python}"

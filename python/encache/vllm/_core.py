@@ -1,0 +1,566 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The logic of encache's vLLM EC connector, without vLLM.
+
+vLLM splits an EC connector in two halves (vllm-project/vllm,
+vllm/distributed/ec_transfer/ec_connector/base.py, commit
+035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6): a scheduler half that builds
+per-step metadata, and a worker half that the model runner drives with that
+metadata bound.  This module holds both halves' logic as plain Python over
+encache.Cache, so that it is tested without vLLM (tests/vllm); the class
+that vLLM loads (encache.vllm.connector) only translates vLLM's objects
+into the values used here.
+
+Scheduler half (SchedulerCore): it remembers the image features of each
+request (identifier, number of embeddings) and, for the encoder inputs the
+scheduler planned for this step, emits a StepPlan: one Candidate per image
+(identifier, rows, cols, dtype).  A StepPlan is a frozen dataclass of
+strings and integers, so it pickles with vLLM's scheduler output.
+
+Worker half (WorkerCore), per step, in the order the model runner calls
+it:
+  begin_step(plan, encoder_cache)   start_save_caches (a producer) or
+      start_load_caches (ec_both): looks up the planned candidates that
+      are not already in encoder_cache and puts each hit there, as a
+      tensor on the worker's device; the runner then encodes only the rest.
+  publish(encoder_cache, mm_hash)   save_caches: queues the new output
+      for publication; an identifier no plan named (a scheduler that
+      plans nothing for the images a producer encodes) is made a
+      candidate first, by a lookup of its own.
+  end_step()                        clear_connector_metadata: closes the
+      step.
+
+The lookup is synchronous, in begin_step, as the reference's is: vLLM's
+V2 runner calls start_save_caches right after binding the step's
+metadata and decides what to encode from the encoder cache right after
+that, so a read started at bind time would gain nothing on the worker;
+the scheduler runs in another process, where outputs read from the Store
+could not reach the encoder cache (a scheduler-time prefetch would only
+warm a tier's host shm; not done).
+
+Failures follow the reference (vLLM's cross-encoder reuse, docs "Shared
+Encoder output Store", Failure semantics): every outcome but a hit means
+"encode it", and a Store that cannot be reached gives UNAVAILABLE outcomes,
+not exceptions; a Store operation whose completion cannot be confirmed
+raises encache.PoisonedError, which is let through so that the worker
+fails, as vLLM's worker does on an unconfirmed I/O.
+
+Threads: a WorkerCore belongs to the worker's thread, as vLLM's worker
+connector does; its Cache serialises its own calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import typing
+
+import encache
+
+logger = logging.getLogger("encache.vllm")
+
+# The name vLLM knows the connector by (ec_connector in
+# --ec-transfer-config) and the module it is loaded from.
+CONNECTOR_NAME = "EncacheECConnector"
+CONNECTOR_MODULE = "encache.vllm.connector"
+
+# Options of ec_connector_extra_config that are the connector's own and
+# never reach the library (the library reads vLLM's options and encache's
+# engine options, docs/configuration.md, from the same object).
+OWN_OPTIONS = {
+    "store_url": (str, None),
+    "inner_ec_connector": (str, "ECMooncakeConnector"),
+    "inner_ec_connector_module_path": (str, None),
+    "encoder_output_width": (int, None),
+    "scheduler_prefetch": (bool, False),
+}
+
+# The modalities looked up: the reference covers images only, other
+# modalities keep the normal encoder path.
+MODALITIES = frozenset({"image"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One encoder output the step may load: the identifier (vLLM's
+    mm_hash) and the output expected, rows x cols of dtype (a name)."""
+    mm_hash: str
+    rows: int
+    cols: int
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """The scheduler half's part of a step's metadata."""
+    candidates: tuple[Candidate, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorConfig:
+    """The connector's configuration, read from vLLM's ec_transfer_config
+    (a dict: its ec_connector, ec_role and ec_connector_extra_config).
+
+    enabled: vLLM's cross_encoder_cache (default false: no Store client,
+        no publisher, as in the reference).
+    store_url: encache's Store; None: $ENCACHE_STORE, else "mooncake:" when
+        $MOONCAKE_CONFIG_PATH is set (the reference's Store), else the
+        library's default shm Store.
+    inner: the connector that delivers outputs to Prefill (vLLM's
+        ECMooncakeConnector by default); "" for none.
+    library_config: the ec_transfer_config the library is given, without
+        the connector's own options.
+    """
+    role: str
+    enabled: bool
+    store_url: str | None
+    inner: str
+    inner_module_path: str | None
+    encoder_output_width: int | None
+    library_config: dict
+    scheduler_prefetch: bool = False
+
+    @classmethod
+    def from_ec_transfer_config(cls, cfg: dict) -> ConnectorConfig:
+        if not isinstance(cfg, dict):
+            raise encache.ConfigError(
+                "ec_transfer_config: expected an object")
+        extra = cfg.get("ec_connector_extra_config") or {}
+        if not isinstance(extra, dict):
+            raise encache.ConfigError(
+                "ec_connector_extra_config: expected an object")
+        own = {}
+        for name, (kind, default) in OWN_OPTIONS.items():
+            value = extra.get(name, default)
+            if value is not None and (
+                    not isinstance(value, kind)
+                    or (kind is not bool and isinstance(value, bool))):
+                raise encache.ConfigError(
+                    f"{name}: expected a {kind.__name__}, got {value!r}")
+            if isinstance(value, str) and "\0" in value:
+                raise encache.ConfigError(f"{name}: holds a NUL character")
+            own[name] = value
+        if own["encoder_output_width"] is not None and \
+                own["encoder_output_width"] <= 0:
+            raise encache.ConfigError("encoder_output_width: must be positive")
+        enabled = extra.get("cross_encoder_cache", False)
+        if not isinstance(enabled, bool):
+            # The library refuses it too, naming it; say it here as well,
+            # before anything is opened.
+            raise encache.ConfigError(
+                f"cross_encoder_cache: expected a boolean, got {enabled!r}")
+        library = {k: v for k, v in cfg.items()
+                   if k in ("ec_connector", "ec_role",
+                            "ec_connector_extra_config")}
+        library["ec_connector_extra_config"] = {
+            k: v for k, v in extra.items() if k not in OWN_OPTIONS}
+        return cls(role=cfg.get("ec_role") or "", enabled=enabled,
+                   store_url=own["store_url"], inner=own["inner_ec_connector"],
+                   inner_module_path=own["inner_ec_connector_module_path"],
+                   encoder_output_width=own["encoder_output_width"],
+                   library_config=library,
+                   scheduler_prefetch=own["scheduler_prefetch"])
+
+    @property
+    def is_producer(self) -> bool:
+        return self.role in ("ec_producer", "ec_both")
+
+    def resolved_store(self) -> str | None:
+        """The Store URL the worker opens (None: the library's default)."""
+        if self.store_url is not None:
+            return self.store_url
+        if os.environ.get("ENCACHE_STORE"):
+            return None
+        if os.environ.get("MOONCAKE_CONFIG_PATH"):
+            return "mooncake:"
+        return None
+
+
+def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
+    """Refuses what the reference refuses at start-up: with reuse on and
+    the processor cache off, an encoder-only instance names images with
+    process-local counters, which collide across encoders (vLLM,
+    tests/v1/ec_connector/unit/test_cross_encoder_cache.py,
+    test_shared_reuse_requires_content_stable_identifiers)."""
+    if enabled and mm_processor_cache_gb is not None and \
+            mm_processor_cache_gb <= 0:
+        raise ValueError(
+            "cross_encoder_cache needs mm_processor_cache_gb > 0: without "
+            "the processor cache, multimodal identifiers are process-local "
+            "counters that collide across encoders")
+
+
+class Prefetcher:
+    """scheduler_prefetch: the scheduler process reads the step's
+    candidates as soon as it has planned them, on a thread of its own,
+    and drops what it read.  The outputs cannot reach the worker's encoder
+    cache from there (another process), but a tier Store promotes each
+    remote hit into the host's shm, so that the worker's own lookup a
+    moment later is a local hit.  Bounded: at most `depth` steps wait;
+    a step that finds the queue full is not prefetched (counted).  A
+    Store operation that cannot be confirmed ends prefetching for the
+    process (the worker's lookups are not affected: another handle)."""
+
+    def __init__(self, cache, depth: int = 8):
+        import queue
+        import threading
+        self.cache = cache
+        self.prefetched = self.dropped = self.failed = 0
+        self._queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="encache-prefetch")
+        self._thread.start()
+
+    def submit(self, items) -> bool:
+        import queue
+        try:
+            self._queue.put_nowait(items)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def _run(self):
+        while True:
+            items = self._queue.get()
+            try:
+                if items is None:
+                    return
+                with self.cache.lookup(items):
+                    pass
+                self.prefetched += len(items)
+            except encache.PoisonedError as e:
+                logger.warning("encache: scheduler prefetch stopped: %s", e)
+                self.failed += 1
+                return
+            except encache.Error as e:
+                self.failed += 1
+                logger.debug("encache: prefetch failed: %s", e)
+            finally:
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        """Until every submitted step is read (tests, shutdown)."""
+        if self._thread.is_alive():
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        try:
+            self.cache.close()
+        except encache.Error as e:
+            logger.warning("encache: scheduler prefetch: %s", e)
+
+
+class SchedulerCore:
+    """The scheduler half: remembers each request's image features and
+    plans, per step, the candidates of the encoder inputs scheduled.
+    namespace (dict(model=, revision=, encoder_hash=, dtype=), as
+    WorkerCore's): given with scheduler_prefetch on, for its Cache."""
+
+    def __init__(self, config: ConnectorConfig, cols: int, dtype: str,
+                 namespace: dict | None = None,
+                 encoder_name: str | None = None):
+        self.config = config
+        self.cols = config.encoder_output_width or cols
+        self.dtype = dtype
+        # request id -> [(identifier, rows, modality)], in feature order.
+        self._features: dict[str, list[tuple[str, int, str]]] = {}
+        self.prefetcher = None
+        if config.enabled and config.is_producer and \
+                config.scheduler_prefetch and namespace is not None:
+            cfg = json.loads(json.dumps(config.library_config))
+            extra = cfg.setdefault("ec_connector_extra_config", {})
+            if encoder_name and "encoder_name" not in extra:
+                extra["encoder_name"] = encoder_name
+            self.prefetcher = Prefetcher(encache.Cache(
+                cfg, store=config.resolved_store(), log=logger.warning,
+                **namespace))
+
+    def note_request(self, req_id: str,
+                     features: typing.Iterable[tuple[str, int, str]]) -> None:
+        """Records a request's features (identifier, embeddings, modality)
+        the first time they are seen (a new request in the scheduler's
+        output, or ensure_cache_available)."""
+        if req_id not in self._features:
+            self._features[req_id] = list(features)
+
+    def plan(self, scheduled_encoder_inputs: dict[str, list[int]]) -> StepPlan:
+        """The StepPlan of a step: scheduled_encoder_inputs is vLLM's
+        SchedulerOutput field (request id -> indices of its features to
+        encode this step)."""
+        if not self.config.enabled or not self.config.is_producer:
+            return StepPlan()
+        seen = set()
+        out = []
+        for req_id, indices in scheduled_encoder_inputs.items():
+            features = self._features.get(req_id)
+            if not features:
+                continue
+            for i in indices:
+                if not 0 <= i < len(features):
+                    continue
+                ident, rows, modality = features[i]
+                if modality not in MODALITIES or ident in seen or rows <= 0:
+                    continue
+                seen.add(ident)
+                out.append(Candidate(ident, rows, self.cols, self.dtype))
+        if out and self.prefetcher is not None:
+            self.prefetcher.submit([(c.mm_hash, c.dtype, (c.rows, c.cols))
+                                    for c in out])
+        return StepPlan(tuple(out))
+
+    def forget(self, req_id: str) -> None:
+        self._features.pop(req_id, None)
+
+    def close(self) -> None:
+        prefetcher, self.prefetcher = self.prefetcher, None
+        if prefetcher is not None:
+            prefetcher.close()
+
+
+@dataclasses.dataclass
+class WorkerCounters:
+    """What the connector did, beyond the library's own counters."""
+    steps: int = 0
+    looked_up: int = 0
+    loaded: int = 0
+    already_local: int = 0
+    published: int = 0
+    publish_skipped: int = 0
+    unplanned: int = 0
+    lookup_errors: int = 0
+
+
+class WorkerCore:
+    """The worker half over one encache.Cache (none when reuse is off).
+
+    namespace: dict(model=, revision=, encoder_hash=, dtype=), the key
+    fields as vLLM's reuse takes them (encache.vllm.connector fills it from
+    vLLM's model config); device: where hits go ("cpu", "cuda:N", or
+    "cuda": the GPU current on the worker's thread at each step)."""
+
+    def __init__(self, config: ConnectorConfig, namespace: dict,
+                 device: str = "cpu", encoder_name: str | None = None):
+        self.config = config
+        self.device = device
+        self.counters = WorkerCounters()
+        self._namespace = dict(namespace)
+        self._encoder_name = encoder_name
+        self._step = None
+        self._planned: dict[str, Candidate] = {}
+        self._begun = False
+        self._warned_mismatch = False
+        self.cache = self._open(config.library_config) \
+            if config.enabled and config.is_producer else None
+
+    def _open(self, library_config: dict):
+        cfg = json.loads(json.dumps(library_config))
+        extra = cfg.setdefault("ec_connector_extra_config", {})
+        if self._encoder_name and "encoder_name" not in extra:
+            extra["encoder_name"] = self._encoder_name
+        cache = encache.Cache(cfg, store=self.config.resolved_store(),
+                              log=logger.warning, **self._namespace)
+        url = self.config.resolved_store() or os.environ.get("ENCACHE_STORE")
+        logger.info("encache: cross-encoder reuse on %s, namespace %s",
+                    encache.url_redact(url) if url else
+                    "the default shm Store", cache.namespace)
+        return cache
+
+    @property
+    def namespace(self) -> str | None:
+        return self.cache.namespace if self.cache is not None else None
+
+    # ----------------------------------------------------------- a step
+
+    def bind(self) -> None:
+        """A new step's metadata is bound: a step the runner left open
+        (no clear_connector_metadata after an error) is closed first."""
+        if self._begun or self._step is not None:
+            self.end_step()
+
+    def begin_step(self, plan: StepPlan | None,
+                   encoder_cache: dict | None) -> set[str]:
+        """Looks the plan's candidates up; each hit is put in
+        encoder_cache under its identifier.  Returns the identifiers
+        loaded.  Called once per step (a second call, e.g. start_load_caches
+        after start_save_caches on ec_both, does nothing)."""
+        if self._begun or encoder_cache is None:
+            return set()  # done, or nowhere to put hits (yet)
+        self._begun = True
+        self.counters.steps += 1
+        if self.cache is None:
+            return set()
+        todo = []
+        for c in plan.candidates if plan is not None else ():
+            if c.mm_hash in encoder_cache:
+                self.counters.already_local += 1
+                continue
+            todo.append(c)
+        if not todo:
+            if self._step is None:
+                self._step = self.cache.step()
+            return set()
+        device = self.device
+        if device == "cuda":  # the worker's current GPU, at each step
+            import torch
+            device = f"cuda:{torch.cuda.current_device()}"
+        items = [(c.mm_hash, c.dtype, (c.rows, c.cols), device)
+                 for c in todo]
+        self.counters.looked_up += len(items)
+        try:
+            if self._step is None:  # one call: open the step and look up
+                self._step = self.cache.lookup(items)
+                results = self._step.results
+            else:
+                results = self._step.lookup(items)
+        except encache.PoisonedError:
+            raise  # unconfirmed I/O: the worker fails, as the reference's
+        except encache.Error as e:
+            # Bad input, memory: encode instead, as the reference falls
+            # back on a rejected lookup.
+            self.counters.lookup_errors += 1
+            logger.warning("encache: lookup failed, encoding instead: %s", e)
+            return set()
+        loaded = set()
+        for c, r in zip(todo, results):
+            self._planned[c.mm_hash] = c
+            if r.hit:
+                encoder_cache[c.mm_hash] = r.tensor
+                loaded.add(c.mm_hash)
+        self.counters.loaded += len(loaded)
+        return loaded
+
+    def publish(self, encoder_cache: dict, mm_hash: str):
+        """Queues encoder_cache[mm_hash], just encoded, for publication.
+        Returns the encache.Skip, or None when reuse is off or the output
+        is not there."""
+        if self.cache is None:
+            return None
+        tensor = encoder_cache.get(mm_hash) if encoder_cache else None
+        if tensor is None:
+            return None
+        if self._step is None:
+            self._step = self.cache.step()
+        if mm_hash not in self._planned:
+            # No plan named it: make it a candidate of this step with the
+            # output's own contract (a hit here means another encoder
+            # published it meanwhile: nothing to write).
+            self.counters.unplanned += 1
+            if tensor.dim() != 2:
+                self.counters.publish_skipped += 1
+                return encache.Skip.NOT_MATRIX
+            try:
+                [r] = self._step.lookup([encache.Item(
+                    mm_hash, tensor.dtype, tuple(tensor.shape), "cpu")])
+            except encache.PoisonedError:
+                raise
+            except encache.Error as e:
+                self.counters.publish_skipped += 1
+                logger.debug("encache: %s not published: %s", mm_hash, e)
+                return None
+            self._planned[mm_hash] = None
+            if r.hit:
+                self.counters.publish_skipped += 1
+                return encache.Skip.PENDING
+        try:
+            skip = self._step.publish(mm_hash, tensor)
+        except encache.PoisonedError:
+            raise
+        except encache.Error as e:
+            # A tensor the library cannot take (another device kind, a
+            # sparse layout): the serving path goes on, unpublished.
+            self.counters.publish_skipped += 1
+            logger.warning("encache: %s not published: %s", mm_hash, e)
+            return None
+        if skip == encache.Skip.QUEUED:
+            self.counters.published += 1
+        elif skip == encache.Skip.MISMATCH and not self._warned_mismatch:
+            # The plan's contract is not the encoder's output: no output of
+            # this model will ever be published.  Say so once.
+            self._warned_mismatch = True
+            self.counters.publish_skipped += 1
+            c = self._planned.get(mm_hash)
+            logger.warning(
+                "encache: the output of %s is %s %s, the plan expected "
+                "%sx%s %s: not published (set encoder_output_width in "
+                "ec_connector_extra_config if the model's encoder outputs "
+                "are not as wide as its input embeddings)", mm_hash,
+                "x".join(map(str, tuple(tensor.shape))), tensor.dtype,
+                getattr(c, "rows", "?"), getattr(c, "cols", "?"),
+                getattr(c, "dtype", "?"))
+        else:
+            self.counters.publish_skipped += 1
+            logger.debug("encache: %s not published: %s", mm_hash,
+                         getattr(skip, "name", skip))
+        return skip
+
+    def end_step(self) -> None:
+        """Closes the step (its queued publications go on)."""
+        self._begun = False
+        self._planned.clear()
+        step, self._step = self._step, None
+        if step is not None:
+            step.close()
+
+    # ------------------------------------------------------- run time
+
+    def switch_namespace(self, embedding_model_identity: str | None = None,
+                         **fields) -> str | None:
+        """Moves to a new namespace without a restart (new weights in an
+        RL or fine-tuning loop): embedding_model_identity replaces the key's
+        model field (a weight epoch or digest, e.g. encache.model_identity
+        of the new checkpoint); fields may replace model, revision or
+        encoder_hash.  Publications queued under the old namespace are
+        written first; the next step looks up and publishes under the new
+        one.  Returns the new namespace."""
+        if self.cache is None:
+            return None
+        cfg = json.loads(json.dumps(self.config.library_config))
+        extra = cfg.setdefault("ec_connector_extra_config", {})
+        if embedding_model_identity is not None:
+            extra["embedding_model_identity"] = embedding_model_identity
+        unknown = set(fields) - {"model", "revision", "encoder_hash"}
+        if unknown:
+            raise encache.InvalidError(
+                f"switch_namespace: unknown field {sorted(unknown)[0]}")
+        namespace = dict(self._namespace, **fields)
+        old_namespace = self._namespace
+        self._namespace = namespace
+        try:
+            new = self._open(cfg)  # refused: the old Cache stays in use
+        except BaseException:
+            self._namespace = old_namespace
+            raise
+        self.end_step()
+        old, self.cache = self.cache, new
+        self.config = dataclasses.replace(self.config, library_config=cfg)
+        old.close()
+        return new.namespace
+
+    def stats(self):
+        return self.cache.stats() if self.cache is not None else None
+
+    def close(self) -> None:
+        """Closes the step and the Cache (waits for queued publications).
+        Raises PoisonedError when the Cache was poisoned."""
+        try:
+            self.end_step()
+        except encache.Error:
+            pass  # a poisoned step: close below reports it
+        cache, self.cache = self.cache, None
+        if cache is None:
+            return
+        try:
+            s = cache.stats()
+            logger.info(
+                "encache: %d steps, %d looked up, %d loaded, %d published "
+                "(%d written), %d unavailable", self.counters.steps,
+                self.counters.looked_up, self.counters.loaded,
+                self.counters.published, s.published_written, s.unavailable)
+        except encache.Error:
+            pass
+        cache.close()

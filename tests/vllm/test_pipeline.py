@@ -1,0 +1,456 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The connector driven as vLLM drives it (vllm_fakes.Engine: the call
+order of vLLM's scheduler and model runner, each call site cited there),
+with real tensors on real Stores: shm, Redis when the test script started
+one (tests/python/run.sh), the fault-injecting Store (tests/python/
+fault_store.c) for outages and unconfirmed I/O."""
+
+import multiprocessing
+import os
+import threading
+
+import pytest
+import torch
+
+import encache
+import ectest
+import vllm_delivery
+import vllm_fakes as vf
+from encache.vllm import _core
+from encache.vllm import connector as ecc
+
+
+def bits(t):
+    return t.contiguous().view(-1).view(torch.int32).tolist()
+
+
+STORES = ["shm", "redis", "redis-cluster", "tier"]
+
+
+def store_of(kind, shm):
+    if kind == "shm":
+        return shm()
+    env = "ENCACHE_REDIS_CLUSTER_URL" if kind == "redis-cluster" \
+        else "ENCACHE_REDIS_URL"
+    url = os.environ.get(env)
+    if not url:
+        pytest.skip(f"no {env} (tests/vllm/run.sh starts the servers when "
+                    "redis-server is installed)")
+    if kind == "tier":  # a host's shm in front of the Redis server
+        return f"tier:{shm()}+{url}"
+    return url
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_two_encoder_processes_share_hits_bit_for_bit(shm, kind):
+    url = store_of(kind, shm)
+    images = [ectest.unique("img") for _ in range(3)]
+    ctx = multiprocessing.get_context("spawn")
+    import vllm_children
+    results = []
+    for _ in range(2):  # one after the other: the second finds all three
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(target=vllm_children.encoder_process,
+                        args=(url, images, theirs))
+        p.start()
+        assert ours.poll(ectest.TIMEOUT), "the encoder process hung"
+        results.append(ours.recv())
+        p.join(ectest.TIMEOUT)
+        assert p.exitcode == 0
+    (first_calls, first_bits), (second_calls, second_bits) = results
+    assert sorted(first_calls) == sorted(images)
+    assert second_calls == []  # every image was a hit
+    assert second_bits == first_bits  # NaN, -0.0 and infinities included
+
+
+def test_hits_go_into_the_encoder_cache_and_delivery_stays_the_inner_ones(
+        engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A", "B"])])
+    a.worker.shutdown()
+    vllm_delivery.CALLS.clear()
+    b2 = engines(vf.vllm_config(url))
+    [sched, worker] = vllm_delivery.CALLS
+    out = b2.step([vf.request("r2", ["A", "C", "B"])])
+    assert b2.encoder.calls == ["C"]
+    assert bits(b2.encoder_cache["A"]) == bits(a.encoder_cache["A"])
+    assert b2.encoder_cache["A"].shape == (4, 8)
+    # The inner connector saw the step as vLLM would have called it:
+    # its own metadata bound, start_save_caches once the hits were in
+    # the encoder cache, save_caches for the output encoded here.
+    assert worker.calls[0] == ("bind", {"inner": "meta"})
+    assert worker.calls[1] == ("start_save_caches", {"A", "B"})
+    assert ("save_caches", "C") in worker.calls
+    assert ("save_caches", "A") not in worker.calls
+    assert out.finished_sending == {"sent"}
+    assert out.ec_connector_worker_meta == "worker-meta"
+    assert [c[0] for c in sched.calls].count("has_cache_item") == 3
+    # Version-specific hooks reach the inner connector.
+    assert b2.scheduler.take_unavailable_requests() == {"r-unavailable"}
+    # The inner connector was made with reuse off and its own name, and
+    # without encache's options.
+    assert worker.name == "RecordingDelivery"
+    assert worker.extra["cross_encoder_cache"] is False
+    assert "store_url" not in worker.extra
+
+
+def test_a_second_step_of_the_same_images_is_local(engines, shm):
+    e = engines(vf.vllm_config(shm()))
+    reqs = [vf.request("r1", ["A"])]
+    e.step(reqs)
+    e.step(reqs)  # the encoder cache has it: nothing looked up again
+    assert e.encoder.calls == ["A"]
+    assert e.worker.core.counters.already_local == 1
+
+
+def test_unplanned_outputs_are_published(engines, shm):
+    # Older schedulers plan nothing for what a producer encodes: save_caches
+    # alone must publish.
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    out = vf.SchedulerOutput([], {"r1": [0]}, set(),
+                             ecc.EncacheECConnectorMetadata(_core.StepPlan()))
+    a.run_worker(out, [vf.request("r1", ["U"])])
+    assert a.worker.core.counters.unplanned == 1
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url))
+    b.step([vf.request("r2", ["U"])])
+    assert b.encoder.calls == []
+
+
+def test_reuse_off_encodes_everything_and_opens_no_store(engines, shm):
+    e = engines(vf.vllm_config(shm(), cross_encoder_cache=False))
+    assert e.worker.core.cache is None and e.worker.namespace is None
+    e.step([vf.request("r1", ["A"])])
+    e.step([vf.request("r2", ["B"])])
+    assert e.encoder.calls == ["A", "B"]
+
+
+def test_other_modalities_keep_the_encoder_path(engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["S"], modality="audio")])
+    assert a.worker.core.counters.looked_up == 0
+
+
+def test_a_store_outage_falls_back_to_encoding(engines, shm, fault):
+    url = shm(scheme="pyfault")
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url))
+    fault.answer(fault.READS, fault.UNAVAILABLE)
+    b.step([vf.request("r2", ["A"])])  # no exception: encoded instead
+    assert b.encoder.calls == ["A"]
+    assert b.worker.core.stats().unavailable >= 1
+    fault.reset()
+    b.step([vf.request("r3", ["B"])])  # and the next step is served again
+
+
+def test_a_redis_server_that_dies_falls_back_to_encoding(engines, tmp_path):
+    if not os.environ.get("ENCACHE_REDIS_URL"):
+        pytest.skip("redis-server is not installed")
+    server = ectest.RedisServer(tmp_path)
+    try:
+        a = engines(vf.vllm_config(server.url))
+        a.step([vf.request("r1", ["A"])])
+        a.worker.core.cache.flush()
+        server.kill()
+        a2 = engines(vf.vllm_config(server.url))
+        a2.step([vf.request("r2", ["A", "B"])])
+        assert sorted(a2.encoder.calls) == ["A", "B"]
+    finally:
+        server.kill()
+
+
+def test_an_unconfirmed_read_fails_the_worker(engines, shm, fault):
+    # The reference: "If native I/O completion ... cannot be established,
+    # the worker fails while retaining the affected buffers".
+    url = shm(scheme="pyfault")
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url))
+    fault.answer(fault.READS, fault.UNCONFIRMED)
+    with pytest.raises(encache.PoisonedError):
+        b.step([vf.request("r2", ["A"])])
+    fault.reset()
+    with pytest.raises(encache.PoisonedError):  # and stays failed
+        b.step([vf.request("r3", ["B"])])
+
+
+def test_single_flight_encodes_a_cold_image_once(engines, shm):
+    url = shm()
+    opts = {"single_flight": True, "single_flight_wait_ms": 10000}
+    a = engines(vf.vllm_config(url, **opts))
+    b = engines(vf.vllm_config(url, **opts))
+    req = vf.request("r1", ["cold"])
+    # a looks up and takes the lease (its step is open, not yet encoded).
+    meta = a.scheduler.build_connector_meta(
+        vf.SchedulerOutput([vf.NewRequestData("r1", req.mm_features)],
+                           {"r1": [0]}, set()))
+    a.worker.bind_connector_metadata(meta)
+    a.worker.start_save_caches(encoder_cache=a.encoder_cache)
+    assert "cold" not in a.encoder_cache
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (b.step([req]), done.set()))
+    t.start()
+    assert not done.wait(0.3)  # b waits for a's output
+    a.encoder_cache["cold"] = a.encoder("cold", 4)
+    a.worker.save_caches(encoder_cache=a.encoder_cache, mm_hash="cold")
+    a.worker.clear_connector_metadata()
+    a.worker.core.cache.flush()
+    t.join(ectest.TIMEOUT)
+    assert done.is_set()
+    assert a.encoder.calls == ["cold"] and b.encoder.calls == []
+    assert bits(b.encoder_cache["cold"]) == bits(a.encoder_cache["cold"])
+
+
+def test_a_namespace_switch_takes_effect_on_the_next_request(engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A"])])
+    old = a.worker.namespace
+    new = a.worker.switch_namespace("vit@weights:epoch-2")
+    assert new != old and "@model:vit@weights:epoch-2@" in new
+    a.encoder_cache.clear()  # vLLM drops its encoder cache with new weights
+    a.step([vf.request("r2", ["A"])])  # not the old weights' output
+    assert a.encoder.calls == ["A", "A"]
+    a.worker.core.cache.flush()  # its publication is written
+    b = engines(vf.vllm_config(
+        url, embedding_model_identity="vit@weights:epoch-2"))
+    assert b.worker.namespace == new
+    b.step([vf.request("r3", ["A"])])
+    assert b.encoder.calls == []  # published under the new namespace
+
+
+def test_a_refused_namespace_switch_keeps_the_old_one(engines, shm):
+    a = engines(vf.vllm_config(shm()))
+    old = a.worker.namespace
+    with pytest.raises(encache.InvalidError):
+        a.worker.switch_namespace(colour="blue")
+    with pytest.raises(encache.ConfigError):
+        a.worker.switch_namespace("bad\0identity")
+    assert a.worker.namespace == old
+    a.step([vf.request("r1", ["A"])])
+
+
+def test_vllms_validation_and_encaches(shm):
+    # vLLM's: reuse with the processor cache off is refused at start-up.
+    mc = vf.ModelConfig()
+    mc.multimodal_config.mm_processor_cache_gb = 0
+    with pytest.raises(ValueError, match="mm_processor_cache_gb"):
+        ecc.EncacheECConnector(vf.vllm_config(shm(), model_config=mc),
+                               ecc.ECConnectorRole.WORKER)
+    # The library's: the store_* limits must be positive, named.
+    with pytest.raises(encache.ConfigError, match="store_max_pending_items"):
+        ecc.EncacheECConnector(
+            vf.vllm_config(shm(), store_max_pending_items=0),
+            ecc.ECConnectorRole.WORKER)
+    with pytest.raises(encache.ConfigError, match="cross_encoder_cache"):
+        ecc.EncacheECConnector(
+            vf.vllm_config(shm(), cross_encoder_cache="yes"),
+            ecc.ECConnectorRole.SCHEDULER)
+    # The connector's own.
+    with pytest.raises(encache.ConfigError, match="store_url"):
+        ecc.EncacheECConnector(vf.vllm_config(7),
+                               ecc.ECConnectorRole.SCHEDULER)
+
+
+def test_defaults_are_vllms():
+    c = _core.ConnectorConfig.from_ec_transfer_config(
+        {"ec_connector": "EncacheECConnector", "ec_role": "ec_producer"})
+    assert c.enabled is False and c.inner == "ECMooncakeConnector"
+    assert c.store_url is None
+
+
+def test_the_store_defaults_to_mooncake_where_the_reference_is(monkeypatch):
+    c = _core.ConnectorConfig.from_ec_transfer_config(
+        {"ec_role": "ec_producer"})
+    monkeypatch.delenv("ENCACHE_STORE", raising=False)
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", "mooncake.json")
+    assert c.resolved_store() == "mooncake:"
+    monkeypatch.setenv("ENCACHE_STORE", "shm://x")
+    assert c.resolved_store() is None  # the library reads $ENCACHE_STORE
+
+
+def test_without_an_inner_connector(engines, shm):
+    e = engines(vf.vllm_config(shm(), inner=""))
+    assert e.worker._inner is None
+    out = e.step([vf.request("r1", ["A"])])
+    assert out.finished_sending is None and e.encoder.calls == ["A"]
+    assert e.scheduler.has_cache_item("A") is False
+
+
+def test_the_handle_is_labelled_with_the_instance(engines, shm):
+    e = engines(vf.vllm_config(shm()))
+    assert ecc._encoder_name(e.config, "worker") == \
+        "vllm:engine-0:ec_producer:worker:0"
+
+
+def test_the_handle_appears_in_encache_stats_with_the_instance(engines, shm):
+    # Item 7: the worker's handle in the fleet registry (encache stats,
+    # top and the exporter read it) under the vLLM instance's labels.
+    segment = ectest.unique("fleet")
+    e = engines(vf.vllm_config(shm(), stats_segment=segment))
+    e.step([vf.request("r1", ["A"])])
+    try:
+        out = ectest.tool("stats", "--format", "json", "--segment",
+                          segment).stdout.decode()
+        assert "vllm:engine-0:ec_producer:worker:0" in out, out
+    finally:
+        e.worker.shutdown()
+        try:  # the registry is a POSIX shared-memory object
+            os.unlink(f"/dev/shm/{segment}")
+        except FileNotFoundError:
+            pass
+
+
+def test_a_step_left_open_is_closed_by_the_next_bind(engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.core.cache.flush()
+    b = engines(vf.vllm_config(url))
+    req = vf.request("r2", ["A"])
+    meta = b.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r2", req.mm_features)], {"r2": [0]}, set()))
+    b.worker.bind_connector_metadata(meta)
+    b.worker.start_save_caches(encoder_cache={})  # no clear: an error
+    cache = {}
+    b.worker.bind_connector_metadata(meta)
+    b.worker.start_save_caches(encoder_cache=cache)
+    assert "A" in cache
+    assert b.worker.core.stats().steps_open == 1
+
+
+def test_the_namespace_is_logged_at_start_up(engines, shm, caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger=_core.logger.name):
+        e = engines(vf.vllm_config(shm()))
+    assert any(e.worker.namespace in r.getMessage() for r in caplog.records)
+
+
+def test_an_output_wider_than_planned_is_not_published_and_said(
+        engines, shm, caplog):
+    import logging
+    e = engines(vf.vllm_config(shm(), encoder_output_width=16))
+    with caplog.at_level(logging.WARNING, logger=_core.logger.name):
+        e.step([vf.request("r1", ["A"])])  # the encoder makes 4x8
+    assert e.worker.core.counters.published == 0
+    assert any("encoder_output_width" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_ec_both_looks_up_once_per_step(engines, shm):
+    # ActiveECConnector calls start_save_caches (a producer) and then
+    # start_load_caches (a consumer) on an ec_both instance.
+    url = shm()
+    a = engines(vf.vllm_config(url, role="ec_both"))
+    a.step([vf.request("r1", ["A", "B"])])
+    a.worker.shutdown()
+    vllm_delivery.CALLS.clear()
+    b2 = engines(vf.vllm_config(url, role="ec_both"))
+    worker = vllm_delivery.CALLS[1]
+    b2.step([vf.request("r2", ["A", "B"])])
+    assert b2.encoder.calls == [] and b2.worker.core.counters.looked_up == 2
+    assert ("start_load_caches", {"A", "B"}) in worker.calls
+
+
+def test_a_consumer_opens_no_store_and_forwards(engines, shm):
+    e = engines(vf.vllm_config(shm(), role="ec_consumer"))
+    assert e.worker.core.cache is None
+    cache = {}
+    e.worker.bind_connector_metadata(
+        ecc.EncacheECConnectorMetadata(_core.StepPlan(), {"inner": "meta"}))
+    e.worker.start_load_caches(cache)
+    e.worker.clear_connector_metadata()
+    inner = e.worker._inner
+    assert [c[0] for c in inner.calls] == ["bind", "start_load_caches"]
+
+
+def test_an_output_the_library_refuses_does_not_stop_the_step(engines, shm):
+    e = engines(vf.vllm_config(shm()))
+    req = vf.request("r1", ["S"])
+    meta = e.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r1", req.mm_features)], {"r1": [0]}, set()))
+    e.worker.bind_connector_metadata(meta)
+    cache = {}
+    e.worker.start_save_caches(encoder_cache=cache)
+    cache["S"] = torch.ones(4, 8).to_sparse()  # refused: InvalidError
+    e.worker.save_caches(encoder_cache=cache, mm_hash="S")
+    e.worker.clear_connector_metadata()
+    assert e.worker.core.counters.publish_skipped == 1
+
+
+def test_start_save_caches_without_an_encoder_cache_defers_the_lookup(
+        engines, shm):
+    url = shm()
+    a = engines(vf.vllm_config(url, role="ec_both"))
+    a.step([vf.request("r1", ["A"])])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url, role="ec_both"))
+    req = vf.request("r2", ["A"])
+    meta = b.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r2", req.mm_features)], {"r2": [0]}, set()))
+    b.worker.bind_connector_metadata(meta)
+    b.worker.start_save_caches()  # as some vLLM tests call it
+    cache = {}
+    b.worker.start_load_caches(cache)
+    assert "A" in cache
+    b.worker.clear_connector_metadata()
+
+
+def test_scheduler_prefetch_warms_the_hosts_tier(engines, shm):
+    # The scheduler reads the step's candidates when it plans them; on a
+    # tier the remote hits are promoted into the host's shm, where the
+    # worker's own lookup then finds them.
+    redis = os.environ.get("ENCACHE_REDIS_URL")
+    if not redis:
+        pytest.skip("no Redis server")
+    img = ectest.unique("img")
+    a = engines(vf.vllm_config(redis))  # an encoder on another host
+    a.step([vf.request("r1", [img])])
+    a.worker.shutdown()
+    local = shm()
+    b = engines(vf.vllm_config(f"tier:{local}+{redis}",
+                               scheduler_prefetch=True))
+    pf = b.scheduler.core.prefetcher
+    assert pf is not None
+    req = vf.request("r2", [img])
+    b.scheduler.build_connector_meta(vf.SchedulerOutput(
+        [vf.NewRequestData("r2", req.mm_features)], {"r2": [0]}, set()))
+    pf.wait()
+    assert pf.prefetched == 1 and pf.failed == 0
+    # The host's shm alone (no remote) has it once promoted.
+    cfg = ecc.ec_transfer_dict(b.config.ec_transfer_config)
+    lib = _core.ConnectorConfig.from_ec_transfer_config(cfg).library_config
+    with encache.Cache(lib, store=local,
+                       **ecc.namespace_fields(b.config)) as host:
+        import time
+        deadline = time.monotonic() + ectest.TIMEOUT
+        while True:
+            with host.lookup([(img, torch.float32, (4, 8))]) as step:
+                if step[0].hit:
+                    assert bits(step[0].tensor) == \
+                        bits(a.encoder_cache[img])
+                    break
+            assert time.monotonic() < deadline, "never promoted"
+            time.sleep(0.05)
+
+
+def test_scheduler_prefetch_is_off_by_default_and_bounded(engines, shm):
+    e = engines(vf.vllm_config(shm()))
+    assert e.scheduler.core.prefetcher is None
+    with pytest.raises(encache.ConfigError, match="scheduler_prefetch"):
+        _core.ConnectorConfig.from_ec_transfer_config(
+            {"ec_connector_extra_config": {"scheduler_prefetch": 1}})
+    p = engines(vf.vllm_config(shm(), scheduler_prefetch=True))
+    pf = p.scheduler.core.prefetcher
+    pf.close()  # its thread gone, nothing takes from the queue: a full
+    # queue drops the step rather than wait
+    for _ in range(8):
+        assert pf.submit([("x", torch.float32, (4, 8))]) is True
+    assert pf.submit([("x", torch.float32, (4, 8))]) is False
+    assert pf.dropped == 1
