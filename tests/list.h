@@ -191,6 +191,8 @@
   XX(mooncake_purge_is_one_escaped_remove_by_regex)                          \
   XX(vllm_vectors_keys)                                                      \
   XX(vllm_vectors_encoder_hash)                                              \
+  XX(vllm_vectors_encoder_hash_factors)                                      \
+  XX(vllm_mm_hash_defaults_and_refusals)                                     \
   XX(vllm_vectors_python_float_str)                                          \
   XX(vllm_vectors_mooncake_sizes)                                            \
   XX(vllm_vectors_option_errors)                                             \

@@ -63,9 +63,30 @@ check "key --config identity null warns" 0 "gives the key field model:None" -- \
 exact "key --config identity empty, prefix null" \
   "None@embedding@model:@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:x" \
   -- key --model m --dtype float32 --id x --config '{"ec_connector_extra_config": {"embedding_model_identity": "", "embedding_cache_prefix": null}}'
-exact "key --vllm-mm-encoder-tp-mode weights (vLLM's default multimodal config)" \
-  "embedding@model:m@revision:default@encoder:37a439e484856856b929daf9ace244bc@dtype:torch.float32@protocol:v3@id:x" \
+# The encoder field as vLLM's compute_hash() makes it, each factor list
+# (vectors: tests/vllm_vectors.json, encoder_hash_factors; issue 27).
+exact "key --vllm-mm-encoder-tp-mode weights (newest vLLM's default: [None, 'weights', None, None])" \
+  "embedding@model:m@revision:default@encoder:dd7a6ff1cee4ccb4a87001c107039398@dtype:torch.float32@protocol:v3@id:x" \
   -- key --model m --dtype float32 --id x --vllm-mm-encoder-tp-mode weights
+exact "key --vllm-mm-factors newest alone is vLLM's default" \
+  "embedding@model:m@revision:default@encoder:dd7a6ff1cee4ccb4a87001c107039398@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-factors newest
+exact "key --vllm-mm-factors 2 ([None, 'weights'], vLLM 55e847c0)" \
+  "embedding@model:m@revision:default@encoder:37a439e484856856b929daf9ace244bc@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-factors 2
+exact "key --vllm-mm-factors 1 ([None], vLLM 01230b40)" \
+  "embedding@model:m@revision:default@encoder:8c3b464958e9ad0f20fb2e3b74c80519@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-factors 1
+exact "key fp8 with a scale path ([None, 'weights', 'fp8', '/models/scales.json'])" \
+  "embedding@model:m@revision:default@encoder:546f3f4797875ca2b8a4f884803e2738@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-encoder-attn-dtype fp8 --vllm-mm-encoder-fp8-scale-path /models/scales.json
+exact "key backend without tp mode ([FLASH_ATTN, weights, None, None])" \
+  "embedding@model:m@revision:default@encoder:9a0ecf7ac31e0cd8c968220bf72366d2@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-encoder-attn-backend flash_attn
+check "key --vllm-mm-factors 3 refused" 2 "--vllm-mm-factors is 1, 2, 4" -- \
+  key --model m --dtype float32 --id x --vllm-mm-factors 3
+check "key --encoder-hash with --vllm-mm-factors refused" 2 "both set the encoder field" -- \
+  key --model m --dtype float32 --id x --encoder-hash abc --vllm-mm-factors 2
 exact "key with encoder hash" \
   "embedding@model:m@revision:default@encoder:abc@dtype:torch.bfloat16@protocol:v3@id:x" \
   -- key --model m --encoder-hash abc --dtype bfloat16 --id x

@@ -29,6 +29,7 @@ import logging
 import typing
 
 from . import _encache, _tensors
+from ._keys import vllm_encoder_hash
 from ._errors import (ClosedError, ConfigError, Error, ForkError,
                       FormatError, InvalidError, JsonError, LibraryError,
                       OutOfMemoryError, PoisonedError, StepsError, StoreError,
@@ -241,5 +242,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "vllm_encoder_hash", "__version__",
 ]

@@ -17,8 +17,7 @@
 static const char purge_usage[] =
     "usage: encache [--store URL] purge --namespace-of --model M\n"
     "                   [--prefix P | --config JSON|@FILE] [--revision R]\n"
-    "                   [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
-    "                    [--vllm-mm-encoder-attn-backend NAME]]\n"
+    "                   [--encoder-hash H | --vllm-mm-* ...]\n"
     "                   --dtype DTYPE [--dry-run]\n"
     "       encache [--store URL] purge --key-prefix KP [--dry-run]\n"
     "\n"

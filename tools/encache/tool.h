@@ -126,6 +126,9 @@ enum {
   NS_ENCODER_HASH,
   NS_TP_MODE,
   NS_ATTN_BACKEND,
+  NS_ATTN_DTYPE,
+  NS_FP8_SCALE_PATH,
+  NS_MM_FACTORS,
   NS_DTYPE,
   NS_COUNT_
 };
@@ -133,7 +136,10 @@ enum {
 #define TOOL_NS_OPTS                                                         \
   {"model", 1}, {"prefix", 1}, {"config", 1}, {"revision", 1},               \
       {"encoder-hash", 1}, {"vllm-mm-encoder-tp-mode", 1},                   \
-      {"vllm-mm-encoder-attn-backend", 1}, {"dtype", 1}
+      {"vllm-mm-encoder-attn-backend", 1},                                   \
+      {"vllm-mm-encoder-attn-dtype", 1},                                     \
+      {"vllm-mm-encoder-fp8-scale-path", 1}, {"vllm-mm-factors", 1},         \
+      {"dtype", 1}
 
 typedef struct ns_opts {
   const char *model, *prefix, *revision, *encoder_hash, *config;
