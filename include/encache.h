@@ -897,6 +897,34 @@ ENCACHE_EXTERN int encache_store_count_prefix(encache_store *st,
                                               uint64_t *bytes);
 
 /*
+ * Added in 1.3: the namespaces present in a Store, so that an operator can
+ * see what every encoder writes (the vLLM ones included) and align with it
+ * (`encache namespaces`).  A key's namespace is everything before its
+ * "@id:" (the one that ends "@protocol:v3" when there is one, so that an
+ * identifier or a field holding "@id:" does not move the cut); keys with
+ * no "@id:" are tallied under "".  Calls cb once per namespace, sorted
+ * bytewise, with its object count and bytes (the objects' byte counts,
+ * headers included); ns is valid during the callback only.  Stops early
+ * when cb returns non-zero and returns that value; else returns the
+ * number of namespaces (0 for an empty Store).  It lists every key (needs
+ * ENCACHE_STORE_CAP_LIST: shm, Redis, Redis Cluster, tier; Mooncake's C
+ * ABI cannot list, ENCACHE_EINVAL saying so); a key listed twice (Redis's
+ * SCAN may) counts once.  Errors also ENCACHE_ETOOLARGE (more than 4096
+ * namespaces), ENCACHE_ENOMEM, a Store's code; encache_store_errmsg()
+ * says why.  Any thread; the time of a listing (not for an encoder's path).
+ */
+typedef struct encache_namespace_count {
+  size_t size;     /* sizeof(encache_namespace_count) of this library */
+  const char *ns;  /* the namespace */
+  uint64_t objects;
+  uint64_t bytes;
+} encache_namespace_count;
+
+ENCACHE_EXTERN int encache_store_namespaces(
+    encache_store *st,
+    int (*cb)(const encache_namespace_count *c, void *arg), void *arg);
+
+/*
  * Added in 1.2: single-flight leases (docs/engine.md, "Single flight").  A
  * lease on an object's key says "an encoder is producing this object":
  * one holder at a time, for at most ttl_ms, identified by a token (any

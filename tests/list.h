@@ -60,6 +60,7 @@
   XX(store_reopen_and_survive_processes)                                     \
   XX(store_list_and_stats)                                                   \
   XX(store_remove_prefix_removes_only_the_namespace)                         \
+  XX(store_namespaces_are_counted)                                           \
   XX(store_concurrent_processes_verify_content)                              \
   XX(store_lease_take_renew_drop_and_never_an_object)                        \
   XX(store_lease_ends_at_its_deadline)                                       \
@@ -254,6 +255,7 @@
   XX(mooncake_lookup_faults_without_the_check)                               \
   XX(mooncake_publication_round_trips)                                       \
   XX(mooncake_writes_in_flight)                                              \
+  XX(mooncake_namespaces_cannot_be_listed_and_say_why)                       \
   XX(mooncake_same_key_twice_in_one_read)                                    \
   XX(mooncake_reads_straight_into_headroom)                                  \
   XX(mooncake_large_slots_start_on_a_page)                                   \

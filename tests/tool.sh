@@ -232,6 +232,24 @@ check "lookup incompatible names the shape" 0 "img1 INCOMPATIBLE shape 2x2 (expe
 check "another model dtype is another namespace" 0 "img1 MISS" -- lookup --model m --dtype float16 --rows 2 --cols 4 img1
 check "lookup --json" 0 '"outcome": "HIT"' -- lookup --json --model m --dtype float32 --rows 2 --cols 2 img1
 check "lookup via --config identity" 0 "img1 HIT" -- lookup --config '{"ec_connector_extra_config": {"cross_encoder_cache": true, "embedding_model_identity": "m"}}' --dtype float32 --rows 2 --cols 2 img1
+# --- namespaces: what is in the Store, and config check's look (issue 27)
+check "namespaces counts objects and bytes" 0 "1 40 $ns" -- namespaces
+check "namespaces lists a key without @id: on its own" 0 "1 40 emb" -- namespaces
+check "namespaces takes no argument" 2 "" -- namespaces extra
+cc='{"ec_connector_extra_config": {"cross_encoder_cache": true}}'
+check "config check prints the namespace" 0 "namespace: $ns" -- \
+  config check --ec-transfer-config "$cc" --model m --dtype float32
+check "config check counts its objects in the Store" 0 "objects under this namespace in the Store: 1" -- \
+  --store "$ENCACHE_STORE" config check --ec-transfer-config "$cc" --model m --dtype float32
+check "config check warns when only other namespaces of the model have objects" 0 \
+  "warning: no object under the configured namespace, while 1 other namespace of the same model has some" -- \
+  --store "$ENCACHE_STORE" config check --ec-transfer-config "$cc" --model m --dtype float32 --vllm-mm-encoder-tp-mode weights
+n=$((n + 1))
+if "$tool" --store "$ENCACHE_STORE" config check --ec-transfer-config "$cc" --model m --dtype float32 | grep -q '^warning: no object'; then
+  echo "not ok $n - config check does not warn when its namespace has objects"; fails=$((fails + 1))
+else echo "ok $n - config check does not warn when its namespace has objects"; fi
+check "config check refuses --prefix" 2 "come from --ec-transfer-config" -- \
+  config check --ec-transfer-config "$cc" --prefix p --model m --dtype float32
 check "lookup --config off" 2 "cross_encoder_cache is false" -- lookup --config '{}' --model m --dtype float32 --rows 2 --cols 2 img1
 check "lookup prefix namespace differs" 0 "img1 MISS" -- lookup --prefix team --model m --dtype float32 --rows 2 --cols 2 img1
 # --device cuda:N on the fake CUDA runtime (tests/fake_cudart.c), and without one

@@ -29,7 +29,7 @@ static const char purge_usage[] =
     "\n"
     "  --namespace-of    purge the namespace named by the options of\n"
     "                    'encache key' (--model, --prefix or --config,\n"
-    "                    --revision, --encoder-hash or --vllm-mm-encoder-*,\n"
+    "                    --revision, --encoder-hash or --vllm-mm-*,\n"
     "                    --dtype; see 'encache help key')\n"
     "  --key-prefix KP   purge every object whose key starts with KP (bytes,\n"
     "                    not a pattern; not empty) instead\n"
