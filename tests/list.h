@@ -28,6 +28,7 @@
   XX(config_bad_limits_name_the_option)                                      \
   XX(config_bad_types_name_the_option)                                       \
   XX(config_malformed_json_line_and_column)                                  \
+  XX(config_json_read_as_python_reads_it)                                    \
   XX(config_failed_load_keeps_previous_values)                               \
   XX(config_deployment_rules)                                                \
   XX(config_mooncake_accepted)                                               \

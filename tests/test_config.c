@@ -196,14 +196,49 @@ TEST(config_malformed_json_line_and_column) {
                   "ec_transfer_config: malformed JSON at line 3, column 8");
   expect_ec_error("", ENCACHE_EJSON, "line 1");
   expect_ec_error("{\"a\": 1} trailing", ENCACHE_EJSON, "column");
-  /* Duplicate members are ambiguous: refused with their position. */
-  expect_ec_error("{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
-                  "true, \"cross_encoder_cache\": false}}",
-                  ENCACHE_EJSON, "duplicate object key");
-  /* Integers too big for any limit. */
+}
+
+/* Valid JSON is read as vLLM reads it (Python's json.loads), never called
+ * malformed (issue 27): a key given twice keeps its last value, with a
+ * warning saying where; an integer beyond 64 bits, which Python reads, is
+ * refused saying so. */
+TEST(config_json_read_as_python_reads_it) {
+  encache_config *cfg = new_cfg();
+  ASSERT_EQ_INT(load_ec(cfg, "{\"ec_connector_extra_config\": "
+                             "{\"cross_encoder_cache\": false, "
+                             "\"store_max_pending_items\": 3, "
+                             "\"cross_encoder_cache\": true}}"),
+                0);
+  int on = 0;
+  ASSERT_EQ_INT(encache_config_get_bool(cfg, "cross_encoder_cache", &on), 0);
+  ASSERT_EQ_INT(on, 1); /* json.loads: the last one wins */
+  ASSERT_EQ_INT(encache_config_warning_count(cfg), 1);
+  ASSERT_CONTAINS(encache_config_warning_at(cfg, 0),
+                  "ec_transfer_config: a key is given twice in one object "
+                  "(first at line 1, column");
+  ASSERT_CONTAINS(encache_config_warning_at(cfg, 0),
+                  "the last value is used, as vLLM (Python's json.loads)");
+  /* A later load without duplicates has no such warning. */
+  ASSERT_EQ_INT(load_ec(cfg, "{\"ec_connector_extra_config\": {}}"), 0);
+  ASSERT_EQ_INT(encache_config_warning_count(cfg), 0);
+  /* At the top level too, and in the Mooncake JSON. */
+  ASSERT_EQ_INT(load_ec(cfg, "{\"ec_role\": \"ec_consumer\", "
+                             "\"ec_role\": \"ec_producer\"}"),
+                0);
+  ASSERT_EQ_INT(encache_config_warning_count(cfg), 1);
+  encache_config_free(cfg);
   expect_ec_error("{\"ec_connector_extra_config\": {\"store_max_pending_bytes\": "
                   "99999999999999999999999}}",
-                  ENCACHE_EJSON, "too big");
+                  ENCACHE_ECONFIG,
+                  "ec_transfer_config: the integer at line 1, column");
+  expect_ec_error("{\"x\": 9223372036854775808}", ENCACHE_ECONFIG,
+                  "vLLM (Python's json.loads) reads integers of any size");
+  expect_ec_error("{\"x\": -9223372036854775809}", ENCACHE_ECONFIG,
+                  "outside -2^63 .. 2^63-1");
+  /* \\u0000 is read, then refused by name (deliberately). */
+  expect_ec_error("{\"ec_connector_extra_config\": "
+                  "{\"embedding_cache_prefix\": \"a\\u0000b\"}}",
+                  ENCACHE_ECONFIG, "holds a NUL character");
 }
 
 TEST(config_failed_load_keeps_previous_values) {

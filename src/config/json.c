@@ -317,16 +317,58 @@ static int nul_string(const json_t *j, char *path, size_t size, size_t used) {
   return 0;
 }
 
+/* The refusal of a JSON text that Python's json.loads reads but that
+ * jansson cannot hold: an integer of 2^63 or more (or below -2^63). */
+static int too_big_integer(encache_config *cfg, const char *what,
+                           const json_error_t *err) {
+  return encache__config_fail(
+      cfg, ENCACHE_ECONFIG,
+      "%s: the integer at line %d, column %d is outside -2^63 .. 2^63-1: "
+      "vLLM (Python's json.loads) reads integers of any size, encache "
+      "holds 64 bits and no option takes a value that large: refused",
+      what, err->line, err->column);
+}
+
+void encache__json_warn_set(encache_config *cfg, int k, char *warn) {
+  encache__free(cfg->json_warn[k]);
+  cfg->json_warn[k] = warn;
+}
+
 /* Parses json[0..len) as one JSON object, or fails with line and column.
- * Python's json reads \u0000 inside a string, so it is read here too, and
- * then refused by name: no string of the configuration may hold a NUL (a
- * C string would end there, and two different identities or prefixes
- * would give one namespace). */
+ * It is read as vLLM reads it, with Python's json.loads: a key given twice
+ * in one object keeps its last value (jansson does so without
+ * JSON_REJECT_DUPLICATES), with a warning in *warn (from the allocator,
+ * for the caller to keep or free; NULL when none) naming where, since the
+ * first value is silently dropped.  Python's json reads \u0000 inside a
+ * string, so it is read here too, and then refused by name: no string of
+ * the configuration may hold a NUL (a C string would end there, and two
+ * different identities or prefixes would give one namespace).  Integers
+ * beyond 64 bits are refused, saying that vLLM would read them. */
 json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
-                             const char *what, int *rc) {
+                             const char *what, int *rc, char **warn) {
   json_error_t err;
+  *warn = NULL;
   json_t *root =
       json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+  if (root == NULL && json_error_code(&err) == json_error_duplicate_key) {
+    char text[512];
+    snprintf(text, sizeof(text),
+             "%s: a key is given twice in one object (first at line %d, "
+             "column %d): the last value is used, as vLLM (Python's "
+             "json.loads) uses it, and the earlier ones are ignored",
+             what, err.line, err.column);
+    root = json_loadb(json, len, JSON_ALLOW_NUL, &err);
+    if (root != NULL && (*warn = encache__strdup(text)) == NULL) {
+      json_decref(root);
+      *rc = encache__config_fail(cfg, ENCACHE_ENOMEM, "%s: out of memory",
+                                 what);
+      return NULL;
+    }
+  }
+  if (root == NULL && json_error_code(&err) == json_error_numeric_overflow) {
+    *rc = too_big_integer(cfg, what, &err);
+    return NULL;
+  }
   char path[256] = "";
   if (root != NULL && nul_string(root, path, sizeof(path), 0)) {
     *rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
@@ -334,6 +376,8 @@ json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
                                "(\\u0000): refused, no key or option may hold "
                                "one", what, path);
     json_decref(root);
+    encache__free(*warn);
+    *warn = NULL;
     return NULL;
   }
   if (root == NULL) {
@@ -353,6 +397,8 @@ json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
                                "%s: must be a JSON object, got %s %s", what,
                                encache__json_kind(root), got);
     json_decref(root);
+    encache__free(*warn);
+    *warn = NULL;
     return NULL;
   }
   return root;
@@ -366,8 +412,9 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
   if (json == NULL)
     return encache__config_fail(cfg, ENCACHE_EINVAL,
                                 "ec_transfer_config: no JSON given");
+  char *warn;
   json_t *root =
-      encache__json_object(cfg, json, len, "ec_transfer_config", &rc);
+      encache__json_object(cfg, json, len, "ec_transfer_config", &rc, &warn);
   if (root == NULL)
     return rc;
   scratch s;
@@ -391,8 +438,11 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
   if (rc == 0) {
     encache__commit_section(cfg, &s, SEC_EC);
     encache__commit_section(cfg, &s, SEC_EXTRA);
+    encache__json_warn_set(cfg, 0, warn);
+    warn = NULL;
     encache__config_clear_error(cfg);
   }
+  encache__free(warn);
   json_decref(empty);
   encache__scratch_free(&s);
   json_decref(root);
