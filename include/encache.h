@@ -397,6 +397,9 @@ typedef struct encache_config encache_config;
  *   BOOL    a JSON boolean                          set_bool
  *   TRUTHY  any JSON value, as Python's bool()      set_bool
  *   POSINT  an integer > 0                          set_u64
+ *   VPOSINT (added in 1.3) an integer > 0 read as vLLM's _positive_int
+ *           reads it: also an integral float (32.0) or a string Python's
+ *           int() reads ("32"); not a boolean      set_u64
  *   UINT    an integer >= 0                         set_u64
  *   SIZE    bytes, or a string such as "4GB", as vLLM's _parse_size reads
  *           it                                      set_u64
@@ -447,12 +450,12 @@ typedef struct encache_config encache_config;
      KEY_MODEL, NULL,                                                        \
      "replaces the key's model field (unset: the model path), written the "  \
      "same way: null gives model:None, \"\" gives model:")                   \
-  XX(STORE_MAX_PENDING_ITEMS, EXTRA, store_max_pending_items, POSINT, "32",  \
+  XX(STORE_MAX_PENDING_ITEMS, EXTRA, store_max_pending_items, VPOSINT, "32", \
      ANY, NULL, "outputs queued for the background writer at most")          \
-  XX(STORE_MAX_PENDING_BYTES, EXTRA, store_max_pending_bytes, POSINT,        \
+  XX(STORE_MAX_PENDING_BYTES, EXTRA, store_max_pending_bytes, VPOSINT,       \
      "2147483648", ANY, NULL,                                                \
      "bytes queued for the background writer at most")                       \
-  XX(STORE_READ_BUFFER_BYTES, EXTRA, store_read_buffer_bytes, POSINT,        \
+  XX(STORE_READ_BUFFER_BYTES, EXTRA, store_read_buffer_bytes, VPOSINT,       \
      "134217728", ANY, NULL, "the staging buffer a lookup reads into")       \
   XX(LOCAL_HOSTNAME, MOONCAKE, local_hostname, DERIVED, NULL, ANY, NULL,     \
      "not read, as vLLM does not read it: "                                  \

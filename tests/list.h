@@ -26,6 +26,7 @@
   XX(config_defaults)                                                        \
   XX(config_reference_options_accepted)                                      \
   XX(config_bad_limits_name_the_option)                                      \
+  XX(config_limits_read_as_vllm_reads_them)                                  \
   XX(config_bad_types_name_the_option)                                       \
   XX(config_malformed_json_line_and_column)                                  \
   XX(config_json_read_as_python_reads_it)                                    \

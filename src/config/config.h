@@ -38,7 +38,8 @@ enum kind {
   K_ENUM,
   K_PYSTR,
   K_TENANT,
-  K_DERIVED
+  K_DERIVED,
+  K_VPOSINT
 };
 
 /* The C type a kind is held in, and so the setter that takes it. */

@@ -109,6 +109,84 @@ static char *string_member(encache_config *cfg, const opt_def *o,
   return s;
 }
 
+/* Python's int() of a str, base 10, for the values that fit 64 bits:
+ * surrounding whitespace, a sign, digits with single '_' between them.
+ * Returns 0 with *out, -1 when int() refuses it, -2 beyond 64 bits (a
+ * negative one is -1 after the sign: vLLM refuses it as <= 0). */
+static int python_int(const char *s, int64_t *sign, uint64_t *out) {
+  while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+    s++;
+  *sign = 1;
+  if (*s == '+' || *s == '-')
+    *sign = *s++ == '-' ? -1 : 1;
+  uint64_t u = 0;
+  int digits = 0, big = 0;
+  for (; (*s >= '0' && *s <= '9') || *s == '_'; s++) {
+    if (*s == '_') {
+      if (digits == 0 || s[1] < '0' || s[1] > '9')
+        return -1;
+      continue;
+    }
+    unsigned d = (unsigned)(*s - '0');
+    big |= u > (UINT64_MAX - d) / 10;
+    u = u * 10 + d;
+    digits++;
+  }
+  while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+    s++;
+  if (digits == 0 || *s != '\0')
+    return -1;
+  *out = u;
+  return big ? -2 : 0;
+}
+
+/* A store_* option as vLLM's _positive_int reads it
+ * (vllm/distributed/ec_transfer/ec_connector/mooncake/config.py at
+ * e4bf5fb63fa46dc17924014d1379846afc9102f0): an integer, a finite
+ * integral float (32.0) or a string int() reads ("32"), never a boolean;
+ * the value must be > 0 (encache__value_check).  Its messages are vLLM's
+ * ("ECMooncakeConnector requires NAME to be a positive integer."). */
+static int vllm_positive_int(encache_config *cfg, const opt_def *o,
+                             const json_t *j, value *v, const char *got) {
+  const char *sec = encache__section_names[o->sec];
+  int64_t sign = 1;
+  int r = -1;
+  if (json_is_integer(j)) {
+    sign = json_integer_value(j) < 0 ? -1 : 1;
+    v->u = (uint64_t)json_integer_value(j);
+    r = 0;
+  } else if (json_is_real(j)) {
+    double d = json_real_value(j);
+    r = isfinite(d) && d == floor(d) ? 0 : -1;
+    sign = d < 0 ? -1 : 1;
+    if (r == 0 && fabs(d) >= 18446744073709551616.0)
+      r = -2;
+    else if (r == 0)
+      v->u = (uint64_t)fabs(d);
+  } else if (json_is_string(j)) {
+    r = python_int(json_string_value(j), &sign, &v->u);
+  }
+  if (r == -2)
+    return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                "%s.%s: %s is 2^64 or more: vLLM reads it, "
+                                "encache holds 64 bits; refused",
+                                sec, o->name, got);
+  if (r < 0)
+    return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                "%s.%s: must be a positive integer (an "
+                                "integer, an integral number or a string of "
+                                "one, as vLLM reads it), got %s "
+                                "(vLLM: ECMooncakeConnector requires %s to "
+                                "be a positive integer.)",
+                                sec, o->name, got, o->name);
+  if (sign < 0 || v->u == 0)
+    return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                "%s.%s: must be a positive integer, got %s "
+                                "(vLLM: ECMooncakeConnector requires %s > 0.)",
+                                sec, o->name, got, o->name);
+  return 0;
+}
+
 static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
                       value *v, const char *got) {
   const char *sec = encache__section_names[o->sec];
@@ -122,6 +200,8 @@ static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
                   : " (encache refuses it before Mooncake does)");
     return 0;
   }
+  if (o->kind == K_VPOSINT)
+    return vllm_positive_int(cfg, o, j, v, got);
   if (!json_is_integer(j) || json_integer_value(j) < 0)
     return encache__config_fail(
         cfg, ENCACHE_ECONFIG, "%s.%s: must be a %s integer, got %s", sec,
