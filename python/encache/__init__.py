@@ -28,7 +28,25 @@ import json
 import logging
 import typing
 
-from . import _encache, _tensors
+try:
+    from . import _encache
+except ImportError as _e:  # name the cause, not "a circular import"
+    import glob as _glob
+    import os as _os
+    import sys as _sys
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if _glob.glob(_os.path.join(_here, "_encache*.so")):
+        raise  # built, but it cannot load: Python's own message says why
+    raise ImportError(
+        f"encache: there is no compiled extension encache._encache in "
+        f"{_here}. Either this is the repository's python/ source "
+        "directory (run Python from another directory: the built package "
+        "is in build/python, the installed one under /usr/local), or "
+        "encache was not built and installed for this interpreter "
+        f"({_sys.executable}): `sh scripts/install.sh` installs it for "
+        "Debian's /usr/bin/python3, which pyenv, conda and virtual "
+        "environments do not use (docs/python.md)") from None
+from . import _tensors
 from ._keys import vllm_encoder_hash
 from ._errors import (ClosedError, ConfigError, Error, ForkError,
                       FormatError, InvalidError, JsonError, LibraryError,

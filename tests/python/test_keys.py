@@ -48,3 +48,18 @@ def test_namespace_with_it(tmp_path):
             "cross_encoder_cache": True}}, model="org/vlm", encoder_hash=h,
             dtype="bfloat16", store=f"shm://pk{tmp_path.name[-8:]}?size=4MiB&create=yes") as c:
         assert f"@encoder:{h}@" in c.namespace
+
+
+def test_import_from_the_source_tree_names_the_cause(tmp_path):
+    """From inside python/ the source package has no extension: the error
+    says so (it was "partially initialized module ... circular import")."""
+    import os
+    import subprocess
+    src = pathlib.Path(__file__).parent.parent.parent / "python"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(["/usr/bin/python3", "-c", "import encache"],
+                       cwd=src, env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "there is no compiled extension encache._encache in" in r.stderr
+    assert "repository's python/ source directory" in r.stderr
+    assert "circular import" not in r.stderr
