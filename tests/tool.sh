@@ -151,10 +151,16 @@ check "config reports unknown options" 0 "ec_connector_extra_config.future" -- c
 printf '%s' "$ref" > "$tmp/ec.json"
 check "config @FILE" 0 "configuration OK" -- config check --ec-transfer-config "@$tmp/ec.json"
 check "config @missing" 2 "cannot open $tmp/none.json" -- config check --ec-transfer-config "@$tmp/none.json"
-for bad in 0 -1 1.5 '"8"' true; do
+for bad in 0 -1 1.5 '"eight"' '"1.0"' true; do
   check "config refuses pending items $bad" 2 \
     "ec_connector_extra_config.store_max_pending_items: must be a positive integer" \
     -- config check --ec-transfer-config "{\"ec_connector_extra_config\":{\"store_max_pending_items\":$bad}}"
+done
+# ... and accepts what vLLM's _positive_int accepts (issue 27).
+for good in '"8"' 8.0; do
+  check "config accepts pending items $good as vLLM does" 0 \
+    "ec_connector_extra_config.store_max_pending_items = 8" \
+    -- config check --ec-transfer-config "{\"ec_connector_extra_config\":{\"store_max_pending_items\":$good}}"
 done
 check "config refuses non-boolean" 2 "cross_encoder_cache: must be a boolean" \
   -- config check --ec-transfer-config '{"ec_connector_extra_config":{"cross_encoder_cache":"yes"}}'
@@ -312,6 +318,16 @@ check "purge --help" 0 'NAMESPACE "@id:"' -- purge --help
 check "demo --images DIR" 0 "verification passed" -- demo --encoders 2 --requests 10 --images "$src/tests/data/images" --tokens 16 --hidden 32 --verify all --no-baseline
 check "demo names a broken image" 0 "skipping $src/tests/data/images/not-an-image.png" -- demo --encoders 1 --requests 2 --images "$src/tests/data/images" --tokens 4 --hidden 8 --no-baseline
 check "demo --json" 0 '"passed": true' -- demo --encoders 2 --requests 10 --images 4 --tokens 4 --hidden 8 --json
+# The summary's rows under "encodes avoided" add up to it (issue 27).
+n=$((n + 1))
+"$tool" demo --encoders 2 --requests 30 --images 6 --tokens 4 --hidden 8 --json --no-baseline > "$tmp/demo.json" 2>/dev/null
+if /usr/bin/python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+h = d["hits"]
+assert d["encodes_avoided"] == h["published_by_other_encoders"] + h["published_by_same_encoder"] + d["repeats_within_a_request"], d
+' "$tmp/demo.json"; then echo "ok $n - demo summary adds up"
+else echo "not ok $n - demo summary adds up"; fails=$((fails + 1)); fi
+check "demo --help has no %%" 0 "host i mod N" -- demo --help
 check "demo bad option" 2 "--encoders: must be an integer from 1 to 64" -- demo --encoders 0
 check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help
 check "bench bad size" 2 "--sizes: \"huge\" is not a size" -- bench --sizes huge
