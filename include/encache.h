@@ -208,10 +208,10 @@ ENCACHE_EXTERN int encache_key(const char *ns, const char *id, char *buf,
                                size_t size);
 
 /*
- * The encoder field vLLM writes for a multimodal model: the hex digest of
+ * The encoder field of an older vLLM (ENCACHE_VLLM_MM_FACTORS_2 below; the
+ * newest vLLM hashes more: use encache_vllm_mm_hash()): the hex digest of
  * its MultiModalConfig.compute_hash(), MD5 of Python's str() of
- * [attention backend name or None, mm_encoder_tp_mode] (vLLM versions whose
- * factors are exactly those two; docs/compatibility.md).  tp_mode is
+ * [attention backend name or None, mm_encoder_tp_mode].  tp_mode is
  * "weights" (vLLM's default) or "data"; attn_backend is NULL or "" for
  * none (vLLM's default), else a backend name, upper-cased as vLLM does
  * ("flash_attn" -> "FLASH_ATTN").  Writes 32 hex digits and a NUL into
@@ -222,6 +222,50 @@ ENCACHE_EXTERN int encache_key(const char *ns, const char *id, char *buf,
 ENCACHE_EXTERN int encache_vllm_encoder_hash(const char *tp_mode,
                                              const char *attn_backend,
                                              char *buf, size_t size);
+
+/*
+ * Added in 1.3.  The factor lists vLLM's MultiModalConfig.compute_hash()
+ * has hashed (docs/compatibility.md cites each by vLLM file and commit):
+ *   ENCACHE_VLLM_MM_FACTORS_1  [backend]  (vllm/config/multimodal.py at
+ *                              01230b40128e570a58e54e75f7e55c4d5cd9246d)
+ *   ENCACHE_VLLM_MM_FACTORS_2  [backend, tp_mode]  (the same file at
+ *                              55e847c01c4b10736b55f091531717e18c579817;
+ *                              encache_vllm_encoder_hash() computes this one)
+ *   ENCACHE_VLLM_MM_FACTORS_4  [backend, tp_mode, attn_dtype, fp8_scale_path]
+ *                              (the newest, hashed by the vLLM versions that
+ *                              carry mm_encoder_attn_dtype; the default)
+ * ENCACHE_VLLM_MM_FACTORS_NEWEST (0) is ENCACHE_VLLM_MM_FACTORS_4.
+ */
+#define ENCACHE_VLLM_MM_FACTORS_NEWEST 0
+#define ENCACHE_VLLM_MM_FACTORS_1 1
+#define ENCACHE_VLLM_MM_FACTORS_2 2
+#define ENCACHE_VLLM_MM_FACTORS_4 4
+
+/* Added in 1.3.  The multimodal-config fields vLLM hashes; a field the
+ * factor list does not hash is ignored.  Zero-initialise it and set size:
+ * every NULL is vLLM's default. */
+typedef struct encache_vllm_mm_config {
+  size_t size;                /* sizeof(encache_vllm_mm_config): set it */
+  int factors;                /* an ENCACHE_VLLM_MM_FACTORS_*; 0 = newest */
+  const char *tp_mode;        /* mm_encoder_tp_mode: NULL = "weights" */
+  const char *attn_backend;   /* mm_encoder_attn_backend: NULL or "" =
+                                 None, else a name upper-cased as vLLM does */
+  const char *attn_dtype;     /* mm_encoder_attn_dtype: NULL = None */
+  const char *fp8_scale_path; /* mm_encoder_fp8_scale_path: NULL = None */
+} encache_vllm_mm_config;
+
+/*
+ * Added in 1.3.  The encoder field vLLM writes for a multimodal model
+ * whose multimodal config is c (NULL = vLLM's defaults, newest factor
+ * list): the MD5 hex digest of Python's str() of the factor list.  Writes
+ * 32 hex digits and a NUL into buf[0..size); returns 32, or ENCACHE_EINVAL
+ * (an unknown factor list or tp_mode, a backend name that is not letters,
+ * digits and '_', a string that is not printable ASCII: encache does not
+ * spell Python's repr() of those) or ENCACHE_ENOBUFS (size < 33).  Never
+ * allocates; any thread.
+ */
+ENCACHE_EXTERN int encache_vllm_mm_hash(const encache_vllm_mm_config *c,
+                                        char *buf, size_t size);
 
 /* ---------------------------------------------------------------- objects */
 
@@ -353,6 +397,9 @@ typedef struct encache_config encache_config;
  *   BOOL    a JSON boolean                          set_bool
  *   TRUTHY  any JSON value, as Python's bool()      set_bool
  *   POSINT  an integer > 0                          set_u64
+ *   VPOSINT (added in 1.3) an integer > 0 read as vLLM's _positive_int
+ *           reads it: also an integral float (32.0) or a string Python's
+ *           int() reads ("32"); not a boolean      set_u64
  *   UINT    an integer >= 0                         set_u64
  *   SIZE    bytes, or a string such as "4GB", as vLLM's _parse_size reads
  *           it                                      set_u64
@@ -403,12 +450,12 @@ typedef struct encache_config encache_config;
      KEY_MODEL, NULL,                                                        \
      "replaces the key's model field (unset: the model path), written the "  \
      "same way: null gives model:None, \"\" gives model:")                   \
-  XX(STORE_MAX_PENDING_ITEMS, EXTRA, store_max_pending_items, POSINT, "32",  \
+  XX(STORE_MAX_PENDING_ITEMS, EXTRA, store_max_pending_items, VPOSINT, "32", \
      ANY, NULL, "outputs queued for the background writer at most")          \
-  XX(STORE_MAX_PENDING_BYTES, EXTRA, store_max_pending_bytes, POSINT,        \
+  XX(STORE_MAX_PENDING_BYTES, EXTRA, store_max_pending_bytes, VPOSINT,       \
      "2147483648", ANY, NULL,                                                \
      "bytes queued for the background writer at most")                       \
-  XX(STORE_READ_BUFFER_BYTES, EXTRA, store_read_buffer_bytes, POSINT,        \
+  XX(STORE_READ_BUFFER_BYTES, EXTRA, store_read_buffer_bytes, VPOSINT,       \
      "134217728", ANY, NULL, "the staging buffer a lookup reads into")       \
   XX(LOCAL_HOSTNAME, MOONCAKE, local_hostname, DERIVED, NULL, ANY, NULL,     \
      "not read, as vLLM does not read it: "                                  \
@@ -852,6 +899,34 @@ ENCACHE_EXTERN int encache_store_count_prefix(encache_store *st,
                                               const char *prefix,
                                               uint64_t *objects,
                                               uint64_t *bytes);
+
+/*
+ * Added in 1.3: the namespaces present in a Store, so that an operator can
+ * see what every encoder writes (the vLLM ones included) and align with it
+ * (`encache namespaces`).  A key's namespace is everything before its
+ * "@id:" (the one that ends "@protocol:v3" when there is one, so that an
+ * identifier or a field holding "@id:" does not move the cut); keys with
+ * no "@id:" are tallied under "".  Calls cb once per namespace, sorted
+ * bytewise, with its object count and bytes (the objects' byte counts,
+ * headers included); ns is valid during the callback only.  Stops early
+ * when cb returns non-zero and returns that value; else returns the
+ * number of namespaces (0 for an empty Store).  It lists every key (needs
+ * ENCACHE_STORE_CAP_LIST: shm, Redis, Redis Cluster, tier; Mooncake's C
+ * ABI cannot list, ENCACHE_EINVAL saying so); a key listed twice (Redis's
+ * SCAN may) counts once.  Errors also ENCACHE_ETOOLARGE (more than 4096
+ * namespaces), ENCACHE_ENOMEM, a Store's code; encache_store_errmsg()
+ * says why.  Any thread; the time of a listing (not for an encoder's path).
+ */
+typedef struct encache_namespace_count {
+  size_t size;     /* sizeof(encache_namespace_count) of this library */
+  const char *ns;  /* the namespace */
+  uint64_t objects;
+  uint64_t bytes;
+} encache_namespace_count;
+
+ENCACHE_EXTERN int encache_store_namespaces(
+    encache_store *st,
+    int (*cb)(const encache_namespace_count *c, void *arg), void *arg);
 
 /*
  * Added in 1.2: single-flight leases (docs/engine.md, "Single flight").  A

@@ -46,6 +46,23 @@ if [ "$(id -u)" -ne 0 ]; then
   sudo=sudo
 fi
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
+# On a machine's first boot unattended-upgrades holds the package lock for
+# minutes: wait for it (apt's own lock timeout) rather than die at once.
+wait_s=${ENCACHE_APT_LOCK_WAIT:-900}
+lock="-o DPkg::Lock::Timeout=$wait_s"
+if command -v fuser >/dev/null 2>&1 &&
+  $sudo fuser /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock >/dev/null 2>&1; then
+  echo "install-deps: another package manager holds the dpkg lock (first boot" \
+    "runs unattended upgrades); waiting up to $wait_s s for it"
+fi
+fail() {
+  echo "install-deps: could not $1 (apt-get's message is above). If another" \
+    "package manager held the lock for more than $wait_s s, wait for it to" \
+    "finish (or set ENCACHE_APT_LOCK_WAIT) and run this again." >&2
+  exit 1
+}
 # shellcheck disable=SC2086
-$sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+$sudo apt-get $lock update -qq || fail "update the package lists"
+# shellcheck disable=SC2086
+$sudo apt-get $lock install -y -qq --no-install-recommends $missing \
+  >/dev/null || fail "install:$missing"

@@ -183,33 +183,101 @@ static void md5_hex(const void *data, size_t n, char out[33]) {
   out[32] = '\0';
 }
 
-int encache_vllm_encoder_hash(const char *tp_mode, const char *attn_backend,
-                              char *buf, size_t size) {
-  if (tp_mode == NULL ||
-      (strcmp(tp_mode, "weights") != 0 && strcmp(tp_mode, "data") != 0))
+/* Appends Python's repr() of s (NULL: None) to o, for the printable ASCII
+ * strings accepted here: single quotes unless s holds a ' and no ", a
+ * backslash and the chosen quote escaped, as Python's str() of a list
+ * writes its items.  Returns -1 for a byte that is not printable ASCII. */
+static int put_repr(out_t *o, const char *s) {
+  if (s == NULL) {
+    put(o, "None");
+    return 0;
+  }
+  char q = strchr(s, '\'') != NULL && strchr(s, '"') == NULL ? '"' : '\'';
+  char one[3] = {q, 0, 0};
+  put(o, one);
+  for (const char *c = s; *c; c++) {
+    if (*c < 0x20 || *c > 0x7e)
+      return -1;
+    one[0] = *c;
+    one[1] = 0;
+    if (*c == q || *c == '\\') {
+      one[0] = '\\';
+      one[1] = *c;
+    }
+    put(o, one);
+  }
+  one[0] = q;
+  one[1] = 0;
+  put(o, one);
+  return 0;
+}
+
+/* The backend name as vLLM's AttentionBackendEnum[value.upper()] names it
+ * into name[0..size), or NULL for none; "" on a refused name. */
+static const char *backend_name(const char *given, char *name, size_t size) {
+  if (given == NULL || given[0] == '\0')
+    return NULL;
+  size_t n = strlen(given);
+  if (n >= size)
+    return "";
+  for (size_t i = 0; i <= n; i++) {
+    char ch = given[i];
+    if (ch >= 'a' && ch <= 'z')
+      ch = (char)(ch - 'a' + 'A');
+    else if (i < n && !(ch == '_' || (ch >= 'A' && ch <= 'Z') ||
+                        (ch >= '0' && ch <= '9')))
+      return "";
+    name[i] = ch;
+  }
+  return name;
+}
+
+int encache_vllm_mm_hash(const encache_vllm_mm_config *given, char *buf,
+                         size_t size) {
+  encache_vllm_mm_config c = {sizeof(c), 0, NULL, NULL, NULL, NULL};
+  if (given != NULL &&
+      encache__struct_in(&c, sizeof(c), given, sizeof(c)) < 0)
+    return ENCACHE_EINVAL;
+  int factors = c.factors == ENCACHE_VLLM_MM_FACTORS_NEWEST
+                    ? ENCACHE_VLLM_MM_FACTORS_4
+                    : c.factors;
+  const char *tp = c.tp_mode != NULL ? c.tp_mode : "weights";
+  if ((factors != 1 && factors != 2 && factors != 4) ||
+      (strcmp(tp, "weights") != 0 && strcmp(tp, "data") != 0))
     return ENCACHE_EINVAL;
   if (buf == NULL || size < 33)
     return ENCACHE_ENOBUFS;
-  /* Python's str() of the list: a string is written in single quotes
-   * (the names allowed here need no escaping), None as None. */
-  char text[160], name[96];
-  if (attn_backend != NULL && attn_backend[0] != '\0') {
-    size_t n = strlen(attn_backend);
-    if (n >= sizeof(name))
-      return ENCACHE_EINVAL;
-    for (size_t i = 0; i <= n; i++) {
-      char ch = attn_backend[i];
-      if (ch >= 'a' && ch <= 'z')
-        ch = (char)(ch - 'a' + 'A');
-      else if (i < n && !(ch == '_' || (ch >= 'A' && ch <= 'Z') ||
-                          (ch >= '0' && ch <= '9')))
-        return ENCACHE_EINVAL;
-      name[i] = ch;
-    }
-    snprintf(text, sizeof(text), "['%s', '%s']", name, tp_mode);
-  } else {
-    snprintf(text, sizeof(text), "[None, '%s']", tp_mode);
+  char name[96], text[1024];
+  const char *backend = backend_name(c.attn_backend, name, sizeof(name));
+  if (backend != NULL && backend[0] == '\0')
+    return ENCACHE_EINVAL;
+  /* vLLM writes str(factors): "[" items joined by ", " "]". */
+  out_t o = {text, sizeof(text), 0};
+  int bad = 0;
+  put(&o, "[");
+  bad |= put_repr(&o, backend);
+  if (factors >= 2) {
+    put(&o, ", ");
+    bad |= put_repr(&o, tp);
   }
-  md5_hex(text, strlen(text), buf);
+  if (factors == 4) {
+    put(&o, ", ");
+    bad |= put_repr(&o, c.attn_dtype);
+    put(&o, ", ");
+    bad |= put_repr(&o, c.fp8_scale_path);
+  }
+  put(&o, "]");
+  if (bad || finish(&o) < 0)
+    return ENCACHE_EINVAL;
+  md5_hex(text, o.len, buf);
   return 32;
+}
+
+int encache_vllm_encoder_hash(const char *tp_mode, const char *attn_backend,
+                              char *buf, size_t size) {
+  if (tp_mode == NULL)
+    return ENCACHE_EINVAL;
+  encache_vllm_mm_config c = {sizeof(c), ENCACHE_VLLM_MM_FACTORS_2, tp_mode,
+                              attn_backend, NULL, NULL};
+  return encache_vllm_mm_hash(&c, buf, size);
 }

@@ -26,8 +26,10 @@
   XX(config_defaults)                                                        \
   XX(config_reference_options_accepted)                                      \
   XX(config_bad_limits_name_the_option)                                      \
+  XX(config_limits_read_as_vllm_reads_them)                                  \
   XX(config_bad_types_name_the_option)                                       \
   XX(config_malformed_json_line_and_column)                                  \
+  XX(config_json_read_as_python_reads_it)                                    \
   XX(config_failed_load_keeps_previous_values)                               \
   XX(config_deployment_rules)                                                \
   XX(config_mooncake_accepted)                                               \
@@ -60,6 +62,7 @@
   XX(store_reopen_and_survive_processes)                                     \
   XX(store_list_and_stats)                                                   \
   XX(store_remove_prefix_removes_only_the_namespace)                         \
+  XX(store_namespaces_are_counted)                                           \
   XX(store_concurrent_processes_verify_content)                              \
   XX(store_lease_take_renew_drop_and_never_an_object)                        \
   XX(store_lease_ends_at_its_deadline)                                       \
@@ -198,6 +201,8 @@
   XX(mooncake_purge_is_one_escaped_remove_by_regex)                          \
   XX(vllm_vectors_keys)                                                      \
   XX(vllm_vectors_encoder_hash)                                              \
+  XX(vllm_vectors_encoder_hash_factors)                                      \
+  XX(vllm_mm_hash_defaults_and_refusals)                                     \
   XX(vllm_vectors_python_float_str)                                          \
   XX(vllm_vectors_mooncake_sizes)                                            \
   XX(vllm_vectors_option_errors)                                             \
@@ -261,6 +266,7 @@
   XX(mooncake_lookup_faults_without_the_check)                               \
   XX(mooncake_publication_round_trips)                                       \
   XX(mooncake_writes_in_flight)                                              \
+  XX(mooncake_namespaces_cannot_be_listed_and_say_why)                       \
   XX(mooncake_same_key_twice_in_one_read)                                    \
   XX(mooncake_reads_straight_into_headroom)                                  \
   XX(mooncake_large_slots_start_on_a_page)                                   \

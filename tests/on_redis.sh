@@ -59,6 +59,7 @@ for url in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_UNIX_URL" \
   m="model-$$-$RANDOM"
   "$tool" --store "$url" publish --model "$m" --dtype float32 --rows 1 --cols 1 --id img "$tmp/payload" | grep -q written || fail publish
   "$tool" --store "$url" lookup --model "$m" --dtype float32 --rows 1 --cols 1 img | grep -q "img HIT float32 1 1" || fail lookup
+  "$tool" --store "$url" namespaces | grep -q "^1.28.embedding@model:$m@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3\$" || fail namespaces
   [ $rc -eq 0 ] && echo "ok - tool commands on $url"
 done
 # purge (issue 16) on each: 3000 objects of a namespace (more than one

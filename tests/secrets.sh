@@ -44,6 +44,7 @@ put 1 put k $tmp/object
 get 1 get k
 inspect 1 inspect k
 ls 1 ls
+namespaces 0 namespaces
 stats 1 stats
 rm 1 rm k
 purge 1 purge --key-prefix k

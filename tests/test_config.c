@@ -140,13 +140,17 @@ TEST(config_reference_options_accepted) {
 }
 
 TEST(config_bad_limits_name_the_option) {
-  /* Acceptance case 2: zero, negative, float, string and boolean limits
-   * are refused, each naming the option. */
+  /* Acceptance case 2: zero, negative, fractional, non-numeric string and
+   * boolean limits are refused, each naming the option (vLLM's
+   * _positive_int refuses them too; it accepts 1.0 and "32":
+   * config_limits_read_as_vllm_reads_them). */
   static const char *const limits[] = {"store_max_pending_items",
                                        "store_max_pending_bytes",
                                        "store_read_buffer_bytes"};
-  static const char *const bad[] = {"0",    "-1",   "1.5",  "1.0", "\"32\"",
-                                    "true", "false", "null", "[]", "{}"};
+  static const char *const bad[] = {"0",       "-1",     "1.5",  "\"0\"",
+                                    "\"x\"",   "\"1.0\"", "true", "false",
+                                    "null",    "[]",     "{}",   "\"3__2\"",
+                                    "\"-4\"",  "-2.0",   "\"\""};
   for (size_t i = 0; i < 3; i++) {
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
       char json[256], needle[128];
@@ -159,6 +163,48 @@ TEST(config_bad_limits_name_the_option) {
       expect_ec_error(json, ENCACHE_ECONFIG, needle);
     }
   }
+}
+
+/* The store_* limits as vLLM's _positive_int reads them
+ * (vllm/distributed/ec_transfer/ec_connector/mooncake/config.py at
+ * e4bf5fb63fa46dc17924014d1379846afc9102f0): an integer, an integral
+ * float, a string Python's int() reads; its message quoted (issue 27). */
+TEST(config_limits_read_as_vllm_reads_them) {
+  static const struct {
+    const char *json;
+    uint64_t want;
+  } ok[] = {{"32", 32},          {"32.0", 32},        {"\"32\"", 32},
+            {"\" 32 \"", 32},    {"\"+7\"", 7},       {"\"1_000\"", 1000},
+            {"\"007\"", 7},      {"1e3", 1000},       {"\"\\t9\\n\"", 9},
+            {"\"18446744073709551615\"", UINT64_MAX}};
+  for (size_t k = 0; k < sizeof(ok) / sizeof(ok[0]); k++) {
+    char json[256];
+    snprintf(json, sizeof(json),
+             "{\"ec_connector_extra_config\": {\"store_max_pending_items\": "
+             "%s}}", ok[k].json);
+    encache_config *cfg = new_cfg();
+    ASSERT_EQ_INT(load_ec(cfg, json), 0);
+    uint64_t u = 0;
+    ASSERT_EQ_INT(encache_config_get_u64(cfg, "store_max_pending_items", &u),
+                  0);
+    ASSERT_EQ_U64(u, ok[k].want);
+    encache_config_free(cfg);
+  }
+  expect_ec_error("{\"ec_connector_extra_config\": {\"store_read_buffer_bytes\": "
+                  "\"abc\"}}", ENCACHE_ECONFIG,
+                  "(vLLM: ECMooncakeConnector requires store_read_buffer_bytes "
+                  "to be a positive integer.)");
+  expect_ec_error("{\"ec_connector_extra_config\": {\"store_max_pending_bytes\": "
+                  "0}}", ENCACHE_ECONFIG,
+                  "(vLLM: ECMooncakeConnector requires store_max_pending_bytes "
+                  "> 0.)");
+  expect_ec_error("{\"ec_connector_extra_config\": {\"store_max_pending_bytes\": "
+                  "\"18446744073709551616\"}}", ENCACHE_ECONFIG,
+                  "is 2^64 or more: vLLM reads it");
+  /* encache's own positive integers stay strict. */
+  expect_ec_error("{\"ec_connector_extra_config\": {\"single_flight_ttl_ms\": "
+                  "\"5\"}}", ENCACHE_ECONFIG,
+                  "single_flight_ttl_ms: must be a positive integer");
 }
 
 TEST(config_bad_types_name_the_option) {
@@ -196,14 +242,49 @@ TEST(config_malformed_json_line_and_column) {
                   "ec_transfer_config: malformed JSON at line 3, column 8");
   expect_ec_error("", ENCACHE_EJSON, "line 1");
   expect_ec_error("{\"a\": 1} trailing", ENCACHE_EJSON, "column");
-  /* Duplicate members are ambiguous: refused with their position. */
-  expect_ec_error("{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
-                  "true, \"cross_encoder_cache\": false}}",
-                  ENCACHE_EJSON, "duplicate object key");
-  /* Integers too big for any limit. */
+}
+
+/* Valid JSON is read as vLLM reads it (Python's json.loads), never called
+ * malformed (issue 27): a key given twice keeps its last value, with a
+ * warning saying where; an integer beyond 64 bits, which Python reads, is
+ * refused saying so. */
+TEST(config_json_read_as_python_reads_it) {
+  encache_config *cfg = new_cfg();
+  ASSERT_EQ_INT(load_ec(cfg, "{\"ec_connector_extra_config\": "
+                             "{\"cross_encoder_cache\": false, "
+                             "\"store_max_pending_items\": 3, "
+                             "\"cross_encoder_cache\": true}}"),
+                0);
+  int on = 0;
+  ASSERT_EQ_INT(encache_config_get_bool(cfg, "cross_encoder_cache", &on), 0);
+  ASSERT_EQ_INT(on, 1); /* json.loads: the last one wins */
+  ASSERT_EQ_INT(encache_config_warning_count(cfg), 1);
+  ASSERT_CONTAINS(encache_config_warning_at(cfg, 0),
+                  "ec_transfer_config: a key is given twice in one object "
+                  "(first at line 1, column");
+  ASSERT_CONTAINS(encache_config_warning_at(cfg, 0),
+                  "the last value is used, as vLLM (Python's json.loads)");
+  /* A later load without duplicates has no such warning. */
+  ASSERT_EQ_INT(load_ec(cfg, "{\"ec_connector_extra_config\": {}}"), 0);
+  ASSERT_EQ_INT(encache_config_warning_count(cfg), 0);
+  /* At the top level too, and in the Mooncake JSON. */
+  ASSERT_EQ_INT(load_ec(cfg, "{\"ec_role\": \"ec_consumer\", "
+                             "\"ec_role\": \"ec_producer\"}"),
+                0);
+  ASSERT_EQ_INT(encache_config_warning_count(cfg), 1);
+  encache_config_free(cfg);
   expect_ec_error("{\"ec_connector_extra_config\": {\"store_max_pending_bytes\": "
                   "99999999999999999999999}}",
-                  ENCACHE_EJSON, "too big");
+                  ENCACHE_ECONFIG,
+                  "ec_transfer_config: the integer at line 1, column");
+  expect_ec_error("{\"x\": 9223372036854775808}", ENCACHE_ECONFIG,
+                  "vLLM (Python's json.loads) reads integers of any size");
+  expect_ec_error("{\"x\": -9223372036854775809}", ENCACHE_ECONFIG,
+                  "outside -2^63 .. 2^63-1");
+  /* \\u0000 is read, then refused by name (deliberately). */
+  expect_ec_error("{\"ec_connector_extra_config\": "
+                  "{\"embedding_cache_prefix\": \"a\\u0000b\"}}",
+                  ENCACHE_ECONFIG, "holds a NUL character");
 }
 
 TEST(config_failed_load_keeps_previous_values) {
@@ -305,6 +386,14 @@ TEST(config_mooncake_accepted) {
 }
 
 TEST(config_mooncake_refusals_name_the_field) {
+  /* Required means not empty either (issue 27: "" was accepted). */
+  expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
+                  "\"\"}",
+                  ENCACHE_ECONFIG,
+                  "mooncake.master_server_address: must not be empty");
+  expect_mc_error("{\"metadata_server\": \"\", \"master_server_address\": "
+                  "\"h:1\"}",
+                  ENCACHE_ECONFIG, "mooncake.metadata_server: must not be empty");
   expect_mc_error("{\"metadata_server\": \"x\", \"master_server_address\": "
                   "\"h:1\", \"mode\": \"standalone-store\"}",
                   ENCACHE_ECONFIG,

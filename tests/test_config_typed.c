@@ -87,7 +87,7 @@ TEST(config_setters_refuse_bad_values_naming_the_option) {
       cfg, encache_config_set_bool(cfg, ENCACHE_OPT_STORE_READ_BUFFER_BYTES, 1),
       ENCACHE_EINVAL,
       "ec_connector_extra_config.store_read_buffer_bytes: "
-      "a positive integer option: set it with "
+      "a vLLM positive integer option: set it with "
       "encache_config_set_u64");
   EXPECT_FAIL(
       cfg,
@@ -428,7 +428,7 @@ TEST(config_option_metadata) {
   encache_option id = ENCACHE_OPT_STORE_READ_BUFFER_BYTES;
   ASSERT_EQ_STR(encache_option_name(id), "store_read_buffer_bytes");
   ASSERT_EQ_STR(encache_option_section(id), "ec_connector_extra_config");
-  ASSERT_EQ_STR(encache_option_type(id), "positive integer");
+  ASSERT_EQ_STR(encache_option_type(id), "vLLM positive integer");
   ASSERT_EQ_STR(encache_option_default(id), "134217728");
   ASSERT_EQ_STR(encache_option_rule(id), "");
   ASSERT(encache_option_doc(id)[0] != '\0');

@@ -271,7 +271,7 @@ TEST(engine_case02_startup_refusals) {
   static const char *const limits[] = {"store_max_pending_items",
                                        "store_max_pending_bytes",
                                        "store_read_buffer_bytes"};
-  static const char *const bad[] = {"0", "-3", "2.5", "\"8\"", "true"};
+  static const char *const bad[] = {"0", "-3", "2.5", "\"eight\"", "true"};
   for (size_t i = 0; i < 3; i++)
     for (size_t k = 0; k < 5; k++) {
       char json[256];

@@ -140,12 +140,16 @@ TEST(keys_vector_python_str_fields) {
  * this encoder field. */
 TEST(keys_vector_default_encoder_hash) {
   char h[33], ns[256];
+  /* The older two-factor list, [None, 'weights'] (vLLM 55e847c0). */
   ASSERT_EQ_INT(encache_vllm_encoder_hash("weights", NULL, h, sizeof(h)), 32);
   ASSERT_EQ_STR(h, "37a439e484856856b929daf9ace244bc");
+  /* The newest, [None, 'weights', None, None]: the default (issue 27). */
+  ASSERT_EQ_INT(encache_vllm_mm_hash(NULL, h, sizeof(h)), 32);
+  ASSERT_EQ_STR(h, "dd7a6ff1cee4ccb4a87001c107039398");
   encache_namespace_params p = {sizeof p, NULL, "org/model",
                                 NULL,     h,    ENCACHE_BFLOAT16};
   ASSERT(encache_namespace(&p, ns, sizeof(ns)) > 0);
   ASSERT_EQ_STR(ns, "embedding@model:org/model@revision:default"
-                    "@encoder:37a439e484856856b929daf9ace244bc"
+                    "@encoder:dd7a6ff1cee4ccb4a87001c107039398"
                     "@dtype:torch.bfloat16@protocol:v3");
 }

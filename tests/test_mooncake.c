@@ -291,6 +291,12 @@ static encache_store *open_fake(const char *lib) {
   return st;
 }
 
+static int ns_none(const encache_namespace_count *c, void *arg) {
+  (void)c;
+  (void)arg;
+  return 1;
+}
+
 static int present(encache_store *st, const char *key) {
   const char *keys[1] = {key};
   int r[1] = {-1};
@@ -434,6 +440,18 @@ static void free_results(encache_result *r, size_t n) {
  * it does): a key asked twice in one lookup (two contracts of one output)
  * is read in two rounds, and the first slot never keeps what an earlier
  * lookup left there (here "b", of the same shape: a wrong hit). */
+/* Mooncake's C ABI (store_c.h, kvcache-ai/Mooncake at
+ * 0b1f5c0c8b26455735cb5b74e58f87a6c0d740a9) has no call that lists keys:
+ * the namespace listing says so by name instead of listing nothing. */
+TEST(mooncake_namespaces_cannot_be_listed_and_say_why) {
+  encache_store *st = open_fake(FAKE_MOONCAKE);
+  ASSERT_EQ_INT(encache_store_write(st, "ns@id:1", "h", 1, "v", 1), 0);
+  ASSERT_EQ_INT(encache_store_namespaces(st, ns_none, NULL), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_store_errmsg(st),
+                  "Mooncake's C ABI (store_c.h) has no call that lists");
+  encache_store_close(st);
+}
+
 TEST(mooncake_same_key_twice_in_one_read) {
   fake_ctl f;
   encache *ec = engine_on_fake("tcp", 4096, &f);

@@ -426,3 +426,65 @@ TEST(store_remove_prefix_removes_only_the_namespace) {
     encache_store_remove(st, stay[i]);
   encache_store_close(st);
 }
+
+/* What the namespace listing saw of this test's own keys (a shared
+ * server may hold other tests' keys: only ours, by their unique prefix). */
+typedef struct ns_seen {
+  const char *mine;
+  char ns[4][256];
+  uint64_t objects[4], bytes[4];
+  int n, calls;
+} ns_seen;
+
+static int ns_cb(const encache_namespace_count *c, void *arg) {
+  ns_seen *s = arg;
+  s->calls++;
+  if (strncmp(c->ns, s->mine, strlen(s->mine)) != 0 || s->n == 4)
+    return 0;
+  snprintf(s->ns[s->n], sizeof(s->ns[0]), "%s", c->ns);
+  s->objects[s->n] = c->objects;
+  s->bytes[s->n++] = c->bytes;
+  return 0;
+}
+
+/* encache_store_namespaces(): each namespace once, sorted, with its
+ * objects and bytes; an identifier holding "@id:" stays in its namespace;
+ * a Store that cannot list says why (issue 27). */
+TEST(store_namespaces_are_counted) {
+  encache_store *st = ts_open("64MiB");
+  char mine[160], a[200], b[200], key[300];
+  ts_key(mine, sizeof(mine), "nsl");
+  snprintf(a, sizeof(a), "%s@embedding@model:m@protocol:v3", mine);
+  snprintf(b, sizeof(b), "%s@embedding@model:n@protocol:v3", mine);
+  for (int i = 0; i < 3; i++) {
+    snprintf(key, sizeof(key), "%s@id:img%d@id:x", a, i);
+    put_ok(st, key, NULL, 0, "abcdefghij", 10);
+  }
+  snprintf(key, sizeof(key), "%s@id:one", b);
+  put_ok(st, key, NULL, 0, "abcd", 4);
+  ns_seen s = {.mine = mine};
+  int rc = encache_store_namespaces(st, ns_cb, &s);
+  if (!(encache_store_caps_of(st) & ENCACHE_STORE_CAP_LIST)) {
+    ASSERT_EQ_INT(rc, ENCACHE_EINVAL);
+    ASSERT_CONTAINS(encache_store_errmsg(st), "cannot");
+    encache_store_close(st);
+    return;
+  }
+  ASSERT(rc >= 2);
+  ASSERT_EQ_INT(rc, s.calls);
+  ASSERT_EQ_INT(s.n, 2);
+  ASSERT_EQ_STR(s.ns[0], a);
+  ASSERT_EQ_U64(s.objects[0], 3);
+  ASSERT_EQ_U64(s.bytes[0], 30);
+  ASSERT_EQ_STR(s.ns[1], b);
+  ASSERT_EQ_U64(s.objects[1], 1);
+  ASSERT_EQ_U64(s.bytes[1], 4);
+  ASSERT_EQ_INT(encache_store_namespaces(st, NULL, NULL), ENCACHE_EINVAL);
+  for (int i = 0; i < 3; i++) {
+    snprintf(key, sizeof(key), "%s@id:img%d@id:x", a, i);
+    encache_store_remove(st, key);
+  }
+  snprintf(key, sizeof(key), "%s@id:one", b);
+  encache_store_remove(st, key);
+  encache_store_close(st);
+}

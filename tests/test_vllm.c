@@ -301,3 +301,47 @@ TEST(vllm_engine_namespace_as_vllm_writes_it) {
   engine_namespace_is("null", "embedding@model:None@revision:default"
                       "@encoder:encoder:default@dtype:torch.float32@protocol:v3");
 }
+
+/* Each factor list vLLM's compute_hash() has hashed, through
+ * encache_vllm_mm_hash() (vectors written by Python's str() and MD5 of
+ * the lists: tests/vllm_vectors.json, encoder_hash_factors). */
+TEST(vllm_vectors_encoder_hash_factors) {
+  size_t i;
+  json_t *c;
+  json_array_foreach(vectors("encoder_hash_factors"), i, c) {
+    encache_vllm_mm_config m = {sizeof(m), 0, NULL, NULL, NULL, NULL};
+    m.factors = (int)json_integer_value(json_object_get(c, "factors"));
+    m.tp_mode = str_or_null(c, "tp_mode");
+    m.attn_backend = str_or_null(c, "attn_backend");
+    m.attn_dtype = str_or_null(c, "attn_dtype");
+    m.fp8_scale_path = str_or_null(c, "fp8_scale_path");
+    char h[33];
+    ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), 32);
+    ASSERT_EQ_STR(h, str_or_null(c, "hash"));
+  }
+}
+
+/* The default is the newest list, vLLM's defaults hashed:
+ * [None, 'weights', None, None]; refusals name no partial digest. */
+TEST(vllm_mm_hash_defaults_and_refusals) {
+  char h[33];
+  ASSERT_EQ_INT(encache_vllm_mm_hash(NULL, h, sizeof(h)), 32);
+  ASSERT_EQ_STR(h, "dd7a6ff1cee4ccb4a87001c107039398");
+  encache_vllm_mm_config m = {sizeof(m), 0, NULL, NULL, NULL, NULL};
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), 32);
+  ASSERT_EQ_STR(h, "dd7a6ff1cee4ccb4a87001c107039398");
+  m.factors = 3;
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), ENCACHE_EINVAL);
+  m.factors = 4;
+  m.tp_mode = "tensor";
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), ENCACHE_EINVAL);
+  m.tp_mode = NULL;
+  m.fp8_scale_path = "/m/\xc3\xa9.json"; /* non-ASCII: repr() not spelt */
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), ENCACHE_EINVAL);
+  m.fp8_scale_path = "/m/a\tb"; /* Python writes \t: refused */
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), ENCACHE_EINVAL);
+  m.fp8_scale_path = NULL;
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, 32), ENCACHE_ENOBUFS);
+  m.size = 4; /* smaller than any struct this library knows */
+  ASSERT_EQ_INT(encache_vllm_mm_hash(&m, h, sizeof(h)), ENCACHE_EINVAL);
+}

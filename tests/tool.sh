@@ -63,9 +63,30 @@ check "key --config identity null warns" 0 "gives the key field model:None" -- \
 exact "key --config identity empty, prefix null" \
   "None@embedding@model:@revision:default@encoder:encoder:default@dtype:torch.float32@protocol:v3@id:x" \
   -- key --model m --dtype float32 --id x --config '{"ec_connector_extra_config": {"embedding_model_identity": "", "embedding_cache_prefix": null}}'
-exact "key --vllm-mm-encoder-tp-mode weights (vLLM's default multimodal config)" \
-  "embedding@model:m@revision:default@encoder:37a439e484856856b929daf9ace244bc@dtype:torch.float32@protocol:v3@id:x" \
+# The encoder field as vLLM's compute_hash() makes it, each factor list
+# (vectors: tests/vllm_vectors.json, encoder_hash_factors; issue 27).
+exact "key --vllm-mm-encoder-tp-mode weights (newest vLLM's default: [None, 'weights', None, None])" \
+  "embedding@model:m@revision:default@encoder:dd7a6ff1cee4ccb4a87001c107039398@dtype:torch.float32@protocol:v3@id:x" \
   -- key --model m --dtype float32 --id x --vllm-mm-encoder-tp-mode weights
+exact "key --vllm-mm-factors newest alone is vLLM's default" \
+  "embedding@model:m@revision:default@encoder:dd7a6ff1cee4ccb4a87001c107039398@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-factors newest
+exact "key --vllm-mm-factors 2 ([None, 'weights'], vLLM 55e847c0)" \
+  "embedding@model:m@revision:default@encoder:37a439e484856856b929daf9ace244bc@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-factors 2
+exact "key --vllm-mm-factors 1 ([None], vLLM 01230b40)" \
+  "embedding@model:m@revision:default@encoder:8c3b464958e9ad0f20fb2e3b74c80519@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-factors 1
+exact "key fp8 with a scale path ([None, 'weights', 'fp8', '/models/scales.json'])" \
+  "embedding@model:m@revision:default@encoder:546f3f4797875ca2b8a4f884803e2738@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-encoder-attn-dtype fp8 --vllm-mm-encoder-fp8-scale-path /models/scales.json
+exact "key backend without tp mode ([FLASH_ATTN, weights, None, None])" \
+  "embedding@model:m@revision:default@encoder:9a0ecf7ac31e0cd8c968220bf72366d2@dtype:torch.float32@protocol:v3@id:x" \
+  -- key --model m --dtype float32 --id x --vllm-mm-encoder-attn-backend flash_attn
+check "key --vllm-mm-factors 3 refused" 2 "--vllm-mm-factors is 1, 2, 4" -- \
+  key --model m --dtype float32 --id x --vllm-mm-factors 3
+check "key --encoder-hash with --vllm-mm-factors refused" 2 "both set the encoder field" -- \
+  key --model m --dtype float32 --id x --encoder-hash abc --vllm-mm-factors 2
 exact "key with encoder hash" \
   "embedding@model:m@revision:default@encoder:abc@dtype:torch.bfloat16@protocol:v3@id:x" \
   -- key --model m --encoder-hash abc --dtype bfloat16 --id x
@@ -130,10 +151,16 @@ check "config reports unknown options" 0 "ec_connector_extra_config.future" -- c
 printf '%s' "$ref" > "$tmp/ec.json"
 check "config @FILE" 0 "configuration OK" -- config check --ec-transfer-config "@$tmp/ec.json"
 check "config @missing" 2 "cannot open $tmp/none.json" -- config check --ec-transfer-config "@$tmp/none.json"
-for bad in 0 -1 1.5 '"8"' true; do
+for bad in 0 -1 1.5 '"eight"' '"1.0"' true; do
   check "config refuses pending items $bad" 2 \
     "ec_connector_extra_config.store_max_pending_items: must be a positive integer" \
     -- config check --ec-transfer-config "{\"ec_connector_extra_config\":{\"store_max_pending_items\":$bad}}"
+done
+# ... and accepts what vLLM's _positive_int accepts (issue 27).
+for good in '"8"' 8.0; do
+  check "config accepts pending items $good as vLLM does" 0 \
+    "ec_connector_extra_config.store_max_pending_items = 8" \
+    -- config check --ec-transfer-config "{\"ec_connector_extra_config\":{\"store_max_pending_items\":$good}}"
 done
 check "config refuses non-boolean" 2 "cross_encoder_cache: must be a boolean" \
   -- config check --ec-transfer-config '{"ec_connector_extra_config":{"cross_encoder_cache":"yes"}}'
@@ -211,6 +238,24 @@ check "lookup incompatible names the shape" 0 "img1 INCOMPATIBLE shape 2x2 (expe
 check "another model dtype is another namespace" 0 "img1 MISS" -- lookup --model m --dtype float16 --rows 2 --cols 4 img1
 check "lookup --json" 0 '"outcome": "HIT"' -- lookup --json --model m --dtype float32 --rows 2 --cols 2 img1
 check "lookup via --config identity" 0 "img1 HIT" -- lookup --config '{"ec_connector_extra_config": {"cross_encoder_cache": true, "embedding_model_identity": "m"}}' --dtype float32 --rows 2 --cols 2 img1
+# --- namespaces: what is in the Store, and config check's look (issue 27)
+check "namespaces counts objects and bytes" 0 "1 40 $ns" -- namespaces
+check "namespaces lists a key without @id: on its own" 0 "1 40 emb" -- namespaces
+check "namespaces takes no argument" 2 "" -- namespaces extra
+cc='{"ec_connector_extra_config": {"cross_encoder_cache": true}}'
+check "config check prints the namespace" 0 "namespace: $ns" -- \
+  config check --ec-transfer-config "$cc" --model m --dtype float32
+check "config check counts its objects in the Store" 0 "objects under this namespace in the Store: 1" -- \
+  --store "$ENCACHE_STORE" config check --ec-transfer-config "$cc" --model m --dtype float32
+check "config check warns when only other namespaces of the model have objects" 0 \
+  "warning: no object under the configured namespace, while 1 other namespace of the same model has some" -- \
+  --store "$ENCACHE_STORE" config check --ec-transfer-config "$cc" --model m --dtype float32 --vllm-mm-encoder-tp-mode weights
+n=$((n + 1))
+if "$tool" --store "$ENCACHE_STORE" config check --ec-transfer-config "$cc" --model m --dtype float32 | grep -q '^warning: no object'; then
+  echo "not ok $n - config check does not warn when its namespace has objects"; fails=$((fails + 1))
+else echo "ok $n - config check does not warn when its namespace has objects"; fi
+check "config check refuses --prefix" 2 "come from --ec-transfer-config" -- \
+  config check --ec-transfer-config "$cc" --prefix p --model m --dtype float32
 check "lookup --config off" 2 "cross_encoder_cache is false" -- lookup --config '{}' --model m --dtype float32 --rows 2 --cols 2 img1
 check "lookup prefix namespace differs" 0 "img1 MISS" -- lookup --prefix team --model m --dtype float32 --rows 2 --cols 2 img1
 # --device cuda:N on the fake CUDA runtime (tests/fake_cudart.c), and without one
@@ -273,6 +318,16 @@ check "purge --help" 0 'NAMESPACE "@id:"' -- purge --help
 check "demo --images DIR" 0 "verification passed" -- demo --encoders 2 --requests 10 --images "$src/tests/data/images" --tokens 16 --hidden 32 --verify all --no-baseline
 check "demo names a broken image" 0 "skipping $src/tests/data/images/not-an-image.png" -- demo --encoders 1 --requests 2 --images "$src/tests/data/images" --tokens 4 --hidden 8 --no-baseline
 check "demo --json" 0 '"passed": true' -- demo --encoders 2 --requests 10 --images 4 --tokens 4 --hidden 8 --json
+# The summary's rows under "encodes avoided" add up to it (issue 27).
+n=$((n + 1))
+"$tool" demo --encoders 2 --requests 30 --images 6 --tokens 4 --hidden 8 --json --no-baseline > "$tmp/demo.json" 2>/dev/null
+if /usr/bin/python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+h = d["hits"]
+assert d["encodes_avoided"] == h["published_by_other_encoders"] + h["published_by_same_encoder"] + d["repeats_within_a_request"], d
+' "$tmp/demo.json"; then echo "ok $n - demo summary adds up"
+else echo "not ok $n - demo summary adds up"; fails=$((fails + 1)); fi
+check "demo --help has no %%" 0 "host i mod N" -- demo --help
 check "demo bad option" 2 "--encoders: must be an integer from 1 to 64" -- demo --encoders 0
 check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help
 check "bench bad size" 2 "--sizes: \"huge\" is not a size" -- bench --sizes huge

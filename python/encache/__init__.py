@@ -28,7 +28,26 @@ import json
 import logging
 import typing
 
-from . import _encache, _tensors
+try:
+    from . import _encache
+except ImportError as _e:  # name the cause, not "a circular import"
+    import glob as _glob
+    import os as _os
+    import sys as _sys
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if _glob.glob(_os.path.join(_here, "_encache*.so")):
+        raise  # built, but it cannot load: Python's own message says why
+    raise ImportError(
+        f"encache: there is no compiled extension encache._encache in "
+        f"{_here}. Either this is the repository's python/ source "
+        "directory (run Python from another directory: the built package "
+        "is in build/python, the installed one under /usr/local), or "
+        "encache was not built and installed for this interpreter "
+        f"({_sys.executable}): `sh scripts/install.sh` installs it for "
+        "Debian's /usr/bin/python3, which pyenv, conda and virtual "
+        "environments do not use (docs/python.md)") from None
+from . import _tensors
+from ._keys import vllm_encoder_hash
 from ._errors import (ClosedError, ConfigError, Error, ForkError,
                       FormatError, InvalidError, JsonError, LibraryError,
                       OutOfMemoryError, PoisonedError, StepsError, StoreError,
@@ -42,11 +61,24 @@ Outcome.__doc__ = """A lookup's outcome for one item: HIT (loaded; do not
 encode), MISS, INCOMPATIBLE, OVERSIZE, UNAVAILABLE, SKIPPED, IN_FLIGHT
 (encode)."""
 
-Skip = enum.IntEnum("Skip", [("QUEUED", 0)] +
-                    [(name, value) for name, value, _ in _encache.SKIPS])
-Skip.__doc__ = """What publish() did: QUEUED, or why the output was skipped
-(NOT_CANDIDATE, NOT_MATRIX, NOT_CONTIGUOUS, DTYPE, PENDING, OVER_ITEMS,
-OVER_BYTES, ...)."""
+class _Skip(enum.IntEnum):
+    """The base of Skip: truthy success.  The values stay the C library's
+    (QUEUED is 0, a reason its ENCACHE_SKIP_* code), so that
+    `publish(...) == Skip.QUEUED` and `== 0` hold as before; only truth
+    changes: QUEUED is true and every skip reason false, so that
+    `if step.publish(id, t):` reads "if it was queued"."""
+
+    def __bool__(self):
+        return self.value == 0
+
+
+Skip = _Skip("Skip", [("QUEUED", 0)] +
+             [(name, value) for name, value, _ in _encache.SKIPS])
+Skip.__doc__ = """What publish() did: QUEUED (true), or why the output was
+skipped (NOT_CANDIDATE, NOT_MATRIX, NOT_CONTIGUOUS, DTYPE, PENDING,
+OVER_ITEMS, OVER_BYTES, ...; all false).  Compare with Skip.QUEUED or test
+its truth; each skip is counted in Cache.stats().published_skipped and the
+first of each reason logged."""
 
 Step = _encache.Step
 Result = _encache.Result
@@ -54,27 +86,28 @@ Buffer = _encache.Buffer
 MAX_STEPS = _encache.MAX_STEPS
 
 
-def shm_destroy(name):
+def shm_destroy(name: str) -> bool:
     """Removes the shared-memory Store segment `name` (as `encache shm
     destroy NAME`); processes attached keep their mapping.  Returns False
     when there is no such segment."""
     return _encache.shm_destroy(name)
 
 
-def set_block_cache(max_bytes):
+def set_block_cache(max_bytes: int) -> int:
     """Sets the most bytes of freed hit memory the package keeps for reuse
     by later lookups (default 64 MiB; 0 keeps none); returns the previous
     value.  See docs/python.md, "Threads, processes and memory"."""
     return _encache.set_block_cache(max_bytes)
 
 
-def url_redact(url):
+def url_redact(url: str) -> str:
     """The Store URL `url` with its password (if any) hidden, as every
     message of the library shows URLs: print Store URLs this way."""
     return _encache.url_redact(url)
 
 
-def purge(store, namespace, dry_run=False):
+def purge(store: str, namespace: str, dry_run: bool = False
+          ) -> typing.Tuple[int, typing.Optional[int]]:
     """Removes every object of `namespace` (a Cache's .namespace: the keys
     NAMESPACE "@id:" ...) from the Store at URL `store`, as `encache purge`
     does; nothing outside it.  With dry_run, removes nothing and counts.
@@ -86,7 +119,8 @@ def purge(store, namespace, dry_run=False):
     return _encache.purge(store, namespace + "@id:", bool(dry_run))
 
 
-def model_identity(model_dir, label=None):
+def model_identity(model_dir: str,
+                   label: typing.Optional[str] = None) -> str:
     """An identity string "LABEL@weights:xxh128:HEX" derived from a digest
     of the weight files under model_dir (as `encache identity`), to give
     as the option embedding_model_identity: new weights under the same
@@ -96,7 +130,7 @@ def model_identity(model_dir, label=None):
     return _encache.model_identity(model_dir, label)
 
 
-def library_version():
+def library_version() -> str:
     """The version of the libencache the package runs on."""
     return _encache.library_version()
 
@@ -187,9 +221,17 @@ class Cache(_encache.Handle):
     calls are serialised); each Step belongs to one thread at a time.
     """
 
-    def __init__(self, ec_transfer_config=None, *, model=None, revision=None,
-                 encoder_hash=None, dtype="bfloat16", store=None,
-                 options=None, output=None, log=_log.warning):
+    def __init__(self,
+                 ec_transfer_config: typing.Union[str, dict, None] = None, *,
+                 model: typing.Optional[str] = None,
+                 revision: typing.Optional[str] = None,
+                 encoder_hash: typing.Optional[str] = None,
+                 dtype: typing.Any = "bfloat16",
+                 store: typing.Optional[str] = None,
+                 options: typing.Optional[dict] = None,
+                 output: typing.Optional[str] = None,
+                 log: typing.Optional[typing.Callable[[str], typing.Any]]
+                 = _log.warning) -> None:
         if isinstance(ec_transfer_config, dict):
             ec_transfer_config = json.dumps(ec_transfer_config)
         if (ec_transfer_config is None) == (options is None):
@@ -205,7 +247,7 @@ class Cache(_encache.Handle):
                          options=options, output=_OUTPUTS[output], log=log)
         self.output = output
 
-    def stats(self):
+    def stats(self) -> "Stats":
         """The counters now, as a Stats."""
         d = self._stats()
         d["published_skipped"] = {
@@ -213,10 +255,10 @@ class Cache(_encache.Handle):
             if i > 0}
         return Stats(**d)
 
-    def __enter__(self):
+    def __enter__(self) -> "Cache":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: typing.Any) -> bool:
         self.close()
         return False
 
@@ -241,5 +283,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "__version__",
+    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "vllm_encoder_hash", "__version__",
 ]

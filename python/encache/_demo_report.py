@@ -62,6 +62,11 @@ def _row(label, value, base=""):
     return "%-30s %16s %s" % (label, value, base)
 
 
+def _repeats(c):
+    """Encodes avoided that are not hits: repeats within one request."""
+    return max(0, c["images"] - c["encodes"] - c["hits_other"] - c["hits_own"])
+
+
 def _table(c, b, f, out_bytes):
     avoided = c["images"] - c["encodes"]
     share = 100.0 * avoided / c["images"] if c["images"] else 0.0
@@ -72,6 +77,9 @@ def _table(c, b, f, out_bytes):
             "%-30s %9d (%4.1f%%)" % ("encodes avoided", avoided, share),
             _row("  hits from other encoders", c["hits_other"]),
             _row("  hits of own publications", c["hits_own"]),
+            # The three add up to encodes avoided: an image repeated within
+            # one request is encoded (or found) once for all its copies.
+            _row("  repeats within a request", _repeats(c)),
             _row("misses by reason", "")]
     rows += ["  %-28s %16d" % (k, c["outcome"][k]) for k in OUTCOMES[1:]]
     rows += [_row("encoder time", "%.2fs" % c["encode_s"],
@@ -152,6 +160,7 @@ def as_json(run, c, b):
         "misses": {k: c["outcome"][k] for k in OUTCOMES[1:]},
         "encodes": c["encodes"],
         "encodes_avoided": c["images"] - c["encodes"],
+        "repeats_within_a_request": _repeats(c),
         "encoder_seconds": round(c["encode_s"], 3),
         "baseline_encoder_seconds": round(b["encode_s"], 3),
         "encoder_seconds_saved": round(f["saved"], 3),

@@ -45,6 +45,7 @@ typedef struct handle {
   ec_pub **live;           /* storages alive (storage.c); under lock */
   size_t live_n, live_cap;
   PyObject *log;           /* callable(str) or NULL */
+  unsigned skips_logged;   /* bit r: a skip for reason r was logged */
   PyObject *weakrefs;
 } handle;
 

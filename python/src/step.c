@@ -140,6 +140,18 @@ static PyObject *publish_locked(step *s, handle *h, const char *id,
     return ec_raise(rc, rc == ENCACHE_ECLOSED
                             ? "the step or its Cache is closed"
                             : msg);
+  if (rc > 0 && rc < 32 && !(h->skips_logged & (1u << rc))) {
+    /* A skipped publication is counted (stats().published_skipped) and,
+     * the first time for each reason, logged: a tensor the encoder makes
+     * the same way every time is otherwise skipped silently forever. */
+    h->skips_logged |= 1u << rc;
+    PyOS_snprintf(msg, sizeof(msg),
+                  "publication of \"%s\" skipped: %s; later publications "
+                  "skipped for this reason are counted in "
+                  "stats().published_skipped, not logged",
+                  id, encache_skip_name(rc));
+    ec_log(h, msg);
+  }
   if (rc >= PyTuple_GET_SIZE(ec_skips))
     return PyLong_FromLong(rc);
   return Py_NewRef(PyTuple_GET_ITEM(ec_skips, rc));

@@ -50,6 +50,8 @@ void encache_config_free(encache_config *cfg) {
     encache__value_clear(&cfg->vals[i]);
   for (int s = 0; s < SEC_COUNT; s++)
     encache__unknown_clear(&cfg->unknown[s], &cfg->nunknown[s]);
+  encache__free(cfg->json_warn[0]);
+  encache__free(cfg->json_warn[1]);
   encache__free(cfg);
 }
 
@@ -215,7 +217,7 @@ int encache_config_warning_count(const encache_config *cfg) {
   int n = 0;
   for (int i = 0; i < NOPTS; i++)
     n += visible(cfg, i) && cfg->vals[i].warn != NULL;
-  return n;
+  return n + (cfg->json_warn[0] != NULL) + (cfg->json_warn[1] != NULL);
 }
 
 const char *encache_config_warning_at(const encache_config *cfg, int idx) {
@@ -224,6 +226,9 @@ const char *encache_config_warning_at(const encache_config *cfg, int idx) {
   for (int i = 0; i < NOPTS; i++)
     if (visible(cfg, i) && cfg->vals[i].warn != NULL && idx-- == 0)
       return cfg->vals[i].warn;
+  for (int k = 0; k < 2; k++) /* how the JSON itself was read */
+    if (cfg->json_warn[k] != NULL && idx-- == 0)
+      return cfg->json_warn[k];
   return NULL;
 }
 

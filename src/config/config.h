@@ -38,7 +38,8 @@ enum kind {
   K_ENUM,
   K_PYSTR,
   K_TENANT,
-  K_DERIVED
+  K_DERIVED,
+  K_VPOSINT
 };
 
 /* The C type a kind is held in, and so the setter that takes it. */
@@ -95,6 +96,10 @@ struct encache_config {
   int mooncake_loaded;       /* the mooncake section is in use */
   char **unknown[SEC_COUNT]; /* owned strings, "section.name" */
   int nunknown[SEC_COUNT];
+  /* A warning about how the JSON itself was read (a duplicate key: the
+   * last value wins, as in Python), of the last successful load of the
+   * ec-transfer-config [0] and of the Mooncake JSON [1]; owned, or NULL. */
+  char *json_warn[2];
   char errmsg[1024]; /* never allocated: kept on out of memory too */
 };
 
@@ -132,7 +137,9 @@ int encache__json_decode(encache_config *cfg, const opt_def *o, const json_t *j,
 const char *encache__json_kind(const json_t *j);
 void encache__json_brief(const json_t *j, char *buf, size_t size);
 json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
-                             const char *what, int *rc);
+                             const char *what, int *rc, char **warn);
+/* Replaces cfg's JSON warning k (0: ec, 1: mooncake) by warn (owned). */
+void encache__json_warn_set(encache_config *cfg, int k, char *warn);
 int encache__load_section(encache_config *cfg, scratch *s, enum section sec,
                           const json_t *obj, const char *skip);
 void encache__commit_section(encache_config *cfg, scratch *s, enum section sec);

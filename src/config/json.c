@@ -109,6 +109,84 @@ static char *string_member(encache_config *cfg, const opt_def *o,
   return s;
 }
 
+/* Python's int() of a str, base 10, for the values that fit 64 bits:
+ * surrounding whitespace, a sign, digits with single '_' between them.
+ * Returns 0 with *out, -1 when int() refuses it, -2 beyond 64 bits (a
+ * negative one is -1 after the sign: vLLM refuses it as <= 0). */
+static int python_int(const char *s, int64_t *sign, uint64_t *out) {
+  while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+    s++;
+  *sign = 1;
+  if (*s == '+' || *s == '-')
+    *sign = *s++ == '-' ? -1 : 1;
+  uint64_t u = 0;
+  int digits = 0, big = 0;
+  for (; (*s >= '0' && *s <= '9') || *s == '_'; s++) {
+    if (*s == '_') {
+      if (digits == 0 || s[1] < '0' || s[1] > '9')
+        return -1;
+      continue;
+    }
+    unsigned d = (unsigned)(*s - '0');
+    big |= u > (UINT64_MAX - d) / 10;
+    u = u * 10 + d;
+    digits++;
+  }
+  while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+    s++;
+  if (digits == 0 || *s != '\0')
+    return -1;
+  *out = u;
+  return big ? -2 : 0;
+}
+
+/* A store_* option as vLLM's _positive_int reads it
+ * (vllm/distributed/ec_transfer/ec_connector/mooncake/config.py at
+ * e4bf5fb63fa46dc17924014d1379846afc9102f0): an integer, a finite
+ * integral float (32.0) or a string int() reads ("32"), never a boolean;
+ * the value must be > 0 (encache__value_check).  Its messages are vLLM's
+ * ("ECMooncakeConnector requires NAME to be a positive integer."). */
+static int vllm_positive_int(encache_config *cfg, const opt_def *o,
+                             const json_t *j, value *v, const char *got) {
+  const char *sec = encache__section_names[o->sec];
+  int64_t sign = 1;
+  int r = -1;
+  if (json_is_integer(j)) {
+    sign = json_integer_value(j) < 0 ? -1 : 1;
+    v->u = (uint64_t)json_integer_value(j);
+    r = 0;
+  } else if (json_is_real(j)) {
+    double d = json_real_value(j);
+    r = isfinite(d) && d == floor(d) ? 0 : -1;
+    sign = d < 0 ? -1 : 1;
+    if (r == 0 && fabs(d) >= 18446744073709551616.0)
+      r = -2;
+    else if (r == 0)
+      v->u = (uint64_t)fabs(d);
+  } else if (json_is_string(j)) {
+    r = python_int(json_string_value(j), &sign, &v->u);
+  }
+  if (r == -2)
+    return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                "%s.%s: %s is 2^64 or more: vLLM reads it, "
+                                "encache holds 64 bits; refused",
+                                sec, o->name, got);
+  if (r < 0)
+    return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                "%s.%s: must be a positive integer (an "
+                                "integer, an integral number or a string of "
+                                "one, as vLLM reads it), got %s "
+                                "(vLLM: ECMooncakeConnector requires %s to "
+                                "be a positive integer.)",
+                                sec, o->name, got, o->name);
+  if (sign < 0 || v->u == 0)
+    return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                "%s.%s: must be a positive integer, got %s "
+                                "(vLLM: ECMooncakeConnector requires %s > 0.)",
+                                sec, o->name, got, o->name);
+  return 0;
+}
+
 static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
                       value *v, const char *got) {
   const char *sec = encache__section_names[o->sec];
@@ -122,6 +200,8 @@ static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
                   : " (encache refuses it before Mooncake does)");
     return 0;
   }
+  if (o->kind == K_VPOSINT)
+    return vllm_positive_int(cfg, o, j, v, got);
   if (!json_is_integer(j) || json_integer_value(j) < 0)
     return encache__config_fail(
         cfg, ENCACHE_ECONFIG, "%s.%s: must be a %s integer, got %s", sec,
@@ -317,16 +397,58 @@ static int nul_string(const json_t *j, char *path, size_t size, size_t used) {
   return 0;
 }
 
+/* The refusal of a JSON text that Python's json.loads reads but that
+ * jansson cannot hold: an integer of 2^63 or more (or below -2^63). */
+static int too_big_integer(encache_config *cfg, const char *what,
+                           const json_error_t *err) {
+  return encache__config_fail(
+      cfg, ENCACHE_ECONFIG,
+      "%s: the integer at line %d, column %d is outside -2^63 .. 2^63-1: "
+      "vLLM (Python's json.loads) reads integers of any size, encache "
+      "holds 64 bits and no option takes a value that large: refused",
+      what, err->line, err->column);
+}
+
+void encache__json_warn_set(encache_config *cfg, int k, char *warn) {
+  encache__free(cfg->json_warn[k]);
+  cfg->json_warn[k] = warn;
+}
+
 /* Parses json[0..len) as one JSON object, or fails with line and column.
- * Python's json reads \u0000 inside a string, so it is read here too, and
- * then refused by name: no string of the configuration may hold a NUL (a
- * C string would end there, and two different identities or prefixes
- * would give one namespace). */
+ * It is read as vLLM reads it, with Python's json.loads: a key given twice
+ * in one object keeps its last value (jansson does so without
+ * JSON_REJECT_DUPLICATES), with a warning in *warn (from the allocator,
+ * for the caller to keep or free; NULL when none) naming where, since the
+ * first value is silently dropped.  Python's json reads \u0000 inside a
+ * string, so it is read here too, and then refused by name: no string of
+ * the configuration may hold a NUL (a C string would end there, and two
+ * different identities or prefixes would give one namespace).  Integers
+ * beyond 64 bits are refused, saying that vLLM would read them. */
 json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
-                             const char *what, int *rc) {
+                             const char *what, int *rc, char **warn) {
   json_error_t err;
+  *warn = NULL;
   json_t *root =
       json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+  if (root == NULL && json_error_code(&err) == json_error_duplicate_key) {
+    char text[512];
+    snprintf(text, sizeof(text),
+             "%s: a key is given twice in one object (first at line %d, "
+             "column %d): the last value is used, as vLLM (Python's "
+             "json.loads) uses it, and the earlier ones are ignored",
+             what, err.line, err.column);
+    root = json_loadb(json, len, JSON_ALLOW_NUL, &err);
+    if (root != NULL && (*warn = encache__strdup(text)) == NULL) {
+      json_decref(root);
+      *rc = encache__config_fail(cfg, ENCACHE_ENOMEM, "%s: out of memory",
+                                 what);
+      return NULL;
+    }
+  }
+  if (root == NULL && json_error_code(&err) == json_error_numeric_overflow) {
+    *rc = too_big_integer(cfg, what, &err);
+    return NULL;
+  }
   char path[256] = "";
   if (root != NULL && nul_string(root, path, sizeof(path), 0)) {
     *rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
@@ -334,6 +456,8 @@ json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
                                "(\\u0000): refused, no key or option may hold "
                                "one", what, path);
     json_decref(root);
+    encache__free(*warn);
+    *warn = NULL;
     return NULL;
   }
   if (root == NULL) {
@@ -353,6 +477,8 @@ json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
                                "%s: must be a JSON object, got %s %s", what,
                                encache__json_kind(root), got);
     json_decref(root);
+    encache__free(*warn);
+    *warn = NULL;
     return NULL;
   }
   return root;
@@ -366,8 +492,9 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
   if (json == NULL)
     return encache__config_fail(cfg, ENCACHE_EINVAL,
                                 "ec_transfer_config: no JSON given");
+  char *warn;
   json_t *root =
-      encache__json_object(cfg, json, len, "ec_transfer_config", &rc);
+      encache__json_object(cfg, json, len, "ec_transfer_config", &rc, &warn);
   if (root == NULL)
     return rc;
   scratch s;
@@ -391,8 +518,11 @@ int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
   if (rc == 0) {
     encache__commit_section(cfg, &s, SEC_EC);
     encache__commit_section(cfg, &s, SEC_EXTRA);
+    encache__json_warn_set(cfg, 0, warn);
+    warn = NULL;
     encache__config_clear_error(cfg);
   }
+  encache__free(warn);
   json_decref(empty);
   encache__scratch_free(&s);
   json_decref(root);

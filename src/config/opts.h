@@ -20,6 +20,7 @@
 #define ENCACHE__CTYPE_BOOL int
 #define ENCACHE__CTYPE_TRUTHY int
 #define ENCACHE__CTYPE_POSINT uint64_t
+#define ENCACHE__CTYPE_VPOSINT uint64_t
 #define ENCACHE__CTYPE_UINT uint64_t
 #define ENCACHE__CTYPE_SIZE uint64_t
 #define ENCACHE__CTYPE_NUMBER double

@@ -146,7 +146,8 @@ int encache_config_load_mooncake(encache_config *cfg, const char *json,
            origin ? origin : "");
   if (json == NULL)
     return encache__config_fail(cfg, ENCACHE_EINVAL, "%s: no JSON given", what);
-  json_t *root = encache__json_object(cfg, json, len, what, &rc);
+  char *warn;
+  json_t *root = encache__json_object(cfg, json, len, what, &rc, &warn);
   if (root == NULL)
     return rc;
   scratch s;
@@ -157,8 +158,11 @@ int encache_config_load_mooncake(encache_config *cfg, const char *json,
   if (rc == 0) {
     encache__commit_section(cfg, &s, SEC_MOONCAKE);
     cfg->mooncake_loaded = 1;
+    encache__json_warn_set(cfg, 1, warn);
+    warn = NULL;
     encache__config_clear_error(cfg);
   }
+  encache__free(warn);
   encache__scratch_free(&s);
   json_decref(root);
   return rc;

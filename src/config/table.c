@@ -49,6 +49,7 @@ static const struct {
     [K_PYSTR] = {"key text", C_STRING},
     [K_TENANT] = {"tenant", C_STRING},
     [K_DERIVED] = {"derived", C_STRING},
+    [K_VPOSINT] = {"vLLM positive integer", C_U64},
 };
 
 enum kclass encache__kind_class(enum kind k) { return kinds[k].cls; }

@@ -79,7 +79,7 @@ int encache__value_check(encache_config *cfg, const opt_def *o, const value *v,
   const char *sec = encache__section_names[o->sec];
   if (!v->set)
     return 0;
-  if (o->kind == K_POSINT && v->u == 0)
+  if ((o->kind == K_POSINT || o->kind == K_VPOSINT) && v->u == 0)
     return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                 "%s.%s: must be a positive integer, got %s",
                                 sec, o->name, got);
@@ -102,6 +102,17 @@ int encache__value_check(encache_config *cfg, const opt_def *o, const value *v,
                                   "it too)",
                                   sec, o->name, got);
     break;
+  case R_REQUIRED:
+    /* An empty address is not an address: Mooncake's setup can only fail
+     * on it, so it is refused where the docs call the option required. */
+    if (encache__kind_class(o->kind) == C_STRING && v->s != NULL &&
+        v->s[0] == '\0')
+      return encache__config_fail(cfg, ENCACHE_ECONFIG,
+                                  "%s.%s: must not be empty: it is required "
+                                  "(an empty address can only fail when "
+                                  "the client sets up)",
+                                  sec, o->name);
+    break;
   case R_RAM_STORE:
     /* Offloading objects to SSD would let a read complete from a tier
      * encache cannot reason about (vLLM's embedding client refuses it). */
@@ -121,7 +132,8 @@ int encache__value_check(encache_config *cfg, const opt_def *o, const value *v,
           "%s.%s: \"%s\" cannot be honoured: the Mooncake C ABI encache "
           "loads (store_c.h setup) takes no tenant, so encache would join "
           "the default tenant while vLLM joins \"%s\" (and they would share "
-          "no objects); remove tenant_id or use the default tenant",
+          "no objects); remove tenant_id or use the default tenant "
+          "(docs/compatibility.md says what joining it would need)",
           sec, o->name, v->s, v->s);
     break;
   default:

@@ -12,6 +12,9 @@
  * removed.  Keys are collected first and removed after the listing (a
  * backend need not support removals from inside its own listing), sorted
  * so that a key listed twice (Redis's SCAN may) counts once.
+ *
+ * The same listing, of every key, tallies the namespaces a Store holds
+ * (encache_store_namespaces(): everything before a key's "@id:").
  */
 #include "store.h"
 
@@ -184,4 +187,100 @@ int encache_store_remove_prefix(encache_store *st, const char *prefix,
   if (removed != NULL)
     *removed = done;
   return rc;
+}
+
+/* ------------------------------------------------------------ namespaces */
+
+/* At most this many distinct namespaces are reported: a Store holding more
+ * is not one a fleet of encoders writes, and the tally below searches its
+ * table linearly. */
+#define NAMESPACES_MAX 4096
+
+/* The length of key's namespace: everything before the "@id:" that ends a
+ * protocol:v3 namespace (the first "@protocol:v3@id:", so that neither a
+ * field nor an identifier holding "@id:" moves the cut), else before the
+ * first "@id:"; 0 for a key with neither. */
+static size_t namespace_len(const char *key) {
+  static const char v3[] = "@protocol:v3@id:";
+  const char *p = strstr(key, v3);
+  if (p != NULL)
+    return (size_t)(p - key) + sizeof(v3) - 1 - 4;
+  p = strstr(key, "@id:");
+  return p != NULL ? (size_t)(p - key) : 0;
+}
+
+/* Adds one key of len bytes to the tally t[0..*n) (its namespace is the
+ * first nslen bytes of key).  Returns 0, or a negative code. */
+static int tally(encache_store *st, encache_namespace_count *t, size_t *n,
+                 const char *key, size_t nslen, uint64_t len) {
+  size_t i = *n;
+  if (i > 0 && strlen(t[i - 1].ns) == nslen &&
+      memcmp(t[i - 1].ns, key, nslen) == 0)
+    i--; /* listed sorted: most keys are the previous key's namespace's */
+  else
+    for (i = 0; i < *n; i++)
+      if (strlen(t[i].ns) == nslen && memcmp(t[i].ns, key, nslen) == 0)
+        break;
+  if (i == *n) {
+    if (*n == NAMESPACES_MAX)
+      return encache__store_fail(st, ENCACHE_ETOOLARGE,
+                                 "more than %d namespaces in the Store",
+                                 NAMESPACES_MAX);
+    char *ns = encache__malloc(nslen + 1);
+    if (ns == NULL)
+      return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    memcpy(ns, key, nslen);
+    ns[nslen] = '\0';
+    t[i] = (encache_namespace_count){sizeof(*t), ns, 0, 0};
+    (*n)++;
+  }
+  t[i].objects++;
+  t[i].bytes += len;
+  return 0;
+}
+
+static int count_cmp(const void *x, const void *y) {
+  return strcmp(((const encache_namespace_count *)x)->ns,
+                ((const encache_namespace_count *)y)->ns);
+}
+
+int encache_store_namespaces(encache_store *st,
+                             int (*cb)(const encache_namespace_count *c,
+                                       void *arg),
+                             void *arg) {
+  if (st == NULL || cb == NULL)
+    return ENCACHE_EINVAL;
+  if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST) &&
+      strcmp(st->ops->kind, "mooncake") == 0)
+    return encache__store_fail(
+        st, ENCACHE_EINVAL,
+        "Mooncake's C ABI (store_c.h) has no call that lists or counts "
+        "keys, so a Mooncake Store's namespaces cannot be listed "
+        "(docs/compatibility.md)");
+  if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST))
+    return encache__store_fail(st, ENCACHE_EINVAL,
+                               "the %s Store cannot list its keys, so it "
+                               "cannot list its namespaces", st->ops->kind);
+  prefix_acc a;
+  int rc = list_prefix(st, "", &a);
+  encache_namespace_count *t =
+      rc == 0 ? encache__malloc(NAMESPACES_MAX * sizeof(*t)) : NULL;
+  if (rc == 0 && t == NULL)
+    rc = encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+  size_t n = 0;
+  for (size_t i = 0; rc == 0 && i < a.n; i++)
+    rc = tally(st, t, &n, a.items[i].key, namespace_len(a.items[i].key),
+               a.items[i].len);
+  acc_free(&a);
+  if (rc == 0 && n > 1)
+    qsort(t, n, sizeof(*t), count_cmp);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    int stop = cb(&t[i], arg);
+    if (stop != 0)
+      rc = stop;
+  }
+  for (size_t i = 0; i < n; i++)
+    encache__free((char *)t[i].ns);
+  encache__free(t);
+  return rc == 0 ? (int)n : rc;
 }

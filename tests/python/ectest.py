@@ -40,8 +40,8 @@ def unique(tag):
 def config(**extra):
     """A vLLM ec_transfer_config with reuse on and the extra options of
     ec_connector_extra_config."""
-    return {"ec_connector": "ECMooncakeStorageConnector",
-            "ec_role": "ec_both",
+    return {"ec_connector": "ECMooncakeConnector",
+            "ec_role": "ec_producer",
             "ec_connector_extra_config": {"cross_encoder_cache": True,
                                           **extra}}
 

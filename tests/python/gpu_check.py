@@ -13,7 +13,7 @@ import encache
 
 name = f"encache-gpucheck-{os.getpid()}"
 url = f"shm://{name}?size=256MiB"
-config = {"ec_connector": "ECMooncakeStorageConnector", "ec_role": "ec_both",
+config = {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer",
           "ec_connector_extra_config": {"cross_encoder_cache": True}}
 F = torch.bfloat16
 

@@ -29,11 +29,28 @@ static const char config_usage[] =
     "  --tensor-parallel-size N         (default 1)\n"
     "  --pipeline-parallel-size N       (default 1)\n"
     "  --data-parallel-size N           (default 1)\n"
-    "  --dynamic-lora                   dynamic LoRA adapters are enabled\n";
+    "  --dynamic-lora                   dynamic LoRA adapters are enabled\n"
+    "\n"
+    "Namespace options (those of encache key but --config and --prefix):\n"
+    "with --dtype, prints the namespace this configuration gives and, when\n"
+    "a Store is named (--store or $ENCACHE_STORE), its objects there, with a\n"
+    "warning when it has none while namespaces of the same model do (they\n"
+    "differ in a field: encache namespaces lists them all).\n"
+    "  --model M --dtype DTYPE [--revision R]\n"
+    "  [--encoder-hash H | --vllm-mm-* ...]   as for encache key\n";
 
-enum { CC_EC, CC_MOONCAKE, CC_CACHE_GB, CC_TP, CC_PP, CC_DP, CC_LORA };
+enum {
+  CC_EC = NS_COUNT_,
+  CC_MOONCAKE,
+  CC_CACHE_GB,
+  CC_TP,
+  CC_PP,
+  CC_DP,
+  CC_LORA
+};
 
 static const tool_opt config_opts[] = {
+    TOOL_NS_OPTS,
     [CC_EC] = {"ec-transfer-config", 1},
     [CC_MOONCAKE] = {"mooncake-config", 1},
     [CC_CACHE_GB] = {"mm-processor-cache-gb", 1},
@@ -101,7 +118,7 @@ static void print_config(encache_config *cfg) {
          enabled ? "" : " (cross_encoder_cache is false: reuse is off)");
 }
 
-static int config_check(const tool_args *a) {
+static int config_check(const tool_globals *g, const tool_args *a) {
   const char *ec_arg = a->val[CC_EC], *mc_path = a->val[CC_MOONCAKE];
   encache_deployment dep;
   if (deployment(a, &dep) < 0)
@@ -137,11 +154,11 @@ static int config_check(const tool_args *a) {
 
   print_config(cfg);
   encache_config_free(cfg);
-  return EXIT_OK;
+  return a->val[NS_DTYPE] != NULL ? config_check_namespace(g, a, ec_arg)
+                                  : EXIT_OK;
 }
 
 static int run_config(const tool_globals *g, const tool_args *a) {
-  (void)g;
   if (a->argc == 0)
     return usage_error("config", "missing subcommand (try 'encache config "
                                  "check --help')");
@@ -151,7 +168,7 @@ static int run_config(const tool_globals *g, const tool_args *a) {
   if (a->argc > 1)
     return usage_error("config check", "unexpected argument '%s'",
                        a->argv[1]);
-  return config_check(a);
+  return config_check(g, a);
 }
 
 const tool_command cmd_config = {

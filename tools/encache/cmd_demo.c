@@ -75,8 +75,10 @@ static void summary_json(const demo_opts *o, const char *url,
          t->outcome[ENCACHE_MISS], t->outcome[ENCACHE_INCOMPATIBLE],
          t->outcome[ENCACHE_OVERSIZE], t->outcome[ENCACHE_UNAVAILABLE],
          t->outcome[ENCACHE_SKIPPED]);
-  printf("  \"encodes\": %" PRIu64 ",\n  \"encodes_avoided\": %" PRIu64 ",\n",
-         t->encodes, t->images - t->encodes);
+  uint64_t avoided = t->images - t->encodes, hits = t->hits_other + t->hits_own;
+  printf("  \"encodes\": %" PRIu64 ",\n  \"encodes_avoided\": %" PRIu64
+         ",\n  \"repeats_within_a_request\": %" PRIu64 ",\n",
+         t->encodes, avoided, avoided > hits ? avoided - hits : 0);
   printf("  \"encoder_seconds\": %.3f,\n  \"encoder_seconds_saved\": %.3f,\n",
          t->encode_s, f->saved);
   printf("  \"throughput_images_per_s\": %.1f,\n", f->thr);
@@ -147,8 +149,13 @@ static void summary_text(const demo_opts *o, const char *url,
   printf("%-30s %9" PRIu64 " (%4.1f%%)\n", "encodes avoided",
          t->images - t->encodes,
          t->images ? 100.0 * (double)(t->images - t->encodes) / (double)t->images : 0);
+  /* The three rows below add up to the one above: an image that repeats
+   * within one request is encoded (or found) once for all its copies. */
+  uint64_t avoided = t->images - t->encodes, hits = t->hits_other + t->hits_own;
   printf("%-30s %16" PRIu64 "\n", "  hits from other encoders", t->hits_other);
   printf("%-30s %16" PRIu64 "\n", "  hits of own publications", t->hits_own);
+  printf("%-30s %16" PRIu64 "\n", "  repeats within a request",
+         avoided > hits ? avoided - hits : 0);
   printf("%-30s %16s\n", "misses by reason", "");
   static const char *const names[] = {"",         "miss",
                                       "incompatible", "oversize",
@@ -212,7 +219,7 @@ static const char demo_usage[] =
     "  --hosts N          with --store tier:shm://NAME?...+REMOTE: N simulated\n"
     "                     hosts (1 to 16), each its own shm tier NAME-h0,\n"
     "                     NAME-h1, ... (removed after the run) in front of\n"
-    "                     the one REMOTE; encoder i runs on host i %% N; the\n"
+    "                     the one REMOTE; encoder i runs on host i mod N; the\n"
     "                     summary adds hits per tier (default 1)\n"
     "  --json             print the summary as JSON\n"
     "Exit status: 0 when it ran and verification passed, 1 otherwise.\n";

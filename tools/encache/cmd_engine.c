@@ -142,8 +142,7 @@ static void json_escape(char *buf, size_t size, const char *s) {
 
 static const char lookup_usage[] =
     "usage: encache [--store URL] lookup --model M [--prefix P] [--revision R]\n"
-    "           [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
-    "            [--vllm-mm-encoder-attn-backend NAME]]\n"
+    "           [--encoder-hash H | --vllm-mm-* ...]\n"
     "           [--config JSON|@FILE] --dtype DTYPE\n"
     "           --rows N --cols N [--device host|cuda:N] [--json] ID...\n"
     "\n"
@@ -262,8 +261,7 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
 
 static const char publish_usage[] =
     "usage: encache [--store URL] publish --model M [--prefix P] [--revision R]\n"
-    "           [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
-    "            [--vllm-mm-encoder-attn-backend NAME]]\n"
+    "           [--encoder-hash H | --vllm-mm-* ...]\n"
     "           [--config JSON|@FILE] --dtype DTYPE\n"
     "           --rows N --cols N --id ID FILE\n"
     "\n"

@@ -17,8 +17,7 @@
 static const char purge_usage[] =
     "usage: encache [--store URL] purge --namespace-of --model M\n"
     "                   [--prefix P | --config JSON|@FILE] [--revision R]\n"
-    "                   [--encoder-hash H | --vllm-mm-encoder-tp-mode MODE\n"
-    "                    [--vllm-mm-encoder-attn-backend NAME]]\n"
+    "                   [--encoder-hash H | --vllm-mm-* ...]\n"
     "                   --dtype DTYPE [--dry-run]\n"
     "       encache [--store URL] purge --key-prefix KP [--dry-run]\n"
     "\n"
@@ -30,7 +29,7 @@ static const char purge_usage[] =
     "\n"
     "  --namespace-of    purge the namespace named by the options of\n"
     "                    'encache key' (--model, --prefix or --config,\n"
-    "                    --revision, --encoder-hash or --vllm-mm-encoder-*,\n"
+    "                    --revision, --encoder-hash or --vllm-mm-*,\n"
     "                    --dtype; see 'encache help key')\n"
     "  --key-prefix KP   purge every object whose key starts with KP (bytes,\n"
     "                    not a pattern; not empty) instead\n"

@@ -25,7 +25,7 @@
 static const tool_command *const commands[] = {
     &cmd_demo, &cmd_key,     &cmd_identity, &cmd_config, &cmd_lookup,
     &cmd_publish, &cmd_bench, &cmd_put,     &cmd_get,    &cmd_inspect,
-    &cmd_ls,   &cmd_stats,   &cmd_rm,       &cmd_purge,  &cmd_shm,
+    &cmd_ls,   &cmd_namespaces, &cmd_stats, &cmd_rm,       &cmd_purge,  &cmd_shm,
     &cmd_exporter, &cmd_top,
 };
 

@@ -12,6 +12,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The encoder field from --vllm-mm-*: vLLM's MultiModalConfig
+ * compute_hash() over the factor list --vllm-mm-factors names (default:
+ * the newest, encache_vllm_mm_hash()).  Any of them computes it. */
+static int ns_encoder_field(const char *cmd, const tool_args *a, ns_opts *o) {
+  encache_vllm_mm_config m = {sizeof(m), 0, a->val[NS_TP_MODE],
+                              a->val[NS_ATTN_BACKEND], a->val[NS_ATTN_DTYPE],
+                              a->val[NS_FP8_SCALE_PATH]};
+  const char *factors = a->val[NS_MM_FACTORS];
+  int any = m.tp_mode || m.attn_backend || m.attn_dtype || m.fp8_scale_path ||
+            factors;
+  if (!any)
+    return 0;
+  if (o->encoder_hash != NULL)
+    return usage_error(cmd, "--encoder-hash and --vllm-mm-* both set the "
+                            "encoder field: give one"), -1;
+  if (factors != NULL && strcmp(factors, "newest") != 0 &&
+      tool_int32(cmd, "--vllm-mm-factors", factors, 1, 4, &m.factors) < 0)
+    return -1;
+  if (encache_vllm_mm_hash(&m, o->hash, sizeof(o->hash)) < 0)
+    return usage_error(cmd, "the --vllm-mm-* options do not make a factor "
+                            "list vLLM hashes: --vllm-mm-factors is 1, 2, 4 "
+                            "or newest, --vllm-mm-encoder-tp-mode \"weights\" "
+                            "or \"data\", --vllm-mm-encoder-attn-backend a "
+                            "backend name (letters, digits, '_'), the dtype "
+                            "and scale path printable ASCII"), -1;
+  o->encoder_hash = o->hash;
+  return 0;
+}
+
 int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o) {
   memset(o, 0, sizeof(*o));
   o->model = a->val[NS_MODEL];
@@ -19,28 +48,12 @@ int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o) {
   o->config = a->val[NS_CONFIG];
   o->revision = a->val[NS_REVISION];
   o->encoder_hash = a->val[NS_ENCODER_HASH];
-  const char *tp_mode = a->val[NS_TP_MODE], *backend = a->val[NS_ATTN_BACKEND];
   const char *dtype = a->val[NS_DTYPE];
   if (o->prefix != NULL && o->config != NULL)
     return usage_error(cmd, "--prefix and --config both set the prefix: give "
                             "embedding_cache_prefix in --config instead"), -1;
-  if (o->encoder_hash != NULL && (tp_mode != NULL || backend != NULL))
-    return usage_error(cmd, "--encoder-hash and --vllm-mm-encoder-* both set "
-                            "the encoder field: give one"), -1;
-  if (backend != NULL && tp_mode == NULL)
-    return usage_error(cmd, "--vllm-mm-encoder-attn-backend needs "
-                            "--vllm-mm-encoder-tp-mode (vLLM's default is "
-                            "\"weights\")"), -1;
-  if (tp_mode != NULL) {
-    if (encache_vllm_encoder_hash(tp_mode, backend, o->hash,
-                                  sizeof(o->hash)) < 0)
-      return usage_error(cmd, "--vllm-mm-encoder-tp-mode must be \"weights\" "
-                              "or \"data\" and --vllm-mm-encoder-attn-backend "
-                              "a backend name (letters, digits, '_'), got "
-                              "\"%s\" and \"%s\"", tp_mode,
-                              backend ? backend : ""), -1;
-    o->encoder_hash = o->hash;
-  }
+  if (ns_encoder_field(cmd, a, o) < 0)
+    return -1;
   if (dtype == NULL)
     return usage_error(cmd, "--dtype is required (float32, float16 or "
                             "bfloat16)"), -1;

@@ -83,6 +83,7 @@ extern const tool_command cmd_key, cmd_config, cmd_put, cmd_get, cmd_inspect,
     cmd_ls, cmd_stats, cmd_rm, cmd_purge, cmd_shm, cmd_lookup, cmd_publish,
     cmd_demo, cmd_bench, cmd_identity;
 extern const tool_command cmd_exporter, cmd_top; /* added in 1.3 */
+extern const tool_command cmd_namespaces;        /* added in 1.3 */
 
 /* Parses argv (argv[0] is the command's name) for cmd: the shared options
  * into g, the command's own into a.  Returns -1 to go on, EXIT_OK when
@@ -127,6 +128,9 @@ enum {
   NS_ENCODER_HASH,
   NS_TP_MODE,
   NS_ATTN_BACKEND,
+  NS_ATTN_DTYPE,
+  NS_FP8_SCALE_PATH,
+  NS_MM_FACTORS,
   NS_DTYPE,
   NS_COUNT_
 };
@@ -134,7 +138,10 @@ enum {
 #define TOOL_NS_OPTS                                                         \
   {"model", 1}, {"prefix", 1}, {"config", 1}, {"revision", 1},               \
       {"encoder-hash", 1}, {"vllm-mm-encoder-tp-mode", 1},                   \
-      {"vllm-mm-encoder-attn-backend", 1}, {"dtype", 1}
+      {"vllm-mm-encoder-attn-backend", 1},                                   \
+      {"vllm-mm-encoder-attn-dtype", 1},                                     \
+      {"vllm-mm-encoder-fp8-scale-path", 1}, {"vllm-mm-factors", 1},         \
+      {"dtype", 1}
 
 typedef struct ns_opts {
   const char *model, *prefix, *revision, *encoder_hash, *config;
@@ -159,6 +166,13 @@ encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
  * malloc.  Prints why and returns NULL on failure, with *exit_code
  * EXIT_USAGE (bad options or configuration) or EXIT_FAIL (memory). */
 char *ns_string(const char *cmd, const ns_opts *o, int *exit_code);
+
+/* config check's namespace part (cmd_config_ns.c): prints the namespace
+ * of a's namespace options with the ec-transfer-config ec_arg and, when
+ * g names a Store, how many objects it holds there, warning when none
+ * while namespaces of the same model have some.  Returns an exit code. */
+int config_check_namespace(const tool_globals *g, const tool_args *a,
+                           const char *ec_arg);
 
 /* Opens an engine handle for the namespace options on the global Store
  * (an existing one only when existing is set: tool_existing_url()).
