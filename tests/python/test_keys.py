@@ -42,11 +42,11 @@ def test_refusals(kw):
         encache.vllm_encoder_hash(**kw)
 
 
-def test_namespace_with_it(tmp_path):
+def test_namespace_with_it(shm):
     h = encache.vllm_encoder_hash()
     with encache.Cache(ec_transfer_config={"ec_connector_extra_config": {
             "cross_encoder_cache": True}}, model="org/vlm", encoder_hash=h,
-            dtype="bfloat16", store=f"shm://pk{tmp_path.name[-8:]}?size=4MiB&create=yes") as c:
+            dtype="bfloat16", store=shm("4MiB")) as c:
         assert f"@encoder:{h}@" in c.namespace
 
 
