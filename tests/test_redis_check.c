@@ -486,6 +486,96 @@ static int64_t read_key(encache_store *st, const char *key, size_t cap) {
   return rc < 0 ? rc : res[0];
 }
 
+/* The Redis Store's test hook, called between the exchanges of a windowed
+ * read (src/store/redis/redis.h). */
+extern void (*encache__redis_window_hook)(const char *key, uint64_t done);
+
+/* What the torn-read hook writes at its first call: the object of tw_cols
+ * float32 columns whose payload starts at tw_seed, through tw_store (with
+ * or without its check), in place of the one being read. */
+static encache_store *tw_store;
+static int64_t tw_cols;
+static unsigned tw_seed;
+static int tw_calls;
+
+static size_t tw_object(unsigned char *obj, int64_t cols, unsigned seed) {
+  int64_t shape[2] = {1, cols};
+  encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0,
+                      NULL};
+  ASSERT_EQ_INT(encache_header_encode(&t, obj), 0);
+  size_t len = 24 + (size_t)cols * 4;
+  for (size_t i = 24; i < len; i++)
+    obj[i] = (unsigned char)((i >= 256 ? seed * 131u : 0) + i * 7u + (i >> 9));
+  return len;
+}
+
+static void tw_hook(const char *key, uint64_t done) {
+  static unsigned char obj[24 + (80u << 10)];
+  if (done == 0 || tw_calls++ != 0)
+    return; /* once, after the first window */
+  size_t len = tw_object(obj, tw_cols, tw_seed);
+  encache_store_remove(tw_store, key);
+  ASSERT_EQ_INT(encache_store_write(tw_store, key, obj, 24, obj + 24, len - 24),
+                0);
+}
+
+/*
+ * Torn reads (issue 30): an object rewritten between two windows of its
+ * read, by objects with and without the check (an upgrade: old writers
+ * beside new ones, checksum=on and off), of the same length and header
+ * with another payload (past its first 256 bytes), of the other format, or of another shape with
+ * the same length, is a miss, never a hit; undisturbed, the object then
+ * there is read whole.  Windows of 4 KiB, 2 per exchange, objects of
+ * 64 KiB.
+ */
+TEST(redis_check_objects_rewritten_between_windows_are_misses) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[3][200];
+  static const char *const modes[3] = {"on", "off", "required"};
+  encache_store *st[3] = {NULL, NULL, NULL};
+  for (int m = 0; m < 3; m++) {
+    snprintf(url[m], sizeof(url[m]),
+             "redis://127.0.0.1:%d?checksum=%s&window=4096&window_depth=2&"
+             "window_threshold=0", port, modes[m]);
+    ASSERT_EQ_INT(encache_store_open(url[m], &st[m]), 0);
+  }
+  /* {writer, rewriter} (0: with the check, 1: without), and the columns
+   * of the rewrite: the same shape, or one whose value has the same
+   * length in the other format (4 columns, 16 bytes: the check). */
+  static const int cases[][3] = {{0, 0, 0},  {0, 1, 0}, {0, 1, 4},
+                                 {1, 0, 0},  {1, 0, -4}, {1, 1, 0}};
+  static unsigned char a[24 + (80u << 10)], out[80u << 10];
+  const int64_t cols = (64 << 10) / 4;
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+    for (int reader = 0; reader < 2; reader++) {
+      size_t len = tw_object(a, cols, 1);
+      encache_store_remove(st[0], "tw");
+      ASSERT_EQ_INT(encache_store_write(st[cases[c][0]], "tw", a, 24, a + 24,
+                                        len - 24), 0);
+      tw_store = st[cases[c][1]];
+      tw_cols = cols + cases[c][2];
+      tw_seed = 2;
+      tw_calls = 0;
+      encache__redis_window_hook = tw_hook;
+      int64_t got = read_key(st[reader], "tw", sizeof(out));
+      encache__redis_window_hook = NULL;
+      printf("# case %zu, reader checksum=%s: %lld (%s)\n", c, modes[reader],
+             (long long)got, encache_store_errmsg(st[reader]));
+      ASSERT_EQ_INT(tw_calls >= 1, 1);
+      ASSERT_EQ_INT(got, ENCACHE_ENOENT);
+      /* Undisturbed, the object now there is read whole. */
+      size_t blen = tw_object(a, tw_cols, 2);
+      ASSERT_EQ_INT(read_key(st[reader], "tw", sizeof(out)), (int64_t)blen);
+    }
+  for (int m = 0; m < 3; m++)
+    encache_store_close(st[m]);
+  kill_wait(pid, SIGKILL);
+}
+
+
 /*
  * A tier in front of Redis: a damaged remote object (one payload byte
  * flipped), small (copied into the promotion queue) or large (read again
