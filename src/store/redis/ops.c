@@ -183,7 +183,7 @@ static void batch_node(batch_run *b, size_t first) {
              b->item_of, b->split, values ? b->heads : NULL,
              b->bufs,    b->caps,  NULL,
              b->seeds,   NULL,     0,
-             0};
+             0,          0};
   char xwhy[256];
   struct iovec iov = {o.p, o.len};
   int x = o.oom ? XR_FAIL
@@ -352,7 +352,7 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
   rreply r[2];
   size_t nrep = ask_first ? 2 : 1;
   rpipe p = {r,    0,    nrep, NULL, 0, NULL,
-             NULL, NULL, NULL, NULL, NULL, 0, 0};
+             NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
   if (encache__redis_run_on(s, set, node, iov, 7, nrep, &p,
                             encache__redis_deadline(s, hl + len), why,
                             sizeof(why)) != XR_OK)

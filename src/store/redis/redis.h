@@ -230,6 +230,9 @@ typedef struct rpipe {
    * its header says the value carries a check and the window ends within
    * the object (its reply's check is then CHECK_SUMMED). */
   size_t len_reply;
+  /* The string replies of items are received straight into their buffers
+   * (io.c, recv_direct), not through the hiredis reader. */
+  int direct;
 } rpipe;
 
 /* The outcome of an exchange. */

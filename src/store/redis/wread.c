@@ -67,6 +67,7 @@ typedef struct wpipe {
   sum_state *hash; /* items [0, nhashed) are summed into it (NULL: none) */
   size_t nhashed;
   size_t len_reply; /* rpipe's */
+  int direct;       /* rpipe's */
 } wpipe;
 
 /* Appends "VERB key [a b]" (ASKING first when asked); its string reply
@@ -98,9 +99,9 @@ static void wcmd(wread *w, wpipe *p, const char *verb, uint64_t a, uint64_t b,
  * p->r[0..*n).  Returns 0, WX_REDIRECTED (w->node and w->ask updated),
  * or ENCACHE_EUNAVAIL (why set). */
 static int wrun(wread *w, wpipe *p, size_t split, uint64_t bytes, size_t *n) {
-  rpipe rp = {p->r,    0,          p->nrep, p->item_of, split,
-              p->heads, p->bufs,    p->caps, NULL,       NULL,
-              p->hash,  p->nhashed, p->len_reply};
+  rpipe rp = {p->r,    0,          p->nrep,      p->item_of, split,
+              p->heads, p->bufs,    p->caps,      NULL,       NULL,
+              p->hash,  p->nhashed, p->len_reply, p->direct};
   struct iovec iov = {p->o.p, p->o.len};
   char xwhy[256];
   int x = p->o.oom ? XR_FAIL
@@ -309,10 +310,25 @@ static int wcompare(wread *w, const wpipe *p, size_t at, size_t n,
   return 0;
 }
 
-/* The windows after the first, window_depth per exchange, fed to the
- * digest as they arrive when the value is checked; the last exchange
- * (at least one: the value is longer than the first window) reads the
- * check and ends with the re-reads.  Returns 0 or a code. */
+/* The verdict on the last exchange of an unchecked value (replies from
+ * index at on): the check's re-reads.  Returns 0 or a code. */
+static int wlast(wread *w, const wpipe *p, size_t at, size_t n,
+                 const char *chk, uint64_t nwin) {
+  if (!w->checked)
+    return wcompare(w, p, at, n, chk, nwin);
+  if (at >= n || p->r[at].too_large || p->r[at].len != CHECK_BYTES)
+    return changed(w, "check");
+  return 0;
+}
+
+/*
+ * The windows after the first, window_depth per exchange, straight into
+ * their places.  A checked value's windows are fed to the digest as they
+ * arrive and its last exchange reads the check: nothing else, since
+ * windows of two objects fail it.  An unchecked value (an older writer's,
+ * or checksum=off) has no such guard: each exchange ends with STRLEN and
+ * the last one reads the head and the tails again.  Returns 0 or a code.
+ */
 static int wrest(wread *w) {
   uint64_t win = w->s->window, depth = w->s->window_depth;
   uint64_t nwin =
@@ -328,13 +344,15 @@ static int wrest(wread *w) {
       wcmd(w, &p, "GETRANGE", a, e - 1, w->buf + (a - w->split), e - a);
       bytes += e - a;
     }
-    size_t nw = (size_t)(k - k0);
+    size_t nw = (size_t)(k - k0), at = nw + (size_t)!w->checked;
     p.hash = w->checked ? &w->hash : NULL;
     p.nhashed = nw;
-    wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+    p.direct = 1;
+    if (!w->checked)
+      wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
     if (k == nwin && w->checked)
       wcmd(w, &p, "GETRANGE", w->objend, w->len - 1, w->ck, CHECK_BYTES);
-    if (k == nwin)
+    if (k == nwin && !w->checked)
       wchecks(w, &p, chk, nwin);
     size_t n;
     int rc = wrun(w, &p, 0, bytes, &n);
@@ -344,16 +362,11 @@ static int wrest(wread *w) {
       if (j >= n || p.r[j].too_large ||
           (uint64_t)p.r[j].len != wend(w, k0 + j) - wend(w, k0 + j - 1))
         return changed(w, "short window");
-    if (nw >= n || p.r[nw].type != REDIS_REPLY_INTEGER ||
-        (uint64_t)p.r[nw].integer != w->len)
+    if (!w->checked && (nw >= n || p.r[nw].type != REDIS_REPLY_INTEGER ||
+                        (uint64_t)p.r[nw].integer != w->len))
       return changed(w, "length");
-    if (k < nwin)
-      continue;
-    size_t at = nw + 1 + (size_t)w->checked;
-    if (w->checked && (at > n || p.r[at - 1].too_large ||
-                       p.r[at - 1].len != CHECK_BYTES))
-      return changed(w, "check");
-    return wcompare(w, &p, at, n, chk, nwin);
+    if (k == nwin)
+      return wlast(w, &p, at, n, chk, nwin);
   }
 }
 
