@@ -20,8 +20,9 @@
 #define NAIVE_WINDOW (1u << 20)
 #define NAIVE_DEPTH 8
 
-/* Reads len bytes of key into dst; returns 0, or -1 on any error or a
- * short window. */
+/* Reads the first len bytes of key into dst (a value that carries
+ * encache's check is 16 bytes longer: the last window brings them too, not
+ * copied); returns 0, or -1 on any error or a short window. */
 static inline int naive_read(redisContext *c, const char *key, void *dst,
                              uint64_t len) {
   for (uint64_t off = 0; off < len;) {
@@ -37,7 +38,7 @@ static inline int naive_read(redisContext *c, const char *key, void *dst,
       uint64_t want = len - at < NAIVE_WINDOW ? len - at : NAIVE_WINDOW;
       if (redisGetReply(c, (void **)&rep) != REDIS_OK)
         return -1;
-      int bad = rep->type != REDIS_REPLY_STRING || (uint64_t)rep->len != want;
+      int bad = rep->type != REDIS_REPLY_STRING || (uint64_t)rep->len < want;
       if (!bad)
         memcpy((char *)dst + at, rep->str, (size_t)want);
       freeReplyObject(rep);

@@ -47,6 +47,8 @@ static void copy_value(const rpipe *p, size_t item, rreply *r,
  * NULL: none. */
 static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
                          const char *str, size_t len) {
+  /* str: at least the first min(len, ENCACHE_HEADER_SIZE) bytes (all of
+   * them from rf_string, the header from recv_direct) */
   if (p->hash == NULL)
     return NULL;
   if (item < p->nhashed)
@@ -310,7 +312,7 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
   redisReader *rd = c->reader;
   if (rd->ridx != 0 || rd->rstack[0].type != REDIS_REPLY_STRING ||
       p->next >= p->cap || p->bufs == NULL || p->item == NULL ||
-      p->seeds != NULL || p->len_reply != 0 || p->item[p->next] == SIZE_MAX)
+      p->seeds != NULL || p->item[p->next] == SIZE_MAX)
     return 0;
   size_t item = p->item[p->next], buffered = rd->len - rd->pos;
   const char *h = rd->buf + rd->pos, *cr = memchr(h, '\r', buffered);
@@ -321,11 +323,23 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
       return 0;
     else
       len = len * 10 + (uint64_t)(*d - '0');
+  /* A first window summed or not by its header (sum_of): the header must
+   * be buffered. */
+  int first = p->hash != NULL && item >= p->nhashed;
+  size_t need = (size_t)(cr + 2 - h) +
+                (first ? (len < ENCACHE_HEADER_SIZE ? (size_t)len
+                                                    : ENCACHE_HEADER_SIZE)
+                       : 0);
   if (cr == NULL || cr + 1 >= h + buffered || cr[1] != '\n' || digits == 0 ||
-      len > sat_add(p->split, p->caps[item]))
+      len > sat_add(p->split, p->caps[item]) || need > buffered)
     return 0;
   rd->pos += (size_t)(cr + 2 - h);
-  sum_state *st = p->hash != NULL && item < p->nhashed ? p->hash : NULL;
+  rreply *r = &p->replies[p->next++];
+  memset(r, 0, sizeof(*r));
+  r->type = REDIS_REPLY_STRING;
+  r->len = (int64_t)len;
+  sum_state *st =
+      first ? sum_of(p, item, r, rd->buf + rd->pos, (size_t)len) : p->hash;
   size_t hn = len < p->split ? (size_t)len : p->split;
   unsigned char *part[2] = {p->heads[item], p->bufs[item]};
   size_t plen[2] = {hn, (size_t)len - hn};
@@ -344,10 +358,6 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
     snprintf(why, whysize, "protocol error: a value not ended by CRLF");
     return XR_FAIL;
   }
-  rreply *r = &p->replies[p->next++];
-  memset(r, 0, sizeof(*r));
-  r->type = REDIS_REPLY_STRING;
-  r->len = (int64_t)len;
   rd->ridx = -1; /* as after a whole reply: the next one starts afresh */
   return 1;
 }

@@ -5,21 +5,24 @@
  * The first exchange asks EXISTS, STRLEN and the first window (at least
  * the split, so that the header lands in its own buffer); an object that
  * fits in it was read by one GETRANGE, atomically.  The other windows go
- * window_depth per exchange, each window straight into its place in the
- * caller's buffer; each exchange ends with STRLEN, and the last one also
- * reads the head of the object and the tails of up to CHECK_TAILS windows
- * again.  Objects are never changed in place, only deleted and written
- * again, so a difference in any of them means that the windows may come
- * from two objects: the key is a miss.
+ * window_depth per exchange, each window received straight into its
+ * place in the caller's buffer (io.c, recv_direct).
  *
- * The check (check.c).  The first window says, with STRLEN, whether the
- * value carries a check: then the windows cover the object only, each
- * fed to the digest as it is copied (io.c), the first one once it is
- * known to be an object's; the check itself is read by its own GETRANGE
- * in the last exchange (or with the first window, when that was all of
- * the value), and a digest that differs is a miss.  The check covers
- * every byte of the object, so a read that mixed two objects fails it
- * too (issue 30 builds on that to drop the re-reads above).
+ * Consistency (issue 30).  The first window says, with STRLEN, whether
+ * the value carries a check (check.c).  When it does, the windows cover
+ * the object only, each fed to the digest as it lands, the first one once
+ * it is known to be an object's, and the check is read by its own
+ * GETRANGE in the last exchange (or with the first window, when that was
+ * all of the value): the check covers every byte of the object and its
+ * key, so windows of two objects, or a value replaced by another of any
+ * length or format, fail it (a miss), and nothing else is asked: one
+ * exchange per window_depth windows, nothing read twice.  A value without
+ * a check (an older writer's, or checksum=off: the upgrade) has no such
+ * guard, so it keeps the older one: each exchange ends with STRLEN, and
+ * the last one also reads the head of the object and the tails of up to
+ * CHECK_TAILS windows again.  Objects are never changed in place, only
+ * deleted and written again, so a difference in any of them means that
+ * the windows may come from two objects: the key is a miss.
  */
 #include "redis.h"
 
@@ -225,6 +228,7 @@ static int wfirst(wread *w) {
                            copied when it is a checked object's */
   memset(&w->hash, 0, sizeof(w->hash));
   p.hash = &w->hash;
+  p.direct = 1;
   wcmd(w, &p, "GETRANGE", 0, w->first - 1, w->head, w->cap);
   p.bufs[0] = w->buf;
   size_t n;
