@@ -171,6 +171,7 @@
   XX(redis_large_value_into_small_buffer_is_refused_unread)                  \
   XX(redis_stats_of_an_unreachable_cluster_fail)                             \
   XX(redis_window_object_rewritten_between_windows_is_a_miss)                \
+  XX(redis_window_cluster_objects_on_several_nodes_in_one_read)              \
   XX(redis_window_key_expiring_mid_read_is_a_miss)                           \
   XX(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires)  \
   XX(redis_window_server_killed_mid_window_is_unavailable)                   \
