@@ -577,6 +577,61 @@ TEST(redis_check_objects_rewritten_between_windows_are_misses) {
 
 
 /*
+ * Objects of 6 MiB + 4 bytes in the default windows (1 MiB, 8 per
+ * exchange), with and without the check: most of each window is received
+ * by recv() straight into place, in pieces of any length (io.c,
+ * recv_direct); read back whole, and a miss once a byte of the fourth
+ * window is flipped (with the check; without it, the flip is read as it
+ * is).
+ */
+TEST(redis_check_large_windows_received_in_place) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  const int64_t cols = (6 << 20) / 4 + 1;
+  size_t len = 24 + (size_t)cols * 4;
+  unsigned char *a = malloc(len), *out = malloc(len + 4096);
+  ASSERT(a != NULL && out != NULL);
+  for (int mode = 0; mode < 2; mode++) {
+    char url[200];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=%s&"
+             "window_threshold=0", port, mode ? "off" : "on");
+    encache_store *st = NULL;
+    ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+    raw r;
+    raw_open(&r, url);
+    int64_t shape[2] = {1, cols};
+    encache_tensor t = {sizeof t, NULL, ENCACHE_FLOAT32, 2, shape, NULL, 0, 0,
+                        NULL};
+    ASSERT_EQ_INT(encache_header_encode(&t, a), 0);
+    for (size_t i = 24; i < len; i++)
+      a[i] = (unsigned char)(i * 13 + (i >> 11) + (size_t)mode);
+    ASSERT_EQ_INT(encache_store_write(st, "big", a, 24, a + 24, len - 24), 0);
+    const char *keys[1] = {"big"};
+    void *bufs[1] = {out};
+    size_t caps[1] = {len + 4096};
+    int64_t res[1];
+    for (int it = 0; it < 3; it++) {
+      memset(out, 0, len);
+      ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+      ASSERT_EQ_INT(res[0], (int64_t)len);
+      ASSERT_EQ_INT(memcmp(out, a, len), 0);
+    }
+    size_t flip = (3u << 20) + 12345;
+    raw_setrange(&r, "big", flip, (unsigned char)(a[flip] ^ 4));
+    ASSERT_EQ_INT(encache_store_read(st, keys, 1, bufs, caps, res), 0);
+    ASSERT_EQ_INT(res[0], mode ? (int64_t)len : ENCACHE_ENOENT);
+    raw_del(&r, "big");
+    raw_close(&r);
+    encache_store_close(st);
+  }
+  free(a);
+  free(out);
+  kill_wait(pid, SIGKILL);
+}
+
+/*
  * A tier in front of Redis: a damaged remote object (one payload byte
  * flipped), small (copied into the promotion queue) or large (read again
  * by the promotion thread), is not read and not promoted; an undamaged

@@ -323,6 +323,10 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
       return 0;
     else
       len = len * 10 + (uint64_t)(*d - '0');
+  if (cr == NULL || cr + 1 >= h + buffered || cr[1] != '\n' || digits == 0 ||
+      (digits > 1 && h[0] == '0') || /* the reader refuses those */
+      len > sat_add(p->split, p->caps[item]))
+    return 0;
   /* A first window summed or not by its header (sum_of): the header must
    * be buffered. */
   int first = p->hash != NULL && item >= p->nhashed;
@@ -330,8 +334,7 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
                 (first ? (len < ENCACHE_HEADER_SIZE ? (size_t)len
                                                     : ENCACHE_HEADER_SIZE)
                        : 0);
-  if (cr == NULL || cr + 1 >= h + buffered || cr[1] != '\n' || digits == 0 ||
-      len > sat_add(p->split, p->caps[item]) || need > buffered)
+  if (need > buffered)
     return 0;
   rd->pos += (size_t)(cr + 2 - h);
   rreply *r = &p->replies[p->next++];
