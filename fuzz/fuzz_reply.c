@@ -19,11 +19,11 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define NITEMS 4
-#define MAXIN (64u << 10) /* what a socket pair's buffer takes at once */
+#define MAXIN (96u << 10) /* what a socket pair's buffer takes at once */
 
 typedef struct run {
   rreply r[NITEMS];
-  unsigned char dst[NITEMS][4096];
+  unsigned char dst[NITEMS][65536];
   sum_state sum;
   size_t got; /* replies taken */
   int x;
@@ -69,7 +69,10 @@ static void one(const uint8_t *in, size_t len, size_t cap, size_t nhashed,
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2 || size - 2 > MAXIN)
     return 0;
-  size_t cap = (size_t)data[0] * 16 % 4097, nhashed = data[1] % (NITEMS + 1);
+  /* Destinations of up to 64 KiB: values longer than the reader's first
+   * 16 KiB read are received by recv() into place. */
+  size_t cap = ((size_t)data[0] << 8) % 65537;
+  size_t nhashed = data[1] % (NITEMS + 1);
   static run a, b;
   one(data + 2, size - 2, cap, nhashed, 1, &a);
   one(data + 2, size - 2, cap, nhashed, 0, &b);
