@@ -2,17 +2,20 @@
 /*
  * bench_redis: the Redis Store against raw hiredis, in one run.
  *
- *   bench_redis redis://HOST:PORT[?options] [--iterations N] [--ab]
+ *   bench_redis redis://HOST:PORT[?options] [--iterations N] [--ab | --reads]
  *
- * (a) reads of 4 objects of 1, 8 and 30 MiB, interleaved so that all see
- *     the same machine: raw hiredis pipelined GETs (reply objects, as any
- *     hiredis program gets them), raw hiredis pipelined GETRANGE windows of
- *     1 MiB (every window of the 4 objects in one pipeline, each copied
- *     into its place in a destination), and an encache lookup of the same
- *     4 hits through the Redis Store (its URL options apply: window,
- *     window_threshold, window_depth); p50 throughput and the ratios of
- *     issue 14: lookup / raw windows (target >= 0.9) and lookup / plain
- *     GET (target >= 5 where plain GET falls off a cliff);
+ * (a) reads of 4 objects of 16 KiB, 1, 8 and 30 MiB, interleaved (A/B/C/D,
+ *     A/B/C/D, ...) so that all see the same machine: raw hiredis
+ *     pipelined GETs (reply objects, as any hiredis program gets them),
+ *     raw hiredis pipelined GETRANGE windows of 1 MiB (every window of the
+ *     4 objects in one pipeline, each copied into its place in a
+ *     destination), the naive client of issue 30 (naive_redis.h: each
+ *     object in 1 MiB windows, 8 at a time, no checks), and an encache
+ *     lookup of the same 4 hits through the Redis Store (its URL options
+ *     apply: window, window_threshold, window_depth); p50 throughput and
+ *     the ratios of issue 30: lookup / naive (goal >= 1.0 at 8 and
+ *     30 MiB) and lookup / plain GET (goal >= 3 where plain GET falls off
+ *     a cliff);
  * (b) writes of one object of 1, 8 and 30 MiB: raw hiredis SET against the
  *     Store's write (SET NX from the caller's buffers, or windows above
  *     window_threshold); ratio write / SET (target >= 3 where SET falls
@@ -23,9 +26,11 @@
  *     as read) and one with checksum=off (objects written without, read
  *     as they are), in alternating rounds (A/B, then B/A, ...) so that a
  *     noisy neighbour hits both alike; p50 GB/s of each and the ratio
- *     on / off (goal: >= 0.95 at 1 MiB and 8 MiB).  --ab runs only (c).
+ *     on / off (goal: >= 0.95 at 1 MiB and 8 MiB).  --ab runs only (c),
+ *     --reads only (a).
  */
 #include "bench_common.h"
+#include "naive_redis.h"
 
 #include <hiredis/hiredis.h>
 
@@ -42,9 +47,9 @@ static redisContext *raw_redis;
 
 static const char usage[] =
     "usage: bench_redis redis://HOST:PORT[?options] [--iterations N] "
-    "[--ab]\n";
+    "[--ab | --reads]\n";
 
-static const size_t sizes[] = {1u << 20, 8u << 20, 30u << 20};
+static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20, 30u << 20};
 #define NSIZES ((int)(sizeof(sizes) / sizeof(sizes[0])))
 
 /* measure_fn: raw hiredis pipelined GETs of the objects. */
@@ -91,6 +96,18 @@ static int raw_windows(void *ctx) {
   return 0;
 }
 
+/* measure_fn: the naive client (naive_redis.h) reads each object, its
+ * windows NAIVE_DEPTH at a time, into the object's raw buffer. */
+static int naive_windows(void *ctx) {
+  bench_hits *h = ctx;
+  for (int k = 0; k < h->n; k++)
+    if (naive_read(raw_redis, h->keys[k], h->raw[k], h->nbytes + 24) != 0) {
+      fprintf(stderr, "bench_redis: naive GETRANGE failed\n");
+      return 1;
+    }
+  return 0;
+}
+
 typedef int (*bench_fn)(void *ctx);
 
 /* Times the functions in turn, iters times after one warm-up. */
@@ -108,33 +125,34 @@ static int time_all(bench_fn *fns, measure *m, int nfns, void *ctx,
 }
 
 static int bench_reads(encache *ec, encache_store *st, int iters) {
-  bench_fn fns[3] = {raw_gets, raw_windows, bench_hits_lookup};
-  measure m[3];
-  for (int f = 0; f < 3; f++)
+  bench_fn fns[4] = {raw_gets, raw_windows, naive_windows, bench_hits_lookup};
+  measure m[4];
+  for (int f = 0; f < 4; f++)
     if (measure_init(&m[f], iters) < 0)
       return 1;
-  printf("(a) reads of 4 objects, p50 of %d (GB/s)\n", iters);
-  printf("%-8s %12s %12s %12s %14s %14s\n", "object", "plain GET",
-         "raw windows", "encache", "enc/windows", "enc/plain GET");
+  printf("(a) reads of 4 objects, rounds alternating, p50 of %d (GB/s)\n",
+         iters);
+  printf("%-8s %10s %10s %10s %10s %10s %10s\n", "object", "plain GET",
+         "raw win", "naive", "encache", "enc/naive", "enc/GET");
   int rc = 0;
   for (int s = 0; s < NSIZES && rc == 0; s++) {
     bench_hits h;
     if ((rc = bench_hits_make(&h, ec, st, "r", NOBJ, sizes[s])) != 0)
       break;
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
       measure_clear(&m[f]);
-    rc = time_all(fns, m, 3, &h, iters);
-    double bytes = (double)NOBJ * (double)h.nbytes, g[3];
-    for (int f = 0; f < 3; f++)
+    rc = time_all(fns, m, 4, &h, iters);
+    double bytes = (double)NOBJ * (double)h.nbytes, g[4];
+    for (int f = 0; f < 4; f++)
       g[f] = measure_gbs(bytes, measure_pct(&m[f], 50));
     char label[16];
     measure_size_label(label, sizeof(label), sizes[s]);
     if (rc == 0)
-      printf("%-8s %12.2f %12.2f %12.2f %14.2f %14.2f\n", label, g[0], g[1],
-             g[2], g[2] / g[1], g[2] / g[0]);
+      printf("%-8s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n", label, g[0],
+             g[1], g[2], g[3], g[3] / g[2], g[3] / g[0]);
     bench_hits_drop(&h);
   }
-  for (int f = 0; f < 3; f++)
+  for (int f = 0; f < 4; f++)
     measure_free(&m[f]);
   return rc;
 }
@@ -260,9 +278,9 @@ static int bench_check(const char *url, int iters) {
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 20, ab_only = 0;
-  for (int i = 1; i < argc; i++) /* --ab: only (c) */
-    if (strcmp(argv[i], "--ab") == 0) {
-      ab_only = 1;
+  for (int i = 1; i < argc; i++) /* --ab: only (c); --reads: only (a) */
+    if (strcmp(argv[i], "--ab") == 0 || strcmp(argv[i], "--reads") == 0) {
+      ab_only = argv[i][2] == 'a' ? 1 : 2;
       memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof(*argv));
       argc--, i--;
     }
@@ -291,10 +309,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("store: %s\n\n", encache_store_url(st));
-  rc = ab_only ? 0 : bench_reads(ec, st, iters);
+  rc = ab_only == 1 ? 0 : bench_reads(ec, st, iters);
   if (rc == 0 && !ab_only)
     rc = bench_writes(st, iters);
-  if (rc == 0)
+  if (rc == 0 && ab_only != 2)
     rc = bench_check(url, iters);
   encache_close(ec);
   encache_store_close(st);

@@ -174,6 +174,7 @@
   XX(redis_large_value_into_small_buffer_is_refused_unread)                  \
   XX(redis_stats_of_an_unreachable_cluster_fail)                             \
   XX(redis_window_object_rewritten_between_windows_is_a_miss)                \
+  XX(redis_window_cluster_objects_on_several_nodes_in_one_read)              \
   XX(redis_window_key_expiring_mid_read_is_a_miss)                           \
   XX(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires)  \
   XX(redis_window_server_killed_mid_window_is_unavailable)                   \
@@ -192,6 +193,8 @@
   XX(redis_check_objects_written_without_it_are_still_served)              \
   XX(redis_check_vector)                                                   \
   XX(redis_check_window_edges)                                             \
+  XX(redis_check_objects_rewritten_between_windows_are_misses)              \
+  XX(redis_check_large_windows_received_in_place)                          \
   XX(redis_check_tier_never_promotes_a_damaged_object)                     \
   XX(redis_check_on_the_url_under_test)                                    \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \

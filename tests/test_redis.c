@@ -1394,6 +1394,54 @@ TEST(redis_window_cluster_moved_and_asked_mid_read_and_mid_write) {
   cluster_stop(&cl);
 }
 
+/* One read of objects in windows on the three masters of a cluster (their
+ * nodes read at the same time, issue 30), with a missing key and a small
+ * object among them: every object whole, the missing one a miss. */
+TEST(redis_window_cluster_objects_on_several_nodes_in_one_read) {
+  if (!redis_have())
+    return;
+  cluster cl;
+  cluster_start(&cl);
+  char url[320];
+  snprintf(url, sizeof(url), "%s&" WOPTS, cl.url);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  enum { NK = 9 };
+  static unsigned char obj[NK][WOBJ], out[NK][WOBJ];
+  char names[NK][32];
+  const char *keys[NK];
+  void *bufs[NK];
+  size_t caps[NK];
+  int64_t res[NK];
+  int seen[3] = {0, 0, 0};
+  for (int k = 0; k < NK; k++) {
+    snprintf(names[k], sizeof(names[k]), "wpar-%d", k);
+    keys[k] = names[k];
+    bufs[k] = out[k];
+    caps[k] = WOBJ;
+    wfill(obj[k], WOBJ, 10u + (unsigned)k);
+    size_t len = k == 4 ? 100 : WOBJ; /* one small object */
+    if (k != 7) /* one missing key */
+      ASSERT_EQ_INT(
+          encache_store_write(st, keys[k], obj[k], 24, obj[k] + 24, len - 24),
+          0);
+    seen[owner(&cl, keys[k])]++;
+  }
+  ASSERT(seen[0] > 0 && seen[1] > 0 && seen[2] > 0);
+  for (int round = 0; round < 3; round++) {
+    memset(out, 0, sizeof(out));
+    ASSERT_EQ_INT(encache_store_read(st, keys, NK, bufs, caps, res), 0);
+    for (int k = 0; k < NK; k++) {
+      int64_t want = k == 7 ? ENCACHE_ENOENT : k == 4 ? 100 : (int64_t)WOBJ;
+      ASSERT_EQ_INT(res[k], want);
+      if (want > 0)
+        ASSERT_EQ_MEM(out[k], obj[k], (size_t)want);
+    }
+  }
+  encache_store_close(st);
+  cluster_stop(&cl);
+}
+
 /* ------------------------------------------------------------------ leases */
 
 /* Single-flight leases (issue 16) on real servers: src/store/redis/lease.c.

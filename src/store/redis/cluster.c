@@ -230,7 +230,7 @@ int encache__redis_command(redis_store *s, const char *key, int argc,
     rreply r[2];
     size_t nrep = ask ? 2 : 1;
     rpipe p = {r,    0,    nrep, NULL, 0, NULL,
-               NULL, NULL, NULL, NULL, NULL, 0, 0};
+               NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
     struct iovec iov = {b.p, b.len};
     int x = b.oom ? XR_FAIL
                   : encache__redis_run_on(s, set, node, &iov, 1, nrep, &p,

@@ -47,6 +47,8 @@ static void copy_value(const rpipe *p, size_t item, rreply *r,
  * NULL: none. */
 static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
                          const char *str, size_t len) {
+  /* str: at least the first min(len, ENCACHE_HEADER_SIZE) bytes (all of
+   * them from rf_string, the header from recv_direct) */
   if (p->hash == NULL)
     return NULL;
   if (item < p->nhashed)
@@ -257,9 +259,115 @@ static int check_bounds(redisReader *rd, const rpipe *p, int plain, char *why,
   return XR_OK;
 }
 
+/* Receives n bytes into dst before the deadline, each piece fed to st as
+ * it lands (NULL: none).  Returns 0, or XR_FAIL (why set). */
+static int recv_into(int fd, unsigned char *dst, size_t n, sum_state *st,
+                     xtime deadline, uint64_t *received, char *why,
+                     size_t whysize) {
+  while (n > 0) {
+    ssize_t r = recv(fd, dst, n, MSG_DONTWAIT);
+    if (r > 0) {
+      if (st != NULL)
+        encache__shm_sum_update(st, dst, (size_t)r);
+      dst += r, n -= (size_t)r, *received += (uint64_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+        wait_fd(fd, POLLIN, deadline) == 0)
+      continue;
+    snprintf(why, whysize, "%s", r == 0 ? "connection closed by the server "
+                                          "mid-reply"
+                                 : errno == ETIMEDOUT ? "timed out mid-reply"
+                                                      : strerror(errno));
+    return XR_FAIL;
+  }
+  return 0;
+}
+
+/* Moves up to n bytes of the reader's buffer to dst (fed to st); returns
+ * how many. */
+static size_t take_buffered(redisReader *rd, unsigned char *dst, size_t n,
+                            sum_state *st) {
+  size_t m = rd->len - rd->pos < n ? rd->len - rd->pos : n;
+  encache__shm_copy_sum(dst, (const unsigned char *)rd->buf + rd->pos, m, st);
+  rd->pos += m;
+  return m;
+}
+
+/*
+ * A direct pipe's string reply (rpipe.direct), received into its item's
+ * buffers without the hiredis reader: once the reader has taken the '$'
+ * of a top-level bulk string whose length line is buffered and whose
+ * value fits, the bytes already buffered are moved to their place and
+ * the rest is received straight into it by recv(), fed to the pipe's sum
+ * as it lands (while it is in cache); the reader is left as after a
+ * whole reply.  Anything else (a nil, a value that does not fit, a line
+ * not complete yet, an item without a buffer) goes through the reader.
+ * Returns 1 when a reply was taken, 0 when not, or XR_FAIL.
+ */
+static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
+                       uint64_t *received, char *why, size_t whysize) {
+  redisReader *rd = c->reader;
+  if (rd->ridx != 0 || rd->rstack[0].type != REDIS_REPLY_STRING ||
+      p->next >= p->cap || p->bufs == NULL || p->item == NULL ||
+      p->seeds != NULL || p->item[p->next] == SIZE_MAX)
+    return 0;
+  size_t item = p->item[p->next], buffered = rd->len - rd->pos;
+  const char *h = rd->buf + rd->pos, *cr = memchr(h, '\r', buffered);
+  uint64_t len = 0;
+  int digits = 0;
+  for (const char *d = h; cr != NULL && d < cr; d++, digits++)
+    if (*d < '0' || *d > '9' || digits >= 19)
+      return 0;
+    else
+      len = len * 10 + (uint64_t)(*d - '0');
+  if (cr == NULL || cr + 1 >= h + buffered || cr[1] != '\n' || digits == 0 ||
+      (digits > 1 && h[0] == '0') || /* the reader refuses those */
+      len > sat_add(p->split, p->caps[item]))
+    return 0;
+  /* A first window summed or not by its header (sum_of): the header must
+   * be buffered. */
+  int first = p->hash != NULL && item >= p->nhashed;
+  size_t need = (size_t)(cr + 2 - h) +
+                (first ? (len < ENCACHE_HEADER_SIZE ? (size_t)len
+                                                    : ENCACHE_HEADER_SIZE)
+                       : 0);
+  if (need > buffered)
+    return 0;
+  rd->pos += (size_t)(cr + 2 - h);
+  rreply *r = &p->replies[p->next++];
+  memset(r, 0, sizeof(*r));
+  r->type = REDIS_REPLY_STRING;
+  r->len = (int64_t)len;
+  sum_state *st =
+      first ? sum_of(p, item, r, rd->buf + rd->pos, (size_t)len) : p->hash;
+  size_t hn = len < p->split ? (size_t)len : p->split;
+  unsigned char *part[2] = {p->heads[item], p->bufs[item]};
+  size_t plen[2] = {hn, (size_t)len - hn};
+  for (int k = 0; k < 2; k++) {
+    size_t m = take_buffered(rd, part[k], plen[k], st);
+    if (recv_into(c->fd, part[k] + m, plen[k] - m, st, deadline, received,
+                  why, whysize) != 0)
+      return XR_FAIL;
+  }
+  unsigned char crlf[2];
+  size_t m = take_buffered(rd, crlf, 2, NULL);
+  if (recv_into(c->fd, crlf + m, 2 - m, NULL, deadline, received, why,
+                whysize) != 0)
+    return XR_FAIL;
+  if (crlf[0] != '\r' || crlf[1] != '\n') {
+    snprintf(why, whysize, "protocol error: a value not ended by CRLF");
+    return XR_FAIL;
+  }
+  rd->ridx = -1; /* as after a whole reply: the next one starts afresh */
+  return 1;
+}
+
 /* Reads nrep replies (ordinary ones into out when out is not NULL) before
  * the deadline. */
-static int recv_replies(redisContext *c, const rpipe *p, void **out,
+static int recv_replies(redisContext *c, rpipe *p, void **out,
                         size_t nrep, xtime deadline, char *why,
                         size_t whysize) {
   redisReader *rd = c->reader;
@@ -278,6 +386,15 @@ static int recv_replies(redisContext *c, const rpipe *p, void **out,
       got++;
       continue;
     }
+    int d = p != NULL && p->direct && out == NULL
+                ? recv_direct(c, p, deadline, &received, why, whysize)
+                : 0;
+    if (d == 1) {
+      got++;
+      continue;
+    }
+    if (d != 0)
+      return d;
     int b = check_bounds(rd, p, out != NULL, why, whysize);
     if (b != XR_OK)
       return b;

@@ -183,7 +183,7 @@ static void batch_node(batch_run *b, size_t first) {
              b->item_of, b->split, values ? b->heads : NULL,
              b->bufs,    b->caps,  NULL,
              b->seeds,   NULL,     0,
-             0};
+             0,          0};
   char xwhy[256];
   struct iovec iov = {o.p, o.len};
   int x = o.oom ? XR_FAIL
@@ -209,19 +209,99 @@ static void batch_node(batch_run *b, size_t first) {
       batch_take(b, b->item_of[k], &b->replies[k]);
 }
 
-/* Reads the keys whose destination is larger than window_threshold in
- * windows (wread.c), before the others go in one pipeline. */
-static void batch_windows(batch_run *b) {
-  for (size_t i = 0; b->op == OP_GET && i < b->n; i++) {
-    if (sat_add(b->split, b->caps[i]) <= b->s->window_threshold)
+/* The keys of a batch read in windows from one node (a Redis Cluster's
+ * batch with such keys on several nodes reads each node's at the same
+ * time, one thread per node, each with its own connections). */
+#define WGROUPS_MAX 16
+typedef struct wgroup {
+  batch_run *b;
+  size_t node; /* group 0: none (it reads what no other group reads) */
+  rset *set;
+  int started; /* a thread reads this group (groups 1 and after) */
+  char why[256];
+} wgroup;
+
+static int windowed(const batch_run *b, size_t i) {
+  return b->op == OP_GET &&
+         sat_add(b->split, b->caps[i]) > b->s->window_threshold;
+}
+
+/* Whether key i is group k's: its node's, or for group 0 a node whose
+ * group has no thread. */
+static int wgroup_has(const wgroup *g, size_t ng, size_t k, size_t i) {
+  size_t node = g[k].b->target[i];
+  if (k > 0)
+    return node == g[k].node;
+  for (size_t j = 1; j < ng; j++)
+    if (g[j].started && g[j].node == node)
+      return 0;
+  return 1;
+}
+
+/* Reads group k's keys in windows (wread.c). */
+static void wgroup_read(wgroup *g, size_t ng, size_t k) {
+  batch_run *b = g[k].b;
+  for (size_t i = 0; i < b->n; i++) {
+    if (!windowed(b, i) || !wgroup_has(g, ng, k, i))
       continue;
     char why[256];
-    b->results[i] = encache__redis_wread(b->s, b->set, b->keys[i], b->split,
-                                         b->heads[i], b->bufs[i], b->caps[i],
-                                         why, sizeof(why));
+    b->results[i] = encache__redis_wread(b->s, g[k].set, b->keys[i],
+                                         b->split, b->heads[i], b->bufs[i],
+                                         b->caps[i], why, sizeof(why));
     if (b->results[i] < 0 && why[0] != '\0') /* a plain miss says nothing */
-      snprintf(b->why, sizeof(b->why), "%s", why);
+      snprintf(g[k].why, sizeof(g[k].why), "%s", why);
   }
+}
+
+typedef struct wthread {
+  wgroup *g;
+  size_t ng, k;
+} wthread;
+
+static void *wgroup_main(void *arg) {
+  wthread *t = arg;
+  wgroup_read(t->g, t->ng, t->k);
+  return NULL;
+}
+
+/* Reads the keys whose destination is larger than window_threshold in
+ * windows (wread.c), before the others go in one pipeline: in a Redis
+ * Cluster, those of up to WGROUPS_MAX nodes at the same time, a thread
+ * (and a borrowed set of connections) for each node but one; this thread
+ * reads the first node's keys, and those of any node beyond. */
+static void batch_windows(batch_run *b) {
+  wgroup g[WGROUPS_MAX];
+  size_t ng = 1;
+  g[0] = (wgroup){b, NO_NODE, b->set, 0, ""};
+  for (size_t i = 0, first = NO_NODE; b->s->cluster && i < b->n; i++) {
+    size_t k = 1, node = b->target[i];
+    while (k < ng && g[k].node != node)
+      k++;
+    if (!windowed(b, i) || node == NO_NODE || k < ng || node == first)
+      continue;
+    if (first == NO_NODE)
+      first = node; /* group 0's */
+    else if (ng < WGROUPS_MAX)
+      g[ng++] = (wgroup){b, node, NULL, 0, ""};
+  }
+  pthread_t tid[WGROUPS_MAX];
+  wthread t[WGROUPS_MAX];
+  for (size_t k = 1; k < ng; k++) {
+    g[k].set = encache__redis_borrow(b->s);
+    t[k] = (wthread){g, ng, k};
+    g[k].started = g[k].set != NULL &&
+                   pthread_create(&tid[k], NULL, wgroup_main, &t[k]) == 0;
+  }
+  wgroup_read(g, ng, 0);
+  for (size_t k = 1; k < ng; k++) {
+    if (g[k].started)
+      pthread_join(tid[k], NULL);
+    if (g[k].set != NULL)
+      encache__redis_give_back(b->s, g[k].set);
+  }
+  for (size_t k = 0; k < ng; k++)
+    if (g[k].why[0] != '\0')
+      snprintf(b->why, sizeof(b->why), "%s", g[k].why);
 }
 
 /*
@@ -352,7 +432,7 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
   rreply r[2];
   size_t nrep = ask_first ? 2 : 1;
   rpipe p = {r,    0,    nrep, NULL, 0, NULL,
-             NULL, NULL, NULL, NULL, NULL, 0, 0};
+             NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
   if (encache__redis_run_on(s, set, node, iov, 7, nrep, &p,
                             encache__redis_deadline(s, hl + len), why,
                             sizeof(why)) != XR_OK)

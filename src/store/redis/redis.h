@@ -80,13 +80,18 @@
  * the object as a pipeline of windows of `window` bytes, window_depth
  * windows per exchange, rather than one GET or SET: large single replies
  * and requests are slow on some machines (issue 14), and a window lands
- * straight in the caller's buffer as a GET does.  A read asks EXISTS,
+ * straight in the caller's buffer (received there by recv(), io.c's
+ * recv_direct, not through the hiredis reader).  A read asks EXISTS,
  * STRLEN and the first window in one exchange, then the other windows
- * with GETRANGE, each exchange ending with STRLEN; the last one also reads
- * the head of the object again and the tail of up to 64 windows, and any
- * difference (length, head, tails, a short window) makes the key a miss,
- * never a hit of mixed bytes: objects are never changed in place, only
- * deleted and written again.  A write SETs the first window under a
+ * with GETRANGE, window_depth per exchange.  A value with a check
+ * (Integrity, below) needs nothing more: its windows are summed as they
+ * land and the last exchange reads the check, which windows of two
+ * objects fail (a miss).  A value without one (an older writer's, or
+ * checksum=off) has no such guard: each of its exchanges ends with
+ * STRLEN, the last one reads the head and the tails of up to 64 windows
+ * again, and any difference (length, head, tails, a short window) makes
+ * the key a miss, never a hit of mixed bytes: objects are never changed
+ * in place, only deleted and written again.  A write SETs the first window under a
  * temporary key in the final key's slot (a hash tag chosen for the slot),
  * with an expiry renewed at each exchange, SETRANGEs the others (the last
  * first: the string gets its length at once; every answer and the expiry
@@ -230,6 +235,9 @@ typedef struct rpipe {
    * its header says the value carries a check and the window ends within
    * the object (its reply's check is then CHECK_SUMMED). */
   size_t len_reply;
+  /* The string replies of items are received straight into their buffers
+   * (io.c, recv_direct), not through the hiredis reader. */
+  int direct;
 } rpipe;
 
 /* The outcome of an exchange. */

@@ -5,21 +5,24 @@
  * The first exchange asks EXISTS, STRLEN and the first window (at least
  * the split, so that the header lands in its own buffer); an object that
  * fits in it was read by one GETRANGE, atomically.  The other windows go
- * window_depth per exchange, each window straight into its place in the
- * caller's buffer; each exchange ends with STRLEN, and the last one also
- * reads the head of the object and the tails of up to CHECK_TAILS windows
- * again.  Objects are never changed in place, only deleted and written
- * again, so a difference in any of them means that the windows may come
- * from two objects: the key is a miss.
+ * window_depth per exchange, each window received straight into its
+ * place in the caller's buffer (io.c, recv_direct).
  *
- * The check (check.c).  The first window says, with STRLEN, whether the
- * value carries a check: then the windows cover the object only, each
- * fed to the digest as it is copied (io.c), the first one once it is
- * known to be an object's; the check itself is read by its own GETRANGE
- * in the last exchange (or with the first window, when that was all of
- * the value), and a digest that differs is a miss.  The check covers
- * every byte of the object, so a read that mixed two objects fails it
- * too (issue 30 builds on that to drop the re-reads above).
+ * Consistency (issue 30).  The first window says, with STRLEN, whether
+ * the value carries a check (check.c).  When it does, the windows cover
+ * the object only, each fed to the digest as it lands, the first one once
+ * it is known to be an object's, and the check is read by its own
+ * GETRANGE in the last exchange (or with the first window, when that was
+ * all of the value): the check covers every byte of the object and its
+ * key, so windows of two objects, or a value replaced by another of any
+ * length or format, fail it (a miss), and nothing else is asked: one
+ * exchange per window_depth windows, nothing read twice.  A value without
+ * a check (an older writer's, or checksum=off: the upgrade) has no such
+ * guard, so it keeps the older one: each exchange ends with STRLEN, and
+ * the last one also reads the head of the object and the tails of up to
+ * CHECK_TAILS windows again.  Objects are never changed in place, only
+ * deleted and written again, so a difference in any of them means that
+ * the windows may come from two objects: the key is a miss.
  */
 #include "redis.h"
 
@@ -67,6 +70,7 @@ typedef struct wpipe {
   sum_state *hash; /* items [0, nhashed) are summed into it (NULL: none) */
   size_t nhashed;
   size_t len_reply; /* rpipe's */
+  int direct;       /* rpipe's */
 } wpipe;
 
 /* Appends "VERB key [a b]" (ASKING first when asked); its string reply
@@ -98,9 +102,9 @@ static void wcmd(wread *w, wpipe *p, const char *verb, uint64_t a, uint64_t b,
  * p->r[0..*n).  Returns 0, WX_REDIRECTED (w->node and w->ask updated),
  * or ENCACHE_EUNAVAIL (why set). */
 static int wrun(wread *w, wpipe *p, size_t split, uint64_t bytes, size_t *n) {
-  rpipe rp = {p->r,    0,          p->nrep, p->item_of, split,
-              p->heads, p->bufs,    p->caps, NULL,       NULL,
-              p->hash,  p->nhashed, p->len_reply};
+  rpipe rp = {p->r,    0,          p->nrep,      p->item_of, split,
+              p->heads, p->bufs,    p->caps,      NULL,       NULL,
+              p->hash,  p->nhashed, p->len_reply, p->direct};
   struct iovec iov = {p->o.p, p->o.len};
   char xwhy[256];
   int x = p->o.oom ? XR_FAIL
@@ -224,6 +228,7 @@ static int wfirst(wread *w) {
                            copied when it is a checked object's */
   memset(&w->hash, 0, sizeof(w->hash));
   p.hash = &w->hash;
+  p.direct = 1;
   wcmd(w, &p, "GETRANGE", 0, w->first - 1, w->head, w->cap);
   p.bufs[0] = w->buf;
   size_t n;
@@ -309,10 +314,25 @@ static int wcompare(wread *w, const wpipe *p, size_t at, size_t n,
   return 0;
 }
 
-/* The windows after the first, window_depth per exchange, fed to the
- * digest as they arrive when the value is checked; the last exchange
- * (at least one: the value is longer than the first window) reads the
- * check and ends with the re-reads.  Returns 0 or a code. */
+/* The verdict on the last exchange of an unchecked value (replies from
+ * index at on): the check's re-reads.  Returns 0 or a code. */
+static int wlast(wread *w, const wpipe *p, size_t at, size_t n,
+                 const char *chk, uint64_t nwin) {
+  if (!w->checked)
+    return wcompare(w, p, at, n, chk, nwin);
+  if (at >= n || p->r[at].too_large || p->r[at].len != CHECK_BYTES)
+    return changed(w, "check");
+  return 0;
+}
+
+/*
+ * The windows after the first, window_depth per exchange, straight into
+ * their places.  A checked value's windows are fed to the digest as they
+ * arrive and its last exchange reads the check: nothing else, since
+ * windows of two objects fail it.  An unchecked value (an older writer's,
+ * or checksum=off) has no such guard: each exchange ends with STRLEN and
+ * the last one reads the head and the tails again.  Returns 0 or a code.
+ */
 static int wrest(wread *w) {
   uint64_t win = w->s->window, depth = w->s->window_depth;
   uint64_t nwin =
@@ -328,13 +348,15 @@ static int wrest(wread *w) {
       wcmd(w, &p, "GETRANGE", a, e - 1, w->buf + (a - w->split), e - a);
       bytes += e - a;
     }
-    size_t nw = (size_t)(k - k0);
+    size_t nw = (size_t)(k - k0), at = nw + (size_t)!w->checked;
     p.hash = w->checked ? &w->hash : NULL;
     p.nhashed = nw;
-    wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
+    p.direct = 1;
+    if (!w->checked)
+      wcmd(w, &p, "STRLEN", 0, 0, NULL, 0);
     if (k == nwin && w->checked)
       wcmd(w, &p, "GETRANGE", w->objend, w->len - 1, w->ck, CHECK_BYTES);
-    if (k == nwin)
+    if (k == nwin && !w->checked)
       wchecks(w, &p, chk, nwin);
     size_t n;
     int rc = wrun(w, &p, 0, bytes, &n);
@@ -344,16 +366,11 @@ static int wrest(wread *w) {
       if (j >= n || p.r[j].too_large ||
           (uint64_t)p.r[j].len != wend(w, k0 + j) - wend(w, k0 + j - 1))
         return changed(w, "short window");
-    if (nw >= n || p.r[nw].type != REDIS_REPLY_INTEGER ||
-        (uint64_t)p.r[nw].integer != w->len)
+    if (!w->checked && (nw >= n || p.r[nw].type != REDIS_REPLY_INTEGER ||
+                        (uint64_t)p.r[nw].integer != w->len))
       return changed(w, "length");
-    if (k < nwin)
-      continue;
-    size_t at = nw + 1 + (size_t)w->checked;
-    if (w->checked && (at > n || p.r[at - 1].too_large ||
-                       p.r[at - 1].len != CHECK_BYTES))
-      return changed(w, "check");
-    return wcompare(w, &p, at, n, chk, nwin);
+    if (k == nwin)
+      return wlast(w, &p, at, n, chk, nwin);
   }
 }
 
