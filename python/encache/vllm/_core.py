@@ -34,8 +34,8 @@ V2 runner calls start_save_caches right after binding the step's
 metadata and decides what to encode from the encoder cache right after
 that, so a read started at bind time would gain nothing on the worker;
 the scheduler runs in another process, where outputs read from the Store
-could not reach the encoder cache (a scheduler-time prefetch would only
-warm a tier's host shm; not done).
+could not reach the encoder cache (scheduler_prefetch, Prefetcher below,
+only warms a tier's host shm).
 
 Failures follow the reference (vLLM's cross-encoder reuse, docs "Shared
 Encoder output Store", Failure semantics): every outcome but a hit means
@@ -100,8 +100,8 @@ class StepPlan:
     candidates: tuple[Candidate, ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "items", tuple(
-            (c.mm_hash, c.dtype, (c.rows, c.cols)) for c in self.candidates))
+        object.__setattr__(self, "items", tuple([
+            (c.mm_hash, c.dtype, (c.rows, c.cols)) for c in self.candidates]))
 
 
 @dataclasses.dataclass(frozen=True)
