@@ -13,3 +13,20 @@ def test_the_benchmark_runs(capsys):
     assert [f["size"] for f in figs] == ["16 KiB", "1 MiB"]
     assert all(f["bare_p50_us"] > 0 and f["connector_p50_us"] > 0
                for f in figs)
+
+
+def test_the_prefetch_benchmark_runs(capsys):
+    import os
+
+    import pytest
+    redis = os.environ.get("ENCACHE_REDIS_URL")
+    if not redis:
+        pytest.skip("no Redis server")
+    assert bench.main(["--iterations", "10", "--json", "--prefetch",
+                       "--redis", redis, "--rounds", "3",
+                       "--gap-ms", "1"]) == 0
+    figs = json.loads(capsys.readouterr().out)["prefetch"]
+    assert [(f["size"], f["gap_ms"]) for f in figs] == \
+        [("1 MiB", 1.0), ("8 MiB", 1.0)]
+    assert all(f["read_p50_us"] > 0 and f["prefetched_p50_us"] > 0
+               and f["local_p50_us"] > 0 for f in figs)

@@ -34,8 +34,8 @@ V2 runner calls start_save_caches right after binding the step's
 metadata and decides what to encode from the encoder cache right after
 that, so a read started at bind time would gain nothing on the worker;
 the scheduler runs in another process, where outputs read from the Store
-could not reach the encoder cache (a scheduler-time prefetch would only
-warm a tier's host shm; not done).
+could not reach the encoder cache (scheduler_prefetch, Prefetcher below,
+only warms a tier's host shm).
 
 Failures follow the reference (vLLM's cross-encoder reuse, docs "Shared
 Encoder output Store", Failure semantics): every outcome but a hit means
@@ -93,8 +93,15 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """The scheduler half's part of a step's metadata."""
+    """The scheduler half's part of a step's metadata.  items: the
+    candidates as the library's lookup takes them, (id, dtype, (rows,
+    cols)), made once where the plan is made (and pickled with it), so
+    that the worker's step hands them to Cache.lookup as they are."""
     candidates: tuple[Candidate, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "items", tuple([
+            (c.mm_hash, c.dtype, (c.rows, c.cols)) for c in self.candidates]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,7 +358,12 @@ class WorkerCore:
         self._namespace = dict(namespace)
         self._encoder_name = encoder_name
         self._step = None
-        self._planned: dict[str, Candidate] = {}
+        # The candidates looked up this step: (plan, items) per lookup,
+        # turned into _planned (identifier -> Candidate, or None for an
+        # output no plan named) when publish() needs them.
+        self._looked: list = []
+        self._planned: dict[str, Candidate | None] = {}
+        self._device = None if device == "cpu" else device
         self._begun = False
         self._warned_mismatch = False
         self.cache = self._open(config.library_config) \
@@ -383,56 +395,74 @@ class WorkerCore:
             self.end_step()
 
     def begin_step(self, plan: StepPlan | None,
-                   encoder_cache: dict | None) -> set[str]:
+                   encoder_cache: dict | None) -> int:
         """Looks the plan's candidates up; each hit is put in
-        encoder_cache under its identifier.  Returns the identifiers
-        loaded.  Called once per step (a second call, e.g. start_load_caches
-        after start_save_caches on ec_both, does nothing)."""
+        encoder_cache under its identifier.  Returns the number loaded.
+        Called once per step (a second call, e.g. start_load_caches after
+        start_save_caches on ec_both, does nothing).  The per-step path:
+        the plan's items go to the lookup as they are (no per-item Python
+        when the encoder cache holds none of them and hits go to the
+        host); the candidates publish() needs are found only when it is
+        called (a step of hits publishes nothing)."""
         if self._begun or encoder_cache is None:
-            return set()  # done, or nowhere to put hits (yet)
+            return 0  # done, or nowhere to put hits (yet)
         self._begun = True
-        self.counters.steps += 1
-        if self.cache is None:
-            return set()
-        todo = []
-        for c in plan.candidates if plan is not None else ():
-            if c.mm_hash in encoder_cache:
-                self.counters.already_local += 1
-                continue
-            todo.append(c)
-        if not todo:
+        counters = self.counters
+        counters.steps += 1
+        cache = self.cache
+        if cache is None:
+            return 0
+        items = plan.items if plan is not None else ()
+        if items and encoder_cache:
+            todo = [i for i in items if i[0] not in encoder_cache]
+            counters.already_local += len(items) - len(todo)
+            items = todo
+        if not items:
             if self._step is None:
-                self._step = self.cache.step()
-            return set()
-        device = self.device
-        if device == "cuda":  # the worker's current GPU, at each step
-            import torch
-            device = f"cuda:{torch.cuda.current_device()}"
-        items = [(c.mm_hash, c.dtype, (c.rows, c.cols), device)
-                 for c in todo]
-        self.counters.looked_up += len(items)
+                self._step = cache.step()
+            return 0
+        device = self._device
+        if device is not None:
+            if device == "cuda":  # the worker's current GPU, at each step
+                import torch
+                device = f"cuda:{torch.cuda.current_device()}"
+            items = [(i, d, s, device) for i, d, s in items]
+        counters.looked_up += len(items)
         try:
-            if self._step is None:  # one call: open the step and look up
-                self._step = self.cache.lookup(items)
-                results = self._step.results
+            step = self._step
+            if step is None:  # one call: open the step and look up
+                self._step = step = cache.lookup(items)
+                results = step.results
             else:
-                results = self._step.lookup(items)
+                results = step.lookup(items)
         except encache.PoisonedError:
             raise  # unconfirmed I/O: the worker fails, as the reference's
         except encache.Error as e:
             # Bad input, memory: encode instead, as the reference falls
             # back on a rejected lookup.
-            self.counters.lookup_errors += 1
+            counters.lookup_errors += 1
             logger.warning("encache: lookup failed, encoding instead: %s", e)
-            return set()
-        loaded = set()
-        for c, r in zip(todo, results):
-            self._planned[c.mm_hash] = c
+            return 0
+        self._looked.append((plan, items))
+        loaded = 0
+        for r in results:
             if r.hit:
-                encoder_cache[c.mm_hash] = r.tensor
-                loaded.add(c.mm_hash)
-        self.counters.loaded += len(loaded)
+                encoder_cache[r.id] = r.tensor
+                loaded += 1
+        counters.loaded += loaded
         return loaded
+
+    def _planned_now(self) -> dict:
+        """The candidates this step looked up, by identifier (made on
+        publish()'s first call of the step)."""
+        planned = self._planned
+        for plan, items in self._looked:
+            looked = {i[0] for i in items}
+            for c in plan.candidates:
+                if c.mm_hash in looked:
+                    planned[c.mm_hash] = c
+        self._looked.clear()
+        return planned
 
     def publish(self, encoder_cache: dict, mm_hash: str):
         """Queues encoder_cache[mm_hash], just encoded, for publication.
@@ -445,7 +475,8 @@ class WorkerCore:
             return None
         if self._step is None:
             self._step = self.cache.step()
-        if mm_hash not in self._planned:
+        planned = self._planned_now() if self._looked else self._planned
+        if mm_hash not in planned:
             # No plan named it: make it a candidate of this step with the
             # output's own contract (a hit here means another encoder
             # published it meanwhile: nothing to write).
@@ -462,7 +493,7 @@ class WorkerCore:
                 self.counters.publish_skipped += 1
                 logger.debug("encache: %s not published: %s", mm_hash, e)
                 return None
-            self._planned[mm_hash] = None
+            planned[mm_hash] = None
             if r.hit:
                 self.counters.publish_skipped += 1
                 return encache.Skip.PENDING
@@ -483,7 +514,7 @@ class WorkerCore:
             # this model will ever be published.  Say so once.
             self._warned_mismatch = True
             self.counters.publish_skipped += 1
-            c = self._planned.get(mm_hash)
+            c = planned.get(mm_hash)
             logger.warning(
                 "encache: the output of %s is %s %s, the plan expected "
                 "%sx%s %s: not published (set encoder_output_width in "
@@ -501,9 +532,13 @@ class WorkerCore:
     def end_step(self) -> None:
         """Closes the step (its queued publications go on)."""
         self._begun = False
-        self._planned.clear()
-        step, self._step = self._step, None
+        if self._planned:
+            self._planned.clear()
+        if self._looked:
+            self._looked.clear()
+        step = self._step
         if step is not None:
+            self._step = None
             step.close()
 
     # ------------------------------------------------------- run time

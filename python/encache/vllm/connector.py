@@ -230,6 +230,9 @@ class EncacheECConnector(ECConnectorBase):
                 encoder_name=_encoder_name(vllm_config, "worker"))
         else:
             raise ValueError(f"Unknown EC connector role: {role}")
+        # The worker half that looks up (a producer's), decided once: the
+        # per-step hooks test one attribute.
+        self._producer = self._worker if self.is_producer else None
         self._closed = False
 
     # Hooks of the inner connector this class does not define (they vary
@@ -258,8 +261,10 @@ class EncacheECConnector(ECConnectorBase):
 
     def bind_connector_metadata(self, connector_metadata) -> None:
         super().bind_connector_metadata(connector_metadata)
-        if self._worker is not None:
-            self._worker.bind()
+        worker = self._worker
+        if worker is not None and (worker._begun or
+                                   worker._step is not None):
+            worker.bind()
         if self._inner is not None:
             inner = getattr(connector_metadata, "inner", connector_metadata)
             if inner is not None:
@@ -269,7 +274,8 @@ class EncacheECConnector(ECConnectorBase):
         super().clear_connector_metadata()
         if self._worker is not None:
             self._worker.end_step()
-        self._forward("clear_connector_metadata")
+        if self._inner is not None:
+            self._forward("clear_connector_metadata")
 
     def register_caches(self, ec_caches) -> None:
         self._forward("register_caches", ec_caches)
@@ -282,16 +288,20 @@ class EncacheECConnector(ECConnectorBase):
         """A producer's step begins (ActiveECConnector.maybe_get_output):
         the plan's hits land in encoder_cache, then the inner connector
         starts delivering what is there."""
-        if self._worker is not None and self.is_producer:
-            self._worker.begin_step(self._plan(), encoder_cache)
-        self._forward("start_save_caches", encoder_cache=encoder_cache,
-                      **kwargs)
+        producer = self._producer
+        if producer is not None:
+            producer.begin_step(
+                getattr(self._connector_metadata, "plan", None),
+                encoder_cache)
+        if self._inner is not None:
+            self._forward("start_save_caches", encoder_cache=encoder_cache,
+                          **kwargs)
 
     def start_load_caches(self, encoder_cache, **kwargs) -> None:
         """Called on consumers (ec_both included): an ec_both instance
         whose runner never calls start_save_caches looks up here."""
-        if self._worker is not None and self.is_producer:
-            self._worker.begin_step(self._plan(), encoder_cache)
+        if self._producer is not None:
+            self._producer.begin_step(self._plan(), encoder_cache)
         self._forward("start_load_caches", encoder_cache, **kwargs)
 
     def save_caches(self, encoder_cache, mm_hash, **kwargs) -> None:
@@ -299,8 +309,8 @@ class EncacheECConnector(ECConnectorBase):
         queued for publication (CPU outputs are copied at the call, CUDA
         outputs on their stream, without waiting for it)."""
         self._forward("save_caches", encoder_cache, mm_hash, **kwargs)
-        if self._worker is not None and self.is_producer:
-            self._worker.publish(encoder_cache, mm_hash)
+        if self._producer is not None:
+            self._producer.publish(encoder_cache, mm_hash)
 
     def get_finished(self, finished_req_ids):
         return self._forward("get_finished", finished_req_ids,
