@@ -16,6 +16,7 @@
 
 #include "encache.h"
 #include "redis_util.h"
+#include "store_util.h"
 #include "tier.h"
 
 #include <hiredis/hiredis.h>
@@ -123,19 +124,6 @@ static void raw_del(raw *r, const char *key) {
 
 /* ------------------------------------------------------------ the engine */
 
-static int host_alloc(void *ctx, size_t i, const encache_candidate *c,
-                      uint64_t nbytes, void **data, void **handle) {
-  (void)ctx, (void)i, (void)c;
-  *handle = NULL;
-  *data = malloc(nbytes);
-  return *data ? 0 : ENCACHE_ENOMEM;
-}
-
-static void host_release(void *ctx, size_t i, void *data, void *handle) {
-  (void)ctx, (void)i, (void)handle;
-  free(data);
-}
-
 static encache *open_engine(const char *url) {
   encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config =
@@ -171,7 +159,7 @@ static int look_one(encache *ec, const char *id, float **hit) {
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   encache_candidate c = {sizeof(c), id, ENCACHE_MODALITY_IMAGE,
                          ENCACHE_FLOAT32, ROWS, COLS, ENCACHE_DEVICE_HOST, 0};
-  encache_allocator a = {sizeof(a), NULL, host_alloc, host_release, 0};
+  encache_allocator a = ts_host_allocator();
   encache_result r;
   r.size = sizeof(r);
   ASSERT(encache_lookup(step, &c, 1, &a, &r) >= 0);
