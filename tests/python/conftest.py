@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ectest
+from ectest import fault_fixture, shm  # noqa: F401 (fixtures)
 
 torch.set_num_threads(1)
 
@@ -23,22 +24,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("figures")
         for line in FIGURES:
             terminalreporter.write_line(line)
-
-
-@pytest.fixture
-def shm():
-    """shm(size="16MiB", scheme="shm"): the URL of a fresh segment, named
-    for this process and test; every one is destroyed after the test."""
-    names = []
-
-    def make(size="16MiB", scheme="shm"):
-        name = ectest.unique("shm")
-        names.append(name)
-        return f"{scheme}://{name}?size={size}"
-
-    yield make
-    for name in names:
-        ectest.shm_destroy(name)
 
 
 @pytest.fixture
@@ -66,12 +51,3 @@ def open_cache(store):
             cache.close()
         except ectest.encache.Error:
             pass
-
-
-@pytest.fixture
-def fault():
-    """The fault library, every fault off before and after the test."""
-    f = ectest.fault()
-    f.reset()
-    yield f
-    f.reset()

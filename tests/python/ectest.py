@@ -139,6 +139,34 @@ def shm_destroy(name):
                        timeout=TIMEOUT)
 
 
+# ------------------------------------------------ fixtures of both suites
+# (tests/python and tests/vllm import them into their conftest.py)
+
+@pytest.fixture
+def shm():
+    """shm(size="16MiB", scheme="shm"): the URL of a fresh segment, named
+    for this process and test; every one is destroyed after the test."""
+    names = []
+
+    def make(size="16MiB", scheme="shm"):
+        name = unique("shm")
+        names.append(name)
+        return f"{scheme}://{name}?size={size}"
+
+    yield make
+    for name in names:
+        shm_destroy(name)
+
+
+@pytest.fixture(name="fault")
+def fault_fixture():
+    """The fault library, every fault off before and after the test."""
+    f = fault()
+    f.reset()
+    yield f
+    f.reset()
+
+
 # ------------------------------------------- the fault-injecting Store
 
 class Fault:

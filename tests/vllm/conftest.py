@@ -13,31 +13,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import ectest  # noqa: E402
+from ectest import fault_fixture, shm  # noqa: E402,F401 (fixtures)
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def shm():
-    """shm(size="16MiB", scheme="shm"): the URL of a fresh segment."""
-    names = []
-
-    def make(size="16MiB", scheme="shm"):
-        name = ectest.unique("vllm")
-        names.append(name)
-        return f"{scheme}://{name}?size={size}"
-
-    yield make
-    for name in names:
-        ectest.shm_destroy(name)
-
-
-@pytest.fixture
-def fault():
-    f = ectest.fault()
-    f.reset()
-    yield f
-    f.reset()
 
 
 @pytest.fixture
