@@ -19,7 +19,8 @@ Objects (vllm-project/vllm; file, commit of the copy read):
 
 The engine's order (Engine.step):
   scheduler, per request and feature (vllm/v1/core/sched/scheduler.py,
-  _try_schedule_encoder_inputs, matched by content): has_cache_item(id);
+  _try_schedule_encoder_inputs, b4622cf924bc72504aed99e486062d6633fde39e):
+  has_cache_item(id);
   True is an external load (update_state_after_alloc(request, i)), else
   the input is scheduled for encoding; ensure_cache_available(request,
   num_computed_tokens) before (base.py, 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6:

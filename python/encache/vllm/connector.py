@@ -46,7 +46,7 @@ vLLM sources followed (vllm-project/vllm; file, commit of the copy read):
   0a82ef1119e4b94ae3ec16071cd40680e704e963 (start_load_caches only when
   not a producer; save_caches per new output): the worker's order.
 - vllm/v1/core/sched/scheduler.py (_try_schedule_encoder_inputs,
-  matched by content): has_cache_item(identifier) True makes an input an
+  b4622cf924bc72504aed99e486062d6633fde39e): has_cache_item(identifier) True makes an input an
   external load that the scheduler does not encode; so on a producer the
   answer stays the inner connector's, and hits are found by the worker.
 - tests/v1/ec_connector/unit/test_cross_encoder_cache.py,
