@@ -252,13 +252,6 @@ static encache__device *state(encache *ec) {
   return ec->dev;
 }
 
-int encache_step_set_stream(encache_step *step, void *stream) {
-  if (step == NULL)
-    return ENCACHE_EINVAL;
-  step->stream = stream;
-  return 0;
-}
-
 /* ------------------------------------------------------------- lookups */
 
 int encache__device_pin_staging(encache *ec) {
@@ -293,17 +286,16 @@ static int own_stream(encache__device *d, int dev, int need_stream) {
  * (device_sync): the default stream handles (NULL, cudaStreamLegacy,
  * cudaStreamPerThread) name the current device's stream, and CUDA refuses
  * to record an event on a stream of another device than the event's. */
-int encache__device_copy_in(encache_step *step, int dev, void *dst,
+int encache__device_copy_in(encache *ec, void *given, int dev, void *dst,
                             const void *src, size_t n) {
-  encache *ec = step->ec;
   encache__device *d = ec->dev; /* pin_staging made it */
   int prev, e = device_enter(dev, &prev);
   const char *what = "cudaGetDevice/cudaSetDevice";
   if (e == CUDA_OK) {
     what = "creating a CUDA stream and event";
-    e = own_stream(d, dev, step->stream == NULL);
+    e = own_stream(d, dev, given == NULL);
   }
-  void *stream = step->stream != NULL ? step->stream : d->stream[dev];
+  void *stream = given != NULL ? given : d->stream[dev];
   if (e == CUDA_OK) {
     what = "cudaMemcpyAsync";
     /* Queued before it is known to be refused: a refused copy may be a
@@ -316,12 +308,11 @@ int encache__device_copy_in(encache_step *step, int dev, void *dst,
   if (e != CUDA_OK)
     return encache__poison(ec, "copying %zu bytes to CUDA device %d failed "
                            "(%s: %s)", n, dev, what, err_str(e));
-  STAT_ADD(ec, device_bytes_copied, n);
+  ENCACHE__COUNT(ec, device_bytes_copied, n);
   return 0;
 }
 
-int encache__device_sync(encache_step *step) {
-  encache *ec = step->ec;
+int encache__device_sync(encache *ec) {
   encache__device *d = ec->dev;
   if (d == NULL || !d->queued_any)
     return 0;
@@ -494,7 +485,7 @@ int encache__device_publish_begin(encache *ec, const encache_tensor *view,
   encache__pinned *b;
   int rc = pool_take(ec, d, (size_t)nbytes, &b);
   if (rc == 1) { /* a bound of its own, reported as the bytes budget */
-    STAT_ADD(ec, device_pool_full, 1);
+    ENCACHE__COUNT(ec, device_pool_full, 1);
     return encache__fail(ec, ENCACHE_SKIP_OVER_BYTES, "publish: no room "
                          "for %llu bytes in the page-locked pool of CUDA "
                          "outputs (device_pinned_pool_bytes %llu): skipped "

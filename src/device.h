@@ -9,7 +9,7 @@
 #ifndef ENCACHE_DEVICE_H
 #define ENCACHE_DEVICE_H
 
-#include "engine.h"
+#include "core.h"
 
 /* The CUDA ordinals encache serves: 0 .. ENCACHE__MAX_DEVICES - 1. */
 #define ENCACHE__MAX_DEVICES 16
@@ -26,13 +26,14 @@ const char *encache__device_ineligible(const encache_candidate *c);
  * staging buffer serves them all; nothing is kept). */
 int encache__device_pin_staging(encache *ec);
 /* Queues the copy of src[0..n) (pinned) to device address dst on device
- * dev, on the step's stream (or the handle's own).  0, or a negative code
- * with the handle's message (poison: the copy may be in flight). */
-int encache__device_copy_in(encache_step *step, int dev, void *dst,
+ * dev, on stream `given` (a step's; NULL: the handle's own).  0, or a
+ * negative code with the handle's message (poison: the copy may be in
+ * flight). */
+int encache__device_copy_in(encache *ec, void *given, int dev, void *dst,
                             const void *src, size_t n);
 /* Waits (at most device_sync_timeout_ms) for every copy queued since the
  * last wait.  0, or a negative code with the handle's message (poison). */
-int encache__device_sync(encache_step *step);
+int encache__device_sync(encache *ec);
 
 /* Publication.  A CUDA output's copy in a pinned buffer. */
 typedef struct encache__pinned encache__pinned;

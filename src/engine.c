@@ -1,114 +1,30 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine.c: opening and closing the engine handle, its messages, poison
- * and statistics.  The read path is in lookup.c, the publisher in
- * publish.c.
+ * engine.c: the top of the engine: opening and closing the handle, and
+ * its statistics.  The handle's core (messages, poison, keys) is core.c,
+ * the read path lookup.c, the publisher publisher.c.
  *
  * A handle opened with cross_encoder_cache false holds nothing but its
  * configuration: no Store, no worker thread, no buffers.
  *
- * Messages: a handle records its last failure in its own fixed buffer
- * (encache__fail never allocates, so no message is lost to an
- * out-of-memory condition).  A failed open frees its handle and leaves
- * the message in a thread-local buffer, encache_errmsg(NULL).
+ * A failed open frees its handle and leaves its message for the calling
+ * thread's encache_errmsg(NULL).
  */
 #include "engine.h"
 #include "device.h"
+#include "fleet.h"
+#include "lookup.h"
+#include "lookup_read.h"
+#include "publisher.h"
+#include "step.h"
 #include "config/opts.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-int encache__fail(encache *ec, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(ec->errmsg, sizeof(ec->errmsg), fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-int encache__poison(encache *ec, const char *fmt, ...) {
-  if (!encache__is_poisoned(ec)) {
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    snprintf(ec->errmsg, sizeof(ec->errmsg),
-             "poisoned: %s; buffers the Store may still touch are kept, "
-             "every call now fails: exit the process", msg);
-    __atomic_store_n(&ec->poisoned, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&ec->live->poisoned, 1, __ATOMIC_RELAXED);
-  }
-  return ENCACHE_EPOISONED;
-}
-
-int encache__is_poisoned(const encache *ec) {
-  return __atomic_load_n(&ec->poisoned, __ATOMIC_ACQUIRE);
-}
-
-/* The message of the calling thread's last failed encache_open() or
- * encache_model_identity() (the calls that have no handle). */
-static _Thread_local char open_msg[512];
-
-int encache__thread_failed(int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(open_msg, sizeof(open_msg), fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-const char *encache_errmsg(const encache *ec) {
-  return ec != NULL ? ec->errmsg : open_msg;
-}
-
-int encache_enabled(const encache *ec) { return ec != NULL && ec->enabled; }
-
-const char *encache_namespace_of(const encache *ec) {
-  return ec != NULL && ec->ns != NULL ? ec->ns : "";
-}
-
-uint64_t encache__hash_id(const char *id) {
-  return encache__fnv1a(id, strlen(id));
-}
-
-char *encache__make_key(const encache *ec, const char *id) {
-  int n = encache_key(ec->ns, id, NULL, 0);
-  if (n < 0)
-    return NULL;
-  char *k = encache__malloc((size_t)n + 1);
-  if (k != NULL && encache_key(ec->ns, id, k, (size_t)n + 1) < 0) {
-    encache__free(k);
-    return NULL;
-  }
-  return k;
-}
-
-const char *encache_outcome_name(int outcome) {
-  static const char *const names[] = {"HIT",      "MISS",        "INCOMPATIBLE",
-                                      "OVERSIZE", "UNAVAILABLE", "SKIPPED",
-                                      "IN_FLIGHT"};
-  return outcome >= 0 && outcome <= ENCACHE_IN_FLIGHT ? names[outcome]
-                                                       : "UNKNOWN";
-}
-
-const char *encache_skip_name(int reason) {
-  switch (reason) {
-  case ENCACHE_QUEUED:
-    return "queued";
-#define ENCACHE_SKIP_CASE_(name, value, msg)                                 \
-  case ENCACHE_SKIP_##name:                                                  \
-    return msg;
-    ENCACHE_SKIP_MAP(ENCACHE_SKIP_CASE_)
-#undef ENCACHE_SKIP_CASE_
-  default:
-    return "unknown";
-  }
-}
 
 /* Another part's message for rc, or rc's own when that part left none
  * (the engine's message is never empty). */
@@ -270,9 +186,7 @@ static void handle_free(encache *ec) {
   encache__steps_close_all(ec);
   fleet_leave(ec);
   encache__lookup_free(ec);
-  pthread_mutex_destroy(&ec->mu);
-  pthread_cond_destroy(&ec->work);
-  pthread_cond_destroy(&ec->idle);
+  encache__publisher_free(ec);
   encache__free(ec->ns);
   encache__free(ec);
 }
@@ -333,13 +247,6 @@ static int open_common(const encache_options *in, encache_store *given,
                         ENCACHE_ENOMEM,
                         "encache_open: out of memory (the handle)");
   }
-  pthread_mutex_init(&ec->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the worker's polls */
-  pthread_cond_init(&ec->work, &ca);
-  pthread_condattr_destroy(&ca);
-  pthread_cond_init(&ec->idle, NULL);
   ec->live = &ec->stats;
   ec->log = o.log;
   ec->log_ctx = o.log_ctx;
@@ -388,14 +295,8 @@ int encache_close(encache *ec) {
   if (ec->enabled && ec->store != NULL) {
     encache__publisher_stop(ec);
     rc = encache__reap(ec);
-    if (rc == 0 && ec->staging_registered && !encache__is_poisoned(ec)) {
-      int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
-      if (encache_store_classify(u) != ENCACHE_ANSWER_OK)
-        encache__poison(ec, "unregistering the staging buffer failed: %s",
-                        encache_strerror(u));
-      else
-        ec->staging_registered = 0;
-    }
+    if (rc == 0)
+      encache__staging_unregister(ec); /* poisons when it fails */
     if (!encache__is_poisoned(ec))
       encache__device_free(ec); /* poisons when a copy is unconfirmed */
     if (encache__is_poisoned(ec)) {

@@ -27,56 +27,13 @@
  * a lease ends by itself: a holder that never publishes delays the
  * others by at most that, and on shm a holder that dies frees it at once.
  */
-#include "lookup.h"
+#include "lease.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-uint64_t encache__lease_token(void) {
-  static uint64_t counter; /* only when getrandom fails */
-  uint64_t t = 0;
-  while (t == 0) {
-    if (getrandom(&t, sizeof(t), GRND_NONBLOCK) != (ssize_t)sizeof(t)) {
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      t = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
-          ((uint64_t)ts.tv_sec << 20) ^
-          __atomic_add_fetch(&counter, 0x9E3779B97F4A7C15ull, __ATOMIC_RELAXED);
-    }
-  }
-  return t;
-}
-
-void encache__lease_end(encache *ec, const char *key, uint64_t token) {
-  if (token == 0 || ec->store == NULL || encache__is_poisoned(ec))
-    return;
-  int rc = encache_store_lease_drop(ec->store, key, token);
-  if (rc != 0 && rc != ENCACHE_ENOENT) /* it ends at its deadline */
-    STAT_ADD(ec, leases_failed, 1);
-}
-
-uint64_t encache__lease_slot_set(encache *ec, uint64_t *slot, uint64_t token) {
-  uint64_t old = *slot;
-  ec->leases_held += (token != 0) - (old != 0);
-  *slot = token;
-  return old;
-}
-
-void encache__leases_end(encache_step *step) {
-  encache *ec = step->ec;
-  for (size_t i = 0; i < step->n; i++) {
-    if (step->lease == NULL || step->lease[i] == 0)
-      continue;
-    char *key = encache__make_key(ec, step->text + step->off[i]);
-    uint64_t token = encache__lease_slot_set(ec, &step->lease[i], 0);
-    if (key != NULL) /* out of memory: it ends at its deadline */
-      encache__lease_end(ec, key, token);
-    encache__free(key);
-  }
-}
 
 static uint64_t now_us(void) {
   struct timespec ts;
@@ -90,7 +47,7 @@ enum { TAKEN = 0, HELD = 1, HELD_HERE = 2 };
  * (also when the Store failed: a plain miss), HELD by another encoder, or
  * HELD_HERE by another step of this handle (its encode comes after this
  * lookup: never wait for it). */
-static int take(plan *p, const item *it) {
+static int take(encache__plan *p, const encache__item *it) {
   encache *ec = p->ec;
   const char *id = p->cand[it->first].id;
   uint64_t *slot = encache__step_lease(p->step, id);
@@ -103,9 +60,9 @@ static int take(plan *p, const item *it) {
   if (rc == ENCACHE_EEXIST)
     return HELD;
   if (rc == 0 && *slot == 0)
-    STAT_ADD(ec, leases_taken, 1);
+    ENCACHE__COUNT(ec, leases_taken, 1);
   else if (rc != 0)
-    STAT_ADD(ec, leases_failed, 1);
+    ENCACHE__COUNT(ec, leases_failed, 1);
   /* Kept even when the call failed: the take may have happened with its
    * answer lost, and ending a lease that is not there costs nothing. */
   encache__lease_slot_set(ec, slot, token);
@@ -114,7 +71,7 @@ static int take(plan *p, const item *it) {
 
 /* The existence of items[list[0..n)] into p->present; -1 when the check
  * failed as a whole. */
-static int exists_of(plan *p, const size_t *list, size_t n) {
+static int exists_of(encache__plan *p, const size_t *list, size_t n) {
   encache_store *st = p->ec->store;
   for (size_t k = 0; k < n; k++)
     p->keys[k] = p->items[list[k]].key;
@@ -126,11 +83,11 @@ static int exists_of(plan *p, const size_t *list, size_t n) {
  * its object and ended its lease between our existence check and our
  * take.  An object there now is read (a hit, not a second encode), and
  * its lease ends at once. */
-static void confirm_absent(plan *p, const size_t *taken, size_t n) {
+static void confirm_absent(encache__plan *p, const size_t *taken, size_t n) {
   if (n == 0 || exists_of(p, taken, n) < 0)
     return; /* unknown: encode, as without the re-check */
   for (size_t k = 0; k < n; k++) {
-    item *it = &p->items[taken[k]];
+    encache__item *it = &p->items[taken[k]];
     if (p->present[k] != 1)
       continue;
     uint64_t *slot = encache__step_lease(p->step, p->cand[it->first].id);
@@ -143,12 +100,12 @@ static void confirm_absent(plan *p, const size_t *taken, size_t n) {
 /* One round of a wait: the held items' existence, then their leases.
  * Keeps in held[0..*n) those still held; 0, or -1 when the existence
  * check failed (the wait stops). */
-static int poll_held(plan *p, size_t *held, size_t *n, size_t *taken) {
+static int poll_held(encache__plan *p, size_t *held, size_t *n, size_t *taken) {
   if (exists_of(p, held, *n) < 0)
     return -1;
   size_t w = 0, nt = 0;
   for (size_t k = 0; k < *n; k++) {
-    item *it = &p->items[held[k]];
+    encache__item *it = &p->items[held[k]];
     int t = p->present[k] == 1 ? -1 : take(p, it);
     if (t < 0)
       encache__plan_present(p, it); /* the holder's output: read it */
@@ -164,11 +121,12 @@ static int poll_held(plan *p, size_t *held, size_t *n, size_t *taken) {
 
 /* Waits up to single_flight_wait_ms while held[0..*n) are held (taken:
  * scratch room for as many). */
-static void wait_held(plan *p, size_t *held, size_t *n, size_t *taken) {
+static void wait_held(encache__plan *p, size_t *held, size_t *n,
+                      size_t *taken) {
   encache *ec = p->ec;
   uint64_t start = now_us(), deadline = start + ec->lease_wait_ms * 1000u;
   uint64_t backoff = 1000; /* us: doubles up to 16 ms */
-  STAT_ADD(ec, waited, *n);
+  ENCACHE__COUNT(ec, waited, *n);
   for (size_t k = 0; k < *n; k++)
     p->items[held[k]].waited = 1;
   for (uint64_t t = start; *n > 0 && t < deadline; t = now_us()) {
@@ -181,15 +139,15 @@ static void wait_held(plan *p, size_t *held, size_t *n, size_t *taken) {
     if (poll_held(p, held, n, taken) < 0)
       break;
   }
-  STAT_ADD(ec, wait_us, now_us() - start);
+  ENCACHE__COUNT(ec, wait_us, now_us() - start);
 }
 
-int encache__plan_lease(plan *p) {
+int encache__plan_lease(encache__plan *p) {
   /* Scratch of the plan that is free until phase chunk: newpos and dest
    * (n each; items are at most n). */
   size_t *held = p->newpos, *taken = p->dest, n = 0, nt = 0, here = 0;
   for (size_t u = 0; u < p->nu; u++) {
-    item *it = &p->items[u];
+    encache__item *it = &p->items[u];
     if (it->outcome != ENCACHE_MISS || it->present)
       continue;
     int t = take(p, it);
@@ -221,7 +179,7 @@ int encache__plan_lease(plan *p) {
                              p->ec->lease_wait_ms);
   }
   for (size_t k = 0; k < n; k++) {
-    item *it = &p->items[held[k]];
+    encache__item *it = &p->items[held[k]];
     it->outcome = ENCACHE_IN_FLIGHT;
     it->why = it->held_here ? "this encoder holds its lease in another "
                               "step, not published yet (single flight)"

@@ -39,7 +39,10 @@
  * list and the carving walks the same list, with a bounds assertion.
  */
 #include "lookup.h"
+#include "lease.h"
+#include "lookup_read.h"
 #include "device.h"
+#include "fleet.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -58,7 +61,7 @@ static int size_add(size_t *sum, size_t count, size_t elem) {
   return __builtin_add_overflow(*sum, part, sum) ? ENCACHE_ENOMEM : 0;
 }
 
-static int plan_size(const plan *p, size_t *total) {
+static int plan_size(const encache__plan *p, size_t *total) {
   size_t n = p->n, text = p->text;
   *total = 0;
 #define PLAN_SIZE_(name, type, count)                                        \
@@ -78,7 +81,7 @@ static void *carve(unsigned char *base, size_t cap, size_t *off, size_t count,
   return r;
 }
 
-static void plan_carve(plan *p, unsigned char *base, size_t cap) {
+static void plan_carve(encache__plan *p, unsigned char *base, size_t cap) {
   size_t n = p->n, text = p->text, off = 0;
 #define PLAN_CARVE_(name, type, count)                                       \
   p->name = carve(base, cap, &off, (size_t)(count), sizeof(type));
@@ -110,8 +113,9 @@ static int reserve(encache *ec, size_t need) {
 
 /* Checks the caller's structs, sizes and carves the scratch, copies the
  * candidates in. */
-static int plan_begin(plan *p, encache_step *step, const encache_candidate *c,
-                      size_t n, const encache_allocator *a) {
+static int plan_begin(encache__plan *p, encache_step *step,
+                      const encache_candidate *c, size_t n,
+                      const encache_allocator *a) {
   encache *ec = step->ec;
   memset(p, 0, sizeof(*p));
   p->ec = ec;
@@ -185,7 +189,7 @@ static const char *ineligible(encache_step *step,
 }
 
 /* The item candidate i duplicates (same id, same contract), or SIZE_MAX. */
-static size_t duplicate_of(const plan *p, size_t i) {
+static size_t duplicate_of(const encache__plan *p, size_t i) {
   const encache_candidate *ci = &p->cand[i];
   for (size_t u = 0; u < p->nu; u++) {
     const encache_candidate *f = &p->cand[p->items[u].first];
@@ -197,7 +201,7 @@ static size_t duplicate_of(const plan *p, size_t i) {
 }
 
 /* Phase dedupe: the items, their keys; the step learns its candidates. */
-static int phase_dedupe(plan *p) {
+static int phase_dedupe(encache__plan *p) {
   size_t ns_len = strlen(p->ec->ns), text = 0;
   char *keytext = p->keytext;
   for (size_t i = 0; i < p->n; i++) {
@@ -207,7 +211,7 @@ static int phase_dedupe(plan *p) {
     p->hash[i] = encache__hash_id(ci->id);
     if ((p->unique_of[i] = duplicate_of(p, i)) != SIZE_MAX)
       continue;
-    item *it = &p->items[p->nu];
+    encache__item *it = &p->items[p->nu];
     memset(it, 0, sizeof(*it));
     it->first = i;
     it->outcome = ENCACHE_MISS;
@@ -234,7 +238,7 @@ static int phase_dedupe(plan *p) {
 
 
 /* Phase exists: one batched existence check.  1: stop (recoverable). */
-static int phase_exists(plan *p) {
+static int phase_exists(encache__plan *p) {
   encache_store *st = p->ec->store;
   int answer = st->ops->exists(st, p->keys, p->nu, p->present);
   int rc = encache__plan_batch(p, answer, "the existence check");
@@ -245,23 +249,10 @@ static int phase_exists(plan *p) {
   return rc;
 }
 
-static void warn_oversize(const plan *p, const item *it) {
-  encache *ec = p->ec;
-  if (ec->log == NULL)
-    return;
-  char msg[256];
-  snprintf(msg, sizeof(msg),
-           "encache: object %s is %" PRIu64 " bytes, larger than the "
-           "%" PRIu64 "-byte staging buffer (store_read_buffer_bytes): "
-           "encoding it instead", p->cand[it->first].id, it->osize,
-           ec->read_buf_bytes);
-  ec->log(ec->log_ctx, msg);
-}
-
 /* Phase classify: each existence answer; oversize objects. */
-static int phase_classify(plan *p) {
+static int phase_classify(encache__plan *p) {
   for (size_t u = 0; u < p->nu; u++) {
-    item *it = &p->items[u];
+    encache__item *it = &p->items[u];
     int ans = p->present[u];
     int cls = encache_store_classify(ans);
     if (cls == ENCACHE_ANSWER_RECOVERABLE) { /* e.g. a key it refuses */
@@ -281,21 +272,6 @@ static int phase_classify(plan *p) {
   return 0;
 }
 
-void encache__plan_present(plan *p, item *it) {
-  it->present = 1;
-  if (it->osize > p->ec->read_buf_bytes) {
-    it->outcome = ENCACHE_OVERSIZE;
-    it->why = encache__step_note(
-        p->step, "larger than store_read_buffer_bytes",
-        "the object is %" PRIu64 " bytes, larger than the %" PRIu64
-        "-byte staging buffer: raise store_read_buffer_bytes to at least "
-        "%" PRIu64, it->osize, p->ec->read_buf_bytes, it->osize);
-    warn_oversize(p, it);
-  } else {
-    p->np++;
-  }
-}
-
 /* Objects of this size or more get a slot that starts on a page: the
  * staging buffer is page-aligned, and Mooncake's TCP reads of 1 MiB and
  * 8 MiB objects into slots 24 bytes past a page took 10 to 15 % longer
@@ -305,7 +281,7 @@ void encache__plan_present(plan *p, item *it) {
 /* Phase chunk: present, fitting items first (stable; unique_of follows),
  * then their slots (page-aligned from SLOT_PAGE_MIN up) and chunk
  * boundaries. */
-static void phase_chunk(plan *p) {
+static void phase_chunk(encache__plan *p) {
   size_t w = 0;
   for (int pass = 0; pass < 2; pass++)
     for (size_t u = 0; u < p->nu; u++) {
@@ -315,13 +291,13 @@ static void phase_chunk(plan *p) {
         p->sorted[w++] = p->items[u];
       }
     }
-  memcpy(p->items, p->sorted, p->nu * sizeof(item));
+  memcpy(p->items, p->sorted, p->nu * sizeof(encache__item));
   for (size_t i = 0; i < p->n; i++)
     if (p->unique_of[i] != SIZE_MAX)
       p->unique_of[i] = p->newpos[p->unique_of[i]];
   uint64_t used = 0;
   for (size_t u = 0; u < p->np; u++) {
-    item *it = &p->items[u];
+    encache__item *it = &p->items[u];
     if (it->osize >= SLOT_PAGE_MIN) /* a page-aligned slot (see above) */
       used = (used + 4095) & ~(uint64_t)4095;
     it->chunk_start = u == 0 || used + it->osize > p->ec->read_buf_bytes;
@@ -340,7 +316,7 @@ static void phase_chunk(plan *p) {
  * take back, a destination per miss), no item too large for the buffer
  * (OVERSIZE is said only of objects that exist), single flight off (its
  * leases are taken for the absent). */
-static int exists_needed(const plan *p) {
+static int exists_needed(const encache__plan *p) {
   unsigned caps = p->ec->store->ops->caps;
   if (!(caps & ENCACHE_STORE_CAP_READ_ABSENT) || p->ec->single_flight ||
       p->whole ||
@@ -353,7 +329,7 @@ static int exists_needed(const plan *p) {
   return 0;
 }
 
-static int plan_run(plan *p) {
+static int plan_run(encache__plan *p) {
   int rc = phase_dedupe(p);
   if (rc < 0 || p->nu == 0)
     return rc;
@@ -376,23 +352,23 @@ static int plan_run(plan *p) {
 
 static void count_outcome(encache *ec, int outcome) {
   switch (outcome) {
-  case ENCACHE_MISS: STAT_ADD(ec, misses, 1); break;
-  case ENCACHE_INCOMPATIBLE: STAT_ADD(ec, incompatible, 1); break;
-  case ENCACHE_OVERSIZE: STAT_ADD(ec, oversize, 1); break;
-  case ENCACHE_UNAVAILABLE: STAT_ADD(ec, unavailable, 1); break;
-  case ENCACHE_SKIPPED: STAT_ADD(ec, skipped, 1); break;
-  case ENCACHE_HIT: STAT_ADD(ec, hits, 1); break;
-  case ENCACHE_IN_FLIGHT: STAT_ADD(ec, in_flight, 1); break;
+  case ENCACHE_MISS: ENCACHE__COUNT(ec, misses, 1); break;
+  case ENCACHE_INCOMPATIBLE: ENCACHE__COUNT(ec, incompatible, 1); break;
+  case ENCACHE_OVERSIZE: ENCACHE__COUNT(ec, oversize, 1); break;
+  case ENCACHE_UNAVAILABLE: ENCACHE__COUNT(ec, unavailable, 1); break;
+  case ENCACHE_SKIPPED: ENCACHE__COUNT(ec, skipped, 1); break;
+  case ENCACHE_HIT: ENCACHE__COUNT(ec, hits, 1); break;
+  case ENCACHE_IN_FLIGHT: ENCACHE__COUNT(ec, in_flight, 1); break;
   default: break;
   }
 }
 
 /* Phase finish: each candidate's outcome (duplicates share their item's). */
-static void phase_finish(plan *p) {
+static void phase_finish(encache__plan *p) {
   for (size_t i = 0; i < p->n; i++) {
     encache_result *r = &p->res[i];
     if (p->unique_of[i] != SIZE_MAX) {
-      const item *it = &p->items[p->unique_of[i]];
+      const encache__item *it = &p->items[p->unique_of[i]];
       if (it->outcome == ENCACHE_INCOMPATIBLE && i != it->first) {
         r->verdict = p->res[it->first].verdict;
         r->found = p->res[it->first].found;
@@ -400,7 +376,7 @@ static void phase_finish(plan *p) {
       r->outcome = it->outcome;
       r->why = it->outcome == ENCACHE_HIT ? NULL : it->why;
       if (it->waited && it->outcome == ENCACHE_HIT && i == it->first)
-        STAT_ADD(p->ec, waited_hits, 1);
+        ENCACHE__COUNT(p->ec, waited_hits, 1);
     }
     count_outcome(p->ec, r->outcome);
   }
@@ -427,21 +403,21 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
                          "lookup: results[0].size %zu is not a size of "
                          "encache_result (at least %zu, API 1.0's; set it)",
                          results->size, (size_t)ENCACHE__RESULT_MIN);
-  STAT_ADD(ec, lookups, 1);
-  STAT_ADD(ec, candidates, n);
+  ENCACHE__COUNT(ec, lookups, 1);
+  ENCACHE__COUNT(ec, candidates, n);
   if (!ec->enabled) {
     static const encache_result skipped = {
         .size = sizeof(encache_result), .outcome = ENCACHE_SKIPPED,
         .why = "cross_encoder_cache is off"};
     for (size_t i = 0; i < n; i++)
       result_out(results, i, &skipped);
-    STAT_ADD(ec, skipped, n);
+    ENCACHE__COUNT(ec, skipped, n);
     return 0;
   }
-  int rc = encache__reap(ec);
+  int rc = encache__reap_finished(ec);
   if (rc < 0 || n == 0)
     return rc;
-  plan p;
+  encache__plan p;
   if ((rc = plan_begin(&p, step, c, n, a)) < 0)
     return rc;
   rc = plan_run(&p);

@@ -5,47 +5,13 @@
  * deliver phases.  Every Store answer goes through
  * encache_store_classify().
  */
-#include "lookup.h"
+#include "lookup_read.h"
 #include "device.h"
 
 #include <inttypes.h>
 #include <string.h>
 
 int (*encache__copy_hook)(void *dst, const void *src, size_t n);
-
-int encache__plan_batch(plan *p, int rc, const char *what) {
-  switch (encache_store_classify(rc)) {
-  case ENCACHE_ANSWER_OK:
-    return 0;
-  case ENCACHE_ANSWER_RECOVERABLE:
-    return 1;
-  default:
-    return encache__poison(p->ec, "%s's completion is unconfirmed (%s: %s)",
-                           what, encache_err_name(rc),
-                           encache_store_errmsg(p->ec->store));
-  }
-}
-
-void encache__plan_unavailable(plan *p, size_t from, size_t to,
-                               const char *why) {
-  for (size_t u = from; u < to; u++) {
-    p->items[u].outcome = ENCACHE_UNAVAILABLE;
-    p->items[u].why = why;
-  }
-}
-
-const char *encache__plan_store_why(plan *p, const char *what, int64_t rc,
-                                    int per_key) {
-  const char *msg = encache_store_errmsg(p->ec->store);
-  const char *name = rc >= INT32_MIN ? encache_err_name((int)rc) : NULL;
-  /* A batch's failure has one message; a key's answer has none of its
-   * own, and the Store's latest message may name another key. */
-  return encache__step_note(p->step, "the Store failed (no room to say why)",
-                            "%s failed (%s)%s%s", what,
-                            name ? name : "unknown code",
-                            !msg[0] ? "" : per_key ? "; the Store said: " : ": ",
-                            msg);
-}
 
 /* Allocates (and registers, when the Store needs it) the staging buffer. */
 static int staging_ensure(encache *ec) {
@@ -69,14 +35,14 @@ static int staging_ensure(encache *ec) {
     ec->staging_registered = 1;
   }
   ec->staging = p;
-  STAT_ADD(ec, staging_allocations, 1);
+  ENCACHE__COUNT(ec, staging_allocations, 1);
   __atomic_store_n(&ec->live->staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
   return 0;
 }
 
 /* ------------------------------------------------------- destinations */
 
-void encache__plan_release_all(plan *p) {
+void encache__plan_release_all(encache__plan *p) {
   for (size_t k = 0; k < p->ndest; k++) {
     encache_result *r = &p->res[p->dest[k]];
     if (p->a.release != NULL)
@@ -88,7 +54,7 @@ void encache__plan_release_all(plan *p) {
 }
 
 /* Hands out the destination of candidate i (logged for release). */
-static int give_dest(plan *p, size_t i, uint64_t nbytes) {
+static int give_dest(encache__plan *p, size_t i, uint64_t nbytes) {
   void *data = NULL, *handle = NULL;
   int rc = p->a.alloc(p->a.ctx, i, encache__plan_cand(p, i), nbytes, &data, &handle);
   if (rc < 0 || (data == NULL && nbytes > 0)) {
@@ -108,7 +74,7 @@ static int give_dest(plan *p, size_t i, uint64_t nbytes) {
 }
 
 /* Gives candidate i's destination back (its object was not a hit). */
-static void take_dest(plan *p, size_t i) {
+static void take_dest(encache__plan *p, size_t i) {
   for (size_t k = 0; k < p->ndest; k++) {
     if (p->dest[k] != i)
       continue;
@@ -137,11 +103,11 @@ static void take_dest(plan *p, size_t i) {
  * certainly did not happen (its items are UNAVAILABLE), or a negative
  * code.
  */
-static int phase_read(plan *p, size_t from, size_t to) {
+static int phase_read(encache__plan *p, size_t from, size_t to) {
   encache *ec = p->ec;
   int rc;
   for (size_t u = from; u < to; u++) {
-    item *it = &p->items[u];
+    encache__item *it = &p->items[u];
     if (p->direct) {
       if ((rc = give_dest(p, it->first, it->nbytes)) < 0)
         return rc;
@@ -154,7 +120,7 @@ static int phase_read(plan *p, size_t from, size_t to) {
       p->caps[u] = (size_t)it->osize;
     }
   }
-  STAT_ADD(ec, batched_reads, 1);
+  ENCACHE__COUNT(ec, batched_reads, 1);
   const encache__store_ops *ops = ec->store->ops;
   const char **keys = p->keys + from;
   int64_t *answers = p->answers + from;
@@ -177,8 +143,9 @@ static int phase_read(plan *p, size_t from, size_t to) {
 
 /* What differed between the object found (r bytes, header found) and
  * item it's contract, kept by the step. */
-static const char *incompatible_why(plan *p, const item *it, int verdict,
-                                    const encache_header *found, uint64_t r) {
+static const char *incompatible_why(encache__plan *p, const encache__item *it,
+                                    int verdict, const encache_header *found,
+                                    uint64_t r) {
   const encache_candidate *c = &p->cand[it->first];
   const char *fallback = encache_verdict_name(verdict);
   switch (verdict) {
@@ -203,7 +170,8 @@ static const char *incompatible_why(plan *p, const item *it, int verdict,
 }
 
 /* Judges item it's answer r, whose header (when r > 0) is at head. */
-static int validate_one(plan *p, item *it, int64_t r, const void *head) {
+static int validate_one(encache__plan *p, encache__item *it, int64_t r,
+                        const void *head) {
   encache_result *res0 = &p->res[it->first];
   const encache_candidate *c = &p->cand[it->first];
   switch (encache_store_classify(r)) {
@@ -244,7 +212,7 @@ static int validate_one(plan *p, item *it, int64_t r, const void *head) {
 /* Phase validate: every answer of the chunk first (if one leaves the
  * batch unconfirmed, no destination of it may be given back), then the
  * direct path's non-hits give their destinations back. */
-static int phase_validate(plan *p, size_t from, size_t to) {
+static int phase_validate(encache__plan *p, size_t from, size_t to) {
   for (size_t u = from; u < to; u++) {
     int rc = validate_one(p, &p->items[u], p->answers[u], p->heads[u]);
     if (rc < 0)
@@ -257,7 +225,8 @@ static int phase_validate(plan *p, size_t from, size_t to) {
 }
 
 /* The chunk's hit that candidate i stands for, or NULL. */
-static const item *hit_of(const plan *p, size_t i, size_t from, size_t to) {
+static const encache__item *hit_of(const encache__plan *p, size_t i,
+                                   size_t from, size_t to) {
   size_t u = p->unique_of[i];
   if (u == SIZE_MAX || u < from || u >= to ||
       p->items[u].outcome != ENCACHE_HIT)
@@ -266,11 +235,11 @@ static const item *hit_of(const plan *p, size_t i, size_t from, size_t to) {
 }
 
 /* Copies a payload to a destination; a failed (device) copy poisons. */
-static int copy_out(plan *p, size_t i, const void *src, size_t n) {
+static int copy_out(encache__plan *p, size_t i, const void *src, size_t n) {
   void *dst = p->res[i].data;
   if (p->cand[i].device == ENCACHE_DEVICE_CUDA) /* poisons on failure */
-    return encache__device_copy_in(p->step, p->cand[i].device_index, dst,
-                                   src, n);
+    return encache__device_copy_in(p->ec, p->step->stream,
+                                   p->cand[i].device_index, dst, src, n);
   if (encache__copy_hook != NULL ? encache__copy_hook(dst, src, n) != 0
                                  : (memcpy(dst, src, n), 0))
     /* A device copy may still be in flight: keep the staging buffer and
@@ -283,16 +252,16 @@ static int copy_out(plan *p, size_t i, const void *src, size_t n) {
 /* Phase deliver: every destination of the chunk before any copy (the
  * direct path's first occurrences hold theirs, filled by the read), then
  * the copies. */
-static int phase_deliver(plan *p, size_t from, size_t to) {
+static int phase_deliver(encache__plan *p, size_t from, size_t to) {
   int rc;
   for (size_t i = 0; i < p->n; i++) {
-    const item *it = hit_of(p, i, from, to);
+    const encache__item *it = hit_of(p, i, from, to);
     if (it != NULL && !(p->direct && i == it->first) &&
         (rc = give_dest(p, i, it->nbytes)) < 0)
       return rc;
   }
   for (size_t i = 0; i < p->n; i++) {
-    const item *it = hit_of(p, i, from, to);
+    const encache__item *it = hit_of(p, i, from, to);
     if (it == NULL)
       continue;
     if (!(p->direct && i == it->first)) {
@@ -301,13 +270,13 @@ static int phase_deliver(plan *p, size_t from, size_t to) {
       if ((rc = copy_out(p, i, src, (size_t)it->nbytes)) < 0)
         return rc;
     }
-    STAT_ADD(p->ec, bytes_read, it->nbytes);
+    ENCACHE__COUNT(p->ec, bytes_read, it->nbytes);
     p->hits++;
   }
   return 0;
 }
 
-void encache__plan_whole(plan *p) {
+void encache__plan_whole(encache__plan *p) {
   unsigned caps = p->ec->store->ops->caps;
   uint64_t bytes = 0;
   p->whole = !(caps & (ENCACHE_STORE_CAP_REGISTER |
@@ -326,7 +295,7 @@ void encache__plan_whole(plan *p) {
 /* Payloads go straight to host destinations when the Store needs no
  * registered memory and splits its reads, or when whole objects may go
  * into the destinations' headroom (encache__plan_whole()). */
-static void choose_path(plan *p) {
+static void choose_path(encache__plan *p) {
   unsigned caps = p->ec->store->ops->caps;
   for (size_t i = 0; i < p->n; i++) /* CUDA hits go through the staging */
     if (p->unique_of[i] < p->np && p->cand[i].device == ENCACHE_DEVICE_CUDA)
@@ -336,7 +305,7 @@ static void choose_path(plan *p) {
               p->whole;
 }
 
-int encache__plan_read(plan *p) {
+int encache__plan_read(encache__plan *p) {
   choose_path(p);
   if (p->np == 0)
     return 0;
@@ -356,9 +325,20 @@ int encache__plan_read(plan *p) {
     rc = phase_read(p, from, to);
     if (rc == 0 && (rc = phase_validate(p, from, to)) == 0 &&
         (rc = phase_deliver(p, from, to)) == 0 && p->device)
-      rc = encache__device_sync(p->step); /* before the next chunk's read */
+      rc = encache__device_sync(p->ec); /* before the next chunk's read */
     if (rc == 1)
       rc = 0;
   }
   return rc;
+}
+
+int encache__staging_unregister(encache *ec) {
+  if (!ec->staging_registered || encache__is_poisoned(ec))
+    return encache__is_poisoned(ec) ? ENCACHE_EPOISONED : 0;
+  int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
+  if (encache_store_classify(u) != ENCACHE_ANSWER_OK)
+    return encache__poison(ec, "unregistering the staging buffer failed: %s",
+                           encache_strerror(u));
+  ec->staging_registered = 0;
+  return 0;
 }

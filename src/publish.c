@@ -1,404 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * publish.c: the bounded asynchronous publisher (docs/behaviour.md,
- * Publication).
- *
- * encache_publish() runs on the caller's thread and copies nothing: it
- * checks the view, applies the budgets, retains the view's backing
- * storage and queues a job.  A worker thread takes jobs in order (up to
- * 8 writer threads do, each one job at a time: writes_in_flight()): if
- * the key exists it does nothing (never replace), else it writes header +
- * payload straight from the caller's storage (a Store whose write never
- * replaces answers "exists" itself: no separate check).  For a backend
- * whose write asks existence first (Mooncake), the writer asks once for
- * the job it takes and the jobs queued behind it, and each write takes
- * its job's answer (publish_ask.c).  Finished jobs
- * wait on the done list until a reap (start of every lookup, before every
- * enqueue, at flush and at close) releases them on the caller's thread: their
- * budget charges, and their storage references (whose release callbacks
- * thus never run on the worker).
- *
- * Budgets: at most store_max_pending_items jobs and store_max_pending_bytes
- * bytes are retained.  Bytes are charged per backing storage, once however
- * many views of it are pending, and released when the last is reaped.
- *
- * A CUDA output (device.c) is the exception: publish queues its copy
- * into a pooled page-locked buffer on the output's stream, with an event
- * after it (no wait on the caller's thread), before the budgets are
- * applied; the worker waits for the event (bounded: else the job is
- * fatal) and writes the buffer; reaping gives the buffer back.
- *
- * A job whose write cannot be confirmed is fatal: it keeps its storage and
- * charge forever, the worker stops touching the Store (later jobs are
- * released unwritten), and the next reap poisons the handle.
- *
- * Invariants (under mu): pending_items = jobs queued + running + done (+
- * fatal); pending_bytes = sum of nbytes of storages with views_pending > 0.
+ * publish.c: encache_publish() (docs/behaviour.md, Publication), on the
+ * caller's thread: the view is checked (a matrix of a known dtype, inside
+ * its storage, the output of a candidate of the step under the contract
+ * it was looked up with), the step's lease of it goes with it, and the
+ * publisher (publisher.c) queues it or says why not.  Every skip is
+ * counted here.
  */
-#include "engine.h"
-#include "device.h"
+#include "publisher.h"
+#include "step.h"
 
-#include <inttypes.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
-
-int encache_storage_new(const void *base, uint64_t nbytes,
-                        void (*release)(void *ctx), void *ctx,
-                        encache_storage **out) {
-  if (out == NULL || (base == NULL && nbytes != 0))
-    return ENCACHE_EINVAL;
-  encache_storage *s = encache__calloc(1, sizeof(*s));
-  if (s == NULL)
-    return ENCACHE_ENOMEM;
-  s->refs = 1;
-  s->base = base;
-  s->nbytes = nbytes;
-  s->release = release;
-  s->ctx = ctx;
-  *out = s;
-  return 0;
-}
-
-void encache_storage_ref(encache_storage *s) {
-  if (s != NULL)
-    __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
-}
-
-void encache_storage_unref(encache_storage *s) {
-  if (s == NULL)
-    return;
-  if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) {
-    if (s->release != NULL)
-      s->release(s->ctx);
-    encache__free(s);
-  }
-}
-
-static void publish_gauges(encache *ec) {
-  __atomic_store_n(&ec->live->pending_items, ec->pending_items, __ATOMIC_RELAXED);
-  __atomic_store_n(&ec->live->pending_bytes, ec->pending_bytes, __ATOMIC_RELAXED);
-}
-
-/* ----------------------------------------------------------------- worker */
-
-static void set_why(job *j, const char *what, encache_store *st) {
-  snprintf(j->why, sizeof(j->why), "%s: %s", what, encache_store_errmsg(st));
-}
-
-/* Registers buffer [p, p + n) for the job's write when the Store needs
- * it; 0, or -1 (recoverable: the write is not issued). */
-static int register_part(encache_store *st, job *j, const void *p, size_t n,
-                         const char *what, int *registered) {
-  if (!(st->ops->caps & ENCACHE_STORE_CAP_REGISTER) || n == 0)
-    return 0;
-  int rc = st->ops->register_buffer(st, (void *)(uintptr_t)p, n);
-  if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
-    set_why(j, what, st);
-    return -1;
-  }
-  *registered = 1;
-  return 0;
-}
-
-/* Unregisters a registered part; a failure is fatal (the Store may still
- * use the memory). */
-static int unregister_part(encache_store *st, job *j, const void *p,
-                           int registered, const char *what) {
-  if (!registered)
-    return 0;
-  int rc = st->ops->unregister_buffer(st, (void *)(uintptr_t)p);
-  if (encache_store_classify(rc) == ENCACHE_ANSWER_OK)
-    return 0;
-  set_why(j, what, st);
-  return -1;
-}
-
-/* The job's existence check: JOB_PRESENT, JOB_FAILED, JOB_FATAL, or -1
- * (absent: write it). */
-static int job_exists(encache_store *st, job *j) {
-  const char *keys[1] = {j->key};
-  int present = 0;
-  int rc = st->ops->exists(st, keys, 1, &present);
-  int cls = encache_store_classify(rc);
-  if (cls == ENCACHE_ANSWER_OK)
-    cls = encache_store_classify(present);
-  if (cls == ENCACHE_ANSWER_RECOVERABLE) {
-    set_why(j, "existence check", st);
-    return JOB_FAILED;
-  }
-  if (cls == ENCACHE_ANSWER_ABSENT || (cls == ENCACHE_ANSWER_OK && present == 0))
-    return -1;
-  if (cls == ENCACHE_ANSWER_OK && present == 1)
-    return JOB_PRESENT;
-  set_why(j, "existence check unconfirmed", st);
-  return JOB_FATAL;
-}
-
-/* What the write's answer means for the job. */
-static int write_result(encache_store *st, job *j, int rc) {
-  switch (encache_store_classify(rc)) {
-  case ENCACHE_ANSWER_OK:
-    return JOB_WRITTEN;
-  case ENCACHE_ANSWER_EXISTS:
-    return JOB_PRESENT;
-  case ENCACHE_ANSWER_RECOVERABLE:
-  case ENCACHE_ANSWER_TOO_LARGE:
-    set_why(j, "write", st);
-    return JOB_FAILED;
-  default:
-    set_why(j, "write unconfirmed", st);
-    return JOB_FATAL;
-  }
-}
-
-/* Runs one job against the Store; returns an enum job_result.  A Store
- * whose write never replaces (ENCACHE_STORE_CAP_PUT_IF_ABSENT) answers
- * "already there" itself (ENCACHE_EEXIST): no existence check first. */
-static int run_job(encache *ec, job *j) {
-  encache_store *st = ec->store;
-  /* A CUDA output: its copy into the pinned buffer first (bounded). */
-  if (j->pinned != NULL &&
-      encache__pinned_wait(ec, j->pinned, j->why, sizeof(j->why)) < 0)
-    return JOB_FATAL;
-  int result = st->ops->caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT
-                   ? -1
-                   : job_exists(st, j);
-  if (result >= 0)
-    return result;
-  int reg_hdr = 0, reg_data = 0;
-  if (register_part(st, j, j->hdr, sizeof(j->hdr), "registering the header",
-                    &reg_hdr) < 0)
-    return JOB_FAILED; /* the write is not issued */
-  if (register_part(st, j, j->data, (size_t)j->nbytes,
-                    "registering the payload", &reg_data) < 0) {
-    result = JOB_FAILED;
-  } else {
-    uint64_t t0 = encache__fleet_clock(ec->fleet);
-    int rc = j->asked ? st->write_known(st, j->key, j->present, j->hdr,
-                                        sizeof(j->hdr), j->data,
-                                        (size_t)j->nbytes)
-                      : st->ops->write(st, j->key, j->hdr, sizeof(j->hdr),
-                                       j->data, (size_t)j->nbytes);
-    result = write_result(st, j, rc);
-    encache__fleet_observe(ec->fleet, ENCACHE__FLEET_WRITE, t0,
-                           result == JOB_WRITTEN ? sizeof(j->hdr) + j->nbytes
-                                                 : 0);
-    if (result == JOB_FATAL)
-      return result; /* keep everything registered and retained */
-  }
-  if (unregister_part(st, j, j->data, reg_data, "unregistering the payload") < 0 ||
-      unregister_part(st, j, j->hdr, reg_hdr, "unregistering the header") < 0)
-    return JOB_FATAL;
-  return result;
-}
-
-/* How the idle worker waits: for a while it polls (1 ms timed waits, up
- * to IDLE_POLLS of them) and publishers do not signal it, so that during
- * a burst of encoder steps encache_publish() never pays for a wake-up
- * system call; after that it sleeps until signalled. */
-#define IDLE_POLL_NS 1000000L
-#define IDLE_POLLS 200
-
-static void wait_for_work(encache *ec, int *polls) {
-  if (*polls < IDLE_POLLS) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += IDLE_POLL_NS;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-    (*polls)++;
-    pthread_cond_timedwait(&ec->work, &ec->mu, &ts);
-  } else {
-    ec->worker_waiting++; /* a count: several writers may sleep */
-    pthread_cond_wait(&ec->work, &ec->mu);
-    ec->worker_waiting--;
-  }
-}
-
-/* Takes j off the running list.  Under mu. */
-static void running_remove(encache *ec, job *j) {
-  for (job **pp = &ec->running; *pp != NULL; pp = &(*pp)->next)
-    if (*pp == j) {
-      *pp = j->next;
-      return;
-    }
-}
-
-static void *worker_main(void *arg) {
-  encache *ec = arg;
-  int polls = 0;
-  pthread_mutex_lock(&ec->mu);
-  for (;;) {
-    while (ec->queue_head == NULL && !ec->closing)
-      wait_for_work(ec, &polls);
-    polls = 0;
-    job *j = ec->queue_head;
-    if (j == NULL)
-      break; /* closing, and drained */
-    ec->queue_head = j->next;
-    if (ec->queue_head == NULL)
-      ec->queue_tail = NULL;
-    j->next = ec->running;
-    ec->running = j;
-    if (!ec->writers_fatal)
-      encache__ask_ahead(ec, j); /* may unlock and lock mu */
-    int fatal_seen = ec->writers_fatal;
-    pthread_mutex_unlock(&ec->mu);
-
-    int result;
-    if (fatal_seen || encache__is_poisoned(ec)) {
-      snprintf(j->why, sizeof(j->why), "not written: the handle is poisoned");
-      result = JOB_FAILED; /* the Store is not touched again */
-    } else {
-      result = run_job(ec, j);
-      /* Written (or there, or not written): the waiters may go on. */
-      if (result != JOB_FATAL)
-        encache__lease_end(ec, j->key, j->lease);
-    }
-
-    pthread_mutex_lock(&ec->mu);
-    if (result == JOB_FATAL)
-      ec->writers_fatal = 1;
-    j->result = result;
-    j->done = 1;
-    running_remove(ec, j);
-    j->next = ec->done_head;
-    ec->done_head = j;
-    if (ec->queue_head == NULL && ec->running == NULL)
-      pthread_cond_broadcast(&ec->idle);
-  }
-  pthread_cond_broadcast(&ec->idle);
-  pthread_mutex_unlock(&ec->mu);
-  return NULL;
-}
-
-/* How many writes to keep in flight: store_writes_in_flight, else the
- * Store's choice.  On a Store shared with other processes (a service or a
- * segment: a write waits on more than this CPU) ENCACHE__WRITERS; but one
- * whose calls wait by polling (ENCACHE_STORE_CAP_BUSY_WAIT) spends a CPU
- * per write in flight, taken from the transfers themselves: one (on
- * Mooncake over TCP with 2 cores, builds alternating on one Store: one
- * write in flight made 0.98 to 0.99 of raw put_from, two 0.65 to 0.78,
- * bench_mooncake (b)). */
-static unsigned writes_in_flight(const encache *ec) {
-  unsigned caps = ec->store->ops->caps;
-  if (ec->writes_in_flight > 0)
-    return ec->writes_in_flight;
-  return (caps & ENCACHE_STORE_CAP_SHARED) &&
-                 !(caps & ENCACHE_STORE_CAP_BUSY_WAIT)
-             ? ENCACHE__WRITERS
-             : 1;
-}
-
-/* Starts the worker and the other writers.  A writer that cannot start
- * leaves fewer writes in flight, nothing else. */
-int encache__publisher_start(encache *ec) {
-  int rc = pthread_create(&ec->worker, NULL, worker_main, ec);
-  if (rc != 0)
-    return -rc;
-  ec->worker_started = 1;
-  int more = (int)writes_in_flight(ec) - 1;
-  while (ec->nwriters < more &&
-         pthread_create(&ec->writers[ec->nwriters], NULL, worker_main, ec) == 0)
-    ec->nwriters++;
-  return 0;
-}
-
-void encache__publisher_stop(encache *ec) {
-  if (!ec->worker_started)
-    return;
-  pthread_mutex_lock(&ec->mu);
-  ec->closing = 1;
-  pthread_cond_broadcast(&ec->work);
-  pthread_mutex_unlock(&ec->mu);
-  pthread_join(ec->worker, NULL);
-  for (int i = 0; i < ec->nwriters; i++)
-    pthread_join(ec->writers[i], NULL);
-  ec->nwriters = 0;
-  ec->worker_started = 0;
-}
-
-/* ------------------------------------------------------------------- reap */
-
-int encache__reap(encache *ec) {
-  pthread_mutex_lock(&ec->mu);
-  job *done = ec->done_head;
-  ec->done_head = NULL;
-  job *release = NULL;
-  const char *fatal_why = NULL;
-  char why[400];
-  while (done != NULL) {
-    job *j = done;
-    done = j->next;
-    if (j->result == JOB_FATAL) {
-      /* Kept forever, with its charge and its storage. */
-      j->next = ec->fatal_jobs;
-      ec->fatal_jobs = j;
-      snprintf(why, sizeof(why), "%.160s (%.200s)", j->why, j->key);
-      fatal_why = why;
-      continue;
-    }
-    encache_storage *s = j->storage;
-    if (--s->views_pending == 0)
-      ec->pending_bytes -= s->nbytes;
-    ec->pending_items--;
-    j->next = release;
-    release = j;
-  }
-  publish_gauges(ec);
-  pthread_mutex_unlock(&ec->mu);
-
-  /* Outside the lock: counters, then the caller's release callbacks. */
-  while (release != NULL) {
-    job *j = release;
-    release = j->next;
-    switch (j->result) {
-    case JOB_WRITTEN: STAT_ADD(ec, published_written, 1); break;
-    case JOB_PRESENT: STAT_ADD(ec, published_present, 1); break;
-    default:
-      STAT_ADD(ec, published_failed, 1);
-      if (ec->log != NULL) { /* the Store's reason, on the caller's thread */
-        char msg[512];
-        snprintf(msg, sizeof(msg), "encache: %s not written: %s", j->key,
-                 j->why);
-        ec->log(ec->log_ctx, msg);
-      }
-      break;
-    }
-    if (j->pinned != NULL)
-      encache__pinned_release(ec, j->pinned);
-    encache_storage_unref(j->storage);
-    encache__free(j->key);
-    encache__free(j);
-  }
-  if (fatal_why != NULL)
-    return encache__poison(ec, "a publication's write is unconfirmed: %s",
-                           fatal_why);
-  return encache__is_poisoned(ec) ? ENCACHE_EPOISONED : 0;
-}
-
-int encache_flush(encache *ec) {
-  if (ec == NULL)
-    return ENCACHE_EINVAL;
-  if (!ec->enabled)
-    return 0;
-  pthread_mutex_lock(&ec->mu);
-  while (ec->queue_head != NULL || ec->running != NULL)
-    pthread_cond_wait(&ec->idle, &ec->mu);
-  pthread_mutex_unlock(&ec->mu);
-  return encache__reap(ec);
-}
-
-/* ---------------------------------------------------------------- publish */
 
 static int skip(encache *ec, int reason) {
   if (reason == ENCACHE_SKIP_MISMATCH) /* past the array frozen in 1.0 */
-    STAT_ADD(ec, published_mismatch, 1);
+    ENCACHE__COUNT(ec, published_mismatch, 1);
   else
-    STAT_ADD(ec, published_skipped[reason], 1);
+    ENCACHE__COUNT(ec, published_skipped[reason], 1);
   return reason;
 }
 
@@ -415,15 +33,6 @@ static int mismatched(const encache_step *step, const char *id,
                                     (uint64_t)view->shape[1]);
 }
 
-static int key_pending(const encache *ec, const char *key) {
-  const job *lists[3] = {ec->queue_head, ec->running, ec->done_head};
-  for (int l = 0; l < 3; l++)
-    for (const job *j = lists[l]; j != NULL; j = j->next)
-      if (strcmp(j->key, key) == 0)
-        return 1;
-  return 0;
-}
-
 /* Checks the view against its storage: 0 (hdr and *nbytes set) or a skip
  * reason. */
 static int check_view(const encache_tensor *view, const encache_storage *s,
@@ -438,94 +47,28 @@ static int check_view(const encache_tensor *view, const encache_storage *s,
     return ENCACHE_SKIP_NOT_MATRIX;
   encache_payload_size(view->dtype, (uint64_t)view->shape[0],
                        (uint64_t)view->shape[1], nbytes);
-  const unsigned char *data = view->data;
-  if (*nbytes > 0 &&
-      (data == NULL || data < s->base ||
-       (uint64_t)(data - s->base) > s->nbytes ||
-       *nbytes > s->nbytes - (uint64_t)(data - s->base)))
+  if (!encache__storage_holds(s, view->data, *nbytes))
     return ENCACHE_SKIP_OUTSIDE_STORAGE;
   return 0;
 }
 
-/* Queues j under the budgets: ENCACHE_QUEUED or a skip reason; with
- * dry_run, only says (a CUDA output checks before its copy). */
-static int enqueue(encache *ec, job *j, int dry_run) {
-  encache_storage *storage = j->storage;
-  pthread_mutex_lock(&ec->mu);
-  int reason = ENCACHE_QUEUED;
-  uint64_t charge = storage->views_pending == 0 ? storage->nbytes : 0;
-  if (ec->closing)
-    reason = ENCACHE_SKIP_CLOSED;
-  else if (key_pending(ec, j->key))
-    reason = ENCACHE_SKIP_PENDING;
-  else if (ec->pending_items + 1 > ec->max_items)
-    reason = ENCACHE_SKIP_OVER_ITEMS;
-  else if (charge > ec->max_bytes - ec->pending_bytes)
-    reason = ENCACHE_SKIP_OVER_BYTES;
-  if (reason == ENCACHE_QUEUED && !dry_run) {
-    __atomic_add_fetch(&storage->refs, 1, __ATOMIC_RELAXED);
-    storage->views_pending++;
-    ec->pending_bytes += charge;
-    ec->pending_items++;
-    j->seq = ++ec->job_seq;
-    if (ec->queue_tail != NULL)
-      ec->queue_tail->next = j;
-    else
-      ec->queue_head = j;
-    ec->queue_tail = j;
-    publish_gauges(ec);
-    /* Wake the worker only if it sleeps: a busy one finds the job, and
-     * the caller's thread is spared a system call. */
-    if (ec->worker_waiting)
-      pthread_cond_signal(&ec->work);
-  }
-  pthread_mutex_unlock(&ec->mu);
-  return reason;
-}
-
-/* Queues the job of view under key; its lease token goes with it. */
-static int publish_job(encache *ec, const char *id,
-                       const encache_tensor *view, encache_storage *storage,
-                       uint64_t lease) {
+/* Hands the publication of view under id's key to the publisher; its
+ * lease token goes with it. */
+static int publish_view(encache *ec, const char *id,
+                        const encache_tensor *view, encache_storage *storage,
+                        uint64_t lease) {
   unsigned char hdr[ENCACHE_HEADER_SIZE];
-  uint64_t nbytes;
-  int reason = check_view(view, storage, hdr, &nbytes);
+  encache__publication pb = {.storage = storage, .data = view->data,
+                             .hdr = hdr, .lease = lease};
+  int reason = check_view(view, storage, hdr, &pb.nbytes);
   if (reason != 0)
     return skip(ec, reason);
-  job *j = encache__calloc(1, sizeof(*j));
-  char *key = encache__make_key(ec, id);
-  if (j == NULL || key == NULL) {
-    encache__free(j);
-    encache__free(key);
+  if ((pb.key = encache__make_key(ec, id)) == NULL)
     return encache__fail(ec, ENCACHE_ENOMEM, "publish: out of memory");
-  }
-  j->key = key;
-  j->lease = lease;
-  j->storage = storage;
-  j->data = view->data;
-  j->nbytes = nbytes;
-  memcpy(j->hdr, hdr, sizeof(hdr));
-  if (view->device != ENCACHE_DEVICE_HOST) { /* device.c */
-    if ((reason = enqueue(ec, j, 1)) != ENCACHE_QUEUED ||
-        (reason = encache__device_publish_begin(ec, view, nbytes,
-                                                &j->pinned)) != 0) {
-      encache__free(key);
-      encache__free(j);
-      return reason < 0 ? reason : skip(ec, reason);
-    }
-    j->data = encache__pinned_data(j->pinned);
-  }
-  if ((reason = enqueue(ec, j, 0)) != ENCACHE_QUEUED) {
-    if (j->pinned != NULL)
-      encache__pinned_release(ec, j->pinned);
-    encache__free(key);
-    encache__free(j);
-    return skip(ec, reason);
-  }
-  STAT_ADD(ec, published_queued, 1);
-  if (j->pinned != NULL)
-    STAT_ADD(ec, device_published, 1);
-  return ENCACHE_QUEUED;
+  if (view->device != ENCACHE_DEVICE_HOST)
+    pb.device = view;
+  int rc = encache__publisher_submit(ec, &pb);
+  return rc > 0 ? skip(ec, rc) : rc;
 }
 
 int encache_publish(encache_step *step, const char *id,
@@ -556,7 +99,7 @@ int encache_publish(encache_step *step, const char *id,
   /* The step's lease of this output (single flight) goes with the job,
    * which ends it once written; not queued, it ends now. */
   uint64_t token = encache__lease_slot_set(ec, lease, 0);
-  rc = publish_job(ec, id, &full, storage, token);
+  rc = publish_view(ec, id, &full, storage, token);
   if (rc != ENCACHE_QUEUED && token != 0) {
     char *key = encache__make_key(ec, id);
     if (key != NULL) /* out of memory: it ends at its deadline */

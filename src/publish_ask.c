@@ -9,14 +9,14 @@
  * none outlives its job.  The question is vLLM's (present only on 1),
  * asked a few writes earlier.
  */
-#include "engine.h"
+#include "publish_ask.h"
 
 #include <string.h>
 
 #define ASK_AHEAD 32
 
 typedef struct ask {
-  job *jobs[ASK_AHEAD];
+  encache__job *jobs[ASK_AHEAD];
   uint64_t seqs[ASK_AHEAD]; /* each job's seq: its address may be reused */
   const char *keys[ASK_AHEAD];
   int present[ASK_AHEAD];
@@ -28,13 +28,13 @@ typedef struct ask {
 /* Under mu: j (just taken) and the queued jobs behind it that nobody has
  * asked for, marked as being asked.  Returns 1 when there is something
  * worth asking (two keys or more), else 0 (nothing marked). */
-static int ask_collect(encache *ec, job *j, ask *a) {
+static int ask_collect(encache *ec, encache__job *j, ask *a) {
   size_t len = 0, k = 0;
   a->n = 0;
   if (ec->store->write_known == NULL || j->asked || j->asking)
     return 0;
-  for (job *q = j; q != NULL && k < ASK_AHEAD;
-       q = q == j ? ec->queue_head : q->next)
+  for (encache__job *q = j; q != NULL && k < ASK_AHEAD;
+       q = q == j ? ec->pub->queue_head : q->next)
     if (!q->asked && !q->asking)
       a->jobs[k++] = q, len += strlen(q->key) + 1;
   char *at = a->text = k > 1 ? encache__malloc(len) : NULL;
@@ -52,8 +52,9 @@ static int ask_collect(encache *ec, job *j, ask *a) {
 /* Under mu: whether the job at q, queued as number seq, is still queued
  * (a job taken meanwhile may be gone, and another queued at its
  * address: the seq tells them apart). */
-static int still_queued(const encache *ec, const job *q, uint64_t seq) {
-  for (const job *p = ec->queue_head; p != NULL; p = p->next)
+static int still_queued(const encache *ec, const encache__job *q,
+                        uint64_t seq) {
+  for (const encache__job *p = ec->pub->queue_head; p != NULL; p = p->next)
     if (p == q)
       return p->seq == seq;
   return 0;
@@ -63,9 +64,9 @@ static int still_queued(const encache *ec, const job *q, uint64_t seq) {
  * exists() call's: a failed call answers every key "not known present"
  * (ENCACHE_EUNAVAIL), so that each write goes on to its put as vLLM's
  * does after a failed check, without asking again. */
-static void ask_deliver(encache *ec, job *j, ask *a, int rc) {
+static void ask_deliver(encache *ec, encache__job *j, ask *a, int rc) {
   for (size_t i = 0; i < a->n; i++) {
-    job *q = a->jobs[i];
+    encache__job *q = a->jobs[i];
     if (q != j && !still_queued(ec, q, a->seqs[i]))
       continue; /* taken by another writer (maybe gone): it asked */
     q->asking = 0;
@@ -75,13 +76,13 @@ static void ask_deliver(encache *ec, job *j, ask *a, int rc) {
   encache__free(a->text);
 }
 
-void encache__ask_ahead(encache *ec, job *j) {
+void encache__ask_ahead(encache *ec, encache__job *j) {
   ask a;
   if (encache__is_poisoned(ec) || !ask_collect(ec, j, &a))
     return; /* a poisoned handle touches the Store no more */
-  pthread_mutex_unlock(&ec->mu);
+  pthread_mutex_unlock(&ec->pub->mu);
   encache_store *st = ec->store;
   int rc = st->ops->exists(st, a.keys, a.n, a.present);
-  pthread_mutex_lock(&ec->mu);
+  pthread_mutex_lock(&ec->pub->mu);
   ask_deliver(ec, j, &a, rc);
 }

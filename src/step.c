@@ -19,7 +19,7 @@
  * the lookup and later lookups on the step: pointers into a growing
  * buffer would not.
  */
-#include "engine.h"
+#include "step.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -59,7 +59,7 @@ int encache_step_open(encache *ec, encache_step **out) {
   s->slot = slot;
   ec->steps[slot] = s;
   ec->nsteps++;
-  STAT_ADD(ec, steps_open, 1);
+  ENCACHE__COUNT(ec, steps_open, 1);
   *out = s;
   return 0;
 }
@@ -184,6 +184,19 @@ uint64_t encache__steps_lease_of(const encache *ec, const encache_step *except,
   return 0;
 }
 
+void encache__leases_end(encache_step *step) {
+  encache *ec = step->ec;
+  for (size_t i = 0; i < step->n; i++) {
+    if (step->lease == NULL || step->lease[i] == 0)
+      continue;
+    char *key = encache__make_key(ec, step->text + step->off[i]);
+    uint64_t token = encache__lease_slot_set(ec, &step->lease[i], 0);
+    if (key != NULL) /* out of memory: it ends at its deadline */
+      encache__lease_end(ec, key, token);
+    encache__free(key);
+  }
+}
+
 void encache__step_add(encache_step *s, const encache_candidate *c,
                        uint64_t hash) {
   const char *id = c->id;
@@ -197,4 +210,11 @@ void encache__step_add(encache_step *s, const encache_candidate *c,
   s->contract[s->n] = (struct step_contract){c->dtype, c->rows, c->cols};
   s->off[s->n++] = s->text_len;
   s->text_len += len;
+}
+
+int encache_step_set_stream(encache_step *step, void *stream) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  step->stream = stream;
+  return 0;
 }

@@ -10,6 +10,9 @@
 #include "store_util.h"
 
 #include "engine.h"
+#include "lookup_read.h"
+#include "publish_job.h"
+#include "publisher.h"
 #include "fault_store.h"
 
 #include <pthread.h>
@@ -216,10 +219,10 @@ static size_t ref_object(const char *id, unsigned char *obj) {
 
 /* Waits until the worker has finished every job (without reaping). */
 static void wait_worker_idle(encache *ec) {
-  pthread_mutex_lock(&ec->mu);
-  while (ec->queue_head != NULL || ec->running != NULL)
-    pthread_cond_wait(&ec->idle, &ec->mu);
-  pthread_mutex_unlock(&ec->mu);
+  pthread_mutex_lock(&ec->pub->mu);
+  while (ec->pub->queue_head != NULL || ec->pub->running != NULL)
+    pthread_cond_wait(&ec->pub->idle, &ec->pub->mu);
+  pthread_mutex_unlock(&ec->pub->mu);
 }
 
 /* ------------------------------------------------------------ the cases */
@@ -888,12 +891,12 @@ TEST(engine_case14_two_views_charged_once) {
     fault_pass_writes(&e.ctl, 1);
     fault_wait_finished(&e.ctl, 1);
     fault_wait_held(&e.ctl, 1);
-    pthread_mutex_lock(&ec->mu);
-    int w1_done = ec->done_head != NULL && ec->done_head->next == NULL &&
-                  strcmp(ec->done_head->key + strlen(ec->done_head->key) - 2,
+    pthread_mutex_lock(&ec->pub->mu);
+    int w1_done = ec->pub->done_head != NULL && ec->pub->done_head->next == NULL &&
+                  strcmp(ec->pub->done_head->key + strlen(ec->pub->done_head->key) - 2,
                          "w1") == 0;
-    int w2_running = ec->running != NULL && ec->queue_head == NULL;
-    pthread_mutex_unlock(&ec->mu);
+    int w2_running = ec->pub->running != NULL && ec->pub->queue_head == NULL;
+    pthread_mutex_unlock(&ec->pub->mu);
     ASSERT(w1_done);
     ASSERT(w2_running);
     /* Reap the first only: the storage stays charged and retained. */
@@ -1012,9 +1015,9 @@ TEST(engine_case16_shutdown_drains) {
   pthread_create(&th, NULL, close_thread, &c);
   /* Once closing, later publications are refused. */
   for (;;) {
-    pthread_mutex_lock(&ec->mu);
-    int closing = ec->closing;
-    pthread_mutex_unlock(&ec->mu);
+    pthread_mutex_lock(&ec->pub->mu);
+    int closing = ec->pub->closing;
+    pthread_mutex_unlock(&ec->pub->mu);
     if (closing)
       break;
     usleep(1000);

@@ -13,6 +13,7 @@
 #include "runner.h"
 
 #include "engine.h"
+#include "lookup_read.h"
 #include "fault_store.h"
 
 #include <dlfcn.h>

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * core.h: the engine handle's core (core.c), the bottom floor of the
+ * engine: the handle's fields, its message and poison, keys, counters and
+ * the lease calls the lookup and the publisher both make.  It stands on
+ * the Store layer and nothing of the engine; every other engine file
+ * stands on it (docs/development.md, "Where things live").
+ *
+ * Ownership: the publisher's state is its own (publisher.c, behind
+ * `pub`), as are the device state (device.c, `dev`) and the registry slot
+ * (fleet.c, `fleet`).  Every other field belongs to the caller's thread
+ * (steps, lookup, publish and close are not concurrent by contract),
+ * except `poisoned` and the counters, atomics readable from any thread.
+ */
+#ifndef ENCACHE_CORE_H
+#define ENCACHE_CORE_H
+
+#include "internal.h"
+#include "store.h"
+
+struct encache__publisher;
+struct encache__device;
+struct encache__fleet;
+
+struct encache {
+  int enabled;
+  encache_store *store;
+  char *ns;
+  /* The publisher's options (publisher.c reads them at start). */
+  uint64_t max_items, max_bytes;
+  unsigned writes_in_flight; /* store_writes_in_flight; 0: the Store's */
+  /* Single flight (lease.c): on when the option is and the Store has
+   * leases (ENCACHE_STORE_CAP_LEASE). */
+  int single_flight;
+  uint32_t lease_ttl_ms;
+  uint64_t lease_wait_ms;
+  /* Leases its steps hold, not yet handed to a publication (the step
+   * slots that are not 0).  While there are any, a lookup does not wait
+   * for other encoders: they may be waiting for these. */
+  uint64_t leases_held;
+  void (*log)(void *ctx, const char *message);
+  void *log_ctx;
+  char errmsg[512]; /* the handle's one message (encache__fail) */
+  int poisoned;     /* atomic */
+
+  /* Read path (lookup.c, lookup_read.c). */
+  uint64_t read_buf_bytes;
+  unsigned char *staging;
+  int staging_registered;
+  unsigned char *scratch; /* the lookup plan's arrays, reused */
+  size_t scratch_cap;
+  /* Open steps (step.c): slots of steps[], nsteps in use (NULL = free). */
+  struct encache_step *steps[ENCACHE_MAX_STEPS];
+  size_t nsteps;
+
+  struct encache__publisher *pub; /* NULL until started */
+  /* The publisher's reap (publisher.c sets it at start; NULL: none): the
+   * read path reaps finished jobs through the core, so that lookup and
+   * publication stand side by side (encache__reap_finished). */
+  int (*reap)(encache *ec);
+
+  /* CUDA devices (device.c): the options, and the state (streams,
+   * events, the pinned pool), NULL until first used. */
+  uint64_t pinned_pool_max, device_timeout_ms;
+  struct encache__device *dev;
+
+  encache_stats stats; /* fields updated atomically */
+  encache *next_buried; /* see bury() in engine.c */
+
+  /* The handle's slot of the statistics registry (fleet.c; NULL: none),
+   * and where the handle counts: its slot's counters, else `stats` (set
+   * at open, back to `stats` before the slot is freed). */
+  struct encache__fleet *fleet;
+  encache_stats *live;
+  char *fleet_segment, *fleet_encoder; /* stats_segment, encoder_name */
+};
+
+/* Adds v to counter `field` of the handle (ec->live's). */
+#define ENCACHE__COUNT(ec, field, v)                                         \
+  __atomic_add_fetch(&(ec)->live->field, (v), __ATOMIC_RELAXED)
+
+/* Records the handle's message and returns rc. */
+int encache__fail(encache *ec, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Poisons the handle (sticky) with a message; returns ENCACHE_EPOISONED. */
+int encache__poison(encache *ec, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int encache__is_poisoned(const encache *ec);
+
+/* Builds NAMESPACE "@id:" id in a fresh allocation; NULL on OOM. */
+char *encache__make_key(const encache *ec, const char *id);
+uint64_t encache__hash_id(const char *id);
+
+/* Leases (single flight, docs/engine.md): a random token, never 0. */
+uint64_t encache__lease_token(void);
+/* Ends the lease of key held by token (0: none) on ec's Store; a failure
+ * is counted and left to the lease's deadline.  Any thread. */
+void encache__lease_end(encache *ec, const char *key, uint64_t token);
+/* Sets a step's lease slot (0 ends nothing: it forgets), keeping
+ * ec->leases_held right; returns the token it held. */
+uint64_t encache__lease_slot_set(encache *ec, uint64_t *slot, uint64_t token);
+
+/* Releases the publisher's finished jobs, if it has started: 0, or
+ * ENCACHE_EPOISONED (a write was unconfirmed). */
+static inline int encache__reap_finished(encache *ec) {
+  if (ec->reap != NULL)
+    return ec->reap(ec);
+  return encache__is_poisoned(ec) ? ENCACHE_EPOISONED : 0;
+}
+
+/* The minimum accepted sizes of the caller's structs: their size at API
+ * 1.0 (see encache__struct_in()). */
+#define ENCACHE__OPTIONS_MIN sizeof(encache_options)
+#define ENCACHE__CANDIDATE_MIN sizeof(encache_candidate)
+#define ENCACHE__RESULT_MIN offsetof(encache_result, why) /* 1.0 had no why */
+#define ENCACHE__ALLOCATOR_MIN offsetof(encache_allocator, headroom)
+#define ENCACHE__STATS_MIN offsetof(encache_stats, in_flight) /* 1.0's */
+
+#endif
