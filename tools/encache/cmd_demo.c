@@ -15,7 +15,7 @@
  */
 #include "demo.h"
 #include "measure.h"
-#include "tool.h"
+#include "commands.h"
 
 #include "encache.h"
 

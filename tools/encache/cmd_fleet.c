@@ -13,7 +13,7 @@
  * handling; each section is short and stands alone.)
  */
 #include "fleet_out.h"
-#include "tool.h"
+#include "commands.h"
 
 #include "encache.h"
 

@@ -4,7 +4,7 @@
  * on any Store URL (--store, $ENCACHE_STORE, else the default shm Store).
  */
 #include "fleet_out.h"
-#include "tool.h"
+#include "commands.h"
 
 #include "encache.h"
 
