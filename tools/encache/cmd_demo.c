@@ -10,8 +10,8 @@
  * against a fresh encode.  The same workload then runs without encache
  * (the baseline) for comparison.
  *
- * This file holds the command: its options and the report.  The parts
- * are listed in demo.h.
+ * This file holds the command: its options and the report.  The parts it
+ * calls are the demo's library, tools/demo/ (listed in its demo.h).
  */
 #include "demo.h"
 #include "measure.h"

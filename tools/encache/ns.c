@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ns.c: the namespace options shared by key, purge, lookup and publish
- * (model, prefix or vLLM config, revision, encoder field, dtype), the
- * namespace they name, and the engine handle they open.
+ * ns.c: the namespace options shared by key, purge, lookup, publish and
+ * config check (model, prefix or vLLM config, revision, encoder field,
+ * dtype), the namespace they name, and the engine handle they open
+ * (ns.h).
  */
 #include "ns.h"
 
