@@ -1,45 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * config/config.c: the configuration handle: creation, messages, the
- * listing of effective options, unknown members and warnings, the
- * deployment rules and the namespace.
- *
- * Invariants:
- *   - cfg->vals[i] always holds a valid value for option i: either its
- *     default (given == 0) or what the input or a setter said (given == 1),
- *     and cfg->opts is the typed view of cfg->vals (encache__config_sync).
- *   - A load parses into a scratch copy and swaps it in only when the
- *     whole section is valid, and a setter stores only a checked value,
- *     so a failed call leaves cfg unchanged.
+ * config/config.c: the configuration handle's entry points: creation and
+ * freeing, sizes, the deployment rules, the listing of effective
+ * options, unknown members and warnings, and the namespace.  The
+ * handle's invariants and its message are in handle.h.
  */
-#include "config/config.h"
+#include "config/json.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-/* ------------------------------------------------------------ messages */
-
-int encache__config_fail(encache_config *cfg, int rc, const char *fmt, ...) {
-  if (cfg == NULL)
-    return rc;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cfg->errmsg, sizeof(cfg->errmsg), fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-int encache__config_oom(encache_config *cfg) {
-  return encache__config_fail(cfg, ENCACHE_ENOMEM, "out of memory");
-}
-
-void encache__config_clear_error(encache_config *cfg) { cfg->errmsg[0] = '\0'; }
-
-const char *encache_config_errmsg(const encache_config *cfg) {
-  return cfg != NULL ? cfg->errmsg : "";
-}
 
 /* --------------------------------------------------------------- handle */
 
@@ -131,9 +102,8 @@ int encache_config_check_deployment(encache_config *cfg,
                                 "encache_deployment: size %zu is not one this "
                                 "library knows (at least %zu)",
                                 given->size, sizeof(d));
-  encache__config_clear_error(cfg);
   if (!cfg->opts.cross_encoder_cache)
-    return 0;
+    return encache__config_done(cfg, 0);
   if (!(d.mm_processor_cache_gb > 0))
     return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                 "mm_processor_cache_gb: is %g, so identifiers "
@@ -158,7 +128,7 @@ int encache_config_check_deployment(encache_config *cfg,
                                 "dynamic_lora: is on; cross_encoder_cache does "
                                 "not support dynamic LoRA (outputs would "
                                 "depend on the adapter)");
-  return 0;
+  return encache__config_done(cfg, 0);
 }
 
 /* -------------------------------------------------------------- listing */

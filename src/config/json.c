@@ -1,41 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * config/json.c: JSON members into values, a section loaded atomically
- * (parsed into a scratch copy, swapped in only when the whole section is
- * valid), and the vLLM ec-transfer-config.
- *
- * Unknown members are collected, never refused: vLLM ignores them too,
- * and a fleet may run a newer encache beside an older one.
+ * config/json.c: JSON members into values, an option's default, a
+ * section parsed into a scratch copy (committed by the caller only when
+ * the whole section is valid) and a JSON text read as vLLM reads it
+ * (json.h).
  */
-#include "config/config.h"
+#include "config/json.h"
+#include "config/python.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-const char *encache__json_kind(const json_t *j) {
-  switch (json_typeof(j)) {
-  case JSON_OBJECT:
-    return "an object";
-  case JSON_ARRAY:
-    return "an array";
-  case JSON_STRING:
-    return "a string";
-  case JSON_INTEGER:
-    return "an integer";
-  case JSON_REAL:
-    return "a float";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "a boolean";
-  case JSON_NULL:
-    return "null";
-  }
-  return "a value";
-}
-
-/* The input value as short JSON text, for messages. */
 void encache__json_brief(const json_t *j, char *buf, size_t size) {
   char *s = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
   if (s == NULL) {
@@ -244,6 +221,21 @@ int encache__json_decode(encache_config *cfg, const opt_def *o, const json_t *j,
   return ENCACHE_EINVAL;
 }
 
+int encache__value_default(const opt_def *o, value *v) {
+  memset(v, 0, sizeof(*v));
+  if (o->def != NULL) {
+    json_t *j = json_loads(o->def, JSON_DECODE_ANY, NULL);
+    const char *odd;
+    int rc = j == NULL ? ENCACHE_ENOMEM
+                       : encache__json_decode(NULL, o, j, v, o->def, &odd);
+    json_decref(j);
+    if (rc < 0)
+      return rc;
+    v->given = 0;
+  }
+  return encache__value_render(o, v);
+}
+
 /* Sets v from member j of option o, or fails naming the option. */
 static int value_from_json(encache_config *cfg, const opt_def *o,
                            const json_t *j, value *v) {
@@ -332,8 +324,6 @@ static int load_member(encache_config *cfg, scratch *s, enum section sec,
   return value_from_json(cfg, o, j, v);
 }
 
-/* Reads the members of object `obj` as section `sec` into s.  A member
- * named `skip` (may be NULL) is the caller's. */
 int encache__load_section(encache_config *cfg, scratch *s, enum section sec,
                           const json_t *obj, const char *skip) {
   const char *name;
@@ -349,10 +339,9 @@ int encache__load_section(encache_config *cfg, scratch *s, enum section sec,
     if (rc < 0)
       return rc;
   }
-  return encache__section_check(cfg, s->vals, sec);
+  return 0;
 }
 
-/* Moves the scratch values and unknowns of section `sec` into cfg. */
 void encache__commit_section(encache_config *cfg, scratch *s,
                              enum section sec) {
   for (int i = 0; i < NOPTS; i++) {
@@ -482,49 +471,4 @@ json_t *encache__json_object(encache_config *cfg, const char *json, size_t len,
     return NULL;
   }
   return root;
-}
-
-int encache_config_load_ec(encache_config *cfg, const char *json, size_t len) {
-  static const char extra_name[] = "ec_connector_extra_config";
-  int rc = 0;
-  if (cfg == NULL)
-    return ENCACHE_EINVAL;
-  if (json == NULL)
-    return encache__config_fail(cfg, ENCACHE_EINVAL,
-                                "ec_transfer_config: no JSON given");
-  char *warn;
-  json_t *root =
-      encache__json_object(cfg, json, len, "ec_transfer_config", &rc, &warn);
-  if (root == NULL)
-    return rc;
-  scratch s;
-  memset(&s, 0, sizeof(s));
-  json_t *extra = json_object_get(root, extra_name);
-  json_t *empty = extra != NULL ? NULL : json_object();
-  if (extra != NULL && !json_is_object(extra)) {
-    char got[80];
-    encache__json_brief(extra, got, sizeof(got));
-    rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
-                              "ec_transfer_config.%s: must be an object, got "
-                              "%s %s",
-                              extra_name, encache__json_kind(extra), got);
-  } else if (extra == NULL && empty == NULL) {
-    rc = encache__config_oom(cfg);
-  }
-  if (rc == 0)
-    rc = encache__load_section(cfg, &s, SEC_EC, root, extra_name);
-  if (rc == 0)
-    rc = encache__load_section(cfg, &s, SEC_EXTRA, extra ? extra : empty, NULL);
-  if (rc == 0) {
-    encache__commit_section(cfg, &s, SEC_EC);
-    encache__commit_section(cfg, &s, SEC_EXTRA);
-    encache__json_warn_set(cfg, 0, warn);
-    warn = NULL;
-    encache__config_clear_error(cfg);
-  }
-  encache__free(warn);
-  json_decref(empty);
-  encache__scratch_free(&s);
-  json_decref(root);
-  return rc;
 }

@@ -4,7 +4,7 @@
  * that encache reads the JSON as a vLLM encoder does: str.strip(), str()
  * of a float and of a key field, _parse_size, _normalize_tenant_id.
  */
-#include "config/config.h"
+#include "config/python.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -12,6 +12,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+const char *encache__json_kind(const json_t *j) {
+  switch (json_typeof(j)) {
+  case JSON_OBJECT:
+    return "an object";
+  case JSON_ARRAY:
+    return "an array";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+    return "an integer";
+  case JSON_REAL:
+    return "a float";
+  case JSON_TRUE:
+  case JSON_FALSE:
+    return "a boolean";
+  case JSON_NULL:
+    return "null";
+  }
+  return "a value";
+}
 
 /* Python's str.isspace() for ASCII, which is what str.strip() removes
  * (other Unicode spaces are not stripped here). */

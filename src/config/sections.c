@@ -2,9 +2,10 @@
 /*
  * config/sections.c: the rules between options of a section (required
  * options, ec_role with ec_connector, Mooncake's mode against its
- * segment), the Mooncake client JSON, and the derived local hostname.
+ * segment) and the derived local hostname.
  */
-#include "config/config.h"
+#include "config/sections.h"
+#include "config/python.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -134,103 +135,4 @@ int encache__derive_hostname(encache_config *cfg, value *vals) {
   encache__value_clear(host);
   *host = v;
   return 0;
-}
-
-int encache_config_load_mooncake(encache_config *cfg, const char *json,
-                                 size_t len, const char *origin) {
-  int rc = 0;
-  char what[512];
-  if (cfg == NULL)
-    return ENCACHE_EINVAL;
-  snprintf(what, sizeof(what), "mooncake config%s%s", origin ? " " : "",
-           origin ? origin : "");
-  if (json == NULL)
-    return encache__config_fail(cfg, ENCACHE_EINVAL, "%s: no JSON given", what);
-  char *warn;
-  json_t *root = encache__json_object(cfg, json, len, what, &rc, &warn);
-  if (root == NULL)
-    return rc;
-  scratch s;
-  memset(&s, 0, sizeof(s));
-  rc = encache__load_section(cfg, &s, SEC_MOONCAKE, root, NULL);
-  if (rc == 0)
-    rc = encache__derive_hostname(cfg, s.vals);
-  if (rc == 0) {
-    encache__commit_section(cfg, &s, SEC_MOONCAKE);
-    cfg->mooncake_loaded = 1;
-    encache__json_warn_set(cfg, 1, warn);
-    warn = NULL;
-    encache__config_clear_error(cfg);
-  }
-  encache__free(warn);
-  encache__scratch_free(&s);
-  json_decref(root);
-  return rc;
-}
-
-int encache_config_load_mooncake_file(encache_config *cfg, const char *path) {
-  if (cfg == NULL)
-    return ENCACHE_EINVAL;
-  if (path == NULL) {
-    path = getenv("MOONCAKE_CONFIG_PATH");
-    if (path == NULL || path[0] == '\0')
-      return encache__config_fail(
-          cfg, ENCACHE_ECONFIG,
-          "MOONCAKE_CONFIG_PATH: not set (it must name the Mooncake "
-          "client JSON file)");
-  }
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) {
-    int e = errno;
-    return encache__config_fail(cfg, -e, "mooncake config %s: %s", path,
-                                strerror(e));
-  }
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  int rc = 0;
-  for (;;) {
-    if (len == cap) {
-      if (cap >= (size_t)64 << 20) {
-        rc = encache__config_fail(cfg, ENCACHE_ECONFIG,
-                                  "mooncake config %s: larger than 64 MiB",
-                                  path);
-        break;
-      }
-      cap = cap ? cap * 2 : 4096;
-      char *nb = encache__realloc(buf, cap);
-      if (nb == NULL) {
-        rc = encache__config_oom(cfg);
-        break;
-      }
-      buf = nb;
-    }
-    size_t n = fread(buf + len, 1, cap - len, f);
-    len += n;
-    if (n == 0) {
-      if (ferror(f))
-        rc = encache__config_fail(cfg, ENCACHE_EIO,
-                                  "mooncake config %s: read error", path);
-      break;
-    }
-  }
-  fclose(f);
-  if (rc == 0)
-    rc = encache_config_load_mooncake(cfg, buf, len, path);
-  encache__free(buf);
-  return rc;
-}
-
-int encache_config_validate(encache_config *cfg) {
-  if (cfg == NULL)
-    return ENCACHE_EINVAL;
-  int rc = encache__section_check(cfg, cfg->vals, SEC_EC);
-  if (rc == 0 && cfg->mooncake_loaded) {
-    rc = encache__section_check(cfg, cfg->vals, SEC_MOONCAKE);
-    if (rc == 0 && !cfg->vals[ENCACHE_OPT_LOCAL_HOSTNAME].set)
-      rc = encache__derive_hostname(cfg, cfg->vals);
-  }
-  encache__config_sync(cfg);
-  if (rc == 0)
-    encache__config_clear_error(cfg);
-  return rc;
 }

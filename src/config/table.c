@@ -4,7 +4,7 @@
  * part reads (section, name, kind, default, rule, doc, and where the
  * option lives in encache__opts), and the public metadata by id.
  */
-#include "config/config.h"
+#include "config/table.h"
 
 #include <stddef.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * Prints a table (or JSON) and can draw an SVG chart.  The timing is the
  * benchmarks' measuring core (bench/measure.h).
  */
-#include "tool.h"
+#include "commands.h"
 
 #include "encache.h"
 

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* encache config check: validates and prints the effective configuration. */
-#include "tool.h"
+#include "cmd_config_ns.h"
+#include "commands.h"
+#include "ns.h"
 
 #include "encache.h"
 

@@ -7,7 +7,8 @@
  * the same model field do (an encache encoder beside vLLM ones that
  * shares nothing because a field differs: issue 27).
  */
-#include "tool.h"
+#include "cmd_config_ns.h"
+#include "ns.h"
 
 #include "encache.h"
 

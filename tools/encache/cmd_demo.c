@@ -10,12 +10,12 @@
  * against a fresh encode.  The same workload then runs without encache
  * (the baseline) for comparison.
  *
- * This file holds the command: its options and the report.  The parts
- * are listed in demo.h.
+ * This file holds the command: its options and the report.  The parts it
+ * calls are the demo's library, tools/demo/ (listed in its demo.h).
  */
 #include "demo.h"
 #include "measure.h"
-#include "tool.h"
+#include "commands.h"
 
 #include "encache.h"
 
@@ -426,7 +426,7 @@ static void hosts_clean(const demo_opts *o, const char *shown,
       encache_shm_destroy(seg);
 }
 
-/* --burst (demo_burst.c) on url, then its objects removed (or the
+/* --burst (tools/demo/demo_burst.c) on url, then its objects removed (or the
  * demo's own segment destroyed); the exit status. */
 static int run_burst(demo_opts *o, image_set *set, const char *url,
                      const char *shown, const char *own_name, int json) {
@@ -441,6 +441,74 @@ static int run_burst(demo_opts *o, image_set *set, const char *url,
   return rc == 0 ? EXIT_OK : EXIT_FAIL;
 }
 
+/* The Store of the run: the one given, or a private shm segment sized
+ * for every output twice over (its name in own_name, its URL in
+ * own_url). */
+static const char *demo_store(const tool_globals *g, const demo_opts *o,
+                              const image_set *set, char own_url[160],
+                              char own_name[64]) {
+  if (g->store_url != NULL)
+    return g->store_url;
+  uint64_t out_bytes = (uint64_t)o->tokens * (uint64_t)o->hidden *
+                       encache_dtype_size(o->dtype);
+  uint64_t need = (out_bytes + 4096) * (uint64_t)set->n * 2 + (16u << 20);
+  snprintf(own_name, 64, "encache-demo-%d", (int)getpid());
+  snprintf(own_url, 160, "shm://%s?size=%" PRIu64, own_name, need);
+  encache_shm_destroy(own_name);
+  return own_url;
+}
+
+/* The fleet with the cache (and the baseline without it) on o->store_url,
+ * in a namespace of this run's own so that hits are this run's; then its
+ * objects removed (or the demo's own segment destroyed) and the summary
+ * printed.  Frees set; the exit status. */
+static int run_fleet(demo_opts *o, image_set *set, const char *shown,
+                     const char *own_name, int json) {
+  char revision[64];
+  snprintf(revision, sizeof(revision), "run-%d-%ld", (int)getpid(),
+           (long)time(NULL));
+  phase cached, base;
+  int rc = demo_fleet_run(o, set, 1, revision, &cached);
+  if (rc == 0 && cached.failed) {
+    /* An encoder said why (above); a baseline and a summary would only
+     * hide it. */
+    fprintf(stderr, "encache demo: an encoder failed (see above): stopped\n");
+    demo_phase_free(&cached);
+    rc = 1;
+  }
+  int baseline_ok =
+      rc == 0 && o->baseline && demo_fleet_run(o, set, 0, revision, &base) == 0;
+  if (own_name[0])
+    encache_shm_destroy(own_name);
+  else
+    hosts_clean(o, shown, revision);
+  if (rc != 0) {
+    if (rc < 0)
+      fprintf(stderr, "encache demo: could not start the encoders\n");
+    demo_images_free(set);
+    return EXIT_FAIL;
+  }
+  int verified_ok = cached.total.verify_failed == 0 && !cached.total.poisoned;
+  figures f = compute(&cached, baseline_ok ? &base : NULL);
+  (json ? summary_json : summary_text)(o, shown, set, &cached.total,
+                                       baseline_ok ? &base : NULL, &f,
+                                       verified_ok);
+  fflush(stdout);
+  int exit_code = EXIT_OK;
+  if (cached.failed || !verified_ok) {
+    fprintf(stderr, "encache demo: %s\n",
+            !verified_ok ? "VERIFICATION FAILED: a hit differed from a fresh "
+                           "encode (see above)"
+                         : "an encoder failed (see above)");
+    exit_code = EXIT_FAIL;
+  }
+  demo_phase_free(&cached);
+  if (baseline_ok)
+    demo_phase_free(&base);
+  demo_images_free(set);
+  return exit_code;
+}
+
 static int run_demo(const tool_globals *g, const tool_args *a) {
   demo_opts o;
   image_set set;
@@ -451,19 +519,8 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
     demo_images_free(&set);
     return EXIT_USAGE;
   }
-  uint64_t out_bytes = (uint64_t)o.tokens * (uint64_t)o.hidden *
-                       encache_dtype_size(o.dtype);
-  /* The Store: the one given, or a private shm segment sized for every
-   * output twice over. */
-  char own_url[160], own_name[64] = "", revision[64];
-  const char *url = g->store_url;
-  if (url == NULL) {
-    uint64_t need = (out_bytes + 4096) * (uint64_t)set.n * 2 + (16u << 20);
-    snprintf(own_name, sizeof(own_name), "encache-demo-%d", (int)getpid());
-    snprintf(own_url, sizeof(own_url), "shm://%s?size=%" PRIu64, own_name, need);
-    encache_shm_destroy(own_name);
-    url = own_url;
-  }
+  char own_url[160], own_name[64] = "";
+  const char *url = demo_store(g, &o, &set, own_url, own_name);
   o.store_url = url;
   char why[1024], shown[256];
   measure_url_shown(url, shown, sizeof(shown));
@@ -482,49 +539,7 @@ static int run_demo(const tool_globals *g, const tool_args *a) {
   }
   if (o.burst)
     return run_burst(&o, &set, url, shown, own_name, g->json);
-  /* A namespace of this run's own, so that hits are this run's. */
-  snprintf(revision, sizeof(revision), "run-%d-%ld", (int)getpid(),
-           (long)time(NULL));
-  phase cached, base;
-  int rc = demo_fleet_run(&o, &set, 1, revision, &cached);
-  if (rc == 0 && cached.failed) {
-    /* An encoder said why (above); a baseline and a summary would only
-     * hide it. */
-    fprintf(stderr, "encache demo: an encoder failed (see above): stopped\n");
-    demo_phase_free(&cached);
-    rc = 1;
-  }
-  int baseline_ok =
-      rc == 0 && o.baseline && demo_fleet_run(&o, &set, 0, revision, &base) == 0;
-  if (own_name[0])
-    encache_shm_destroy(own_name);
-  else
-    hosts_clean(&o, shown, revision);
-  if (rc != 0) {
-    if (rc < 0)
-      fprintf(stderr, "encache demo: could not start the encoders\n");
-    demo_images_free(&set);
-    return EXIT_FAIL;
-  }
-  int verified_ok = cached.total.verify_failed == 0 && !cached.total.poisoned;
-  figures f = compute(&cached, baseline_ok ? &base : NULL);
-  (g->json ? summary_json : summary_text)(&o, shown, &set, &cached.total,
-                                          baseline_ok ? &base : NULL, &f,
-                                          verified_ok);
-  fflush(stdout);
-  int exit_code = EXIT_OK;
-  if (cached.failed || !verified_ok) {
-    fprintf(stderr, "encache demo: %s\n",
-            !verified_ok ? "VERIFICATION FAILED: a hit differed from a fresh "
-                           "encode (see above)"
-                         : "an encoder failed (see above)");
-    exit_code = EXIT_FAIL;
-  }
-  demo_phase_free(&cached);
-  if (baseline_ok)
-    demo_phase_free(&base);
-  demo_images_free(&set);
-  return exit_code;
+  return run_fleet(&o, &set, shown, own_name, g->json);
 }
 
 const tool_command cmd_demo = {

@@ -3,7 +3,8 @@
  * Commands that drive the engine through the public API, for operators
  * debugging a deployment: lookup and publish.
  */
-#include "tool.h"
+#include "commands.h"
+#include "ns.h"
 
 #include "cuda_rt.h"
 #include "encache.h"
@@ -32,8 +33,8 @@ static void host_release(void *ctx, size_t i, void *data, void *handle) {
   free(data);
 }
 
-const encache_allocator tool_host_allocator = {sizeof(encache_allocator), NULL,
-                                               host_alloc, host_release, 0};
+static const encache_allocator host_allocator = {
+    sizeof(encache_allocator), NULL, host_alloc, host_release, 0};
 
 /* lookup --device cuda:N: destinations in that device's memory, allocated
  * through the CUDA runtime the tool loads as the library does
@@ -74,7 +75,8 @@ static int device_arg(const char *v, int *index) {
   return 1;
 }
 
-void tool_free(void *p) { free(p); }
+/* free() as a storage release callback. */
+static void free_data(void *p) { free(p); }
 
 /* The engine calls of lookup and publish, each in one place: one step
  * (opened on *step, closed by the caller) looks up c[0..n). */
@@ -233,7 +235,7 @@ static int run_lookup(const tool_globals *g, const tool_args *a) {
   }
   encache_step *step = NULL;
   if (engine_lookup(ec, &step, cands, n, res,
-                    device ? &alloc : &tool_host_allocator) < 0) {
+                    device ? &alloc : &host_allocator) < 0) {
     fprintf(stderr, "encache lookup: %s\n", encache_errmsg(ec));
     exit_code = EXIT_FAIL;
   } else {
@@ -280,14 +282,14 @@ static int publish_one(encache *ec, const char *id, int dtype, uint64_t rows,
                             rows, cols, ENCACHE_DEVICE_HOST, 0};
   encache_result res;
   encache_step *step = NULL;
-  int rc = engine_lookup(ec, &step, &cand, 1, &res, &tool_host_allocator);
+  int rc = engine_lookup(ec, &step, &cand, 1, &res, &host_allocator);
   if (rc > 0)
     free(res.data);
   char key[4096];
   encache_key(encache_namespace_of(ec), id, key, sizeof(key));
   encache_storage *s = NULL;
   if (rc >= 0)
-    rc = encache_storage_new(data, len, tool_free, data, &s);
+    rc = encache_storage_new(data, len, free_data, data, &s);
   else
     free(data);
   if (rc >= 0) {

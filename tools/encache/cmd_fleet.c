@@ -12,8 +12,8 @@
  * (Over 600 lines: the three commands share the stop flag and its signal
  * handling; each section is short and stands alone.)
  */
+#include "commands.h"
 #include "fleet_out.h"
-#include "tool.h"
 
 #include "encache.h"
 

@@ -2,7 +2,7 @@
 /* encache identity: prints the identity of a model's weights, for
  * embedding_model_identity (encache_model_identity()). */
 #include "measure.h"
-#include "tool.h"
+#include "commands.h"
 
 #include "encache.h"
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* encache key: prints the protocol:v3 Store key of an identifier. */
-#include "tool.h"
+#include "commands.h"
+#include "ns.h"
 
 #include "encache.h"
 

@@ -5,7 +5,8 @@
  * comes from the options of `encache key` (ns.c); the removal and the
  * count from encache_store_remove_prefix() / encache_store_count_prefix().
  */
-#include "tool.h"
+#include "commands.h"
+#include "ns.h"
 
 #include "encache.h"
 

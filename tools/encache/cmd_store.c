@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Store commands: put, get, inspect, ls, stats, rm, shm destroy.  They work
- * on any Store URL (--store, $ENCACHE_STORE, else the default shm Store).
+ * Store commands: put, get, inspect, ls, namespaces, stats, rm, shm
+ * destroy.  They work on any Store URL (--store, $ENCACHE_STORE, else the
+ * default shm Store).
  */
+#include "commands.h"
 #include "fleet_out.h"
-#include "tool.h"
 
 #include "encache.h"
 

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ns.c: the namespace options shared by key, purge, lookup and publish
- * (model, prefix or vLLM config, revision, encoder field, dtype), the
- * namespace they name, and the engine handle they open.
+ * ns.c: the namespace options shared by key, purge, lookup, publish and
+ * config check (model, prefix or vLLM config, revision, encoder field,
+ * dtype), the namespace they name, and the engine handle they open
+ * (ns.h).
  */
-#include "tool.h"
+#include "ns.h"
 
 #include "encache.h"
 
@@ -164,31 +165,6 @@ static void keep_log(void *ctx, const char *message) {
 }
 
 const char *engine_last_log(void) { return engine_log; }
-
-/* Whether the query q[0..n) (after '?') names create= itself. */
-static int says_create(const char *q, size_t n) {
-  for (size_t i = 0; i + 7 <= n; i++)
-    if ((i == 0 || q[i - 1] == '&') && strncmp(q + i, "create=", 7) == 0)
-      return 1;
-  return 0;
-}
-
-const char *tool_existing_url(const tool_globals *g, char *buf, size_t size) {
-  const char *url = g->store_url ? g->store_url : ENCACHE_DEFAULT_STORE;
-  /* A tier's local segment is its shm URL, up to the first '+' (an shm URL
-   * never holds one): create=no goes there, never into the remote's. */
-  size_t pre = strncmp(url, "tier:", 5) == 0 ? 5 : 0;
-  const char *shm = url + pre;
-  size_t end = pre ? strcspn(shm, "+") : strlen(shm);
-  if (strncmp(shm, "shm://", 6) != 0 || (pre && shm[end] == '\0'))
-    return url; /* not shm, or a malformed tier: its open says why */
-  const char *q = memchr(shm, '?', end);
-  if (q != NULL && says_create(q + 1, end - (size_t)(q + 1 - shm)))
-    return url;
-  snprintf(buf, size, "%.*s%screate=no%s", (int)(pre + end), url,
-           q ? "&" : "?", shm + end);
-  return buf;
-}
 
 encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
                      int existing, int *exit_code) {

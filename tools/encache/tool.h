@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tool.h: what the subcommands of the encache tool share.  The tool uses
- * the public header only, like any other program would.
+ * tool.h: what the commands of the encache tool stand on (tool.c), the
+ * bottom of tools/encache/.  The tool uses the public header only, like
+ * any other program would.
  *
  * Every command is one tool_command: its name, summary, usage text, its
- * own options and its handler.  main.c holds the table of them, parses
- * the options shared by all commands (--help, --store, --json) and each
- * command's own through one function (tool_parse), and calls the handler
- * with the values found.
+ * own options and its handler.  main.c holds the table of them
+ * (commands.h) and calls a command's handler with the values that
+ * tool_parse() found: the options shared by all commands (--help,
+ * --store, --json) and the command's own.  ns.h is the floor above: the
+ * namespace options of the commands that name a namespace.
  *
  * Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad input
  * (a configuration that is refused, a file that cannot be read).
@@ -63,6 +65,10 @@ enum {
  * instead of creating one). */
 const char *tool_existing_url(const tool_globals *g, char *buf, size_t size);
 
+/* Adds one --store URL to g (a global one or one after the command
+ * cmd, NULL for a global one); EXIT_USAGE after a message. */
+int tool_add_store(tool_globals *g, const char *cmd, const char *url);
+
 /* Opens the Store of g for cmd (an existing one only, when existing is
  * set: tool_existing_url()); prints why and returns NULL on failure.
  * Commands with TOOL_OPEN get theirs from main; others call this after
@@ -78,12 +84,6 @@ typedef struct tool_command {
   const char *args;       /* their synopsis, for "expects ARGS" */
   int (*run)(const tool_globals *g, const tool_args *a);
 } tool_command;
-
-extern const tool_command cmd_key, cmd_config, cmd_put, cmd_get, cmd_inspect,
-    cmd_ls, cmd_stats, cmd_rm, cmd_purge, cmd_shm, cmd_lookup, cmd_publish,
-    cmd_demo, cmd_bench, cmd_identity;
-extern const tool_command cmd_exporter, cmd_top; /* added in 1.3 */
-extern const tool_command cmd_namespaces;        /* added in 1.3 */
 
 /* Parses argv (argv[0] is the command's name) for cmd: the shared options
  * into g, the command's own into a.  Returns -1 to go on, EXIT_OK when
@@ -117,75 +117,5 @@ int tool_int(const char *cmd, const char *opt, const char *text, long long lo,
 /* The same for an int. */
 int tool_int32(const char *cmd, const char *opt, const char *text, int lo,
                int hi, int *out);
-
-/* The namespace options shared by key, lookup and publish: the first
- * NS_COUNT_ entries of their option tables are TOOL_NS_OPTS. */
-enum {
-  NS_MODEL,
-  NS_PREFIX,
-  NS_CONFIG,
-  NS_REVISION,
-  NS_ENCODER_HASH,
-  NS_TP_MODE,
-  NS_ATTN_BACKEND,
-  NS_ATTN_DTYPE,
-  NS_FP8_SCALE_PATH,
-  NS_MM_FACTORS,
-  NS_DTYPE,
-  NS_COUNT_
-};
-
-#define TOOL_NS_OPTS                                                         \
-  {"model", 1}, {"prefix", 1}, {"config", 1}, {"revision", 1},               \
-      {"encoder-hash", 1}, {"vllm-mm-encoder-tp-mode", 1},                   \
-      {"vllm-mm-encoder-attn-backend", 1},                                   \
-      {"vllm-mm-encoder-attn-dtype", 1},                                     \
-      {"vllm-mm-encoder-fp8-scale-path", 1}, {"vllm-mm-factors", 1},         \
-      {"dtype", 1}
-
-typedef struct ns_opts {
-  const char *model, *prefix, *revision, *encoder_hash, *config;
-  int dtype;
-  char hash[40]; /* the encoder field computed from --vllm-mm-encoder-* */
-} ns_opts;
-
-/* Reads and checks the namespace options of a into o (the dtype is
- * required; the encoder field from --vllm-mm-encoder-* is computed).
- * Prints why and returns -1 on bad input. */
-int ns_from_args(const char *cmd, const tool_args *a, ns_opts *o);
-
-/* The vLLM ec-transfer-config of o: --config's JSON, or one with
- * cross_encoder_cache on and --prefix, in *json (which the caller frees)
- * and loaded into the configuration returned (which the caller frees with
- * encache_config_free), its warnings printed.  Prints why and returns
- * NULL on failure. */
-encache_config *ns_config(const char *cmd, const ns_opts *o, char **json,
-                          size_t *len);
-
-/* The namespace of o (as `encache key --namespace` prints it), from
- * malloc.  Prints why and returns NULL on failure, with *exit_code
- * EXIT_USAGE (bad options or configuration) or EXIT_FAIL (memory). */
-char *ns_string(const char *cmd, const ns_opts *o, int *exit_code);
-
-/* config check's namespace part (cmd_config_ns.c): prints the namespace
- * of a's namespace options with the ec-transfer-config ec_arg and, when
- * g names a Store, how many objects it holds there, warning when none
- * while namespaces of the same model have some.  Returns an exit code. */
-int config_check_namespace(const tool_globals *g, const tool_args *a,
-                           const char *ec_arg);
-
-/* Opens an engine handle for the namespace options on the global Store
- * (an existing one only when existing is set: tool_existing_url()).
- * Prints why and returns NULL on failure, with *exit_code EXIT_USAGE (bad
- * options or configuration) or EXIT_FAIL (the Store cannot be opened). */
-encache *open_engine(const char *cmd, const tool_globals *g, const ns_opts *o,
-                     int existing, int *exit_code);
-/* The latest message the engine of open_engine() logged ("" if none). */
-const char *engine_last_log(void);
-
-/* Lookup destinations from malloc (the caller frees each hit's data), and
- * free() as a storage release callback. */
-extern const encache_allocator tool_host_allocator;
-void tool_free(void *p);
 
 #endif

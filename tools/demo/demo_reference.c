@@ -24,7 +24,7 @@ int demo_encoder_init(demo_encoder *e, const demo_opts *o) {
     demo_encoder_free(e);
     return -1;
   }
-  rng r = {tool_mix64(o->seed ^ 0x5eed)};
+  rng r = {demo_mix64(o->seed ^ 0x5eed)};
   float scale = 1.0f / sqrtf((float)DEMO_PATCH_IN);
   for (size_t i = 0; i < (size_t)DEMO_PATCH_IN * (size_t)o->hidden; i++)
     e->w[i] = (float)(rng_unit(&r) * 2 - 1) * scale;

@@ -20,16 +20,6 @@
 /* The longest a waiter waits for another encoder's output. */
 #define BURST_WAIT_MS 5000
 
-void demo_burst_gate(demo_shared *sh, int encoders, int q) {
-  uint64_t want = (uint64_t)encoders * (uint64_t)(q + 1);
-  __atomic_add_fetch(&sh->arrived, 1, __ATOMIC_ACQ_REL);
-  double until = measure_now() + 10.0;
-  struct timespec nap = {0, 50000}; /* 50 us */
-  while (__atomic_load_n(&sh->arrived, __ATOMIC_ACQUIRE) < want &&
-         measure_now() < until)
-    nanosleep(&nap, NULL);
-}
-
 static uint64_t duplicates(const report *t) {
   return t->encodes > t->distinct ? t->encodes - t->distinct : 0;
 }

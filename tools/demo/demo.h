@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * demo.h: the parts of `encache demo` (cmd_demo.c):
+ * demo.h: the demo's library (tools/demo/), which the tool's
+ * `encache demo` (tools/encache/cmd_demo.c: its options and report)
+ * calls.  It uses the public header and bench/measure.h, nothing of the
+ * tool.
  *
  *   demo_workload.c   the images (procedural, or loaded by demo_images.c),
  *                     their content identifiers, the Zipf request stream
@@ -13,6 +16,9 @@
  *                     wait for them and collect their reports
  *   demo_burst.c      --burst: the same new images reaching every encoder
  *                     at once, with and without single flight
+ *   demo_tier.c       --hosts: each simulated host's Store URL and its
+ *                     tier: Store's counters
+ *   hash.h            the seeded hash of the generators and identifiers
  */
 #ifndef ENCACHE_DEMO_H
 #define ENCACHE_DEMO_H
@@ -115,9 +121,6 @@ typedef struct demo_shared {
   uint64_t arrived;                 /* burst: arrivals at the gate */
 } demo_shared;
 
-/* --burst: waits until every encoder has reached request `q` (at most
- * 10 s: an encoder that died does not stall the others for good). */
-void demo_burst_gate(demo_shared *sh, int encoders, int q);
 /* Runs the burst comparison (single flight off, then on, each in the
  * namespace of the revision it writes in revisions[]) on o->store_url
  * and prints its summary; 0, or 1 when an encoder failed or a hit

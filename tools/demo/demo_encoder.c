@@ -17,13 +17,29 @@
 #include "demo.h"
 #include "hash.h"
 #include "measure.h"
-#include "tool.h"
+
+#include "encache.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+/* ------------------------------------------------------ the burst gate */
+
+/* --burst: waits until every encoder has reached request `q` (at most
+ * 10 s: an encoder that died does not stall the others for good). */
+static void burst_gate(demo_shared *sh, int encoders, int q) {
+  uint64_t want = (uint64_t)encoders * (uint64_t)(q + 1);
+  __atomic_add_fetch(&sh->arrived, 1, __ATOMIC_ACQ_REL);
+  double until = measure_now() + 10.0;
+  struct timespec nap = {0, 50000}; /* 50 us */
+  while (__atomic_load_n(&sh->arrived, __ATOMIC_ACQUIRE) < want &&
+         measure_now() < until)
+    nanosleep(&nap, NULL);
+}
 
 /* ------------------------------------------------ the destination pool */
 
@@ -150,9 +166,12 @@ static void engine_step_done(worker *w) {
   w->step = NULL;
 }
 
+/* free() as the release callback of a published output. */
+static void free_output(void *p) { free(p); }
+
 static int engine_publish(worker *w, const char *id, void *out) {
   encache_storage *s = NULL;
-  int rc = encache_storage_new(out, w->nbytes, tool_free, out, &s);
+  int rc = encache_storage_new(out, w->nbytes, free_output, out, &s);
   if (rc < 0) {
     free(out);
     return rc;
@@ -362,7 +381,7 @@ static int worker_init(worker *w, const demo_opts *o, const image_set *set,
   w->requested = calloc((size_t)set->n, 1);
   w->check = malloc(w->nbytes);
   /* A burst gives every encoder the same stream. */
-  w->r.s = tool_mix64(o->seed * 1000003u + (o->burst ? 0u : (unsigned)index));
+  w->r.s = demo_mix64(o->seed * 1000003u + (o->burst ? 0u : (unsigned)index));
   if (!w->hit_lat || !w->miss_lat || !w->cdf || !w->published ||
       !w->requested || !w->check ||
       demo_encoder_init(&w->enc, o) < 0 || pool_init(&w->pool, w->nbytes) < 0) {
@@ -395,7 +414,7 @@ int demo_encoder_run(const demo_opts *o, const image_set *set, int index,
   int q = 0;
   for (; q < o->requests && !w.rep.failed; q++) {
     if (o->burst)
-      demo_burst_gate(sh, o->encoders, q);
+      burst_gate(sh, o->encoders, q);
     serve_request(&w);
     __atomic_add_fetch(&sh->done[index], 1, __ATOMIC_RELAXED);
   }

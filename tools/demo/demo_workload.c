@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 uint64_t rng_next(rng *r) {
-  return r->s = tool_mix64(r->s + 0x9e3779b97f4a7c15ull);
+  return r->s = demo_mix64(r->s + 0x9e3779b97f4a7c15ull);
 }
 
 double rng_unit(rng *r) {
@@ -23,7 +23,7 @@ double rng_unit(rng *r) {
 
 /* A procedural image: smooth gradients and rings with seeded noise. */
 static void make_image(unsigned char *rgb, int w, int h, unsigned seed) {
-  rng r = {tool_mix64(seed + 1)};
+  rng r = {demo_mix64(seed + 1)};
   double fx = 0.05 + rng_unit(&r) * 0.3, fy = 0.05 + rng_unit(&r) * 0.3;
   double cx = rng_unit(&r) * w, cy = rng_unit(&r) * h;
   for (int y = 0; y < h; y++)
@@ -43,8 +43,8 @@ static void content_id(const unsigned char *rgb, int w, int h, int tokens,
   size_t n = (size_t)w * (size_t)h * 3;
   uint64_t params = (uint64_t)w << 40 ^ (uint64_t)h << 20 ^
                     (uint64_t)tokens << 4 ^ DEMO_PATCH;
-  snprintf(out, 40, "%016" PRIx64 "%016" PRIx64, tool_hash(rgb, n, params),
-           tool_hash(rgb, n, ~params));
+  snprintf(out, 40, "%016" PRIx64 "%016" PRIx64, demo_hash(rgb, n, params),
+           demo_hash(rgb, n, ~params));
 }
 
 int demo_images_make(const demo_opts *o, image_set *set) {

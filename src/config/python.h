@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * config/python.h: what vLLM's Python does to a configuration value
+ * (python.c), so that encache reads the JSON as a vLLM encoder does.  It
+ * stands on no other file of the configuration: every function takes a
+ * JSON value or a string and gives back a string, a number or a reason.
+ */
+#ifndef ENCACHE_CONFIG_PYTHON_H
+#define ENCACHE_CONFIG_PYTHON_H
+
+#include "internal.h"
+
+#include <jansson.h>
+
+/* The type of a JSON value in words, for messages ("an integer", "a
+ * float", as Python would name what json.loads gives). */
+const char *encache__json_kind(const json_t *j);
+/* Python: [*a, *e) stripped as str.strip() strips ASCII. */
+void encache__py_strip(const char **a, const char **e);
+/* vLLM's _parse_size: 0, or -1 (vLLM refuses it too) / -2 (only encache
+ * does) with why. */
+int encache__vllm_size(const json_t *j, uint64_t *out, char *why, size_t wsize);
+/* vLLM's _normalize_tenant_id of a string: stripped, blank = "default".
+ * An allocation, NULL when out of memory. */
+char *encache__tenant_normalize(const char *t);
+/* Python's str() of a key field's JSON value into num[64] (or the
+ * string itself); *odd says what vLLM made of a non-string value (NULL
+ * for a string).  ENCACHE_ECONFIG for an object, an array or a float
+ * Python cannot write. */
+int encache__py_str(const json_t *j, char *num, const char **py,
+                    const char **odd);
+
+#endif
