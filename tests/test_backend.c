@@ -7,7 +7,8 @@
 #include "runner.h"
 #include "dir_store.h"
 #include "store_util.h"
-#include "store.h"
+#include "core.h"
+#include "prefix.h"
 
 #include <fnmatch.h>
 #include <regex.h>

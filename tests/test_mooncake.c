@@ -14,6 +14,7 @@
 
 #include "engine.h"
 #include "fault_store.h"
+#include "mooncake_codes.h"
 
 #include <dlfcn.h>
 #include <unistd.h>

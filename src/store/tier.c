@@ -300,8 +300,9 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
   if (cls == ENCACHE_ANSWER_RECOVERABLE || cls == ENCACHE_ANSWER_UNCONFIRMED)
     count(&t->n.remote_errors, 1);
   if (cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_RECOVERABLE) {
-    int lrc = encache__shm_write_at_epoch(t->local, epoch, key, hdr, hdr_len,
-                                          payload, len);
+    encache__epoch_write w = {epoch, key, hdr, hdr_len, payload, len};
+    int lrc =
+        encache__store_control(t->local, ENCACHE__CONTROL_WRITE_AT_EPOCH, &w);
     if (encache_store_classify(lrc) == ENCACHE_ANSWER_UNCONFIRMED)
       return relay(t, t->local, lrc); /* the caller's buffer may be in use */
   }
@@ -317,7 +318,8 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
  * error with its message (its removal cannot succeed either). */
 static int purge_epoch_bump(tier_store *t, const char *what, int prefix) {
   uint64_t epoch;
-  int rc = encache__shm_purge_epoch_bump(t->local, &epoch);
+  int rc = encache__store_control(t->local, ENCACHE__CONTROL_PURGE_EPOCH_BUMP,
+                                  &epoch);
   if (rc == 0)
     encache__tier_promote_forget(t, what, prefix, epoch);
   return rc;
@@ -565,7 +567,8 @@ int encache__tier_wrap(encache_store *local, encache_store *remote,
   }
   /* The purge epoch that keeps removals removed lives in the local
    * segment (tier_promote.c): the local tier is shm. */
-  if (encache__shm_purge_epoch(local, &(uint64_t){0}) < 0) {
+  if (encache__store_control(local, ENCACHE__CONTROL_PURGE_EPOCH,
+                             &(uint64_t){0}) != 0) {
     encache__free(t);
     encache__free(url);
     encache_store_close(local);
@@ -580,6 +583,7 @@ int encache__tier_wrap(encache_store *local, encache_store *remote,
   t->max_items = max_items ? max_items : TIER_QUEUE_ITEMS;
   t->max_bytes = max_bytes ? max_bytes : TIER_QUEUE_BYTES;
   make_ops(t);
+  encache__store_profile_set(&t->base);
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->cv, NULL);
   pthread_cond_init(&t->idle, NULL);

@@ -152,7 +152,7 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
   read_snap *snap = n <= 16 ? local : encache__calloc(n, sizeof(*snap));
   size_t damaged = 0;
   if (snap == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   int rc = encache__shm_lock(s);
   if (rc < 0)
     goto out;
@@ -224,16 +224,16 @@ static int write_refused(shm_store *s, const char *key, uint64_t obj_len,
   if (rc < 0)
     return rc;
   if (obj_len > s->data_size || rec_size(*klen, obj_len) > s->data_size)
-    return encache__store_fail(&s->base, ENCACHE_ETOOLARGE,
-                               "%s: object of %" PRIu64 " bytes does not fit "
-                               "the %" PRIu64 "-byte segment",
-                               s->base.url, obj_len, s->data_size);
+    return encache_store_fail(&s->base, ENCACHE_ETOOLARGE,
+                              "%s: object of %" PRIu64 " bytes does not fit "
+                              "the %" PRIu64 "-byte segment",
+                              s->base.url, obj_len, s->data_size);
   if (s->h == NULL)
     return encache__shm_lock(s); /* used after fork(): says so */
   if (s->slot < 0)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: all %u writer slots are taken: close some "
-                               "handles", s->base.url, s->nslots);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: all %u writer slots are taken: close some "
+                              "handles", s->base.url, s->nslots);
   return 0;
 }
 
@@ -252,8 +252,8 @@ static int write_reserve(shm_store *s, const char *key, size_t klen,
   if (e != NULL) {
     if (c.state != E_WRITING || encache__shm_owner_alive(s, &c)) {
       encache__shm_unlock(s);
-      return encache__store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
-                                 s->base.url);
+      return encache_store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
+                                s->base.url);
     }
     encache__shm_entry_free(s, e); /* its writer died */
   }
@@ -283,17 +283,17 @@ static int write_publish(shm_store *s, const shm_pending *p) {
   }
   int r = encache__shm_publish(s, p);
   if (r < 0)
-    rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: the object was reclaimed while being "
-                             "written", s->base.url);
+    rc = encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: the object was reclaimed while being "
+                            "written", s->base.url);
   else if (r > 0)
-    rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: not written: a removal through a tier "
-                             "began after the object was read (purge epoch "
-                             "%" PRIu64 ", now %" PRIu64 ")", s->base.url,
-                             p->epoch,
-                             __atomic_load_n(&s->h->purge_epoch,
-                                             __ATOMIC_RELAXED));
+    rc = encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: not written: a removal through a tier "
+                            "began after the object was read (purge epoch "
+                            "%" PRIu64 ", now %" PRIu64 ")", s->base.url,
+                            p->epoch,
+                            __atomic_load_n(&s->h->purge_epoch,
+                                            __ATOMIC_RELAXED));
   encache__shm_unlock(s);
   return rc;
 }
@@ -328,33 +328,31 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   return write_common((shm_store *)st, key, hdr, hdr_len, payload, len, 0, 0);
 }
 
-int encache__shm_write_at_epoch(encache_store *st, uint64_t epoch,
-                                const char *key, const void *hdr,
-                                size_t hdr_len, const void *payload,
-                                size_t len) {
-  shm_store *s = encache__shm_handle(st);
-  if (s == NULL)
-    return encache__store_fail(st, ENCACHE_EINVAL, "not an shm Store");
-  return write_common(s, key, hdr, hdr_len, payload, len, 1, epoch);
-}
-
-int encache__shm_purge_epoch(encache_store *st, uint64_t *epoch) {
-  shm_store *s = encache__shm_handle(st);
-  if (s == NULL || s->h == NULL)
-    return encache__store_fail(st, ENCACHE_EINVAL, "%s",
-                               s == NULL ? "not an shm Store"
-                                         : "shm handle used in a child after "
-                                           "fork(): open a new one");
-  *epoch = __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE);
+/* The purge epoch's requests (core.h: the tier's side of removals): read
+ * it, bump it, or write only while it is still the one given.  A handle
+ * used in a child after fork() refuses them. */
+static int shm_control(encache_store *st, int op, void *arg) {
+  shm_store *s = (shm_store *)st;
+  if (op != ENCACHE__CONTROL_PURGE_EPOCH &&
+      op != ENCACHE__CONTROL_PURGE_EPOCH_BUMP &&
+      op != ENCACHE__CONTROL_WRITE_AT_EPOCH)
+    return ENCACHE_STORE_CONTROL_UNKNOWN;
+  if (arg == NULL)
+    return 0;
+  if (op == ENCACHE__CONTROL_WRITE_AT_EPOCH) {
+    const encache__epoch_write *w = arg;
+    return write_common(s, w->key, w->hdr, w->hdr_len, w->payload, w->len, 1,
+                        w->epoch);
+  }
+  if (s->h == NULL)
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "shm handle used in a child after fork(): "
+                              "open a new one");
+  *(uint64_t *)arg =
+      op == ENCACHE__CONTROL_PURGE_EPOCH
+          ? __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE)
+          : __atomic_add_fetch(&s->h->purge_epoch, 1, __ATOMIC_SEQ_CST);
   return 0;
-}
-
-int encache__shm_purge_epoch_bump(encache_store *st, uint64_t *epoch) {
-  int rc = encache__shm_purge_epoch(st, epoch);
-  if (rc == 0)
-    *epoch = __atomic_add_fetch(&((shm_store *)st)->h->purge_epoch, 1,
-                                __ATOMIC_SEQ_CST);
-  return rc;
 }
 
 static int shm_remove(encache_store *st, const char *key) {
@@ -362,8 +360,8 @@ static int shm_remove(encache_store *st, const char *key) {
   shm_entry c, *e;
   int rc = lock_find_ready(s, key, &e, &c);
   if (rc == ENCACHE_ENOENT)
-    return encache__store_fail(st, ENCACHE_ENOENT, "%s: no such key",
-                               s->base.url);
+    return encache_store_fail(st, ENCACHE_ENOENT, "%s: no such key",
+                              s->base.url);
   if (rc < 0)
     return rc;
   encache__shm_entry_free(s, e);
@@ -423,7 +421,7 @@ static int shm_list(encache_store *st, const char *pattern,
     rc = list_copy(s, pattern, items, cap, &n);
   encache__shm_unlock(s);
   if (items == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   for (size_t i = 0; i < n; i++) {
     if (rc == 0)
       rc = cb(items[i].key, items[i].len, arg);
@@ -486,7 +484,8 @@ static const encache__store_ops shm_ops = {
     .stats = shm_stats,
     .close = shm_close,
     .lease_take = encache__shm_lease_take, /* lease.c */
-    .lease_drop = encache__shm_lease_drop};
+    .lease_drop = encache__shm_lease_drop,
+    .control = shm_control};
 
 shm_store *encache__shm_handle(encache_store *st) {
   return st != NULL && st->ops == &shm_ops ? (shm_store *)st : NULL;
@@ -497,6 +496,7 @@ int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp) {
   if (s == NULL)
     return ENCACHE_ENOMEM;
   s->base.ops = &shm_ops;
+  encache__store_profile_set(&s->base);
   s->fd = -1;
   s->lock_timeout_ms = SHM_DEFAULT_LOCK_MS;
   s->checksum = 1;

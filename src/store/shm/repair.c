@@ -162,9 +162,9 @@ static int collect_kept(shm_store *s, kept_rec **krp, size_t *nkp) {
       kept_rec *n = encache__realloc(kr, ncap * sizeof(*kr));
       if (n == NULL) {
         encache__free(kr);
-        return encache__store_fail(&s->base, ENCACHE_ENOMEM,
-                                   "%s: out of memory for a repair",
-                                   s->base.url);
+        return encache_store_fail(&s->base, ENCACHE_ENOMEM,
+                                  "%s: out of memory for a repair",
+                                  s->base.url);
       }
       kr = n;
       cap = ncap;

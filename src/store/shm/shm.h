@@ -72,7 +72,8 @@
 #ifndef ENCACHE_SHM_H
 #define ENCACHE_SHM_H
 
-#include "store.h"
+#include "../core.h"
+#include "testing.h"
 #include "sum.h"
 
 #include <pthread.h>
@@ -203,8 +204,8 @@ typedef struct shm_header {
    * removal from its remote tier, before its removal from this one).  A
    * write made for an earlier epoch (a promotion, read from the remote
    * before such a removal) is refused when it is published
-   * (encache__shm_write_at_epoch()), so that no process of the host
-   * brings a removed object back.  Damage to it costs refused promotions,
+   * (ENCACHE__CONTROL_WRITE_AT_EPOCH, core.h), so that no process of the
+   * host brings a removed object back.  Damage to it costs refused promotions,
    * never a wrong hit.  On its own cache line: it is read by every
    * remote lookup of a tier and written by removals only. */
   _Alignas(64) uint64_t purge_epoch;
@@ -429,9 +430,9 @@ shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
 static inline int key_ok(shm_store *s, const char *key, size_t *klen) {
   *klen = strlen(key);
   if (*klen == 0 || *klen > SHM_MAX_KEY)
-    return encache__store_fail(&s->base, ENCACHE_EINVAL,
-                               "key length %zu: must be 1 to %u bytes", *klen,
-                               SHM_MAX_KEY);
+    return encache_store_fail(&s->base, ENCACHE_EINVAL,
+                              "key length %zu: must be 1 to %u bytes", *klen,
+                              SHM_MAX_KEY);
   return 0;
 }
 
