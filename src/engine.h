@@ -12,9 +12,9 @@
 #ifndef ENCACHE_ENGINE_H
 #define ENCACHE_ENGINE_H
 
-#include "internal.h"
-#include "store.h"
+#include "core.h"
 #include "fleet.h" /* added in 1.3 */
+#include "internal.h"
 
 #include <pthread.h>
 
@@ -34,10 +34,6 @@ enum job_result {
   JOB_FATAL = 3    /* completion unconfirmed: poison, keep everything */
 };
 
-/* Writes in flight on a Store shared with other processes, unless the
- * Store waits by polling or store_writes_in_flight says (publish.c). */
-#define ENCACHE__WRITERS 2
-
 typedef struct job {
   struct job *next;
   char *key;
@@ -47,8 +43,8 @@ typedef struct job {
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t lease; /* the token of the key's lease it ends, 0 = none */
   /* Its existence, asked ahead with other queued jobs' (publish_ask.c,
-   * for a Store with write_known): asked = 1 once `present` holds the
-   * answer; asking = 1 while a writer asks (no other asks for it).  seq:
+   * for a Store whose profile says ask_ahead): asked = 1 once `present` holds
+   * the answer; asking = 1 while a writer asks (no other asks for it).  seq:
    * the handle's count of queued jobs when it was queued (under mu), so
    * that an answer never goes to another job at a reused address. */
   int asking, asked, present;
@@ -212,7 +208,8 @@ const char *encache__step_note(encache_step *s, const char *fallback,
                                const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Asks existence ahead for job j (just taken by this writer) and the
- * jobs queued behind it, when the Store has write_known (publish_ask.c).
+ * jobs queued behind it, when the Store's profile says ask_ahead
+ * (publish_ask.c).
  * Called and returns with ec->mu held; releases it meanwhile. */
 void encache__ask_ahead(encache *ec, job *j);
 
