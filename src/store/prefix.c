@@ -172,7 +172,7 @@ int encache_store_remove_prefix(encache_store *st, const char *prefix,
   } else {
     prefix_acc a;
     rc = list_prefix(st, prefix, &a);
-    if (rc == ENCACHE_EINVAL && !(st->ops->caps & ENCACHE_STORE_CAP_LIST))
+    if (rc < 0 && !(st->ops->caps & ENCACHE_STORE_CAP_LIST))
       rc = encache_store_fail(st, ENCACHE_EINVAL,
                               "the %s Store can neither list its keys nor "
                               "remove them by prefix", st->ops->kind);
@@ -180,8 +180,8 @@ int encache_store_remove_prefix(encache_store *st, const char *prefix,
       int r = st->ops->remove(st, a.items[i].key);
       if (r == 0)
         done++;
-      else if (r != ENCACHE_ENOENT) /* gone meanwhile: not an error */
-        rc = r;
+      else if (encache_store_classify(r) != ENCACHE_ANSWER_ABSENT)
+        rc = r; /* absent: gone meanwhile, not an error */
     }
     acc_free(&a);
   }

@@ -431,12 +431,12 @@ static int tier_register(encache_store *st, void *buf, size_t len) {
   tier_store *t = TIER(st);
   encache_store *s[2] = {t->local, t->remote};
   for (int i = 0; i < 2; i++) {
-    if (!(s[i]->ops->caps & ENCACHE_STORE_CAP_REGISTER))
+    if (!encache__store_profile_of(s[i])->registered)
       continue;
     int rc = s[i]->ops->register_buffer(s[i], buf, len);
     if (rc < 0) {
       rc = relay(t, s[i], rc);
-      if (i == 1 && (s[0]->ops->caps & ENCACHE_STORE_CAP_REGISTER) &&
+      if (i == 1 && encache__store_profile_of(s[0])->registered &&
           s[0]->ops->unregister_buffer(s[0], buf) < 0)
         return encache_store_fail(st, ENCACHE_EUNCONFIRMED, "tier: the "
                                   "local tier kept a registration");
@@ -451,7 +451,7 @@ static int tier_unregister(encache_store *st, void *buf) {
   encache_store *s[2] = {t->local, t->remote};
   int rc = 0;
   for (int i = 0; i < 2; i++)
-    if (s[i]->ops->caps & ENCACHE_STORE_CAP_REGISTER) {
+    if (encache__store_profile_of(s[i])->registered) {
       int r = s[i]->ops->unregister_buffer(s[i], buf);
       if (r < 0 && rc == 0)
         rc = relay(t, s[i], r);

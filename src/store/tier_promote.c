@@ -90,8 +90,8 @@ void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
     count(&t->n.promo_dropped);
     return;
   }
-  int fetch = len > TIER_COPY_MAX &&
-              !(t->remote->ops->caps & ENCACHE_STORE_CAP_REGISTER);
+  int fetch =
+      len > TIER_COPY_MAX && !encache__store_profile_of(t->remote)->registered;
   size_t data = fetch ? 0 : len;
   tier_promo *p = encache__malloc(sizeof(*p) + data + klen + 1);
   if (p == NULL) {
