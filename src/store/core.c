@@ -118,8 +118,8 @@ void encache__store_profile_set(encache_store *st) {
   /* On a Store shared with other processes (a service or a segment: a
    * write waits on more than this CPU) two writes in flight; but one
    * whose calls wait by polling spends a CPU per write in flight, taken
-   * from the transfers themselves: one (docs/performance.md has the
-   * figures). */
+   * from the transfers themselves: one (docs/performance.md, "Against
+   * Mooncake's own client, second round"). */
   p->writes_in_flight = (caps & ENCACHE_STORE_CAP_SHARED) &&
                                 !(caps & ENCACHE_STORE_CAP_BUSY_WAIT)
                             ? ENCACHE__WRITERS

@@ -34,6 +34,10 @@
  *
  * Every error returned carries a message naming the tier it came from.
  * Counters (tier_counts) are this handle's, read through stats.
+ *
+ * About 600 lines, on purpose: every operation of the composite, each
+ * read against the rules above; its URL (tier_open.c) and its promotion
+ * queue (tier_promote.c) are apart.
  */
 #include "tier.h"
 
@@ -308,8 +312,6 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
   }
   return rc < 0 ? relay(t, t->remote, rc) : rc;
 }
-
-
 
 /* Between a removal from the remote tier and the one from the local tier:
  * bumps the segment's purge epoch (refusing, in every process of the

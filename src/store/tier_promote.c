@@ -6,9 +6,8 @@
  * bounded queue (items and bytes, tier.h) and returns at once: a small
  * object (TIER_COPY_MAX) as a copy, a larger one as its key only, read
  * again from the remote tier by the promotion thread (a copy of a large
- * object would cost the lookup a large share of a remote read: the
- * benchmark's first remote hits of 1 MiB took 1.5 x a plain Redis
- * lookup with copies, about 1.0 x without; a Store that needs registered
+ * object would cost the lookup a large share of a remote read:
+ * docs/performance.md, "Two tiers"; a Store that needs registered
  * buffers always gets copies).  One thread per tier handle writes the
  * queued objects into the local tier,
  * which never replaces an object (ENCACHE_EEXIST: another process

@@ -100,7 +100,7 @@ static int lease_op(encache_store *st, const char *key, uint64_t token,
 
 int encache__redis_lease_take(encache_store *st, const char *key,
                               uint64_t token, uint32_t ttl_ms) {
-  return lease_op(st, key, token, ttl_ms); /* ttl_ms > 0: store.c checks */
+  return lease_op(st, key, token, ttl_ms); /* ttl_ms > 0: front.c checks */
 }
 
 int encache__redis_lease_drop(encache_store *st, const char *key,
