@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * open.c: opening an shm Store (its URL: the segment name and the
- * options), opening one on a file descriptor (tests, the fuzzer),
- * destroying a segment, and the process's registry of open handles that
- * fork() needs.
+ * options), opening one on a file descriptor (tests, the fuzzer), and
+ * destroying a segment.
  */
 #include "shm.h"
 #include "../backends.h"
@@ -19,55 +18,6 @@
 #define SHM_DEFAULT_SIZE (1ull << 30)
 #define SHM_MIN_SIZE (1ull << 20)
 #define SHM_MAX_SIZE (1ull << 46)
-
-/*
- * The process's open handles.  A child made by fork() shares each
- * handle's open file description (through the descriptor and through the
- * mapping), and with it the writer-slot lock: a parent killed mid-write
- * would look alive for as long as its children live.  So the child drops
- * both at once (the lock stays with the parent's); in the child the
- * handles answer EINVAL until closed.
- */
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static shm_store *reg_head;
-static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
-
-static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
-static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
-static void reg_child(void) {
-  for (shm_store *s = reg_head; s != NULL; s = s->reg_next) {
-    if (s->map != NULL)
-      munmap(s->map, s->map_size);
-    if (s->fd >= 0)
-      close(s->fd);
-    s->map = NULL;
-    s->h = NULL;
-    s->fd = -1;
-    s->slot = -1;
-  }
-  pthread_mutex_unlock(&reg_mu);
-}
-static void reg_init(void) {
-  pthread_atfork(reg_prepare, reg_parent, reg_child);
-}
-
-void encache__shm_reg_add(shm_store *s) {
-  pthread_once(&reg_once, reg_init);
-  pthread_mutex_lock(&reg_mu);
-  s->reg_next = reg_head;
-  reg_head = s;
-  pthread_mutex_unlock(&reg_mu);
-}
-
-void encache__shm_reg_remove(shm_store *s) {
-  pthread_mutex_lock(&reg_mu);
-  for (shm_store **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
-    if (*p == s) {
-      *p = s->reg_next;
-      break;
-    }
-  pthread_mutex_unlock(&reg_mu);
-}
 
 /* ---------------------------------------------------------------- opening */
 

@@ -2,7 +2,8 @@
 /*
  * ops.c: the shm Store's operations (exists, read, read_split,
  * object_size, write, remove, list, stats, close) and their table (with
- * the leases of lease.c).
+ * the leases of lease.c), and the handle's life: its allocation, the
+ * process's registry of open handles that fork() needs, its close.
  *
  * Each operation takes the segment lock only to look up or change the
  * structure (index.c, ring.c); object bytes are copied outside it, with
@@ -14,6 +15,7 @@
 
 #include <fnmatch.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -449,9 +451,58 @@ static int shm_stats(encache_store *st, encache_store_stats *out) {
 
 /* ---------------------------------------------------- the handle's life */
 
+/*
+ * The process's open handles.  A child made by fork() shares each
+ * handle's open file description (through the descriptor and through the
+ * mapping), and with it the writer-slot lock: a parent killed mid-write
+ * would look alive for as long as its children live.  So the child drops
+ * both at once (the lock stays with the parent's); in the child the
+ * handles answer EINVAL until closed.
+ */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static shm_store *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void reg_child(void) {
+  for (shm_store *s = reg_head; s != NULL; s = s->reg_next) {
+    if (s->map != NULL)
+      munmap(s->map, s->map_size);
+    if (s->fd >= 0)
+      close(s->fd);
+    s->map = NULL;
+    s->h = NULL;
+    s->fd = -1;
+    s->slot = -1;
+  }
+  pthread_mutex_unlock(&reg_mu);
+}
+static void reg_init(void) {
+  pthread_atfork(reg_prepare, reg_parent, reg_child);
+}
+
+static void reg_add(shm_store *s) {
+  pthread_once(&reg_once, reg_init);
+  pthread_mutex_lock(&reg_mu);
+  s->reg_next = reg_head;
+  reg_head = s;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+static void reg_remove(shm_store *s) {
+  pthread_mutex_lock(&reg_mu);
+  for (shm_store **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
+    if (*p == s) {
+      *p = s->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
+}
+
 static void shm_close(encache_store *st) {
   shm_store *s = (shm_store *)st;
-  encache__shm_reg_remove(s);
+  reg_remove(s);
   if (s->map != NULL && s->npending > 0 && encache__shm_lock(s) == 0)
     encache__shm_unlock(s); /* publishes what a timeout left pending */
   if (s->map != NULL && s->slot >= 0)
@@ -508,7 +559,7 @@ int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp) {
     encache__free(s);
     return ENCACHE_ENOMEM;
   }
-  encache__shm_reg_add(s);
+  reg_add(s);
   *out = &s->base;
   *sp = s;
   return 0;
