@@ -12,7 +12,7 @@
  * the header, 1 the entry table, 2 the buckets.
  */
 #include "encache.h"
-#include "store.h"
+#include "shm/testing.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1077,7 +1077,45 @@ typedef struct encache_store_backend {
   int (*lease_take)(encache_store *st, const char *key, uint64_t token,
                     uint32_t ttl_ms);
   int (*lease_drop)(encache_store *st, const char *key, uint64_t token);
+  /* Added in 1.4: a request the other operations do not make, by code (as
+   * SQLite's xFileControl): op is one of encache_store_control_op, arg
+   * its argument.  Called with arg NULL it does nothing and answers 0 when
+   * the backend knows op (the library asks so once, at open).  A backend
+   * that does not know op does nothing and answers
+   * ENCACHE_STORE_CONTROL_UNKNOWN; so does a backend without control (NULL,
+   * or a table that ends before it): every caller takes that answer as
+   * "not supported" and goes its ordinary way.  Any other answer is the
+   * request's (0, or a code listed at encache_store). */
+  int (*control)(encache_store *st, int op, void *arg);
 } encache_store_backend;
+
+/* Added in 1.4: what control answers for a request it does not know
+ * (nothing was done).  Not a code of the error table: never negative. */
+#define ENCACHE_STORE_CONTROL_UNKNOWN 1
+
+/* Added in 1.4: the requests of encache_store_backend.control.  The codes
+ * from 65536 on are the built-in backends' own: a backend of yours does
+ * not know them. */
+typedef enum encache_store_control_op {
+  /* arg: an encache_store_write_known.  write() of a key whose existence
+   * is known already: the publisher asked exists() ahead, for several
+   * queued keys in one call, of a backend whose write would otherwise ask
+   * it first for each key (Mooncake's does).  A backend that knows it
+   * answers as write() does (ENCACHE_EEXIST when present is 1). */
+  ENCACHE_STORE_CONTROL_WRITE_KNOWN = 1
+} encache_store_control_op;
+
+/* Added in 1.4: the argument of ENCACHE_STORE_CONTROL_WRITE_KNOWN. */
+typedef struct encache_store_write_known {
+  size_t size; /* sizeof(encache_store_write_known) */
+  const char *key;
+  const void *hdr;
+  size_t hdr_len;
+  const void *payload;
+  size_t len;
+  int present; /* the exists() answer for key: 1 present, else not known
+                * present (0, or the failed check's code) */
+} encache_store_write_known;
 
 /*
  * Makes a handle for backend b (which must outlive it) with your data and

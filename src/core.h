@@ -16,7 +16,7 @@
 #define ENCACHE_CORE_H
 
 #include "internal.h"
-#include "store.h"
+#include "store/base.h"
 
 struct encache__publisher;
 struct encache__device;

@@ -202,8 +202,7 @@ static int open_failed(encache *ec, int rc) {
 
 /* single_flight needs a Store with leases: without, it is off (said). */
 static void check_single_flight(encache *ec) {
-  if (!ec->single_flight ||
-      (encache_store_caps_of(ec->store) & ENCACHE_STORE_CAP_LEASE))
+  if (!ec->single_flight || encache__store_profile_of(ec->store)->lease)
     return;
   ec->single_flight = 0;
   if (ec->log != NULL)

@@ -317,11 +317,8 @@ static void phase_chunk(encache__plan *p) {
  * (OVERSIZE is said only of objects that exist), single flight off (its
  * leases are taken for the absent). */
 static int exists_needed(const encache__plan *p) {
-  unsigned caps = p->ec->store->ops->caps;
-  if (!(caps & ENCACHE_STORE_CAP_READ_ABSENT) || p->ec->single_flight ||
-      p->whole ||
-      ((caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
-       !(caps & ENCACHE_STORE_CAP_REGISTER)))
+  const encache__store_profile *sp = encache__store_profile_of(p->ec->store);
+  if (!sp->read_absent || p->ec->single_flight || p->whole || sp->read_direct)
     return 1;
   for (size_t u = 0; u < p->nu; u++)
     if (p->items[u].osize > p->ec->read_buf_bytes)

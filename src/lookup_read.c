@@ -23,7 +23,7 @@ static int staging_ensure(encache *ec) {
     return encache__fail(ec, ENCACHE_ENOMEM,
                          "out of memory: cannot allocate the %zu-byte "
                          "staging buffer", size);
-  if (ec->store->ops->caps & ENCACHE_STORE_CAP_REGISTER) {
+  if (encache__store_profile_of(ec->store)->registered) {
     int rc = ec->store->ops->register_buffer(ec->store, p, size);
     if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
       /* Nothing is kept: the next step tries again. */
@@ -277,10 +277,8 @@ static int phase_deliver(encache__plan *p, size_t from, size_t to) {
 }
 
 void encache__plan_whole(encache__plan *p) {
-  unsigned caps = p->ec->store->ops->caps;
   uint64_t bytes = 0;
-  p->whole = !(caps & (ENCACHE_STORE_CAP_REGISTER |
-                       ENCACHE_STORE_CAP_READ_SPLIT)) &&
+  p->whole = encache__store_profile_of(p->ec->store)->read_whole &&
              p->a.headroom >= ENCACHE_HEADER_SIZE;
   for (size_t i = 0; p->whole && i < p->n; i++)
     if (p->unique_of[i] != SIZE_MAX)
@@ -296,13 +294,12 @@ void encache__plan_whole(encache__plan *p) {
  * registered memory and splits its reads, or when whole objects may go
  * into the destinations' headroom (encache__plan_whole()). */
 static void choose_path(encache__plan *p) {
-  unsigned caps = p->ec->store->ops->caps;
   for (size_t i = 0; i < p->n; i++) /* CUDA hits go through the staging */
     if (p->unique_of[i] < p->np && p->cand[i].device == ENCACHE_DEVICE_CUDA)
       p->device = 1;
-  p->direct = ((caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
-               !(caps & ENCACHE_STORE_CAP_REGISTER) && !p->device) ||
-              p->whole;
+  p->direct =
+      (encache__store_profile_of(p->ec->store)->read_direct && !p->device) ||
+      p->whole;
 }
 
 int encache__plan_read(encache__plan *p) {

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * publish_ask.c: asking existence ahead, for a Store with write_known
- * (store.h: its write asks existence first, as Mooncake's does).  The
+ * publish_ask.c: asking existence ahead, for a Store that answers
+ * ENCACHE_STORE_CONTROL_WRITE_KNOWN (its write asks existence first, as
+ * Mooncake's does: its profile's ask_ahead, src/store/core.h).  The
  * writer that takes a job not yet asked for asks exists() for it and the
  * jobs queued behind it (at most ASK_AHEAD) in one call, and hands each
  * answer to its job if that job is its own or still queued; a job another
@@ -31,7 +32,7 @@ typedef struct ask {
 static int ask_collect(encache *ec, encache__job *j, ask *a) {
   size_t len = 0, k = 0;
   a->n = 0;
-  if (ec->store->write_known == NULL || j->asked || j->asking)
+  if (!encache__store_profile_of(ec->store)->ask_ahead || j->asked || j->asking)
     return 0;
   for (encache__job *q = j; q != NULL && k < ASK_AHEAD;
        q = q == j ? ec->pub->queue_head : q->next)

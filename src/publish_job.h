@@ -41,7 +41,7 @@ typedef struct encache__job {
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t lease; /* the token of the key's lease it ends, 0 = none */
   /* Its existence, asked ahead with other queued jobs' (publish_ask.c,
-   * for a Store whose write asks existence first): asked = 1 once
+   * for a Store whose profile says ask_ahead): asked = 1 once
    * `present` holds the answer; asking = 1 while a writer asks (no other
    * asks for it).  seq: the publisher's count of queued jobs when it was
    * queued (under mu), so that an answer never goes to another job at a
@@ -55,10 +55,6 @@ typedef struct encache__job {
    * into; NULL for a host output. */
   struct encache__pinned *pinned;
 } encache__job;
-
-/* Writes in flight on a Store shared with other processes, unless the
- * Store waits by polling or store_writes_in_flight says (publisher.c). */
-#define ENCACHE__WRITERS 2
 
 struct encache__publisher {
   pthread_mutex_t mu;

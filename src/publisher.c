@@ -97,7 +97,7 @@ static void set_why(job *j, const char *what, encache_store *st) {
  * it; 0, or -1 (recoverable: the write is not issued). */
 static int register_part(encache_store *st, job *j, const void *p, size_t n,
                          const char *what, int *registered) {
-  if (!(st->ops->caps & ENCACHE_STORE_CAP_REGISTER) || n == 0)
+  if (!encache__store_profile_of(st)->registered || n == 0)
     return 0;
   int rc = st->ops->register_buffer(st, (void *)(uintptr_t)p, n);
   if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
@@ -168,9 +168,8 @@ static int run_job(encache *ec, job *j) {
   if (j->pinned != NULL &&
       encache__pinned_wait(ec, j->pinned, j->why, sizeof(j->why)) < 0)
     return ENCACHE__JOB_FATAL;
-  int result = st->ops->caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT
-                   ? -1
-                   : job_exists(st, j);
+  int result =
+      encache__store_profile_of(st)->put_if_absent ? -1 : job_exists(st, j);
   if (result >= 0)
     return result;
   int reg_hdr = 0, reg_data = 0;
@@ -182,11 +181,14 @@ static int run_job(encache *ec, job *j) {
     result = ENCACHE__JOB_FAILED;
   } else {
     uint64_t t0 = encache__fleet_clock(ec->fleet);
-    int rc = j->asked ? st->write_known(st, j->key, j->present, j->hdr,
-                                        sizeof(j->hdr), j->data,
-                                        (size_t)j->nbytes)
-                      : st->ops->write(st, j->key, j->hdr, sizeof(j->hdr),
-                                       j->data, (size_t)j->nbytes);
+    encache_store_write_known w = {sizeof(w),      j->key,  j->hdr,
+                                   sizeof(j->hdr), j->data, (size_t)j->nbytes,
+                                   j->present};
+    int rc =
+        j->asked
+            ? encache__store_control(st, ENCACHE_STORE_CONTROL_WRITE_KNOWN, &w)
+            : st->ops->write(st, j->key, j->hdr, sizeof(j->hdr), j->data,
+                             (size_t)j->nbytes);
     result = write_result(st, j, rc);
     encache__fleet_observe(ec->fleet, ENCACHE__FLEET_WRITE, t0,
                            result == ENCACHE__JOB_WRITTEN ? sizeof(j->hdr) + j->nbytes
@@ -283,21 +285,11 @@ static void *worker_main(void *arg) {
 }
 
 /* How many writes to keep in flight: store_writes_in_flight, else the
- * Store's choice.  On a Store shared with other processes (a service or a
- * segment: a write waits on more than this CPU) ENCACHE__WRITERS; but one
- * whose calls wait by polling (ENCACHE_STORE_CAP_BUSY_WAIT) spends a CPU
- * per write in flight, taken from the transfers themselves: one (on
- * Mooncake over TCP with 2 cores, builds alternating on one Store: one
- * write in flight made 0.98 to 0.99 of raw put_from, two 0.65 to 0.78,
- * bench_mooncake (b)). */
+ * Store's choice (its profile's: src/store/base.c). */
 static unsigned writes_in_flight(const encache *ec) {
-  unsigned caps = ec->store->ops->caps;
   if (ec->writes_in_flight > 0)
     return ec->writes_in_flight;
-  return (caps & ENCACHE_STORE_CAP_SHARED) &&
-                 !(caps & ENCACHE_STORE_CAP_BUSY_WAIT)
-             ? ENCACHE__WRITERS
-             : 1;
+  return encache__store_profile_of(ec->store)->writes_in_flight;
 }
 
 /* Starts the writers.  One that cannot start leaves fewer writes in

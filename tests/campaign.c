@@ -24,7 +24,7 @@
 #include "store_util.h"
 
 #include "encache.h"
-#include "store.h"
+#include "shm/testing.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -149,8 +149,8 @@ static int f_register(encache_store *st, void *buf, size_t len) {
   if (!fail)
     c->registered++;
   pthread_mutex_unlock(&c->mu);
-  return fail ? encache__store_fail(st, ENCACHE_EUNAVAIL,
-                                    "injected registration failure")
+  return fail ? encache_store_fail(st, ENCACHE_EUNAVAIL,
+                                   "injected registration failure")
               : 0;
 }
 
@@ -163,8 +163,8 @@ static int f_unregister(encache_store *st, void *buf) {
   if (!fail)
     c->registered--;
   pthread_mutex_unlock(&c->mu);
-  return fail ? encache__store_fail(st, ENCACHE_EUNCONFIRMED,
-                                    "injected unregistration failure")
+  return fail ? encache_store_fail(st, ENCACHE_EUNCONFIRMED,
+                                   "injected unregistration failure")
               : 0;
 }
 

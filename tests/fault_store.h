@@ -8,7 +8,7 @@
 #ifndef ENCACHE_TEST_FAULT_STORE_H
 #define ENCACHE_TEST_FAULT_STORE_H
 
-#include "store.h"
+#include "base.h"
 
 #include <pthread.h>
 

@@ -45,6 +45,8 @@
   XX(abi_sizes_of_key_and_object_structs)                                    \
   XX(backend_remove_prefix_on_a_table_of_api_1_0)                            \
   XX(backend_prefix_patterns_escape_every_special_character)                 \
+  XX(backend_control_unknown_means_not_supported)                            \
+  XX(backend_profiles_of_the_built_in_stores)                                \
   XX(config_setters_refuse_bad_values_naming_the_option)                     \
   XX(config_validate_rules_between_options)                                  \
   XX(config_json_and_setters_give_the_same_values)                           \

@@ -2,6 +2,7 @@
 #include "store_util.h"
 
 #include "runner.h"
+#include "base.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,4 +123,27 @@ encache_allocator ts_host_allocator(void) {
   a.alloc = host_alloc;
   a.release = host_release;
   return a;
+}
+
+void ts_check_profile(encache_store *st, int ask_ahead) {
+  const encache__store_profile *p = encache__store_profile_of(st);
+  unsigned caps = encache_store_caps_of(st);
+  /* lookup_read.c's choose_path and lookup.c's exists_needed, as written
+   * with flags: split reads without registration go straight out. */
+  ASSERT_EQ_INT(p->read_direct, (caps & ENCACHE_STORE_CAP_READ_SPLIT) &&
+                                    !(caps & ENCACHE_STORE_CAP_REGISTER));
+  ASSERT_EQ_INT(p->read_whole, !(caps & (ENCACHE_STORE_CAP_REGISTER |
+                                         ENCACHE_STORE_CAP_READ_SPLIT)));
+  ASSERT_EQ_INT(p->registered, (caps & ENCACHE_STORE_CAP_REGISTER) != 0);
+  ASSERT_EQ_INT(p->read_absent, (caps & ENCACHE_STORE_CAP_READ_ABSENT) != 0);
+  ASSERT_EQ_INT(p->put_if_absent,
+                (caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT) != 0);
+  ASSERT_EQ_INT(p->lease, (caps & ENCACHE_STORE_CAP_LEASE) != 0);
+  ASSERT_EQ_INT(p->ask_ahead, ask_ahead);
+  /* publish.c's writes_in_flight: ENCACHE__WRITERS (2) on a shared Store
+   * whose calls do not poll. */
+  ASSERT_EQ_INT(p->writes_in_flight, (caps & ENCACHE_STORE_CAP_SHARED) &&
+                                             !(caps & ENCACHE_STORE_CAP_BUSY_WAIT)
+                                         ? 2
+                                         : 1);
 }

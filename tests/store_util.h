@@ -37,4 +37,10 @@ int64_t ts_read_one(encache_store *st, const char *key, void *buf, size_t cap);
  * the caller's to free). */
 encache_allocator ts_host_allocator(void);
 
+/* Checks that st's profile (src/store/base.h) is what the engine's flag
+ * tests chose before there was one: the same read path, existence check,
+ * leases and writes in flight; ask_ahead: whether the handle had
+ * Mooncake's write_known then. */
+void ts_check_profile(encache_store *st, int ask_ahead);
+
 #endif

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The Store door (src/store/store.c): users' backends and their checks,
- * scheme registration, messages scoped to handles, the one classification
- * of answers, callers' struct sizes, and the allocator hook.
+ * The Store door (src/store/front.c, base.c): users' backends and their
+ * checks, scheme registration, messages scoped to handles, the one
+ * classification of answers, the control call and the profile, callers'
+ * struct sizes, and the allocator hook.
  */
 #include "runner.h"
 #include "dir_store.h"
 #include "store_util.h"
-#include "store.h"
+#include "base.h"
+#include "prefix.h"
 
 #include <fnmatch.h>
 #include <regex.h>
@@ -310,4 +312,113 @@ TEST(backend_prefix_patterns_escape_every_special_character) {
   regfree(&rx);
   free(glob);
   free(re);
+}
+
+static int ctl_calls;
+
+/* A control that knows ENCACHE_STORE_CONTROL_WRITE_KNOWN (and refuses
+ * the write itself); or none of the requests. */
+static int ctl_knows_write(encache_store *st, int op, void *arg) {
+  (void)st;
+  ctl_calls++;
+  if (op != ENCACHE_STORE_CONTROL_WRITE_KNOWN)
+    return ENCACHE_STORE_CONTROL_UNKNOWN;
+  return arg == NULL ? 0 : ENCACHE_EUNAVAIL;
+}
+
+static int ctl_knows_nothing(encache_store *st, int op, void *arg) {
+  (void)st;
+  (void)op;
+  (void)arg;
+  ctl_calls++;
+  return ENCACHE_STORE_CONTROL_UNKNOWN;
+}
+
+/* A backend without control, one whose table ends before it, and one
+ * that does not know the request all answer ENCACHE_STORE_CONTROL_UNKNOWN
+ * (not supported: no asking ahead); one that knows it answers it. */
+TEST(backend_control_unknown_means_not_supported) {
+  encache_store_backend b = *dir_store_backend();
+  encache_store *st = NULL;
+  encache_store_write_known w = {sizeof(w), "k", NULL, 0, "x", 1, 0};
+  uint64_t epoch = 0;
+  ASSERT(b.control == NULL);
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), 0);
+  ASSERT_EQ_INT(encache__store_control(st, ENCACHE_STORE_CONTROL_WRITE_KNOWN,
+                                       NULL),
+                ENCACHE_STORE_CONTROL_UNKNOWN);
+  ASSERT_EQ_INT(encache__store_control(st, ENCACHE_STORE_CONTROL_WRITE_KNOWN,
+                                       &w),
+                ENCACHE_STORE_CONTROL_UNKNOWN);
+  ASSERT_EQ_INT(encache__store_profile_of(st)->ask_ahead, 0);
+  ts_check_profile(st, 0);
+  encache_store_free(st);
+
+  /* API 1.0's table ends before control: it is never read. */
+  b.caps &= ~(unsigned)(ENCACHE_STORE_CAP_REMOVE_PREFIX |
+                        ENCACHE_STORE_CAP_LEASE);
+  b.size = ENCACHE__BACKEND_SIZE_1_0;
+  b.control = ctl_knows_write;
+  ctl_calls = 0;
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), 0);
+  ASSERT_EQ_INT(encache__store_control(st, ENCACHE_STORE_CONTROL_WRITE_KNOWN,
+                                       &w),
+                ENCACHE_STORE_CONTROL_UNKNOWN);
+  ASSERT_EQ_INT(ctl_calls, 0);
+  ts_check_profile(st, 0);
+  encache_store_free(st);
+
+  b = *dir_store_backend();
+  b.control = ctl_knows_nothing;
+  ctl_calls = 0;
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), 0);
+  ASSERT_EQ_INT(ctl_calls, 1); /* asked once, at open */
+  ASSERT_EQ_INT(encache__store_control(st, 12345, &w),
+                ENCACHE_STORE_CONTROL_UNKNOWN);
+  ts_check_profile(st, 0);
+  encache_store_free(st);
+
+  b.control = ctl_knows_write;
+  ASSERT_EQ_INT(encache_store_new(&b, NULL, NULL, &st), 0);
+  ts_check_profile(st, 1);
+  ASSERT_EQ_INT(encache__store_control(st, 12345, &w),
+                ENCACHE_STORE_CONTROL_UNKNOWN);
+  /* The built-in backends' own requests are nobody else's. */
+  ASSERT_EQ_INT(encache__store_control(st, ENCACHE__CONTROL_PURGE_EPOCH,
+                                       &epoch),
+                ENCACHE_STORE_CONTROL_UNKNOWN);
+  ASSERT_EQ_INT(encache__store_control(st, ENCACHE_STORE_CONTROL_WRITE_KNOWN,
+                                       &w),
+                ENCACHE_EUNAVAIL);
+  encache_store_free(st);
+}
+
+/* The profile of each built-in Store (Mooncake's: test_mooncake.c) is
+ * what the engine's flag tests chose; only shm knows the purge epoch. */
+TEST(backend_profiles_of_the_built_in_stores) {
+  char name[64], url[256];
+  snprintf(name, sizeof(name), "encache-profile-%d", (int)getpid());
+  encache_shm_destroy(name);
+  /* Redis connects at the first call: none is made. */
+  const char *tail[] = {"", "redis://127.0.0.1:1",
+                        "unix:///nonexistent/redis.sock",
+                        "+redis://127.0.0.1:1"};
+  for (size_t i = 0; i < sizeof(tail) / sizeof(tail[0]); i++) {
+    encache_store *st = NULL;
+    if (i == 1 || i == 2)
+      snprintf(url, sizeof(url), "%s", tail[i]);
+    else
+      snprintf(url, sizeof(url), "%sshm://%s?size=4M%s", i ? "tier:" : "",
+               name, tail[i]);
+    if (encache_store_open(url, &st) != 0)
+      test__fail(__FILE__, __LINE__, "open %s: %s", url,
+                 encache_store_errmsg(NULL));
+    ts_check_profile(st, 0);
+    uint64_t epoch = 1;
+    ASSERT_EQ_INT(encache__store_control(st, ENCACHE__CONTROL_PURGE_EPOCH,
+                                         &epoch),
+                  i == 0 ? 0 : ENCACHE_STORE_CONTROL_UNKNOWN);
+    encache_store_close(st);
+  }
+  encache_shm_destroy(name);
 }

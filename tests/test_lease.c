@@ -11,7 +11,7 @@
 #include "runner.h"
 #include "store_util.h"
 
-#include "store.h"
+#include "shm/testing.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -15,6 +15,8 @@
 #include "engine.h"
 #include "lookup_read.h"
 #include "fault_store.h"
+#include "mooncake_codes.h"
+#include "store_util.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -491,6 +493,7 @@ TEST(mooncake_caps_follow_the_protocol) {
   ASSERT_EQ_INT(caps & ENCACHE_STORE_CAP_REGISTER, 0);
   ASSERT(caps & ENCACHE_STORE_CAP_READ_ABSENT);
   ASSERT(caps & ENCACHE_STORE_CAP_PUT_IF_ABSENT);
+  ts_check_profile(ec->store, 1); /* write_known: asked ahead */
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   encache_result r[2];
@@ -503,6 +506,7 @@ TEST(mooncake_caps_follow_the_protocol) {
   caps = encache_store_caps_of(ec->store);
   ASSERT(caps & ENCACHE_STORE_CAP_REGISTER);
   ASSERT(caps & ENCACHE_STORE_CAP_READ_ABSENT);
+  ts_check_profile(ec->store, 1);
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   ASSERT_EQ_INT(lookup_fake(step, ab, 2, r), 2);
   free_results(r, 2);

@@ -7,7 +7,7 @@
 #include "runner.h"
 #include "store_util.h"
 
-#include "store.h"
+#include "shm/testing.h"
 
 #include <fcntl.h>
 #include <pthread.h>

@@ -12,6 +12,7 @@
 #include "redis_util.h"
 #include "runner.h"
 #include "engine.h"
+#include "shm/testing.h"
 #include "tier.h"
 
 #include <signal.h>

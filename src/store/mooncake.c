@@ -54,7 +54,10 @@
  * operations and the loader of one backend read together (its code table
  * is mooncake_codes.c).
  */
-#include "store.h"
+#include "backends.h"
+#include "base.h"
+#include "mooncake_codes.h"
+#include "prefix.h"
 #include "config/opts.h"
 
 #include <dlfcn.h>
@@ -131,10 +134,10 @@ static int mc_exists(encache_store *st, const char *const *keys, size_t n,
     /* No memory is lent to an existence check: a failed batch is "not
      * present" for vLLM, hence recoverable here (encode instead). */
     int c = encache__mooncake_classify_op(ENCACHE__MC_EXISTS, rc);
-    return encache__store_fail(st, c == 0 ? ENCACHE_EUNAVAIL : c,
-                               "%s: batch_is_exist answered %d (%s)",
-                               s->base.url, rc,
-                               encache__mooncake_code_name(rc));
+    return encache_store_fail(st, c == 0 ? ENCACHE_EUNAVAIL : c,
+                              "%s: batch_is_exist answered %d (%s)",
+                              s->base.url, rc,
+                              encache__mooncake_code_name(rc));
   }
   for (size_t i = 0; i < n; i++)
     if (results[i] < 0)
@@ -181,9 +184,9 @@ static int read_batch(encache_store *st, const char *const *keys, size_t n,
   int rc = s->batch_get_into(s->h, (const char **)keys, (void **)bufs, caps, n,
                              results);
   if (rc != 0)
-    return encache__store_fail(st, ENCACHE_EUNCONFIRMED,
-                               "%s: batch_get_into answered %d", s->base.url,
-                               rc);
+    return encache_store_fail(st, ENCACHE_EUNCONFIRMED,
+                              "%s: batch_get_into answered %d", s->base.url,
+                              rc);
   for (size_t i = 0; i < n; i++)
     if (results[i] < 0) {
       int64_t code = results[i];
@@ -199,9 +202,9 @@ static int read_batch(encache_store *st, const char *const *keys, size_t n,
         }
       }
       if (results[i] == ENCACHE_EUNCONFIRMED || results[i] == ENCACHE_EUNAVAIL)
-        encache__store_fail(st, 0, "%s: %s: code %" PRId64 " (%s)",
-                            s->base.url, keys[i], code,
-                            encache__mooncake_code_name(code));
+        encache_store_fail(st, 0, "%s: %s: code %" PRId64 " (%s)",
+                           s->base.url, keys[i], code,
+                           encache__mooncake_code_name(code));
     }
   /* A count above the slot is left for the engine to judge. */
   return 0;
@@ -276,7 +279,7 @@ static int mc_read(encache_store *st, const char *const *keys, size_t n,
     return read_batch(st, keys, n, bufs, caps, results);
   unsigned char *p = encache__calloc(n, MC_ROUND_ENTRY);
   if (p == NULL)
-    return encache__store_fail(st, ENCACHE_EUNAVAIL, "out of memory");
+    return encache_store_fail(st, ENCACHE_EUNAVAIL, "out of memory");
   mc_round m;
   round_carve(&m, p, n);
   size_t rounds = read_rounds(keys, n, m.o, m.round);
@@ -301,10 +304,10 @@ static int mc_object_size(encache_store *st, const char *key, uint64_t *len) {
   int64_t r = s->get_size(s->h, key);
   if (r < 0) {
     int c = encache__mooncake_classify_op(ENCACHE__MC_EXISTS, r);
-    return encache__store_fail(st, c,
-                               "%s: get_size %s: code %" PRId64 " (%s)",
-                               s->base.url, key, r,
-                               encache__mooncake_code_name(r));
+    return encache_store_fail(st, c,
+                              "%s: get_size %s: code %" PRId64 " (%s)",
+                              s->base.url, key, r,
+                              encache__mooncake_code_name(r));
   }
   *len = (uint64_t)r;
   return 0;
@@ -318,9 +321,9 @@ static int wbuf_reserve(mooncake_store *s, int i, size_t n) {
   if (s->wbuf[i] != NULL) {
     int rc = s->unregister_buffer(s->h, s->wbuf[i]);
     if (rc != 0) /* the Store may still use it: kept forever */
-      return encache__store_fail(&s->base, ENCACHE_EUNCONFIRMED,
-                                 "%s: unregister_buffer answered %d",
-                                 s->base.url, rc);
+      return encache_store_fail(&s->base, ENCACHE_EUNCONFIRMED,
+                                "%s: unregister_buffer answered %d",
+                                s->base.url, rc);
     encache__aligned_free(s->wbuf[i]);
     s->wbuf[i] = NULL;
     s->wcap[i] = 0;
@@ -330,14 +333,14 @@ static int wbuf_reserve(mooncake_store *s, int i, size_t n) {
     cap *= 2;
   void *p = encache__aligned_alloc(4096, cap);
   if (p == NULL)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "out of memory: a %zu-byte write buffer", cap);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "out of memory: a %zu-byte write buffer", cap);
   int rc = s->register_buffer(s->h, p, cap);
   if (rc != 0) {
     encache__aligned_free(p);
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: register_buffer of %zu bytes answered %d",
-                               s->base.url, cap, rc);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: register_buffer of %zu bytes answered %d",
+                              s->base.url, cap, rc);
   }
   s->wbuf[i] = p;
   s->wcap[i] = cap;
@@ -390,14 +393,14 @@ static int put_via(mooncake_store *s, int i, const char *key, const void *hdr,
   if (r >= 0)
     return 0;
   rc = encache__mooncake_classify_op(ENCACHE__MC_WRITE, r);
-  return encache__store_fail(&s->base, rc, "%s: put_from %s: code %d (%s)",
-                             s->base.url, key, r,
-                             encache__mooncake_code_name(r));
+  return encache_store_fail(&s->base, rc, "%s: put_from %s: code %d (%s)",
+                            s->base.url, key, r,
+                            encache__mooncake_code_name(r));
 }
 
 /*
  * A write whose existence answer is `present` (mc_exists()'s, asked by
- * the publisher with other queued keys: encache_store.write_known), or
+ * the publisher with other queued keys: ENCACHE_STORE_CONTROL_WRITE_KNOWN), or
  * MC_UNASKED.  As vLLM's publisher: an object counts as present only on
  * the answer 1; any other answer (absent, or a failed check) goes on to
  * the put, which never replaces an existing key in Mooncake.  The check
@@ -410,21 +413,21 @@ static int mc_write_known(encache_store *st, const char *key, int present,
                           size_t len) {
   mooncake_store *s = ms(st);
   if (hl + len == 0) /* Mooncake accepts the put and stores nothing */
-    return encache__store_fail(st, ENCACHE_EINVAL,
-                               "%s: Mooncake cannot store an empty object",
-                               s->base.url);
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "%s: Mooncake cannot store an empty object",
+                              s->base.url);
   const char *keys[1] = {key};
   int rc = 0;
   if (present == MC_UNASKED)
     rc = s->batch_is_exist(s->h, keys, 1, &present);
   if (rc == 0 && present == 1)
-    return encache__store_fail(st, ENCACHE_EEXIST, "%s: key exists",
-                               s->base.url);
+    return encache_store_fail(st, ENCACHE_EEXIST, "%s: key exists",
+                              s->base.url);
   int i = wbuf_take(s);
   if (i < 0)
-    return encache__store_fail(st, ENCACHE_EUNCONFIRMED,
-                               "%s: an earlier write is unconfirmed: this "
-                               "handle writes no more", s->base.url);
+    return encache_store_fail(st, ENCACHE_EUNCONFIRMED,
+                              "%s: an earlier write is unconfirmed: this "
+                              "handle writes no more", s->base.url);
   rc = put_via(s, i, key, hdr, hl, payload, len);
   wbuf_give(s, i, rc);
   return rc;
@@ -435,15 +438,27 @@ static int mc_write(encache_store *st, const char *key, const void *hdr,
   return mc_write_known(st, key, MC_UNASKED, hdr, hl, payload, len);
 }
 
+/* The one control request Mooncake knows: a write whose existence the
+ * publisher asked ahead (ENCACHE_STORE_CONTROL_WRITE_KNOWN). */
+static int mc_control(encache_store *st, int op, void *arg) {
+  const encache_store_write_known *w = arg;
+  if (op != ENCACHE_STORE_CONTROL_WRITE_KNOWN)
+    return ENCACHE_STORE_CONTROL_UNKNOWN;
+  if (w == NULL)
+    return 0;
+  return mc_write_known(st, w->key, w->present, w->hdr, w->hdr_len,
+                        w->payload, w->len);
+}
+
 static int mc_remove(encache_store *st, const char *key) {
   mooncake_store *s = ms(st);
   int r = s->remove(s->h, key, 0);
   if (r >= 0)
     return 0;
   int c = encache__mooncake_classify_op(ENCACHE__MC_EXISTS, r);
-  return encache__store_fail(st, c,
-                             "%s: remove %s: code %d (%s)", s->base.url, key,
-                             r, encache__mooncake_code_name(r));
+  return encache_store_fail(st, c,
+                            "%s: remove %s: code %d (%s)", s->base.url, key,
+                            r, encache__mooncake_code_name(r));
 }
 
 /* Removes by the anchored, escaped regex of prefix.  Without force:
@@ -454,17 +469,17 @@ static int mc_remove_prefix(encache_store *st, const char *prefix,
   mooncake_store *s = ms(st);
   char *re = encache__prefix_regex(prefix);
   if (re == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   int64_t r = s->remove_by_regex(s->h, re, 0);
   if (r >= 0) {
     *removed = (uint64_t)r;
     encache__free(re);
     return 0;
   }
-  int rc = encache__store_fail(st, ENCACHE_EUNAVAIL,
-                               "%s: remove_by_regex %s: code %" PRId64 " (%s)",
-                               s->base.url, re, r,
-                               encache__mooncake_code_name(r));
+  int rc = encache_store_fail(st, ENCACHE_EUNAVAIL,
+                              "%s: remove_by_regex %s: code %" PRId64 " (%s)",
+                              s->base.url, re, r,
+                              encache__mooncake_code_name(r));
   encache__free(re);
   return rc;
 }
@@ -473,18 +488,18 @@ static int mc_register(encache_store *st, void *buf, size_t len) {
   mooncake_store *s = ms(st);
   int r = s->register_buffer(s->h, buf, len);
   return r == 0 ? 0
-                : encache__store_fail(st, ENCACHE_EUNAVAIL,
-                                      "%s: register_buffer answered %d",
-                                      s->base.url, r);
+                : encache_store_fail(st, ENCACHE_EUNAVAIL,
+                                     "%s: register_buffer answered %d",
+                                     s->base.url, r);
 }
 
 static int mc_unregister(encache_store *st, void *buf) {
   mooncake_store *s = ms(st);
   int r = s->unregister_buffer(s->h, buf);
   return r == 0 ? 0
-                : encache__store_fail(st, ENCACHE_EUNCONFIRMED,
-                                      "%s: unregister_buffer answered %d",
-                                      s->base.url, r);
+                : encache_store_fail(st, ENCACHE_EUNCONFIRMED,
+                                     "%s: unregister_buffer answered %d",
+                                     s->base.url, r);
 }
 
 static int mc_stats(encache_store *st, encache_store_stats *out) {
@@ -492,9 +507,9 @@ static int mc_stats(encache_store *st, encache_store_stats *out) {
   int r = s->health(s->h);
   (void)out; /* Mooncake's C ABI reports no counters: all unknown */
   return r == 0 ? 0
-                : encache__store_fail(st, ENCACHE_EUNAVAIL,
-                                      "%s: health_check answered %d",
-                                      s->base.url, r);
+                : encache_store_fail(st, ENCACHE_EUNAVAIL,
+                                     "%s: health_check answered %d",
+                                     s->base.url, r);
 }
 
 static void mc_close(encache_store *st) {
@@ -517,7 +532,8 @@ static void mc_close(encache_store *st) {
   .version = ENCACHE_STORE_BACKEND_VERSION, .kind = "mooncake",                \
   .exists = mc_exists, .read = mc_read, .object_size = mc_object_size,         \
   .write = mc_write, .remove = mc_remove, .register_buffer = mc_register,      \
-  .unregister_buffer = mc_unregister, .stats = mc_stats, .close = mc_close
+  .unregister_buffer = mc_unregister, .stats = mc_stats, .close = mc_close,  \
+  .control = mc_control
 #define MC_CAPS_                                                               \
   (ENCACHE_STORE_CAP_REGISTER | ENCACHE_STORE_CAP_PUT_IF_ABSENT |              \
    ENCACHE_STORE_CAP_SHARED | ENCACHE_STORE_CAP_READ_ABSENT |                  \
@@ -555,7 +571,7 @@ static int load_config(mooncake_store *s, const char *url,
                                              "client JSON"
                                            : encache_config_errmsg(*cfg);
     rc = rc == ENCACHE_ENOMEM ? rc : ENCACHE_ECONFIG;
-    encache__store_fail(&s->base, rc, "%s: %s", url, msg);
+    encache_store_fail(&s->base, rc, "%s: %s", url, msg);
   }
   return rc;
 }
@@ -569,12 +585,12 @@ static int load_library(mooncake_store *s, const char *url,
     lib = "libmooncake_store.so";
   s->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (s->lib == NULL)
-    return encache__store_fail(&s->base, ENCACHE_ENOLIB,
-                               "%s: cannot load %s (%s). Build Mooncake with "
-                               "-DWITH_STORE_C_SHARED=ON and point "
-                               "ENCACHE_MOONCAKE_LIBRARY at its "
-                               "libmooncake_store.so (or put its directory on "
-                               "LD_LIBRARY_PATH)", url, lib, dlerror());
+    return encache_store_fail(&s->base, ENCACHE_ENOLIB,
+                              "%s: cannot load %s (%s). Build Mooncake with "
+                              "-DWITH_STORE_C_SHARED=ON and point "
+                              "ENCACHE_MOONCAKE_LIBRARY at its "
+                              "libmooncake_store.so (or put its directory on "
+                              "LD_LIBRARY_PATH)", url, lib, dlerror());
   static const char *const names[] = {
       "mooncake_store_create",         "mooncake_store_destroy",
       "mooncake_store_setup",          "mooncake_store_health_check",
@@ -585,11 +601,11 @@ static int load_library(mooncake_store *s, const char *url,
   void *sym[sizeof(names) / sizeof(names[0])];
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
     if ((sym[i] = dlsym(s->lib, names[i])) == NULL)
-      return encache__store_fail(&s->base, ENCACHE_ENOLIB,
-                                 "%s: %s has no symbol %s: it is not "
-                                 "Mooncake's store C ABI (build with "
-                                 "-DWITH_STORE_C_SHARED=ON)", url, lib,
-                                 names[i]);
+      return encache_store_fail(&s->base, ENCACHE_ENOLIB,
+                                "%s: %s has no symbol %s: it is not "
+                                "Mooncake's store C ABI (build with "
+                                "-DWITH_STORE_C_SHARED=ON)", url, lib,
+                                names[i]);
   memcpy(create, &sym[0], sizeof(*create));
   memcpy(&s->destroy, &sym[1], sizeof(s->destroy));
   memcpy(setup, &sym[2], sizeof(*setup));
@@ -626,10 +642,10 @@ static int setup_client(mooncake_store *s, const char *url,
   if (s->h != NULL)
     s->destroy(s->h);
   s->h = NULL;
-  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: Mooncake setup (master %s, metadata %s, "
-                             "protocol %s) answered %d", url, master, meta,
-                             proto, r);
+  return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: Mooncake setup (master %s, metadata %s, "
+                            "protocol %s) answered %d", url, master, meta,
+                            proto, r);
 }
 
 int encache__mooncake_open(const char *url, encache_store **out) {
@@ -641,7 +657,6 @@ int encache__mooncake_open(const char *url, encache_store **out) {
   }
   s->ops = mooncake_ops;
   s->base.ops = &s->ops;
-  s->base.write_known = mc_write_known;
   pthread_mutex_init(&s->wmu, NULL);
   pthread_cond_init(&s->wfree, NULL);
   *out = &s->base;
@@ -653,6 +668,8 @@ int encache__mooncake_open(const char *url, encache_store **out) {
     rc = load_library(s, url, &create, &setup);
   if (rc == 0)
     rc = setup_client(s, url, cfg, create, setup);
+  if (rc == 0)
+    encache__store_profile_set(&s->base);
   encache_config_free(cfg);
   return rc;
 }

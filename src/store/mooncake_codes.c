@@ -3,7 +3,8 @@
  * mooncake_codes.c: Mooncake's result codes, classified per operation by
  * one table (mooncake.c's answers go through it; docs/compatibility.md).
  */
-#include "store.h"
+#include "internal.h"
+#include "mooncake_codes.h"
 
 /*
  * The one table of Mooncake answers (docs/compatibility.md), taken from
@@ -77,10 +78,6 @@ int encache__mooncake_classify_op(int op, int64_t code) {
   default:
     return ENCACHE_EUNCONFIRMED;
   }
-}
-
-int encache__mooncake_classify(int64_t code) {
-  return encache__mooncake_classify_op(ENCACHE__MC_READ, code);
 }
 
 int encache__mooncake_code_count(void) { return (int)MC_NCODES - 1; }

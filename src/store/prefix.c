@@ -16,7 +16,8 @@
  * The same listing, of every key, tallies the namespaces a Store holds
  * (encache_store_namespaces(): everything before a key's "@id:").
  */
-#include "store.h"
+#include "base.h"
+#include "prefix.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -104,17 +105,17 @@ static int list_prefix(encache_store *st, const char *prefix, prefix_acc *a) {
   a->prefix = prefix;
   a->plen = strlen(prefix);
   if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST))
-    return encache__store_fail(st, ENCACHE_EINVAL,
-                               "the %s Store cannot list its keys, so it "
-                               "cannot count them", st->ops->kind);
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "the %s Store cannot list its keys, so it "
+                              "cannot count them", st->ops->kind);
   char *pattern = encache__prefix_glob(prefix);
   if (pattern == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   int rc = st->ops->list(st, pattern, collect, a);
   encache__free(pattern);
   if (a->oom)
-    return encache__store_fail(st, ENCACHE_ENOMEM,
-                               "out of memory listing %zu keys", a->n);
+    return encache_store_fail(st, ENCACHE_ENOMEM,
+                              "out of memory listing %zu keys", a->n);
   if (rc != 0)
     return rc < 0 ? rc : ENCACHE_EINVAL;
   if (a->n > 1) { /* qsort(NULL, 0, ...) is undefined */
@@ -135,8 +136,8 @@ static int prefix_args(encache_store *st, const char *prefix) {
   if (st == NULL || prefix == NULL)
     return ENCACHE_EINVAL;
   if (prefix[0] == '\0')
-    return encache__store_fail(st, ENCACHE_EINVAL,
-                               "an empty prefix would name every key");
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "an empty prefix would name every key");
   return 0;
 }
 
@@ -171,16 +172,16 @@ int encache_store_remove_prefix(encache_store *st, const char *prefix,
   } else {
     prefix_acc a;
     rc = list_prefix(st, prefix, &a);
-    if (rc == ENCACHE_EINVAL && !(st->ops->caps & ENCACHE_STORE_CAP_LIST))
-      rc = encache__store_fail(st, ENCACHE_EINVAL,
-                               "the %s Store can neither list its keys nor "
-                               "remove them by prefix", st->ops->kind);
+    if (rc < 0 && !(st->ops->caps & ENCACHE_STORE_CAP_LIST))
+      rc = encache_store_fail(st, ENCACHE_EINVAL,
+                              "the %s Store can neither list its keys nor "
+                              "remove them by prefix", st->ops->kind);
     for (size_t i = 0; rc == 0 && i < a.n; i++) {
       int r = st->ops->remove(st, a.items[i].key);
       if (r == 0)
         done++;
-      else if (r != ENCACHE_ENOENT) /* gone meanwhile: not an error */
-        rc = r;
+      else if (encache_store_classify(r) != ENCACHE_ANSWER_ABSENT)
+        rc = r; /* absent: gone meanwhile, not an error */
     }
     acc_free(&a);
   }
@@ -223,12 +224,12 @@ static int tally(encache_store *st, encache_namespace_count *t, size_t *n,
         break;
   if (i == *n) {
     if (*n == NAMESPACES_MAX)
-      return encache__store_fail(st, ENCACHE_ETOOLARGE,
-                                 "more than %d namespaces in the Store",
-                                 NAMESPACES_MAX);
+      return encache_store_fail(st, ENCACHE_ETOOLARGE,
+                                "more than %d namespaces in the Store",
+                                NAMESPACES_MAX);
     char *ns = encache__malloc(nslen + 1);
     if (ns == NULL)
-      return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+      return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
     memcpy(ns, key, nslen);
     ns[nslen] = '\0';
     t[i] = (encache_namespace_count){sizeof(*t), ns, 0, 0};
@@ -252,21 +253,21 @@ int encache_store_namespaces(encache_store *st,
     return ENCACHE_EINVAL;
   if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST) &&
       strcmp(st->ops->kind, "mooncake") == 0)
-    return encache__store_fail(
+    return encache_store_fail(
         st, ENCACHE_EINVAL,
         "Mooncake's C ABI (store_c.h) has no call that lists or counts "
         "keys, so a Mooncake Store's namespaces cannot be listed "
         "(docs/compatibility.md)");
   if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST))
-    return encache__store_fail(st, ENCACHE_EINVAL,
-                               "the %s Store cannot list its keys, so it "
-                               "cannot list its namespaces", st->ops->kind);
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "the %s Store cannot list its keys, so it "
+                              "cannot list its namespaces", st->ops->kind);
   prefix_acc a;
   int rc = list_prefix(st, "", &a);
   encache_namespace_count *t =
       rc == 0 ? encache__malloc(NAMESPACES_MAX * sizeof(*t)) : NULL;
   if (rc == 0 && t == NULL)
-    rc = encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    rc = encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   size_t n = 0;
   for (size_t i = 0; rc == 0 && i < a.n; i++)
     rc = tally(st, t, &n, a.items[i].key, namespace_len(a.items[i].key),

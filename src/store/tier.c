@@ -34,6 +34,10 @@
  *
  * Every error returned carries a message naming the tier it came from.
  * Counters (tier_counts) are this handle's, read through stats.
+ *
+ * About 600 lines, on purpose: every operation of the composite, each
+ * read against the rules above; its URL (tier_open.c) and its promotion
+ * queue (tier_promote.c) are apart.
  */
 #include "tier.h"
 
@@ -300,15 +304,14 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
   if (cls == ENCACHE_ANSWER_RECOVERABLE || cls == ENCACHE_ANSWER_UNCONFIRMED)
     count(&t->n.remote_errors, 1);
   if (cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_RECOVERABLE) {
-    int lrc = encache__shm_write_at_epoch(t->local, epoch, key, hdr, hdr_len,
-                                          payload, len);
+    encache__epoch_write w = {epoch, key, hdr, hdr_len, payload, len};
+    int lrc =
+        encache__store_control(t->local, ENCACHE__CONTROL_WRITE_AT_EPOCH, &w);
     if (encache_store_classify(lrc) == ENCACHE_ANSWER_UNCONFIRMED)
       return relay(t, t->local, lrc); /* the caller's buffer may be in use */
   }
   return rc < 0 ? relay(t, t->remote, rc) : rc;
 }
-
-
 
 /* Between a removal from the remote tier and the one from the local tier:
  * bumps the segment's purge epoch (refusing, in every process of the
@@ -317,7 +320,8 @@ static int tier_write(encache_store *st, const char *key, const void *hdr,
  * error with its message (its removal cannot succeed either). */
 static int purge_epoch_bump(tier_store *t, const char *what, int prefix) {
   uint64_t epoch;
-  int rc = encache__shm_purge_epoch_bump(t->local, &epoch);
+  int rc = encache__store_control(t->local, ENCACHE__CONTROL_PURGE_EPOCH_BUMP,
+                                  &epoch);
   if (rc == 0)
     encache__tier_promote_forget(t, what, prefix, epoch);
   return rc;
@@ -429,12 +433,12 @@ static int tier_register(encache_store *st, void *buf, size_t len) {
   tier_store *t = TIER(st);
   encache_store *s[2] = {t->local, t->remote};
   for (int i = 0; i < 2; i++) {
-    if (!(s[i]->ops->caps & ENCACHE_STORE_CAP_REGISTER))
+    if (!encache__store_profile_of(s[i])->registered)
       continue;
     int rc = s[i]->ops->register_buffer(s[i], buf, len);
     if (rc < 0) {
       rc = relay(t, s[i], rc);
-      if (i == 1 && (s[0]->ops->caps & ENCACHE_STORE_CAP_REGISTER) &&
+      if (i == 1 && encache__store_profile_of(s[0])->registered &&
           s[0]->ops->unregister_buffer(s[0], buf) < 0)
         return encache_store_fail(st, ENCACHE_EUNCONFIRMED, "tier: the "
                                   "local tier kept a registration");
@@ -449,7 +453,7 @@ static int tier_unregister(encache_store *st, void *buf) {
   encache_store *s[2] = {t->local, t->remote};
   int rc = 0;
   for (int i = 0; i < 2; i++)
-    if (s[i]->ops->caps & ENCACHE_STORE_CAP_REGISTER) {
+    if (encache__store_profile_of(s[i])->registered) {
       int r = s[i]->ops->unregister_buffer(s[i], buf);
       if (r < 0 && rc == 0)
         rc = relay(t, s[i], r);
@@ -565,7 +569,8 @@ int encache__tier_wrap(encache_store *local, encache_store *remote,
   }
   /* The purge epoch that keeps removals removed lives in the local
    * segment (tier_promote.c): the local tier is shm. */
-  if (encache__shm_purge_epoch(local, &(uint64_t){0}) < 0) {
+  if (encache__store_control(local, ENCACHE__CONTROL_PURGE_EPOCH,
+                             &(uint64_t){0}) != 0) {
     encache__free(t);
     encache__free(url);
     encache_store_close(local);
@@ -580,6 +585,7 @@ int encache__tier_wrap(encache_store *local, encache_store *remote,
   t->max_items = max_items ? max_items : TIER_QUEUE_ITEMS;
   t->max_bytes = max_bytes ? max_bytes : TIER_QUEUE_BYTES;
   make_ops(t);
+  encache__store_profile_set(&t->base);
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->cv, NULL);
   pthread_cond_init(&t->idle, NULL);

@@ -13,7 +13,7 @@
 #ifndef ENCACHE_TIER_H
 #define ENCACHE_TIER_H
 
-#include "store.h"
+#include "base.h"
 
 #include <pthread.h>
 
@@ -73,8 +73,6 @@ typedef struct tier_store {
   tier_counts n;
 } tier_store;
 
-/* Opens "tier:LOCAL+REMOTE". */
-int encache__tier_open(const char *url, encache_store **out);
 /* Makes a tier of two open Stores (ownership passes to it, also on
  * failure), showing `shown` as its URL (the tests wrap the remote in the
  * fault Store).  max_items/max_bytes 0 take the defaults. */

@@ -8,6 +8,7 @@
  * taken out before the shm Store sees it.  Messages show each part
  * redacted (encache_store_url_redact()), never a password.
  */
+#include "backends.h"
 #include "tier.h"
 
 #include <stdio.h>

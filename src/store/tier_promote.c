@@ -6,9 +6,8 @@
  * bounded queue (items and bytes, tier.h) and returns at once: a small
  * object (TIER_COPY_MAX) as a copy, a larger one as its key only, read
  * again from the remote tier by the promotion thread (a copy of a large
- * object would cost the lookup a large share of a remote read: the
- * benchmark's first remote hits of 1 MiB took 1.5 x a plain Redis
- * lookup with copies, about 1.0 x without; a Store that needs registered
+ * object would cost the lookup a large share of a remote read:
+ * docs/performance.md, "Two tiers"; a Store that needs registered
  * buffers always gets copies).  One thread per tier handle writes the
  * queued objects into the local tier,
  * which never replaces an object (ENCACHE_EEXIST: another process
@@ -22,7 +21,7 @@
  *
  * Removals, across the processes of the host.  Every promotion carries
  * the local segment's purge epoch (encache__tier_epoch()) noted before
- * the remote was asked, and is written with encache__shm_write_at_epoch():
+ * the remote was asked, and is written with ENCACHE__CONTROL_WRITE_AT_EPOCH:
  * the segment publishes it only if the epoch is unchanged, compared under
  * the segment lock.  A removal through any tier of the host (tier.c)
  * removes from the remote first, then bumps the epoch, then removes from
@@ -90,8 +89,8 @@ void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
     count(&t->n.promo_dropped);
     return;
   }
-  int fetch = len > TIER_COPY_MAX &&
-              !(t->remote->ops->caps & ENCACHE_STORE_CAP_REGISTER);
+  int fetch =
+      len > TIER_COPY_MAX && !encache__store_profile_of(t->remote)->registered;
   size_t data = fetch ? 0 : len;
   tier_promo *p = encache__malloc(sizeof(*p) + data + klen + 1);
   if (p == NULL) {
@@ -167,7 +166,7 @@ void encache__tier_promote_forget(tier_store *t, const char *key, int prefix,
 
 uint64_t encache__tier_epoch(tier_store *t) {
   uint64_t e = UINT64_MAX; /* a local handle used after fork(): refused */
-  encache__shm_purge_epoch(t->local, &e);
+  encache__store_control(t->local, ENCACHE__CONTROL_PURGE_EPOCH, &e);
   return e;
 }
 
@@ -235,8 +234,8 @@ static void promote_one(tier_store *t, tier_promo *p) {
   }
   /* Published only if no removal bumped the epoch since gen (a removal
    * while it is written refuses it, or finds it: see the top). */
-  int rc = encache__shm_write_at_epoch(t->local, gen, p->key, NULL, 0, obj,
-                                       p->len);
+  encache__epoch_write w = {gen, p->key, NULL, 0, obj, p->len};
+  int rc = encache__store_control(t->local, ENCACHE__CONTROL_WRITE_AT_EPOCH, &w);
   int cls = encache_store_classify(rc);
   count(cls == ENCACHE_ANSWER_OK || cls == ENCACHE_ANSWER_EXISTS
             ? &t->n.promo_done
@@ -277,8 +276,8 @@ static void *promote_main(void *arg) {
 int encache__tier_promote_start(tier_store *t) {
   int rc = pthread_create(&t->thread, NULL, promote_main, t);
   if (rc != 0)
-    return encache__store_fail(NULL, -rc, "tier: cannot start the promotion "
-                               "thread: %s", strerror(rc));
+    return encache_store_fail(NULL, -rc, "tier: cannot start the promotion "
+                              "thread: %s", strerror(rc));
   t->thread_started = 1;
   return 0;
 }

@@ -7,7 +7,10 @@
  * (encache__url_userinfo()), so what it reads as the password is exactly
  * what the redacted form hides.
  */
-#include "redis/redis.h"
+#include "base.h"
+
+#include <stdio.h>
+#include <string.h>
 
 #include <limits.h>
 

@@ -10,8 +10,9 @@
  * a byte changed anywhere in the value, or the value copied under
  * another key, fails the check.  The sum is the shm Store's because it
  * is computed inside the copy, each word summed as it passes through a
- * register: XXH3 over each piece after copying it cost 15-22 % of a 1 MiB
- * or 8 MiB lookup here (bench_redis (c)), the sum a few per cent.
+ * register: XXH3 over each piece after copying it cost a large share of a
+ * lookup, the sum a small one (docs/performance.md, "The objects'
+ * check").
  *
  * A value carries one exactly when its first 24 bytes are a v3 header
  * (magic, a known dtype) whose object is 16 bytes shorter than the value:

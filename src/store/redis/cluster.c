@@ -112,8 +112,8 @@ int encache__redis_refresh_slots(redis_store *s) {
     redisFree(c);
     return 0;
   }
-  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s", s->base.url,
-                             why);
+  return encache_store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s", s->base.url,
+                            why);
 }
 
 /* The node that owns key (single node: 0); NO_NODE when unknown. */
@@ -191,8 +191,8 @@ int encache__redis_masters(redis_store *s, size_t *out, size_t *m) {
   pthread_mutex_unlock(&s->mu);
   return *m > 0
              ? 0
-             : encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                   "%s: no node serves any slot", s->base.url);
+             : encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                  "%s: no node serves any slot", s->base.url);
 }
 
 /*

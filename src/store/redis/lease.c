@@ -60,7 +60,7 @@ static int lease_op(encache_store *st, const char *key, uint64_t token,
   size_t plen = sizeof(LEASE_PREFIX) - 1, klen = strlen(key);
   char *lkey = encache__malloc(plen + klen + 1);
   if (lkey == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   memcpy(lkey, LEASE_PREFIX, plen);
   memcpy(lkey + plen, key, klen + 1);
   char tok[24], ttl[16], why[512];
@@ -82,25 +82,25 @@ static int lease_op(encache_store *st, const char *key, uint64_t token,
   if (rc == 0 && r.type == REDIS_REPLY_INTEGER && r.integer == 1)
     return 0;
   if (rc == 0 && r.type == REDIS_REPLY_INTEGER && r.integer == 0)
-    return take ? encache__store_fail(st, ENCACHE_EEXIST,
-                                      "%s: the lease of %s is held by another",
-                                      s->base.url, key)
-                : encache__store_fail(st, ENCACHE_ENOENT,
-                                      "%s: token %s does not hold the lease "
-                                      "of %s",
-                                      s->base.url, tok, key);
+    return take ? encache_store_fail(st, ENCACHE_EEXIST,
+                                     "%s: the lease of %s is held by another",
+                                     s->base.url, key)
+                : encache_store_fail(st, ENCACHE_ENOENT,
+                                     "%s: token %s does not hold the lease "
+                                     "of %s",
+                                     s->base.url, tok, key);
   if (rc == 0) {
     rc = ENCACHE_EUNAVAIL;
     snprintf(why, sizeof(why), "%s",
              r.type == REDIS_REPLY_ERROR ? r.text : "an unexpected answer");
   }
-  return encache__store_fail(st, rc, "%s: lease %s of %s: %s", s->base.url,
-                             take ? "take" : "drop", key, why);
+  return encache_store_fail(st, rc, "%s: lease %s of %s: %s", s->base.url,
+                            take ? "take" : "drop", key, why);
 }
 
 int encache__redis_lease_take(encache_store *st, const char *key,
                               uint64_t token, uint32_t ttl_ms) {
-  return lease_op(st, key, token, ttl_ms); /* ttl_ms > 0: store.c checks */
+  return lease_op(st, key, token, ttl_ms); /* ttl_ms > 0: front.c checks */
 }
 
 int encache__redis_lease_drop(encache_store *st, const char *key,

@@ -9,6 +9,7 @@
  * that is not [cursor, [key strings...]] is refused.
  */
 #include "redis.h"
+#include "../prefix.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,8 +21,8 @@ static int dbsize_of(redis_store *s, redisContext *c, uint64_t *dbsize) {
   char xwhy[256];
   void *one[1];
   if (encache__redis_plain1(s, c, 1, cmd, one, xwhy, sizeof(xwhy)) != XR_OK)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: DBSIZE: %s",
-                               s->base.url, xwhy);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: DBSIZE: %s",
+                              s->base.url, xwhy);
   redisReply *r = one[0];
   *dbsize = r->type == REDIS_REPLY_INTEGER && r->integer >= 0 &&
                     (uint64_t)r->integer < LIST_DBSIZE_MAX
@@ -160,8 +161,8 @@ static int scan_node(redis_store *s, redisContext *c, const char *pattern,
       break;
   } while (!stop && strcmp(cursor, "0") != 0);
   if (why[0])
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s",
-                               s->base.url, why);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s",
+                              s->base.url, why);
   return stop;
 }
 
@@ -223,7 +224,7 @@ static int unlink_page(redis_store *s, redisContext *c, const redisReply *page,
     } else if (r->type == REDIS_REPLY_ERROR &&
                (strncmp(r->str, "MOVED ", 6) == 0 ||
                 strncmp(r->str, "ASK ", 4) == 0)) {
-      int d = encache_store_remove(&s->base, keys[i]->str);
+      int d = s->base.ops->remove(&s->base, keys[i]->str);
       u->removed += d == 0;
       if (d < 0 && d != ENCACHE_ENOENT && rc == 0) {
         snprintf(xwhy, sizeof(xwhy), "%s", encache_store_errmsg(&s->base));
@@ -247,7 +248,7 @@ int encache__redis_unlink_node(redis_store *s, redisContext *c,
                                const char *prefix, uint64_t *removed) {
   char *pattern = encache__prefix_glob(prefix);
   if (pattern == NULL)
-    return encache__store_fail(&s->base, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(&s->base, ENCACHE_ENOMEM, "out of memory");
   unlink_ctx u = {prefix, strlen(prefix), 0};
   int rc = scan_node(s, c, pattern, unlink_page, &u);
   encache__free(pattern);

@@ -8,6 +8,7 @@
  * window_threshold go in windows (wread.c, wwrite.c).
  */
 #include "redis.h"
+#include "../backends.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +64,7 @@ static int batch_start(batch_run *b) {
   if (!b->target || !b->ask || !b->order || !b->item_of || !b->replies ||
       !b->set || (b->op == OP_GET && !b->seeds)) {
     batch_free(b);
-    return encache__store_fail(&b->s->base, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(&b->s->base, ENCACHE_ENOMEM, "out of memory");
   }
   encache__redis_ensure_slots(b->s);
   for (size_t i = 0; i < n; i++) {
@@ -333,7 +334,7 @@ static int batch(redis_store *s, enum op op, const char *const *keys, size_t n,
     }
   batch_free(&b);
   if (b.why[0])
-    encache__store_fail(&s->base, 0, "%s: %s", s->base.url, b.why);
+    encache_store_fail(&s->base, 0, "%s: %s", s->base.url, b.why);
   return 0;
 }
 
@@ -342,7 +343,7 @@ static int redis_exists(encache_store *st, const char *const *keys, size_t n,
   int64_t local[32];
   int64_t *r = n <= 32 ? local : encache__calloc(n, sizeof(int64_t));
   if (r == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   int rc = batch((redis_store *)st, OP_EXISTS, keys, n, 0, NULL, NULL, NULL, r);
   for (size_t i = 0; rc == 0 && i < n; i++)
     results[i] = (int)r[i];
@@ -436,21 +437,21 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
   if (encache__redis_run_on(s, set, node, iov, 7, nrep, &p,
                             encache__redis_deadline(s, hl + len), why,
                             sizeof(why)) != XR_OK)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
-                               s->base.url, key, why);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
+                              s->base.url, key, why);
   rreply *res = &r[nrep - 1];
   if (is_redirect(res)) {
     *moved_to = encache__redis_redirect(s, res->text, ask);
     return 1;
   }
   if (res->type == REDIS_REPLY_NIL)
-    return encache__store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
+                              s->base.url);
   if (res->type == REDIS_REPLY_STATUS)
     return 0;
   /* OOM, READONLY, ...: the write did not happen. */
-  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
-                             s->base.url, key, res->text);
+  return encache_store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: SET %s: %s",
+                            s->base.url, key, res->text);
 }
 
 static int redis_write(encache_store *st, const char *key, const void *hdr,
@@ -462,13 +463,13 @@ static int redis_write(encache_store *st, const char *key, const void *hdr,
                    ? CHECK_BYTES
                    : 0;
   if ((uint64_t)hl + len + ckl > 512ull << 20)
-    return encache__store_fail(st, ENCACHE_ETOOLARGE,
-                               "%s: %zu bytes: Redis values are at most "
-                               "512 MiB",
-                               s->base.url, hl + len + ckl);
+    return encache_store_fail(st, ENCACHE_ETOOLARGE,
+                              "%s: %zu bytes: Redis values are at most "
+                              "512 MiB",
+                              s->base.url, hl + len + ckl);
   rset *set = encache__redis_borrow(s);
   if (set == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   encache__redis_ensure_slots(s);
   if ((uint64_t)hl + len + ckl > s->window_threshold) {
     int rc =
@@ -485,12 +486,12 @@ static int redis_write(encache_store *st, const char *key, const void *hdr,
     if (rc != 1)
       break;
     node = moved;
-    rc = encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: %s still redirected",
-                             s->base.url, key);
+    rc = encache_store_fail(st, ENCACHE_EUNAVAIL, "%s: %s still redirected",
+                            s->base.url, key);
   }
   if (node == NO_NODE)
-    rc = encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: no node serves %s",
-                             s->base.url, key);
+    rc = encache_store_fail(st, ENCACHE_EUNAVAIL, "%s: no node serves %s",
+                            s->base.url, key);
   encache__redis_give_back(s, set);
   return rc;
 }
@@ -510,7 +511,7 @@ static int redis_remove(encache_store *st, const char *key) {
              : r.type == REDIS_REPLY_ERROR ? r.text
                                            : "an unexpected answer");
   }
-  return encache__store_fail(st, rc, "%s: DEL %s: %s", s->base.url, key, why);
+  return encache_store_fail(st, rc, "%s: DEL %s: %s", s->base.url, key, why);
 }
 
 /* A short-lived context of ordinary replies to node, for listings and
@@ -519,7 +520,7 @@ static redisContext *admin_dial(redis_store *s, size_t node) {
   char why[512];
   redisContext *c = encache__redis_dial(s, node, 1, why, sizeof(why));
   if (c == NULL)
-    encache__store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s", s->base.url, why);
+    encache_store_fail(&s->base, ENCACHE_EUNAVAIL, "%s: %s", s->base.url, why);
   return c;
 }
 
@@ -612,8 +613,8 @@ static int redis_stats(encache_store *st, encache_store_stats *out) {
       freeReplyObject(size);
     }
     if (!ok)
-      return encache__store_fail(st, ENCACHE_EUNAVAIL, "%s: INFO: %s",
-                                 s->base.url, why);
+      return encache_store_fail(st, ENCACHE_EUNAVAIL, "%s: INFO: %s",
+                                s->base.url, why);
   }
   out->reinsertions = out->repairs = UINT64_MAX;
   return 0;
@@ -657,12 +658,13 @@ int encache__redis_open(const char *url, encache_store **out) {
   redis_store *s = len < 0 ? NULL : encache__calloc(1, sizeof(*s));
   if (s == NULL || (shown = encache__malloc((size_t)len + 1)) == NULL) {
     encache__free(s);
-    return encache__store_fail(NULL, ENCACHE_ENOMEM,
-                               "out of memory opening a Redis Store");
+    return encache_store_fail(NULL, ENCACHE_ENOMEM,
+                              "out of memory opening a Redis Store");
   }
   encache_store_url_redact(url, shown, (size_t)len + 1);
   s->base.url = shown;
   s->base.ops = &redis_ops;
+  encache__store_profile_set(&s->base);
   pthread_mutex_init(&s->mu, NULL);
   s->connect_timeout_ms = 1000;
   s->timeout_ms = 1000;

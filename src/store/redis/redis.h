@@ -118,7 +118,7 @@
 #ifndef ENCACHE_STORE_REDIS_H
 #define ENCACHE_STORE_REDIS_H
 
-#include "../store.h"
+#include "../base.h"
 
 #include <hiredis/hiredis.h>
 #include "sum.h"
@@ -278,15 +278,6 @@ static inline int is_redirect(const rreply *r) {
   return r->type == REDIS_REPLY_ERROR && (strncmp(r->text, "MOVED ", 6) == 0 ||
                                           strncmp(r->text, "ASK ", 4) == 0);
 }
-
-/* ------------------------------------------------------ src/store/url.c */
-
-/* Where the credentials of url lie: [*start, *end) is "user:password"
- * (or ":password", or "user"), *end the offset of the '@' after them.
- * Returns 1, or 0 when url has none.  The rule that
- * encache_store_url_redact() applies, so the password the parser reads is
- * the text the redacted form hides. */
-int encache__url_userinfo(const char *url, size_t *start, size_t *end);
 
 /* ------------------------------------------------------------- url.c */
 

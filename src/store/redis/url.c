@@ -59,9 +59,9 @@ static int take_userinfo(redis_store *s, const char *p, size_t len) {
     goto oom;
   return 0;
 oom:
-  return encache__store_fail(&s->base, ENCACHE_ENOMEM,
-                             "%s: out of memory copying the credentials",
-                             s->base.url);
+  return encache_store_fail(&s->base, ENCACHE_ENOMEM,
+                            "%s: out of memory copying the credentials",
+                            s->base.url);
 }
 
 /* The first line of path (its newline, and a CR before it, stripped) as
@@ -72,21 +72,21 @@ static int read_password_file(redis_store *s, const char *path) {
   FILE *f = fopen(path, "r");
   if (f == NULL) {
     int e = errno;
-    return encache__store_fail(&s->base, -e, "%s: password_file %s: %s",
-                               s->base.url, path, strerror(e));
+    return encache_store_fail(&s->base, -e, "%s: password_file %s: %s",
+                              s->base.url, path, strerror(e));
   }
   char *line = encache__malloc(PASSWORD_MAX + 2);
   if (line == NULL) {
     fclose(f);
-    return encache__store_fail(&s->base, ENCACHE_ENOMEM,
-                               "%s: out of memory reading password_file %s",
-                               s->base.url, path);
+    return encache_store_fail(&s->base, ENCACHE_ENOMEM,
+                              "%s: out of memory reading password_file %s",
+                              s->base.url, path);
   }
   int rc = 0;
   if (fgets(line, PASSWORD_MAX + 2, f) == NULL) {
     rc = ferror(f) ? -EIO : ENCACHE_EURL;
-    encache__store_fail(&s->base, rc, "%s: password_file %s: %s", s->base.url,
-                        path, rc == -EIO ? strerror(EIO) : "the file is empty");
+    encache_store_fail(&s->base, rc, "%s: password_file %s: %s", s->base.url,
+                       path, rc == -EIO ? strerror(EIO) : "the file is empty");
   } else {
     size_t n = strcspn(line, "\n");
     int whole = line[n] == '\n' || feof(f);
@@ -94,11 +94,11 @@ static int read_password_file(redis_store *s, const char *path) {
       n--;
     line[n] = '\0';
     if (!whole || n == 0)
-      rc = encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: password_file %s: %s", s->base.url, path,
-                               n == 0 ? "the first line is empty"
-                                      : "the first line is longer than "
-                                        "4096 bytes");
+      rc = encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: password_file %s: %s", s->base.url, path,
+                              n == 0 ? "the first line is empty"
+                                     : "the first line is longer than "
+                                       "4096 bytes");
   }
   fclose(f);
   if (rc == 0)
@@ -119,10 +119,10 @@ static int default_password(redis_store *s, const char *password_file) {
   if (env == NULL || env[0] == '\0')
     return 0;
   if ((s->password = encache__strdup(env)) == NULL)
-    return encache__store_fail(&s->base, ENCACHE_ENOMEM,
-                               "%s: out of memory copying "
-                               "ENCACHE_REDIS_PASSWORD",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_ENOMEM,
+                              "%s: out of memory copying "
+                              "ENCACHE_REDIS_PASSWORD",
+                              s->base.url);
   return 0;
 }
 
@@ -147,9 +147,9 @@ static int add_hostport(redis_store *s, const char *hp, size_t len) {
 /* unix:///path: the socket path is [rest, rest+hlen). */
 static int take_socket(redis_store *s, const char *rest, size_t hlen) {
   if (hlen == 0 || rest[0] != '/' || hlen >= sizeof(s->nodes[0].host))
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: expected unix:///path/to/socket",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: expected unix:///path/to/socket",
+                              s->base.url);
   memcpy(s->nodes[0].host, rest, hlen);
   s->nodes[0].host[hlen] = '\0';
   s->nnodes = 1;
@@ -162,19 +162,19 @@ static int take_seeds(redis_store *s, const char *rest, size_t hlen) {
     const char *comma = memchr(p, ',', (size_t)(rest + hlen - p));
     size_t l = comma ? (size_t)(comma - p) : (size_t)(rest + hlen - p);
     if (add_hostport(s, p, l) < 0)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: seed '%.*s' is not host:port",
-                                 s->base.url, (int)l, p);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: seed '%.*s' is not host:port",
+                                s->base.url, (int)l, p);
     p += l + (comma ? 1 : 0);
   }
   s->nseeds = s->nnodes;
   if (s->nseeds == 0)
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: expected host:port[,host:port...]",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: expected host:port[,host:port...]",
+                              s->base.url);
   if ((s->slots = encache__malloc(NSLOTS * sizeof(uint16_t))) == NULL)
-    return encache__store_fail(&s->base, ENCACHE_ENOMEM, "%s: out of memory",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_ENOMEM, "%s: out of memory",
+                              s->base.url);
   for (size_t k = 0; k < NSLOTS; k++)
     s->slots[k] = NO_NODE;
   s->need_refresh = 1;
@@ -186,17 +186,17 @@ static int take_host(redis_store *s, const char *rest, size_t hlen) {
   const char *slash = memchr(rest, '/', hlen);
   size_t hp = slash ? (size_t)(slash - rest) : hlen;
   if (add_hostport(s, rest, hp) < 0)
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: expected redis://[user:password@]host:"
-                               "port[/db]",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: expected redis://[user:password@]host:"
+                              "port[/db]",
+                              s->base.url);
   if (slash != NULL) {
     char *end;
     long db = strtol(slash + 1, &end, 10);
     if (end != rest + hlen || end == slash + 1 || db < 0 || db > 65535)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: the database must be a number",
-                                 s->base.url);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: the database must be a number",
+                                s->base.url);
     s->db = (int)db;
   }
   return 0;
@@ -218,10 +218,10 @@ static int take_size(redis_store *s, const char *k, const char *v,
     u++;
   if (end == v || v[0] == '-' || u == nunits || val > (512ull << 20) ||
       (val << units[u].shift) > (512ull << 20))
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: %s=%s: must be a size in bytes (or with "
-                               "KiB, MiB), at most 512MiB",
-                               s->base.url, k, v);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: %s=%s: must be a size in bytes (or with "
+                              "KiB, MiB), at most 512MiB",
+                              s->base.url, k, v);
   *out = (uint64_t)val << units[u].shift;
   return 0;
 }
@@ -232,9 +232,9 @@ static int take_window(redis_store *s, const char *k, const char *v) {
     char *end;
     unsigned long d = strtoul(v, &end, 10);
     if (end == v || *end != '\0' || d < 1 || d > WINDOW_DEPTH_MAX)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: window_depth=%s: must be 1 to %d",
-                                 s->base.url, v, WINDOW_DEPTH_MAX);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: window_depth=%s: must be 1 to %d",
+                                s->base.url, v, WINDOW_DEPTH_MAX);
     s->window_depth = (unsigned)d;
     return 0;
   }
@@ -244,9 +244,9 @@ static int take_window(redis_store *s, const char *k, const char *v) {
     return rc;
   if (strcmp(k, "window") == 0) {
     if (val < WINDOW_MIN)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: window=%s: must be at least %u bytes",
-                                 s->base.url, v, WINDOW_MIN);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: window=%s: must be at least %u bytes",
+                                s->base.url, v, WINDOW_MIN);
     s->window = val;
   } else {
     s->window_threshold = val;
@@ -262,9 +262,9 @@ static int take_checksum(redis_store *s, const char *v) {
       s->checksum = i; /* CHECKSUM_ON, _OFF, _REQUIRED */
       return 0;
     }
-  return encache__store_fail(&s->base, ENCACHE_EURL,
-                             "%s: checksum=%s: must be on, off or required",
-                             s->base.url, v);
+  return encache_store_fail(&s->base, ENCACHE_EURL,
+                            "%s: checksum=%s: must be on, off or required",
+                            s->base.url, v);
 }
 
 /* One numeric option k=v. */
@@ -279,15 +279,15 @@ static int take_number(redis_store *s, int unix_sock, const char *k,
                     : strcmp(k, "ttl_s") == 0      ? &s->ttl_s
                                                    : NULL;
   if (field == NULL && !(unix_sock && strcmp(k, "db") == 0))
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: unknown option '%s' (known: "
-                               "connect_timeout_ms, timeout_ms, ttl_s, "
-                               "window, window_threshold, window_depth, "
-                               "checksum, password_file%s)",
-                               s->base.url, k, unix_sock ? ", db" : "");
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: unknown option '%s' (known: "
+                              "connect_timeout_ms, timeout_ms, ttl_s, "
+                              "window, window_threshold, window_depth, "
+                              "checksum, password_file%s)",
+                              s->base.url, k, unix_sock ? ", db" : "");
   if (!number || (field != &s->ttl_s && val == 0) ||
       (field == NULL && val > 65535))
-    return encache__store_fail(
+    return encache_store_fail(
         &s->base, ENCACHE_EURL, "%s: %s=%s: must be a %s number", s->base.url,
         k, v, field == &s->ttl_s ? "non-negative" : "positive");
   if (field != NULL)
@@ -308,8 +308,8 @@ static int take_options(redis_store *s, int unix_sock, const char *query) {
       encache__free(password_file);
       rc = (password_file = encache__strdup(v)) != NULL
                ? 0
-               : encache__store_fail(&s->base, ENCACHE_ENOMEM,
-                                     "%s: out of memory", s->base.url);
+               : encache_store_fail(&s->base, ENCACHE_ENOMEM,
+                                    "%s: out of memory", s->base.url);
     } else if (strcmp(k, "checksum") == 0) {
       rc = take_checksum(s, v);
     } else if (strncmp(k, "window", 6) == 0 &&
@@ -324,10 +324,10 @@ static int take_options(redis_store *s, int unix_sock, const char *query) {
       return rc;
     }
   }
-  rc = more < 0 ? encache__store_fail(&s->base, ENCACHE_EURL,
-                                      "%s: malformed query (use "
-                                      "?key=value&...)",
-                                      s->base.url)
+  rc = more < 0 ? encache_store_fail(&s->base, ENCACHE_EURL,
+                                     "%s: malformed query (use "
+                                     "?key=value&...)",
+                                     s->base.url)
                 : 0;
   if (rc == 0)
     rc = default_password(s, password_file);

@@ -340,7 +340,7 @@ int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
   for (int round = 0; round < ROUNDS && w.node < MAX_NODES; round++) {
     w.tmp = wtmp_name(&w);
     if (w.tmp == NULL)
-      return encache__store_fail(&s->base, ENCACHE_ENOMEM, "out of memory");
+      return encache_store_fail(&s->base, ENCACHE_ENOMEM, "out of memory");
     size_t node = w.node;
     int ask = w.ask;
     rc = wwindows(&w);
@@ -362,6 +362,6 @@ int encache__redis_wwrite(redis_store *s, rset *set, const char *key,
     snprintf(w.why, sizeof(w.why), "still redirected after %d rounds", ROUNDS);
   }
   return rc == 0 ? 0
-                 : encache__store_fail(&s->base, rc, "%s: windowed SET %s: %s",
-                                       s->base.url, key, w.why);
+                 : encache_store_fail(&s->base, rc, "%s: windowed SET %s: %s",
+                                      s->base.url, key, w.why);
 }

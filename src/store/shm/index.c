@@ -163,8 +163,9 @@ void encache__shm_entry_free(shm_store *s, shm_entry *e) {
 
 /* Finds the live (non-FREE) entry for key, with its checked copy in *c;
  * sets *corrupt when the chain does not validate. */
-static shm_entry *find_once(shm_store *s, const char *key, uint32_t klen,
-                            uint64_t hash, shm_entry *c, int *corrupt) {
+shm_entry *encache__shm_find_once(shm_store *s, const char *key,
+                                  uint32_t klen, uint64_t hash, shm_entry *c,
+                                  int *corrupt) {
   uint32_t i = s->buckets[hash & (s->nbuckets - 1)];
   for (uint32_t steps = 0; i != 0; steps++) {
     if (steps > s->nentries || !encache__shm_load_entry(s, i, c, 1) ||
@@ -178,17 +179,4 @@ static shm_entry *find_once(shm_store *s, const char *key, uint32_t klen,
     i = c->hnext;
   }
   return NULL;
-}
-
-/* Finds the live entry for key (NULL: none), with its checked copy in *c;
- * repairs the structure and looks again once when the chain is corrupt. */
-shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
-                             uint64_t hash, shm_entry *c) {
-  int corrupt = 0;
-  shm_entry *e = find_once(s, key, klen, hash, c, &corrupt);
-  if (corrupt && encache__shm_repair(s) == 0) {
-    corrupt = 0;
-    e = find_once(s, key, klen, hash, c, &corrupt);
-  }
-  return corrupt ? NULL : e;
 }

@@ -155,10 +155,10 @@ int encache__shm_lease_take(encache_store *st, const char *key,
   shm_lease c;
   int64_t spare;
   if (s->slot < 0 && s->h != NULL)
-    return encache__store_fail(st, ENCACHE_EUNAVAIL,
-                               "%s: all %u writer slots are taken (a lease "
-                               "needs one): close some handles",
-                               s->base.url, s->nslots);
+    return encache_store_fail(st, ENCACHE_EUNAVAIL,
+                              "%s: all %u writer slots are taken (a lease "
+                              "needs one): close some handles",
+                              s->base.url, s->nslots);
   int rc = lease_begin(s, key, &k);
   if (rc < 0)
     return rc;
@@ -166,20 +166,20 @@ int encache__shm_lease_take(encache_store *st, const char *key,
   int64_t idx = lease_find(s, &k, now, &c, &spare);
   if (idx >= 0 && c.token != token) {
     encache__shm_unlock(s);
-    return encache__store_fail(st, ENCACHE_EEXIST,
-                               "%s: the lease is held by another holder for "
-                               "%" PRIu64 " ms more", s->base.url,
-                               c.deadline_ms - now);
+    return encache_store_fail(st, ENCACHE_EEXIST,
+                              "%s: the lease is held by another holder for "
+                              "%" PRIu64 " ms more", s->base.url,
+                              c.deadline_ms - now);
   }
   if (idx < 0)
     idx = spare >= 0 ? spare : lease_reclaim(s, &k, now);
   if (idx < 0) {
     encache__shm_unlock(s);
-    return encache__store_fail(st, ENCACHE_EUNAVAIL,
-                               "%s: the lease table is full around this key "
-                               "(%u leases held nearby, of %u): encode "
-                               "without one", s->base.url, probe_len(s),
-                               s->nleases);
+    return encache_store_fail(st, ENCACHE_EUNAVAIL,
+                              "%s: the lease table is full around this key "
+                              "(%u leases held nearby, of %u): encode "
+                              "without one", s->base.url, probe_len(s),
+                              s->nleases);
   }
   /* Taken, or renewed: this handle now vouches for it. */
   shm_lease n = {k.hash, k.hash2, token, now + ttl_ms, s->token,
@@ -203,9 +203,9 @@ int encache__shm_lease_drop(encache_store *st, const char *key,
     lease_clear(s, (uint32_t)idx);
   encache__shm_unlock(s);
   if (idx < 0 || c.token != token)
-    return encache__store_fail(st, ENCACHE_ENOENT,
-                               "%s: this token holds no lease of the key (it "
-                               "expired, its holder was declared dead, or "
-                               "another took it over)", s->base.url);
+    return encache_store_fail(st, ENCACHE_ENOENT,
+                              "%s: this token holds no lease of the key (it "
+                              "expired, its holder was declared dead, or "
+                              "another took it over)", s->base.url);
   return 0;
 }

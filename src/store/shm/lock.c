@@ -99,18 +99,18 @@ int encache__shm_lock_damaged(pthread_mutex_t *m) {
  * a header or a lock that is damaged.  0 when none does. */
 static int lock_refused(shm_store *s) {
   if (s->h == NULL)
-    return encache__store_fail(&s->base, ENCACHE_EINVAL,
-                               "%s: handle used in a child after fork(): "
-                               "open a new one", s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EINVAL,
+                              "%s: handle used in a child after fork(): "
+                              "open a new one", s->base.url);
   if (!identity_ok(s))
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: the segment header is damaged (magic, "
-                               "format or geometry changed): " DESTROY_HINT,
-                               s->base.url, s->name);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: the segment header is damaged (magic, "
+                              "format or geometry changed): " DESTROY_HINT,
+                              s->base.url, s->name);
   if (encache__shm_lock_damaged(&s->h->lock))
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: the segment lock is damaged: " DESTROY_HINT,
-                               s->base.url, s->name);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: the segment lock is damaged: " DESTROY_HINT,
+                              s->base.url, s->name);
   return 0;
 }
 
@@ -145,11 +145,11 @@ static int lock_timed_out(shm_store *s, unsigned wait) {
   uint64_t backoff = (uint64_t)SHM_STALL_BACKOFF_MS << (n - 1);
   __atomic_store_n(&s->stalled_until_ms, mono_ms() + backoff,
                    __ATOMIC_RELAXED);
-  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: lock not acquired within %u ms (its "
-                             "holder may be stopped; for the next %" PRIu64
-                             " ms operations wait at most %u ms)",
-                             s->base.url, wait, backoff, SHM_STALL_WAIT_MS);
+  return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: lock not acquired within %u ms (its "
+                            "holder may be stopped; for the next %" PRIu64
+                            " ms operations wait at most %u ms)",
+                            s->base.url, wait, backoff, SHM_STALL_WAIT_MS);
 }
 
 /* Takes the segment lock, recovering it from a dead holder. */
@@ -176,20 +176,20 @@ static int lock_raw(shm_store *s) {
     return 0;
   }
   if (rc == ETIMEDOUT && wait < s->lock_timeout_ms)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: lock busy (its holder was stalled for %u "
-                               "ms earlier: waits are brief for a while)",
-                               s->base.url, s->lock_timeout_ms);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: lock busy (its holder was stalled for %u "
+                              "ms earlier: waits are brief for a while)",
+                              s->base.url, s->lock_timeout_ms);
   if (rc == ETIMEDOUT)
     return lock_timed_out(s, wait);
   if (rc == EINVAL || rc == ENOTRECOVERABLE)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: the segment lock is %s (%s): " DESTROY_HINT,
-                               s->base.url,
-                               rc == EINVAL ? "damaged" : "unrecoverable",
-                               strerror(rc), s->name);
-  return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: lock failed: %s", s->base.url, strerror(rc));
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: the segment lock is %s (%s): " DESTROY_HINT,
+                              s->base.url,
+                              rc == EINVAL ? "damaged" : "unrecoverable",
+                              strerror(rc), s->name);
+  return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: lock failed: %s", s->base.url, strerror(rc));
 }
 
 /* Takes the segment lock; then checks the structure when a check is owed

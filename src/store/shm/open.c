@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * open.c: opening an shm Store (its URL: the segment name and the
- * options), opening one on a file descriptor (tests, the fuzzer),
- * destroying a segment, and the process's registry of open handles that
- * fork() needs.
+ * options), opening one on a file descriptor (tests, the fuzzer), and
+ * destroying a segment.
  */
 #include "shm.h"
+#include "../backends.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,55 +18,6 @@
 #define SHM_DEFAULT_SIZE (1ull << 30)
 #define SHM_MIN_SIZE (1ull << 20)
 #define SHM_MAX_SIZE (1ull << 46)
-
-/*
- * The process's open handles.  A child made by fork() shares each
- * handle's open file description (through the descriptor and through the
- * mapping), and with it the writer-slot lock: a parent killed mid-write
- * would look alive for as long as its children live.  So the child drops
- * both at once (the lock stays with the parent's); in the child the
- * handles answer EINVAL until closed.
- */
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static shm_store *reg_head;
-static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
-
-static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
-static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
-static void reg_child(void) {
-  for (shm_store *s = reg_head; s != NULL; s = s->reg_next) {
-    if (s->map != NULL)
-      munmap(s->map, s->map_size);
-    if (s->fd >= 0)
-      close(s->fd);
-    s->map = NULL;
-    s->h = NULL;
-    s->fd = -1;
-    s->slot = -1;
-  }
-  pthread_mutex_unlock(&reg_mu);
-}
-static void reg_init(void) {
-  pthread_atfork(reg_prepare, reg_parent, reg_child);
-}
-
-void encache__shm_reg_add(shm_store *s) {
-  pthread_once(&reg_once, reg_init);
-  pthread_mutex_lock(&reg_mu);
-  s->reg_next = reg_head;
-  reg_head = s;
-  pthread_mutex_unlock(&reg_mu);
-}
-
-void encache__shm_reg_remove(shm_store *s) {
-  pthread_mutex_lock(&reg_mu);
-  for (shm_store **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
-    if (*p == s) {
-      *p = s->reg_next;
-      break;
-    }
-  pthread_mutex_unlock(&reg_mu);
-}
 
 /* ---------------------------------------------------------------- opening */
 
@@ -82,7 +33,7 @@ int encache__shm_open_fd(int fd, const char *label, uint64_t create_size,
   s->lock_timeout_ms = 1000;
   snprintf(s->name, sizeof(s->name), "%s", label);
   if ((s->fd = dup(fd)) < 0)
-    return encache__store_fail(&s->base, -errno, "dup: %s", strerror(errno));
+    return encache_store_fail(&s->base, -errno, "dup: %s", strerror(errno));
   return encache__shm_attach(
       s, create_size < SHM_MIN_SIZE ? SHM_MIN_SIZE : create_size);
 }
@@ -105,37 +56,37 @@ static int parse_option(shm_store *s, const char *k, const char *v,
   const char *url = s->base.url;
   if (strcmp(k, "create") == 0) {
     if (strcmp(v, "yes") != 0 && strcmp(v, "no") != 0)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: create=%s: must be yes or no", url, v);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: create=%s: must be yes or no", url, v);
     *create = strcmp(v, "yes") == 0;
   } else if (strcmp(k, "size") == 0) {
     if (encache_parse_size(v, size) < 0 || *size < SHM_MIN_SIZE ||
         *size > SHM_MAX_SIZE)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: size=%s: must be a size from 1MiB to "
-                                 "64TiB (e.g. 4GiB, 512MB)", url, v);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: size=%s: must be a size from 1MiB to "
+                                "64TiB (e.g. 4GiB, 512MB)", url, v);
   } else if (strcmp(k, "lock_timeout_ms") == 0) {
     char *end;
     unsigned long ms = strtoul(v, &end, 10);
     if (end == v || *end != '\0' || ms == 0 || ms > 3600000)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: lock_timeout_ms=%s: must be 1 to "
-                                 "3600000", url, v);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: lock_timeout_ms=%s: must be 1 to "
+                                "3600000", url, v);
     s->lock_timeout_ms = (unsigned)ms;
   } else if (strcmp(k, "checksum") == 0) {
     if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
-      return encache__store_fail(&s->base, ENCACHE_EURL,
-                                 "%s: checksum=%s: must be on or off", url, v);
+      return encache_store_fail(&s->base, ENCACHE_EURL,
+                                "%s: checksum=%s: must be on or off", url, v);
     s->checksum = strcmp(v, "on") == 0;
   } else if (strcmp(k, "group") == 0) {
     return encache__shm_parse_group(s, v);
   } else if (strcmp(k, "mode") == 0) {
     return encache__shm_parse_mode(s, v);
   } else {
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: unknown option '%s' (known: size, "
-                               "lock_timeout_ms, checksum, create, group, "
-                               "mode)", url, k);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: unknown option '%s' (known: size, "
+                              "lock_timeout_ms, checksum, create, group, "
+                              "mode)", url, k);
   }
   return 0;
 }
@@ -151,9 +102,9 @@ static int parse_query(shm_store *s, const char *query, uint64_t *size,
     if ((rc = parse_option(s, k, v, size, create)) < 0)
       return rc;
   if (rc < 0)
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: malformed query (use ?key=value&...)",
-                               s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: malformed query (use ?key=value&...)",
+                              s->base.url);
   return encache__shm_check_options(s);
 }
 
@@ -166,10 +117,10 @@ int encache__shm_open(const char *url, encache_store **out) {
   const char *name = url + 6, *q = strchr(name, '?');
   size_t nlen = q ? (size_t)(q - name) : strlen(name);
   if (!name_ok(name, nlen))
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: the segment name must be 1 to %d of "
-                               "A-Z a-z 0-9 . _ - (not starting with '.')",
-                               url, SHM_MAX_NAME);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: the segment name must be 1 to %d of "
+                              "A-Z a-z 0-9 . _ - (not starting with '.')",
+                              url, SHM_MAX_NAME);
   uint64_t size = SHM_DEFAULT_SIZE;
   int create = 1;
   if ((rc = parse_query(s, q ? q + 1 : NULL, &size, &create)) < 0)
@@ -186,17 +137,17 @@ int encache__shm_open(const char *url, encache_store **out) {
                        O_NONBLOCK,
                    0600);
   if (s->fd < 0 && errno == ENOENT && !create)
-    return encache__store_fail(&s->base, ENCACHE_ENOENT,
-                               "%s: no such segment \"%s\" (create=no opens "
-                               "only an existing one)", url, s->name);
+    return encache_store_fail(&s->base, ENCACHE_ENOENT,
+                              "%s: no such segment \"%s\" (create=no opens "
+                              "only an existing one)", url, s->name);
   if (s->fd < 0 && errno == ELOOP)
-    return encache__store_fail(&s->base, -ELOOP,
-                               "%s: %s is a symbolic link: refused "
-                               "(someone else made it: remove it and open "
-                               "again)", url, file);
+    return encache_store_fail(&s->base, -ELOOP,
+                              "%s: %s is a symbolic link: refused "
+                              "(someone else made it: remove it and open "
+                              "again)", url, file);
   if (s->fd < 0)
-    return encache__store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,
-                               path, strerror(errno));
+    return encache_store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,
+                              path, strerror(errno));
   if ((rc = encache__shm_check_owner(s, file)) < 0)
     return rc;
   /* create_size 0: attach to a finished segment, never make one. */

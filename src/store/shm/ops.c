@@ -2,7 +2,8 @@
 /*
  * ops.c: the shm Store's operations (exists, read, read_split,
  * object_size, write, remove, list, stats, close) and their table (with
- * the leases of lease.c).
+ * the leases of lease.c), and the handle's life: its allocation, the
+ * process's registry of open handles that fork() needs, its close.
  *
  * Each operation takes the segment lock only to look up or change the
  * structure (index.c, ring.c); object bytes are copied outside it, with
@@ -14,6 +15,7 @@
 
 #include <fnmatch.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -152,7 +154,7 @@ static int read_common(encache_store *st, const char *const *keys, size_t n,
   read_snap *snap = n <= 16 ? local : encache__calloc(n, sizeof(*snap));
   size_t damaged = 0;
   if (snap == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   int rc = encache__shm_lock(s);
   if (rc < 0)
     goto out;
@@ -224,16 +226,16 @@ static int write_refused(shm_store *s, const char *key, uint64_t obj_len,
   if (rc < 0)
     return rc;
   if (obj_len > s->data_size || rec_size(*klen, obj_len) > s->data_size)
-    return encache__store_fail(&s->base, ENCACHE_ETOOLARGE,
-                               "%s: object of %" PRIu64 " bytes does not fit "
-                               "the %" PRIu64 "-byte segment",
-                               s->base.url, obj_len, s->data_size);
+    return encache_store_fail(&s->base, ENCACHE_ETOOLARGE,
+                              "%s: object of %" PRIu64 " bytes does not fit "
+                              "the %" PRIu64 "-byte segment",
+                              s->base.url, obj_len, s->data_size);
   if (s->h == NULL)
     return encache__shm_lock(s); /* used after fork(): says so */
   if (s->slot < 0)
-    return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                               "%s: all %u writer slots are taken: close some "
-                               "handles", s->base.url, s->nslots);
+    return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                              "%s: all %u writer slots are taken: close some "
+                              "handles", s->base.url, s->nslots);
   return 0;
 }
 
@@ -252,8 +254,8 @@ static int write_reserve(shm_store *s, const char *key, size_t klen,
   if (e != NULL) {
     if (c.state != E_WRITING || encache__shm_owner_alive(s, &c)) {
       encache__shm_unlock(s);
-      return encache__store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
-                                 s->base.url);
+      return encache_store_fail(&s->base, ENCACHE_EEXIST, "%s: key exists",
+                                s->base.url);
     }
     encache__shm_entry_free(s, e); /* its writer died */
   }
@@ -283,17 +285,17 @@ static int write_publish(shm_store *s, const shm_pending *p) {
   }
   int r = encache__shm_publish(s, p);
   if (r < 0)
-    rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: the object was reclaimed while being "
-                             "written", s->base.url);
+    rc = encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: the object was reclaimed while being "
+                            "written", s->base.url);
   else if (r > 0)
-    rc = encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                             "%s: not written: a removal through a tier "
-                             "began after the object was read (purge epoch "
-                             "%" PRIu64 ", now %" PRIu64 ")", s->base.url,
-                             p->epoch,
-                             __atomic_load_n(&s->h->purge_epoch,
-                                             __ATOMIC_RELAXED));
+    rc = encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                            "%s: not written: a removal through a tier "
+                            "began after the object was read (purge epoch "
+                            "%" PRIu64 ", now %" PRIu64 ")", s->base.url,
+                            p->epoch,
+                            __atomic_load_n(&s->h->purge_epoch,
+                                            __ATOMIC_RELAXED));
   encache__shm_unlock(s);
   return rc;
 }
@@ -328,33 +330,31 @@ static int shm_write(encache_store *st, const char *key, const void *hdr,
   return write_common((shm_store *)st, key, hdr, hdr_len, payload, len, 0, 0);
 }
 
-int encache__shm_write_at_epoch(encache_store *st, uint64_t epoch,
-                                const char *key, const void *hdr,
-                                size_t hdr_len, const void *payload,
-                                size_t len) {
-  shm_store *s = encache__shm_handle(st);
-  if (s == NULL)
-    return encache__store_fail(st, ENCACHE_EINVAL, "not an shm Store");
-  return write_common(s, key, hdr, hdr_len, payload, len, 1, epoch);
-}
-
-int encache__shm_purge_epoch(encache_store *st, uint64_t *epoch) {
-  shm_store *s = encache__shm_handle(st);
-  if (s == NULL || s->h == NULL)
-    return encache__store_fail(st, ENCACHE_EINVAL, "%s",
-                               s == NULL ? "not an shm Store"
-                                         : "shm handle used in a child after "
-                                           "fork(): open a new one");
-  *epoch = __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE);
+/* The purge epoch's requests (base.h: the tier's side of removals): read
+ * it, bump it, or write only while it is still the one given.  A handle
+ * used in a child after fork() refuses them. */
+static int shm_control(encache_store *st, int op, void *arg) {
+  shm_store *s = (shm_store *)st;
+  if (op != ENCACHE__CONTROL_PURGE_EPOCH &&
+      op != ENCACHE__CONTROL_PURGE_EPOCH_BUMP &&
+      op != ENCACHE__CONTROL_WRITE_AT_EPOCH)
+    return ENCACHE_STORE_CONTROL_UNKNOWN;
+  if (arg == NULL)
+    return 0;
+  if (op == ENCACHE__CONTROL_WRITE_AT_EPOCH) {
+    const encache__epoch_write *w = arg;
+    return write_common(s, w->key, w->hdr, w->hdr_len, w->payload, w->len, 1,
+                        w->epoch);
+  }
+  if (s->h == NULL)
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "shm handle used in a child after fork(): "
+                              "open a new one");
+  *(uint64_t *)arg =
+      op == ENCACHE__CONTROL_PURGE_EPOCH
+          ? __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE)
+          : __atomic_add_fetch(&s->h->purge_epoch, 1, __ATOMIC_SEQ_CST);
   return 0;
-}
-
-int encache__shm_purge_epoch_bump(encache_store *st, uint64_t *epoch) {
-  int rc = encache__shm_purge_epoch(st, epoch);
-  if (rc == 0)
-    *epoch = __atomic_add_fetch(&((shm_store *)st)->h->purge_epoch, 1,
-                                __ATOMIC_SEQ_CST);
-  return rc;
 }
 
 static int shm_remove(encache_store *st, const char *key) {
@@ -362,8 +362,8 @@ static int shm_remove(encache_store *st, const char *key) {
   shm_entry c, *e;
   int rc = lock_find_ready(s, key, &e, &c);
   if (rc == ENCACHE_ENOENT)
-    return encache__store_fail(st, ENCACHE_ENOENT, "%s: no such key",
-                               s->base.url);
+    return encache_store_fail(st, ENCACHE_ENOENT, "%s: no such key",
+                              s->base.url);
   if (rc < 0)
     return rc;
   encache__shm_entry_free(s, e);
@@ -423,7 +423,7 @@ static int shm_list(encache_store *st, const char *pattern,
     rc = list_copy(s, pattern, items, cap, &n);
   encache__shm_unlock(s);
   if (items == NULL)
-    return encache__store_fail(st, ENCACHE_ENOMEM, "out of memory");
+    return encache_store_fail(st, ENCACHE_ENOMEM, "out of memory");
   for (size_t i = 0; i < n; i++) {
     if (rc == 0)
       rc = cb(items[i].key, items[i].len, arg);
@@ -451,9 +451,58 @@ static int shm_stats(encache_store *st, encache_store_stats *out) {
 
 /* ---------------------------------------------------- the handle's life */
 
+/*
+ * The process's open handles.  A child made by fork() shares each
+ * handle's open file description (through the descriptor and through the
+ * mapping), and with it the writer-slot lock: a parent killed mid-write
+ * would look alive for as long as its children live.  So the child drops
+ * both at once (the lock stays with the parent's); in the child the
+ * handles answer EINVAL until closed.
+ */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static shm_store *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+static void reg_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void reg_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void reg_child(void) {
+  for (shm_store *s = reg_head; s != NULL; s = s->reg_next) {
+    if (s->map != NULL)
+      munmap(s->map, s->map_size);
+    if (s->fd >= 0)
+      close(s->fd);
+    s->map = NULL;
+    s->h = NULL;
+    s->fd = -1;
+    s->slot = -1;
+  }
+  pthread_mutex_unlock(&reg_mu);
+}
+static void reg_init(void) {
+  pthread_atfork(reg_prepare, reg_parent, reg_child);
+}
+
+static void reg_add(shm_store *s) {
+  pthread_once(&reg_once, reg_init);
+  pthread_mutex_lock(&reg_mu);
+  s->reg_next = reg_head;
+  reg_head = s;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+static void reg_remove(shm_store *s) {
+  pthread_mutex_lock(&reg_mu);
+  for (shm_store **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
+    if (*p == s) {
+      *p = s->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
+}
+
 static void shm_close(encache_store *st) {
   shm_store *s = (shm_store *)st;
-  encache__shm_reg_remove(s);
+  reg_remove(s);
   if (s->map != NULL && s->npending > 0 && encache__shm_lock(s) == 0)
     encache__shm_unlock(s); /* publishes what a timeout left pending */
   if (s->map != NULL && s->slot >= 0)
@@ -486,7 +535,8 @@ static const encache__store_ops shm_ops = {
     .stats = shm_stats,
     .close = shm_close,
     .lease_take = encache__shm_lease_take, /* lease.c */
-    .lease_drop = encache__shm_lease_drop};
+    .lease_drop = encache__shm_lease_drop,
+    .control = shm_control};
 
 shm_store *encache__shm_handle(encache_store *st) {
   return st != NULL && st->ops == &shm_ops ? (shm_store *)st : NULL;
@@ -497,6 +547,7 @@ int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp) {
   if (s == NULL)
     return ENCACHE_ENOMEM;
   s->base.ops = &shm_ops;
+  encache__store_profile_set(&s->base);
   s->fd = -1;
   s->lock_timeout_ms = SHM_DEFAULT_LOCK_MS;
   s->checksum = 1;
@@ -508,7 +559,7 @@ int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp) {
     encache__free(s);
     return ENCACHE_ENOMEM;
   }
-  encache__shm_reg_add(s);
+  reg_add(s);
   *out = &s->base;
   *sp = s;
   return 0;

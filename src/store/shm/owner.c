@@ -59,9 +59,9 @@ int encache__shm_parse_group(shm_store *s, const char *v) {
   struct group gr, *res = NULL;
   char buf[4096];
   if (getgrnam_r(v, &gr, buf, sizeof(buf), &res) != 0 || res == NULL)
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: group=%s: no such group (give a group "
-                               "name or a numeric gid)", s->base.url, v);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: group=%s: no such group (give a group "
+                              "name or a numeric gid)", s->base.url, v);
   s->share_gid = (long)gr.gr_gid;
   return 0;
 }
@@ -69,19 +69,19 @@ int encache__shm_parse_group(shm_store *s, const char *v) {
 int encache__shm_parse_mode(shm_store *s, const char *v) {
   if (strcmp(v, "0600") != 0 && strcmp(v, "600") != 0 &&
       strcmp(v, "0660") != 0 && strcmp(v, "660") != 0)
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: mode=%s: must be 0600 or 0660 (the "
-                               "segment's owner and group read and write "
-                               "it; others get no access)", s->base.url, v);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: mode=%s: must be 0600 or 0660 (the "
+                              "segment's owner and group read and write "
+                              "it; others get no access)", s->base.url, v);
   s->create_mode = strstr(v, "660") != NULL ? 0660 : 0600;
   return 0;
 }
 
 int encache__shm_check_options(shm_store *s) {
   if (s->create_mode == 0660 && s->share_gid < 0)
-    return encache__store_fail(&s->base, ENCACHE_EURL,
-                               "%s: mode=0660 needs group= (the group the "
-                               "segment is shared with)", s->base.url);
+    return encache_store_fail(&s->base, ENCACHE_EURL,
+                              "%s: mode=0660 needs group= (the group the "
+                              "segment is shared with)", s->base.url);
   if (s->create_mode == 0)
     s->create_mode = s->share_gid >= 0 ? 0660 : 0600;
   return 0;
@@ -97,39 +97,39 @@ int encache__shm_check_owner(shm_store *s, const char *path) {
   struct stat sb;
   char who[300], me[300];
   if (fstat(s->fd, &sb) != 0)
-    return encache__store_fail(&s->base, -errno, "%s: fstat %s: %s", u, path,
-                               strerror(errno));
+    return encache_store_fail(&s->base, -errno, "%s: fstat %s: %s", u, path,
+                              strerror(errno));
   if (!S_ISREG(sb.st_mode))
-    return encache__store_fail(&s->base, -EPERM,
-                               "%s: %s is not a regular file (%s): refused; "
-                               "someone else made it: remove it (rm %s) and "
-                               "open again", u, path, file_kind(sb.st_mode),
-                               path);
+    return encache_store_fail(&s->base, -EPERM,
+                              "%s: %s is not a regular file (%s): refused; "
+                              "someone else made it: remove it (rm %s) and "
+                              "open again", u, path, file_kind(sb.st_mode),
+                              path);
   uid_text(sb.st_uid, who, sizeof(who));
   uid_text(geteuid(), me, sizeof(me));
   if (sb.st_mode & S_IWOTH)
-    return encache__store_fail(&s->base, -EPERM,
-                               "%s: %s is owned by %s and writable by others "
-                               "(mode 0%03o): refused, anyone could plant "
-                               "or destroy objects in it; its owner (or root) "
-                               "can remove it: encache shm destroy %s", u,
-                               path, who, (unsigned)(sb.st_mode & 0777),
-                               s->name);
+    return encache_store_fail(&s->base, -EPERM,
+                              "%s: %s is owned by %s and writable by others "
+                              "(mode 0%03o): refused, anyone could plant "
+                              "or destroy objects in it; its owner (or root) "
+                              "can remove it: encache shm destroy %s", u,
+                              path, who, (unsigned)(sb.st_mode & 0777),
+                              s->name);
   if (sb.st_uid != geteuid() && !group_named(s, &sb))
-    return encache__store_fail(&s->base, -EPERM,
-                               "%s: %s is owned by %s, not by this process's "
-                               "user (%s), and not by a group the URL names: "
-                               "refused; if it is not meant to be shared, its "
-                               "owner (or root) can remove it: encache shm "
-                               "destroy %s; " SHARE_HINT, u, path, who, me,
-                               s->name);
+    return encache_store_fail(&s->base, -EPERM,
+                              "%s: %s is owned by %s, not by this process's "
+                              "user (%s), and not by a group the URL names: "
+                              "refused; if it is not meant to be shared, its "
+                              "owner (or root) can remove it: encache shm "
+                              "destroy %s; " SHARE_HINT, u, path, who, me,
+                              s->name);
   if ((sb.st_mode & S_IWGRP) && !group_named(s, &sb))
-    return encache__store_fail(&s->base, -EPERM,
-                               "%s: %s is writable by its group (gid %u, "
-                               "mode 0%03o), which the URL does not name: "
-                               "refused; " SHARE_HINT, u, path,
-                               (unsigned)sb.st_gid,
-                               (unsigned)(sb.st_mode & 0777));
+    return encache_store_fail(&s->base, -EPERM,
+                              "%s: %s is writable by its group (gid %u, "
+                              "mode 0%03o), which the URL does not name: "
+                              "refused; " SHARE_HINT, u, path,
+                              (unsigned)sb.st_gid,
+                              (unsigned)(sb.st_mode & 0777));
   return 0;
 }
 
@@ -137,12 +137,12 @@ int encache__shm_own_new_file(shm_store *s) {
   if (s->create_mode == 0) /* opened on a descriptor: left as it is */
     return 0;
   if (s->share_gid >= 0 && fchown(s->fd, (uid_t)-1, (gid_t)s->share_gid) != 0)
-    return encache__store_fail(&s->base, -errno,
-                               "%s: cannot give the new segment to group %ld "
-                               "(is this user a member of it?): %s",
-                               s->base.url, s->share_gid, strerror(errno));
+    return encache_store_fail(&s->base, -errno,
+                              "%s: cannot give the new segment to group %ld "
+                              "(is this user a member of it?): %s",
+                              s->base.url, s->share_gid, strerror(errno));
   if (fchmod(s->fd, (mode_t)s->create_mode) != 0)
-    return encache__store_fail(&s->base, -errno, "%s: fchmod: %s",
-                               s->base.url, strerror(errno));
+    return encache_store_fail(&s->base, -errno, "%s: fchmod: %s",
+                              s->base.url, strerror(errno));
   return 0;
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * repair.c: the shm Store's writer liveness, its structure check and its
- * repair.
+ * repair (and the lookup that repairs a corrupt chain it meets).
  *
  * Writer liveness.  Each handle holds an open-file-description lock
  * (F_OFD_SETLK) on one byte of the segment file beyond its end, its slot,
@@ -162,9 +162,9 @@ static int collect_kept(shm_store *s, kept_rec **krp, size_t *nkp) {
       kept_rec *n = encache__realloc(kr, ncap * sizeof(*kr));
       if (n == NULL) {
         encache__free(kr);
-        return encache__store_fail(&s->base, ENCACHE_ENOMEM,
-                                   "%s: out of memory for a repair",
-                                   s->base.url);
+        return encache_store_fail(&s->base, ENCACHE_ENOMEM,
+                                  "%s: out of memory for a repair",
+                                  s->base.url);
       }
       kr = n;
       cap = ncap;
@@ -343,4 +343,19 @@ void encache__shm_check_counters(shm_store *s) {
     damaged = 1;
   }
   h->repairs += (uint64_t)damaged;
+}
+
+/* ---------------------------------------------------- repairing lookups */
+
+/* Finds the live entry for key (NULL: none), with its checked copy in *c;
+ * repairs the structure and looks again once when the chain is corrupt. */
+shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
+                             uint64_t hash, shm_entry *c) {
+  int corrupt = 0;
+  shm_entry *e = encache__shm_find_once(s, key, klen, hash, c, &corrupt);
+  if (corrupt && encache__shm_repair(s) == 0) {
+    corrupt = 0;
+    e = encache__shm_find_once(s, key, klen, hash, c, &corrupt);
+  }
+  return corrupt ? NULL : e;
 }

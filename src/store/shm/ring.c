@@ -127,8 +127,8 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos, uint32_t *fe,
   unsigned relabelled = 0; /* in a row: more than writers can hold = full */
   for (uint64_t steps = 0;; steps++) {
     if (steps > 4 * (uint64_t)s->nentries + 16)
-      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                 "%s: could not make room", s->base.url);
+      return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                "%s: could not make room", s->base.url);
     shm_header *h = s->h;
     uint32_t first = h->fifo_first, last = h->fifo_last, fr = h->free_first;
     uint64_t head = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
@@ -141,8 +141,8 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos, uint32_t *fe,
     }
     uint64_t start = head_start(s, head, rec);
     if (first == 0 && fr == 0)
-      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                 "%s: no free entry", s->base.url);
+      return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                "%s: no free entry", s->base.url);
     if (fr != 0 && (first == 0 || start + rec <= oc.pos + s->data_size)) {
       *pos = start;
       *fe = fr;
@@ -152,9 +152,9 @@ static int make_room(shm_store *s, uint64_t rec, uint64_t *pos, uint32_t *fe,
     if (relabelled > s->nslots ||
         (first == last && oc.state == E_WRITING &&
          encache__shm_owner_alive(s, &oc)))
-      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                 "%s: full of objects still being written",
-                                 s->base.url);
+      return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                "%s: full of objects still being written",
+                                s->base.url);
     relabelled = drop_oldest(s, ent(s, first), &oc, &budget) ? relabelled + 1
                                                               : 0;
   }

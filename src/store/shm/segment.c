@@ -105,9 +105,9 @@ static int segment_init(shm_store *s, uint64_t total) {
   entry_counts(total, &nent, &nb);
   layout(total, nent, nb, h);
   if (h->data_off + SHM_MIN_DATA > total)
-    return encache__store_fail(&s->base, ENCACHE_EINVAL,
-                               "%s: size %" PRIu64 " is too small",
-                               s->base.url, total);
+    return encache_store_fail(&s->base, ENCACHE_EINVAL,
+                              "%s: size %" PRIu64 " is too small",
+                              s->base.url, total);
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
   pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -115,8 +115,8 @@ static int segment_init(shm_store *s, uint64_t total) {
   int rc = pthread_mutex_init(&h->lock, &a);
   pthread_mutexattr_destroy(&a);
   if (rc != 0)
-    return encache__store_fail(&s->base, -rc, "%s: mutex init: %s",
-                               s->base.url, strerror(rc));
+    return encache_store_fail(&s->base, -rc, "%s: mutex init: %s",
+                              s->base.url, strerror(rc));
   shm_entry *entries = (shm_entry *)(s->map + h->entries_off);
   memset(entries, 0, nent * sizeof(shm_entry));
   for (uint32_t i = 0; i < nent; i++) {
@@ -146,11 +146,11 @@ static int segment_check(shm_store *s, uint64_t file_size, shm_header *g) {
   const shm_header *h = g;
   const char *u = s->base.url;
   if (h->magic != SHM_MAGIC)
-    return encache__store_fail(&s->base, ENCACHE_EFORMAT,
-                               "%s: not an encache segment (bad magic "
-                               "0x%016" PRIx64 ")", u, h->magic);
+    return encache_store_fail(&s->base, ENCACHE_EFORMAT,
+                              "%s: not an encache segment (bad magic "
+                              "0x%016" PRIx64 ")", u, h->magic);
   if (h->format != SHM_FORMAT)
-    return encache__store_fail(
+    return encache_store_fail(
         &s->base, ENCACHE_EFORMAT,
         "%s: segment format 0x%016" PRIx64 " (layout version %u), this "
         "library uses 0x%016" PRIx64 " (version %u): destroy the segment or "
@@ -158,14 +158,14 @@ static int segment_check(shm_store *s, uint64_t file_size, shm_header *g) {
         u, h->format, (unsigned)(h->format >> 56), (uint64_t)SHM_FORMAT,
         SHM_VERSION);
   if (h->total_size != file_size || !geometry_ok(h))
-    return encache__store_fail(&s->base, ENCACHE_EFORMAT,
-                               "%s: corrupted segment header (geometry does "
-                               "not match a %" PRIu64 "-byte segment): "
-                               DESTROY_HINT, u, file_size, s->name);
+    return encache_store_fail(&s->base, ENCACHE_EFORMAT,
+                              "%s: corrupted segment header (geometry does "
+                              "not match a %" PRIu64 "-byte segment): "
+                              DESTROY_HINT, u, file_size, s->name);
   if (encache__shm_lock_damaged(&((shm_header *)s->map)->lock))
-    return encache__store_fail(&s->base, ENCACHE_EFORMAT,
-                               "%s: the segment lock is damaged: " DESTROY_HINT,
-                               u, s->name);
+    return encache_store_fail(&s->base, ENCACHE_EFORMAT,
+                              "%s: the segment lock is damaged: " DESTROY_HINT,
+                              u, s->name);
   return 0;
 }
 
@@ -231,8 +231,8 @@ static int wait_finished(shm_store *s, uint64_t *size, uint64_t *magic,
     if (fstat(s->fd, &sb) != 0 ||
         ((*size = (uint64_t)sb.st_size) >= sizeof(*magic) &&
          pread(s->fd, magic, sizeof(*magic), 0) != (ssize_t)sizeof(*magic)))
-      return encache__store_fail(&s->base, -errno, "%s: %s", u,
-                                 strerror(errno));
+      return encache_store_fail(&s->base, -errno, "%s: %s", u,
+                                strerror(errno));
     if ((*magic == SHM_MAGIC && *size >= sizeof(shm_header)) || *locked)
       return 0;
     if (flock(s->fd, LOCK_EX | LOCK_NB) == 0) {
@@ -240,18 +240,18 @@ static int wait_finished(shm_store *s, uint64_t *size, uint64_t *magic,
       continue;
     }
     if (errno != EWOULDBLOCK && errno != EINTR)
-      return encache__store_fail(&s->base, -errno, "%s: flock: %s", u,
-                                 strerror(errno));
+      return encache_store_fail(&s->base, -errno, "%s: flock: %s", u,
+                                strerror(errno));
     if (sb.st_blocks != blocks) { /* the creator is still reserving memory */
       blocks = sb.st_blocks;
       start = mono_ms();
     }
     uint64_t bound = SHM_OPEN_WAIT_MS + 8 * (*size >> 20);
     if (mono_ms() - start >= bound)
-      return encache__store_fail(&s->base, ENCACHE_EUNAVAIL,
-                                 "%s: another process has been creating the "
-                                 "segment for over %" PRIu64 " ms without "
-                                 "progress (is it stopped?)", u, bound);
+      return encache_store_fail(&s->base, ENCACHE_EUNAVAIL,
+                                "%s: another process has been creating the "
+                                "segment for over %" PRIu64 " ms without "
+                                "progress (is it stopped?)", u, bound);
     usleep(1000);
   }
 }
@@ -273,18 +273,18 @@ static int must_create(shm_store *s, uint64_t size, uint64_t magic,
     /* Its creator held the flock we now hold: it died mid-creation.  It
      * is remade unless a handle has it open (then it is damaged). */
     if (encache__shm_slots_held(s->fd, size))
-      return encache__store_fail(&s->base, ENCACHE_EFORMAT,
-                                 "%s: the segment is marked unfinished but "
-                                 "is in use: " DESTROY_HINT,
-                                 s->base.url, s->name);
+      return encache_store_fail(&s->base, ENCACHE_EFORMAT,
+                                "%s: the segment is marked unfinished but "
+                                "is in use: " DESTROY_HINT,
+                                s->base.url, s->name);
     *fresh = 1;
     return 0;
   }
-  return encache__store_fail(&s->base, ENCACHE_EFORMAT,
-                             "%s: not an encache segment, or its header is "
-                             "damaged (%" PRIu64 " bytes, magic 0x%016" PRIx64
-                             "): " DESTROY_HINT,
-                             s->base.url, size, magic, s->name);
+  return encache_store_fail(&s->base, ENCACHE_EFORMAT,
+                            "%s: not an encache segment, or its header is "
+                            "damaged (%" PRIu64 " bytes, magic 0x%016" PRIx64
+                            "): " DESTROY_HINT,
+                            s->base.url, size, magic, s->name);
 }
 
 /* Sizes the file for a new segment of create_size bytes (rounded up to a
@@ -299,13 +299,13 @@ static int create_file(shm_store *s, uint64_t create_size, uint64_t *size) {
   if (ftruncate(s->fd, 0) != 0 ||
       pwrite(s->fd, &init, sizeof(init), 0) != (ssize_t)sizeof(init) ||
       ftruncate(s->fd, (off_t)*size) != 0)
-    return encache__store_fail(&s->base, -errno, "%s: cannot create: %s", u,
-                               strerror(errno));
+    return encache_store_fail(&s->base, -errno, "%s: cannot create: %s", u,
+                              strerror(errno));
   /* Reserve the memory now: a full /dev/shm must fail here, cleanly, not
    * with SIGBUS on some later write. */
   int fr = posix_fallocate(s->fd, 0, (off_t)*size);
   if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) {
-    rc = encache__store_fail(&s->base, -fr,
+    rc = encache_store_fail(&s->base, -fr,
                                  "%s: cannot reserve %" PRIu64 " bytes: %s",
                                  u, *size, strerror(fr));
     if (ftruncate(s->fd, 0) != 0) { /* leave it empty, to be remade */
@@ -320,7 +320,7 @@ static int create_file(shm_store *s, uint64_t create_size, uint64_t *size) {
 static int map_segment(shm_store *s, uint64_t size, int fresh) {
   const char *u = s->base.url;
   if (size > SIZE_MAX)
-    return encache__store_fail(&s->base, ENCACHE_EFORMAT, "%s: too large", u);
+    return encache_store_fail(&s->base, ENCACHE_EFORMAT, "%s: too large", u);
   /* Populate the page tables now: first-touch faults would otherwise
    * cost every early write of a large segment about as much as its copy.
    * Small segments (tests, the fuzzer) are cheaper to fault in lazily. */
@@ -328,8 +328,8 @@ static int map_segment(shm_store *s, uint64_t size, int fresh) {
   void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
                    MAP_SHARED | populate, s->fd, 0);
   if (map == MAP_FAILED)
-    return encache__store_fail(&s->base, -errno, "%s: mmap: %s", u,
-                               strerror(errno));
+    return encache_store_fail(&s->base, -errno, "%s: mmap: %s", u,
+                              strerror(errno));
   s->map = map;
   s->map_size = (size_t)size;
   shm_header g;
@@ -356,10 +356,10 @@ int encache__shm_attach(shm_store *s, uint64_t create_size) {
   if (rc == 0)
     rc = must_create(s, size, magic, &fresh);
   if (rc == 0 && fresh && create_size == 0) /* create=no */
-    rc = encache__store_fail(&s->base, ENCACHE_ENOENT,
-                             "%s: no such segment \"%s\": its file is empty "
-                             "or unfinished (create=no opens only a finished "
-                             "one)", s->base.url, s->name);
+    rc = encache_store_fail(&s->base, ENCACHE_ENOENT,
+                            "%s: no such segment \"%s\": its file is empty "
+                            "or unfinished (create=no opens only a finished "
+                            "one)", s->base.url, s->name);
   else if (rc == 0 && fresh)
     rc = create_file(s, create_size, &size);
   if (rc == 0)

@@ -63,16 +63,19 @@
  *               lookups
  *   ring.c      allocation in the data ring, eviction, second chance
  *   lock.c      the segment lock, stalls, publications left pending
- *   repair.c    writer liveness (slots), the structure check, repair
+ *   repair.c    writer liveness (slots), the structure check, repair,
+ *               the lookup that repairs a corrupt chain
  *   lease.c     single-flight leases: their table, taking and dropping
  *   checksum.c  object checksums, computed inside the copies
- *   ops.c       the Store operations and their table
- *   open.c      URL and options, opening, destroying, the fork registry
+ *   ops.c       the Store operations and their table, the handle's
+ *               life (allocation, the fork registry, close)
+ *   open.c      URL and options, opening, destroying
  */
 #ifndef ENCACHE_SHM_H
 #define ENCACHE_SHM_H
 
-#include "store.h"
+#include "../base.h"
+#include "testing.h"
 #include "sum.h"
 
 #include <pthread.h>
@@ -203,8 +206,8 @@ typedef struct shm_header {
    * removal from its remote tier, before its removal from this one).  A
    * write made for an earlier epoch (a promotion, read from the remote
    * before such a removal) is refused when it is published
-   * (encache__shm_write_at_epoch()), so that no process of the host
-   * brings a removed object back.  Damage to it costs refused promotions,
+   * (ENCACHE__CONTROL_WRITE_AT_EPOCH, base.h), so that no process of the
+   * host brings a removed object back.  Damage to it costs refused promotions,
    * never a wrong hit.  On its own cache line: it is read by every
    * remote lookup of a tier and written by removals only. */
   _Alignas(64) uint64_t purge_epoch;
@@ -419,19 +422,20 @@ void encache__shm_fifo_append(shm_store *s, shm_entry *e);
 void encache__shm_chain_insert(shm_store *s, shm_entry *e);
 /* Ends a live entry (its generation first) and frees it. */
 void encache__shm_entry_free(shm_store *s, shm_entry *e);
-/* The live entry of key (NULL: none), its checked copy in *c; repairs a
- * chain that does not validate. */
-shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
-                             uint64_t hash, shm_entry *c);
+/* The live entry of key (NULL: none), its checked copy in *c, or NULL
+ * with *corrupt set when the chain does not validate. */
+shm_entry *encache__shm_find_once(shm_store *s, const char *key,
+                                  uint32_t klen, uint64_t hash, shm_entry *c,
+                                  int *corrupt);
 
 /* Checks a key's length (returned in *klen); the message says the bounds.
  * (Every key of every operation asks: inline.) */
 static inline int key_ok(shm_store *s, const char *key, size_t *klen) {
   *klen = strlen(key);
   if (*klen == 0 || *klen > SHM_MAX_KEY)
-    return encache__store_fail(&s->base, ENCACHE_EINVAL,
-                               "key length %zu: must be 1 to %u bytes", *klen,
-                               SHM_MAX_KEY);
+    return encache_store_fail(&s->base, ENCACHE_EINVAL,
+                              "key length %zu: must be 1 to %u bytes", *klen,
+                              SHM_MAX_KEY);
   return 0;
 }
 
@@ -470,6 +474,11 @@ int encache__shm_slots_held(int fd, uint64_t size);
 int encache__shm_repair(shm_store *s);
 /* Under the lock: whether every list and chain validates. */
 int encache__shm_structure_ok(shm_store *s);
+/* The live entry of key (NULL: none), its checked copy in *c, through
+ * index.c's lookup; repairs a chain that does not validate and looks
+ * again, once. */
+shm_entry *encache__shm_find(shm_store *s, const char *key, uint32_t klen,
+                             uint64_t hash, shm_entry *c);
 /* Checks the header's counters against what the segment's history
  * allows and restarts (0) those that cannot be right, counting a repair
  * (repair.c).  Under the lock. */
@@ -487,7 +496,7 @@ int encache__shm_lease_drop(encache_store *st, const char *key,
 /* encache__shm_sum_final(), encache__shm_copy_sum() and
  * encache__shm_sum_update(): in sum.h (the Redis Store uses them too). */
 
-/* ------------------------------------------------- ops.c and open.c */
+/* ------------------------------------------------------------- ops.c */
 
 /* The shm handle st is, or NULL when st is another Store's. */
 shm_store *encache__shm_handle(encache_store *st);
@@ -502,7 +511,5 @@ int encache__shm_parse_mode(shm_store *s, const char *v);
 int encache__shm_check_options(shm_store *s);
 int encache__shm_check_owner(shm_store *s, const char *path);
 int encache__shm_own_new_file(shm_store *s);
-void encache__shm_reg_add(shm_store *s);
-void encache__shm_reg_remove(shm_store *s);
 
 #endif

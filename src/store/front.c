@@ -1,59 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * store.c: the one door to every Store: the scheme table (built-in and
- * registered backends), handles of users' backends, the calling thread's
- * messages, the one classification of answers, and the public
+ * front.c: the one door to every Store: the scheme table (built-in and
+ * registered backends), handles of users' backends, and the public
  * encache_store_* functions, which check arguments once and forward to
- * the backend.
+ * the backend.  It stands on the backends (backends.h: their open
+ * functions, nothing else) and on the core (base.h: messages, checks,
+ * profiles), which no backend sees past.
  */
-#include "store.h"
-#include "tier.h"
+#include "backends.h"
+#include "base.h"
 
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Messages are per thread, so that threads sharing a handle never see or
- * clobber each other's, and scoped to the handle they are about. */
-static _Thread_local struct {
-  const encache_store *st; /* NULL: an open */
-  char msg[512];
-} last;
-
-int encache_store_fail(encache_store *st, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(last.msg, sizeof(last.msg), fmt, ap);
-  va_end(ap);
-  last.st = st;
-  return rc;
-}
-
-const char *encache_store_errmsg(const encache_store *st) {
-  return last.st == st ? last.msg : "";
-}
-
-int encache__query_next(encache__query *q, char *key, size_t ksize, char *val,
-                        size_t vsize) {
-  if (q->p == NULL || *q->p == '\0')
-    return 0;
-  const char *amp = strchr(q->p, '&');
-  size_t len = amp ? (size_t)(amp - q->p) : strlen(q->p);
-  const char *eq = memchr(q->p, '=', len);
-  if (eq == NULL || eq == q->p)
-    return ENCACHE_EURL;
-  size_t kl = (size_t)(eq - q->p), vl = len - kl - 1;
-  if (kl >= ksize || vl >= vsize)
-    return ENCACHE_EURL;
-  memcpy(key, q->p, kl);
-  key[kl] = '\0';
-  memcpy(val, eq + 1, vl);
-  val[vl] = '\0';
-  q->p = amp ? amp + 1 : q->p + len;
-  return 1;
-}
 
 /* A copy of url as shown: user kept, password never. */
 static char *redact_url(const char *url) {
@@ -182,13 +143,13 @@ int encache_store_open(const char *url, encache_store **out) {
   int rc = e->open(url, e->arg, &st);
   if (rc < 0 && st != NULL) {
     /* No handle on failure: its message becomes the open's. */
-    char msg[sizeof(last.msg)];
+    char msg[ENCACHE__STORE_MSG_MAX];
     snprintf(msg, sizeof(msg), "%s", encache_store_errmsg(st));
     encache_store_close(st);
     encache_store_fail(NULL, rc, "%s", msg);
     st = NULL;
-  } else if (rc < 0 && last.st != NULL) {
-    last.st = NULL;
+  } else if (rc < 0) {
+    encache__store_msg_unscope();
   } else if (rc >= 0) {
     ENCACHE_ASSERT(st != NULL && encache__backend_check(st->ops) == 0);
   }
@@ -230,47 +191,6 @@ int encache_store_lease_drop(encache_store *st, const char *key,
 
 /* --------------------------------------------------------- your own Store */
 
-int encache__backend_check(const encache_store_backend *b) {
-  static const struct {
-    unsigned cap;
-    size_t off;
-    const char *name;
-  } optional[] = {
-      {ENCACHE_STORE_CAP_READ_SPLIT, offsetof(encache_store_backend, read_split), "read_split"},
-      {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, register_buffer), "register_buffer"},
-      {ENCACHE_STORE_CAP_REGISTER, offsetof(encache_store_backend, unregister_buffer), "unregister_buffer"},
-      {ENCACHE_STORE_CAP_LIST, offsetof(encache_store_backend, list), "list"},
-      {ENCACHE_STORE_CAP_REMOVE_PREFIX, offsetof(encache_store_backend, remove_prefix), "remove_prefix"},
-      {ENCACHE_STORE_CAP_LEASE, offsetof(encache_store_backend, lease_take), "lease_take"},
-      {ENCACHE_STORE_CAP_LEASE, offsetof(encache_store_backend, lease_drop), "lease_drop"}};
-  if (b == NULL || b->size < ENCACHE__BACKEND_SIZE_1_0 ||
-      b->version != ENCACHE_STORE_BACKEND_VERSION)
-    return encache_store_fail(NULL, ENCACHE_EINVAL,
-                              "Store backend: size %zu or version %u is not "
-                              "this library's (at least %zu, %u)",
-                              b ? b->size : 0, b ? b->version : 0,
-                              (size_t)ENCACHE__BACKEND_SIZE_1_0,
-                              ENCACHE_STORE_BACKEND_VERSION);
-  if (b->kind == NULL || b->exists == NULL || b->read == NULL ||
-      b->object_size == NULL || b->write == NULL || b->remove == NULL ||
-      b->stats == NULL || b->close == NULL)
-    return encache_store_fail(NULL, ENCACHE_EINVAL,
-                              "Store backend %s: kind, exists, read, "
-                              "object_size, write, remove, stats and close "
-                              "are required", b->kind ? b->kind : "(no kind)");
-  for (size_t i = 0; i < sizeof(optional) / sizeof(optional[0]); i++) {
-    /* A smaller (older) table ends before the operation: not given. */
-    int given = b->size >= optional[i].off + sizeof(void *) &&
-                *(void *const *)((const char *)b + optional[i].off) != NULL;
-    if (given != ((b->caps & optional[i].cap) != 0))
-      return encache_store_fail(NULL, ENCACHE_EINVAL,
-                                "Store backend %s: %s is %s but its capability "
-                                "flag is %s", b->kind, optional[i].name,
-                                given ? "given" : "NULL", given ? "off" : "on");
-  }
-  return 0;
-}
-
 int encache_store_new(const encache_store_backend *b, void *data,
                       const char *url, encache_store **out) {
   if (out == NULL)
@@ -291,6 +211,7 @@ int encache_store_new(const encache_store_backend *b, void *data,
   }
   st->ops = b;
   st->data = data;
+  encache__store_profile_set(st);
   *out = st;
   return 0;
 }
@@ -322,7 +243,7 @@ int encache_store_exists(encache_store *st, const char *const *keys, size_t n,
     return ENCACHE_EINVAL;
   for (size_t i = 0; i < n; i++)
     if (keys[i] == NULL)
-      return encache__store_fail(st, ENCACHE_EINVAL, "key %zu is NULL", i);
+      return encache_store_fail(st, ENCACHE_EINVAL, "key %zu is NULL", i);
   return n == 0 ? 0 : st->ops->exists(st, keys, n, results);
 }
 
@@ -335,8 +256,8 @@ int encache_store_read(encache_store *st, const char *const *keys, size_t n,
     return ENCACHE_EINVAL;
   for (size_t i = 0; i < n; i++)
     if (keys[i] == NULL || (bufs[i] == NULL && caps[i] != 0))
-      return encache__store_fail(st, ENCACHE_EINVAL,
-                                 "item %zu: NULL key or buffer", i);
+      return encache_store_fail(st, ENCACHE_EINVAL,
+                                "item %zu: NULL key or buffer", i);
   return n == 0 ? 0 : st->ops->read(st, keys, n, bufs, caps, results);
 }
 
@@ -369,9 +290,9 @@ int encache_store_list(encache_store *st, const char *pattern,
   if (st == NULL || cb == NULL)
     return ENCACHE_EINVAL;
   if (!(st->ops->caps & ENCACHE_STORE_CAP_LIST))
-    return encache__store_fail(st, ENCACHE_EINVAL,
-                               "the %s Store cannot list its keys",
-                               st->ops->kind);
+    return encache_store_fail(st, ENCACHE_EINVAL,
+                              "the %s Store cannot list its keys",
+                              st->ops->kind);
   return st->ops->list(st, pattern, cb, arg);
 }
 
@@ -393,23 +314,4 @@ int encache_store_stats_get(encache_store *st, encache_store_stats *stats) {
                                      offsetof(encache_store_stats,
                                               tier_local_hits))
                 : 0;
-}
-
-int encache_store_classify(int64_t rc) {
-  if (rc >= 0)
-    return ENCACHE_ANSWER_OK;
-  switch (rc) {
-  case ENCACHE_ENOENT:
-    return ENCACHE_ANSWER_ABSENT;
-  case ENCACHE_EEXIST:
-    return ENCACHE_ANSWER_EXISTS;
-  case ENCACHE_ETOOLARGE:
-    return ENCACHE_ANSWER_TOO_LARGE;
-  case ENCACHE_EUNAVAIL:
-  case ENCACHE_EINVAL:
-  case ENCACHE_ENOMEM:
-    return ENCACHE_ANSWER_RECOVERABLE;
-  default:
-    return ENCACHE_ANSWER_UNCONFIRMED;
-  }
 }
