@@ -15,7 +15,9 @@ circle is taken as one room.
 
 prints the circles and the floors of the rooms under the given folder (all
 of src/ by default; edges leaving it are ignored).  --room makes a folder
-one room (a backend's files: src/store/shm).  --check fails (exit 1)
+one room (a backend's files: src/store/shm); --part NAME=REGEX makes the
+rooms REGEX matches one (to count the floors of parts: the Store's
+backends, the read path).  --check fails (exit 1)
 on a circle with a room that REGEX (re.fullmatch, default: none) does not
 match: the allowed circle is the tiered Store, which opens Stores through
 the scheme table that opens it.
@@ -31,13 +33,18 @@ SEARCH = ["src", "src/store", "src/config", "include"]  # CMake's -I
 
 
 FOLDERS = []  # --room: folders that are one room each
+PARTS = []  # --part NAME=REGEX: rooms that count as one part
 
 
 def room_of(path):
+    room = os.path.splitext(path)[0]
     for f in FOLDERS:
         if path.startswith(f + "/"):
-            return f
-    return os.path.splitext(path)[0]
+            room = f
+    for name, rx in PARTS:
+        if re.fullmatch(rx, room):
+            return name
+    return room
 
 
 def sources(root, under):
@@ -104,7 +111,7 @@ def graph(root, build, under):
         defined, used = symbols(obj)
         for s in defined:
             owner[s] = room_of(src)
-        uses[room_of(src)] = used
+        uses.setdefault(room_of(src), set()).update(used)
     for r, used in uses.items():
         for s in used:
             o = owner.get(s)
@@ -172,8 +179,13 @@ def main():
     ap.add_argument("--allow", default="")
     ap.add_argument("--room", action="append", default=[],
                     help="a folder whose files are one room (a backend)")
+    ap.add_argument("--part", action="append", default=[],
+                    help="NAME=REGEX: the rooms REGEX matches are one part")
     a = ap.parse_args()
     FOLDERS.extend(r.rstrip("/") for r in a.room)
+    for p in a.part:
+        name, _, rx = p.partition("=")
+        PARTS.append((name, rx))
     root = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
     edges = graph(root, a.build, a.under)
     comps = circles(edges)
