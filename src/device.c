@@ -204,14 +204,14 @@ static int wait_event(void *ev, uint64_t timeout_ms, const char *what,
     if (e != CUDA_NOT_READY) {
       snprintf(why, size, "%s: its completion cannot be confirmed "
                "(cudaEventQuery: %s)", what, err_str(e));
-      return -1;
+      return ENCACHE_EUNCONFIRMED;
     }
     uint64_t now = now_us();
     if (now >= deadline) {
       snprintf(why, size, "%s did not complete within %llu ms "
                "(device_sync_timeout_ms)", what,
                (unsigned long long)timeout_ms);
-      return -1;
+      return ENCACHE_EUNCONFIRMED;
     }
     if (now - start < SPIN_US) {
       sched_yield();
@@ -522,7 +522,7 @@ int encache__pinned_wait(encache *ec, encache__pinned *b, char *why,
   if (e != CUDA_OK) {
     snprintf(why, size, "the copy of the output from CUDA device %d cannot "
              "be confirmed (cudaSetDevice: %s)", b->event_dev, err_str(e));
-    return -1;
+    return ENCACHE_EUNCONFIRMED;
   }
   return wait_event(b->event, ec->device_timeout_ms,
                     "the copy of the output from its CUDA device", why, size);

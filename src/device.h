@@ -49,8 +49,8 @@ int encache__device_publish_begin(encache *ec, const encache_tensor *view,
 /* The buffer's bytes (the payload to write). */
 const void *encache__pinned_data(const encache__pinned *b);
 /* Worker: makes the event's device the thread's current one, then waits
- * for the copy (bounded).  0, or -1 with why[0..size) set (the job is
- * fatal: the buffer must be kept). */
+ * for the copy (bounded).  0, or ENCACHE_EUNCONFIRMED with why[0..size)
+ * set (the job is fatal: the buffer must be kept). */
 int encache__pinned_wait(encache *ec, encache__pinned *b, char *why,
                          size_t size);
 /* Caller's thread: gives the buffer back to the pool (its copy need not

@@ -64,10 +64,10 @@ static int fleet_options(encache *ec, const encache__opts *opt) {
                       seg[0] == '\0'))
     seg = encache__fleet_default(def, sizeof(def)); /* per user (fleet.c) */
   if ((ec->fleet_segment = encache__strdup(seg)) == NULL)
-    return -1;
+    return ENCACHE_ENOMEM;
   if (opt->encoder_name != NULL &&
       (ec->fleet_encoder = encache__strdup(opt->encoder_name)) == NULL)
-    return -1;
+    return ENCACHE_ENOMEM;
   return 0;
 }
 

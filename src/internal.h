@@ -20,8 +20,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ENCACHE_INTERNAL __attribute__((visibility("hidden")))
-
 void encache__assert_fail(const char *expr, const char *file, int line)
     __attribute__((noreturn));
 
@@ -79,8 +77,8 @@ int encache__struct_out(void *out, const void *full, size_t full_size,
 #define ENCACHE__TENSOR_MIN offsetof(encache_tensor, device)
 
 /*
- * Mooncake's result codes (src/store/mooncake.c holds the one table): the
- * encache code a Mooncake answer means for an existence check, a read or a
+ * Mooncake's result codes (src/store/mooncake_codes.c holds the one
+ * table): the encache code a Mooncake answer means for an existence check, a read or a
  * write (0 for counts; ENCACHE_ENOENT, ENCACHE_EEXIST, ENCACHE_EUNAVAIL
  * for recoverable, ENCACHE_EUNCONFIRMED for poison).  The table's rows,
  * for the tests: code_at(i) for 0 <= i < code_count().

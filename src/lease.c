@@ -55,13 +55,13 @@ static int take(encache__plan *p, const encache__item *it) {
   if (*slot == 0 && encache__steps_lease_of(ec, p->step, id) != 0)
     return HELD_HERE;
   uint64_t token = *slot != 0 ? *slot : encache__lease_token();
-  int rc = encache_store_lease_take(ec->store, it->key, token,
-                                    ec->lease_ttl_ms);
-  if (rc == ENCACHE_EEXIST)
+  int cls = encache_store_classify(encache_store_lease_take(
+      ec->store, it->key, token, ec->lease_ttl_ms));
+  if (cls == ENCACHE_ANSWER_EXISTS)
     return HELD;
-  if (rc == 0 && *slot == 0)
+  if (cls == ENCACHE_ANSWER_OK && *slot == 0)
     ENCACHE__COUNT(ec, leases_taken, 1);
-  else if (rc != 0)
+  else if (cls != ENCACHE_ANSWER_OK)
     ENCACHE__COUNT(ec, leases_failed, 1);
   /* Kept even when the call failed: the take may have happened with its
    * answer lost, and ending a lease that is not there costs nothing. */
@@ -69,14 +69,16 @@ static int take(encache__plan *p, const encache__item *it) {
   return TAKEN;
 }
 
-/* The existence of items[list[0..n)] into p->present; -1 when the check
- * failed as a whole. */
+/* The existence of items[list[0..n)] into p->present; 0, or
+ * ENCACHE_EUNAVAIL when the check failed as a whole (a lease is advisory:
+ * never poison). */
 static int exists_of(encache__plan *p, const size_t *list, size_t n) {
   encache_store *st = p->ec->store;
   for (size_t k = 0; k < n; k++)
     p->keys[k] = p->items[list[k]].key;
   int rc = st->ops->exists(st, p->keys, n, p->present);
-  return encache_store_classify(rc) == ENCACHE_ANSWER_OK ? 0 : -1;
+  return encache_store_classify(rc) == ENCACHE_ANSWER_OK ? 0
+                                                          : ENCACHE_EUNAVAIL;
 }
 
 /* The leases just taken of items[taken[0..n)]: a holder may have written
@@ -98,11 +100,11 @@ static void confirm_absent(encache__plan *p, const size_t *taken, size_t n) {
 }
 
 /* One round of a wait: the held items' existence, then their leases.
- * Keeps in held[0..*n) those still held; 0, or -1 when the existence
- * check failed (the wait stops). */
+ * Keeps in held[0..*n) those still held; 0, or ENCACHE_EUNAVAIL when the
+ * existence check failed (the wait stops). */
 static int poll_held(encache__plan *p, size_t *held, size_t *n, size_t *taken) {
   if (exists_of(p, held, *n) < 0)
-    return -1;
+    return ENCACHE_EUNAVAIL;
   size_t w = 0, nt = 0;
   for (size_t k = 0; k < *n; k++) {
     encache__item *it = &p->items[held[k]];

@@ -272,10 +272,10 @@ static int phase_classify(encache__plan *p) {
   return 0;
 }
 
-/* Objects of this size or more get a slot that starts on a page: the
- * staging buffer is page-aligned, and Mooncake's TCP reads of 1 MiB and
- * 8 MiB objects into slots 24 bytes past a page took 10 to 15 % longer
- * (bench_mooncake (a), without headroom).  Smaller ones are packed. */
+/* Objects of this size or more get a slot that starts on a page (the
+ * staging buffer is page-aligned: reads into a slot past a page are
+ * slower, docs/performance.md, "Figures behind the engine's constants").
+ * Smaller ones are packed. */
 #define SLOT_PAGE_MIN 65536
 
 /* Phase chunk: present, fitting items first (stable; unique_of follows),

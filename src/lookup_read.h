@@ -21,8 +21,8 @@ int encache__plan_read(encache__plan *p);
  * ENCACHE__WHOLE_MIN_BYTES of objects.  That path needs the existence
  * check (a miss must not take a destination: acceptance case 5), which
  * costs a round trip where the staged path, without the check on a
- * READ_ABSENT Store, costs a copy: on Mooncake over TCP a batch check is
- * about 0.14 ms, the time to copy about 1 MiB (bench_mooncake). */
+ * READ_ABSENT Store, costs a copy: the bound is where the two cost the
+ * same (docs/performance.md, "Figures behind the engine's constants"). */
 #define ENCACHE__WHOLE_MIN_BYTES (1u << 20)
 void encache__plan_whole(encache__plan *p);
 /* Close: unregisters the staging buffer (when registered); 0, or the

@@ -94,7 +94,7 @@ static void set_why(job *j, const char *what, encache_store *st) {
 }
 
 /* Registers buffer [p, p + n) for the job's write when the Store needs
- * it; 0, or -1 (recoverable: the write is not issued). */
+ * it; 0, or ENCACHE_EUNAVAIL (recoverable: the write is not issued). */
 static int register_part(encache_store *st, job *j, const void *p, size_t n,
                          const char *what, int *registered) {
   if (!encache__store_profile_of(st)->registered || n == 0)
@@ -102,14 +102,14 @@ static int register_part(encache_store *st, job *j, const void *p, size_t n,
   int rc = st->ops->register_buffer(st, (void *)(uintptr_t)p, n);
   if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
     set_why(j, what, st);
-    return -1;
+    return ENCACHE_EUNAVAIL;
   }
   *registered = 1;
   return 0;
 }
 
-/* Unregisters a registered part; a failure is fatal (the Store may still
- * use the memory). */
+/* Unregisters a registered part; 0, or ENCACHE_EUNCONFIRMED (fatal: the
+ * Store may still use the memory). */
 static int unregister_part(encache_store *st, job *j, const void *p,
                            int registered, const char *what) {
   if (!registered)
@@ -118,28 +118,31 @@ static int unregister_part(encache_store *st, job *j, const void *p,
   if (encache_store_classify(rc) == ENCACHE_ANSWER_OK)
     return 0;
   set_why(j, what, st);
-  return -1;
+  return ENCACHE_EUNCONFIRMED;
 }
 
-/* The job's existence check: ENCACHE__JOB_PRESENT, ENCACHE__JOB_FAILED, ENCACHE__JOB_FATAL, or -1
- * (absent: write it). */
-static int job_exists(encache_store *st, job *j) {
+/* The job's existence check: 1 when it decides the job's result (present,
+ * failed, fatal: *result), 0 when the key is absent (write it). */
+static int job_exists(encache_store *st, job *j, int *result) {
   const char *keys[1] = {j->key};
   int present = 0;
   int rc = st->ops->exists(st, keys, 1, &present);
   int cls = encache_store_classify(rc);
   if (cls == ENCACHE_ANSWER_OK)
     cls = encache_store_classify(present);
-  if (cls == ENCACHE_ANSWER_RECOVERABLE) {
+  if (cls == ENCACHE_ANSWER_ABSENT ||
+      (cls == ENCACHE_ANSWER_OK && present == 0))
+    return 0;
+  if (cls == ENCACHE_ANSWER_OK && present == 1) {
+    *result = ENCACHE__JOB_PRESENT;
+  } else if (cls == ENCACHE_ANSWER_RECOVERABLE) {
     set_why(j, "existence check", st);
-    return ENCACHE__JOB_FAILED;
+    *result = ENCACHE__JOB_FAILED;
+  } else {
+    set_why(j, "existence check unconfirmed", st);
+    *result = ENCACHE__JOB_FATAL;
   }
-  if (cls == ENCACHE_ANSWER_ABSENT || (cls == ENCACHE_ANSWER_OK && present == 0))
-    return -1;
-  if (cls == ENCACHE_ANSWER_OK && present == 1)
-    return ENCACHE__JOB_PRESENT;
-  set_why(j, "existence check unconfirmed", st);
-  return ENCACHE__JOB_FATAL;
+  return 1;
 }
 
 /* What the write's answer means for the job. */
@@ -159,7 +162,7 @@ static int write_result(encache_store *st, job *j, int rc) {
   }
 }
 
-/* Runs one job against the Store; returns an enum job_result.  A Store
+/* Runs one job against the Store; returns an enum encache__job_result.  A Store
  * whose write never replaces (ENCACHE_STORE_CAP_PUT_IF_ABSENT) answers
  * "already there" itself (ENCACHE_EEXIST): no existence check first. */
 static int run_job(encache *ec, job *j) {
@@ -168,9 +171,9 @@ static int run_job(encache *ec, job *j) {
   if (j->pinned != NULL &&
       encache__pinned_wait(ec, j->pinned, j->why, sizeof(j->why)) < 0)
     return ENCACHE__JOB_FATAL;
-  int result =
-      encache__store_profile_of(st)->put_if_absent ? -1 : job_exists(st, j);
-  if (result >= 0)
+  int result;
+  if (!encache__store_profile_of(st)->put_if_absent &&
+      job_exists(st, j, &result))
     return result;
   int reg_hdr = 0, reg_data = 0;
   if (register_part(st, j, j->hdr, sizeof(j->hdr), "registering the header",
