@@ -1077,7 +1077,7 @@ typedef struct encache_store_backend {
   int (*lease_take)(encache_store *st, const char *key, uint64_t token,
                     uint32_t ttl_ms);
   int (*lease_drop)(encache_store *st, const char *key, uint64_t token);
-  /* Added in 1.4: a request the other operations do not make, by code (as
+  /* Added in 1.3: a request the other operations do not make, by code (as
    * SQLite's xFileControl): op is one of encache_store_control_op, arg
    * its argument.  Called with arg NULL it does nothing and answers 0 when
    * the backend knows op (the library asks so once, at open).  A backend
@@ -1089,11 +1089,11 @@ typedef struct encache_store_backend {
   int (*control)(encache_store *st, int op, void *arg);
 } encache_store_backend;
 
-/* Added in 1.4: what control answers for a request it does not know
+/* Added in 1.3: what control answers for a request it does not know
  * (nothing was done).  Not a code of the error table: never negative. */
 #define ENCACHE_STORE_CONTROL_UNKNOWN 1
 
-/* Added in 1.4: the requests of encache_store_backend.control.  The codes
+/* Added in 1.3: the requests of encache_store_backend.control.  The codes
  * from 65536 on are the built-in backends' own: a backend of yours does
  * not know them. */
 typedef enum encache_store_control_op {
@@ -1105,7 +1105,7 @@ typedef enum encache_store_control_op {
   ENCACHE_STORE_CONTROL_WRITE_KNOWN = 1
 } encache_store_control_op;
 
-/* Added in 1.4: the argument of ENCACHE_STORE_CONTROL_WRITE_KNOWN. */
+/* Added in 1.3: the argument of ENCACHE_STORE_CONTROL_WRITE_KNOWN. */
 typedef struct encache_store_write_known {
   size_t size; /* sizeof(encache_store_write_known) */
   const char *key;
