@@ -7,8 +7,8 @@
  * A publication is handed over on the caller's thread and nothing is
  * copied: the budgets are applied, the view's backing storage retained
  * and a job queued.  Writer threads take jobs in order (up to 8 of them,
- * each one job at a time: writes_in_flight()): if
- * the key exists it does nothing (never replace), else it writes header +
+ * each one job at a time: writes_in_flight()): if the key exists a writer
+ * does nothing (never replace), else it writes header +
  * payload straight from the caller's storage (a Store whose write never
  * replaces answers "exists" itself: no separate check).  For a backend
  * whose write asks existence first (Mooncake), the writer asks once for
@@ -17,7 +17,7 @@
  * wait on the done list until a reap (start of every lookup, before every
  * enqueue, at flush and at close) releases them on the caller's thread: their
  * budget charges, and their storage references (whose release callbacks
- * thus never run on the worker).
+ * thus never run on a writer).
  *
  * Budgets: at most store_max_pending_items jobs and store_max_pending_bytes
  * bytes are retained.  Bytes are charged per backing storage, once however
@@ -26,11 +26,11 @@
  * A CUDA output (device.c) is the exception: publish queues its copy
  * into a pooled page-locked buffer on the output's stream, with an event
  * after it (no wait on the caller's thread), before the budgets are
- * applied; the worker waits for the event (bounded: else the job is
+ * applied; the writer waits for the event (bounded: else the job is
  * fatal) and writes the buffer; reaping gives the buffer back.
  *
  * A job whose write cannot be confirmed is fatal: it keeps its storage and
- * charge forever, the worker stops touching the Store (later jobs are
+ * charge forever, the writers stop touching the Store (later jobs are
  * released unwritten), and the next reap poisons the handle.
  *
  * Invariants (under mu): pending_items = jobs queued + running + done (+
@@ -205,7 +205,7 @@ static int run_job(encache *ec, job *j) {
   return result;
 }
 
-/* How the idle worker waits: for a while it polls (1 ms timed waits, up
+/* How an idle writer waits: for a while it polls (1 ms timed waits, up
  * to IDLE_POLLS of them) and publishers do not signal it, so that during
  * a burst of encoder steps encache_publish() never pays for a wake-up
  * system call; after that it sleeps until signalled. */
@@ -456,7 +456,7 @@ static int enqueue(encache *ec, job *j, int dry_run) {
       ec->pub->queue_head = j;
     ec->pub->queue_tail = j;
     publish_gauges(ec);
-    /* Wake the worker only if it sleeps: a busy one finds the job, and
+    /* Wake a writer only if one sleeps: a busy one finds the job, and
      * the caller's thread is spared a system call. */
     if (ec->pub->worker_waiting)
       pthread_cond_signal(&ec->pub->work);
