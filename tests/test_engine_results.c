@@ -101,7 +101,7 @@ TEST(engine_results_say_why) {
   encache_candidate c[5] = {cand("y0"), cand("y1"), cand("vid"), cand("gpu"),
                             cand("y0")};
   c[2].modality = ENCACHE_MODALITY_VIDEO;
-  c[3].device = ENCACHE_DEVICE_CUDA; /* no CUDA runtime (test_device.c) */
+  c[3].device = ENCACHE_DEVICE_CUDA; /* no CUDA runtime (test_device_*.c) */
   setenv("ENCACHE_CUDA_LIBRARY", "/nonexistent/libcudart.so", 1);
   c[4].rows = ROWS * COLS; /* same bytes, another shape */
   c[4].cols = 1;
