@@ -3,7 +3,7 @@
  * Fuzzes the shm Store's checks of a segment it did not write: a valid
  * segment with a few objects is built in a memory file, then the input
  * patches bytes of its header (all but the lock's cache line: a damaged
- * kind word is refused, tested in tests/test_shm.c, and a damaged owner
+ * kind word is refused, tested in tests/test_shm_repair.c, and a damaged owner
  * word is a lock held forever, which the lock timeout bounds but would
  * make each input take seconds) and of its index; the Store must refuse the segment or repair it,
  * and every operation after that must stay in bounds.

@@ -2,7 +2,7 @@
 /*
  * fake_cudart.c: a stand-in for the CUDA runtime (libcudart) over host
  * memory, so that the device paths of libencache run, with real
- * asynchrony, on a machine without a GPU (tests/test_device.c, the tool's
+ * asynchrony, on a machine without a GPU (tests/test_device_*.c, the tool's
  * test, bench_device).  Only the functions encache, its tests, the tool
  * and the benchmark call are exported, with the C types of their ABI
  * (cudaError_t is an int; streams and events are pointers).

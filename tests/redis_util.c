@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * redis_util.c: the Redis test suites' servers (tests/test_redis.c,
- * tests/test_redis_failover.c): free loopback ports, redis-server processes
- * (plain, password-protected or cluster-enabled) started and killed, a
- * hiredis connection to one.
+ * redis_util.c: the Redis test suites' servers (tests/test_redis_*.c):
+ * free loopback ports, redis-server processes (plain, password-protected
+ * or cluster-enabled) started and killed, a hiredis connection to one,
+ * three-master clusters, and the helpers several of those files share.
  */
 #include "redis_util.h"
 
@@ -15,7 +15,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -157,4 +160,95 @@ int slot_owner(const int *ports, int n, int ask, const char *key) {
   if (c)
     redisFree(c);
   return found;
+}
+
+/* Starts a three-master cluster in a fresh directory. */
+void cluster_start(cluster *cl) {
+  snprintf(cl->dir, sizeof(cl->dir), "/tmp/encache-cluster-%d", (int)getpid());
+  mkdir(cl->dir, 0700);
+  char cmd[512];
+  int n = snprintf(cmd, sizeof(cmd), "redis-cli --cluster create");
+  for (int i = 0; i < 3; i++) {
+    cl->port[i] = free_port();
+    cl->pid[i] = spawn_redis(cl->port[i], cl->dir);
+    n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " 127.0.0.1:%d", cl->port[i]);
+  }
+  snprintf(cmd + n, sizeof(cmd) - (size_t)n,
+           " --cluster-replicas 0 --cluster-yes >/dev/null 2>&1");
+  ASSERT_EQ_INT(system(cmd), 0);
+  for (int i = 0; i < 3; i++) {
+    int ok = 0;
+    for (int k = 0; k < 200 && !ok; k++) {
+      redisContext *c = connect_to(cl->port[i]);
+      redisReply *r = redisCommand(c, "CLUSTER INFO");
+      ok = r && r->str && strstr(r->str, "cluster_state:ok") != NULL;
+      if (r)
+        freeReplyObject(r);
+      redisFree(c);
+      if (!ok)
+        usleep(50000);
+    }
+    ASSERT(ok);
+  }
+  snprintf(cl->url, sizeof(cl->url),
+           "redis-cluster://127.0.0.1:%d,127.0.0.1:%d?timeout_ms=300&"
+           "connect_timeout_ms=300", cl->port[0], cl->port[1]);
+}
+
+void cluster_stop(cluster *cl) {
+  for (int i = 0; i < 3; i++)
+    if (cl->pid[i] > 0)
+      kill_wait(cl->pid[i], SIGKILL);
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", cl->dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "# could not remove %s\n", cl->dir);
+}
+
+/* Which of the cluster's nodes owns key (index into cl->port). */
+int owner(cluster *cl, const char *key) {
+  return slot_owner(cl->port, 3, cl->port[0], key);
+}
+
+char *node_id(int port) {
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, "CLUSTER MYID");
+  char *id = strdup(r->str);
+  freeReplyObject(r);
+  redisFree(c);
+  return id;
+}
+
+void on_node(int port, const char *fmt, const char *a, const char *b) {
+  redisContext *c = connect_to(port);
+  redisReply *r = redisCommand(c, fmt, a, b);
+  if (r == NULL || r->type == REDIS_REPLY_ERROR)
+    test__fail(__FILE__, __LINE__, "%s on %d: %s", fmt, port,
+               r && r->str ? r->str : c->errstr);
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+/* The peak resident set of this process, in KiB. */
+long maxrss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+void run_child_expect_exit0(pid_t child, const char *what) {
+  int status;
+  ASSERT(waitpid(child, &status, 0) == child);
+  if (WIFSIGNALED(status))
+    test__fail(__FILE__, __LINE__, "%s: the process was killed by signal %d",
+               what, WTERMSIG(status));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    test__fail(__FILE__, __LINE__, "%s: exit %d", what, WEXITSTATUS(status));
+}
+
+int count_keys(const char *key, uint64_t len, void *arg) {
+  ASSERT(key != NULL);
+  (void)len;
+  ++*(long *)arg;
+  return 0;
 }

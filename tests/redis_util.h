@@ -4,6 +4,7 @@
 #define ENCACHE_TEST_REDIS_UTIL_H
 
 #include <hiredis/hiredis.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* 1 when redis-server and redis-cli are installed, else 0 (said). */
@@ -23,5 +24,31 @@ pid_t spawn_redis(int port, const char *dir);
 int slot_owner(const int *ports, int n, int ask, const char *key);
 /* Sends sig; waits for the process when it is SIGKILL or SIGTERM. */
 void kill_wait(pid_t pid, int sig);
+
+/* A three-master cluster in a fresh directory. */
+typedef struct cluster {
+  char dir[64];
+  int port[3];
+  pid_t pid[3];
+  char url[256];
+} cluster;
+
+void cluster_start(cluster *cl);
+/* Kills the cluster's nodes and removes its directory. */
+void cluster_stop(cluster *cl);
+/* Which of the cluster's nodes owns key (index into cl->port). */
+int owner(cluster *cl, const char *key);
+/* The node's CLUSTER MYID (the caller frees it). */
+char *node_id(int port);
+/* Runs the command fmt (with a and b) on the node; fails the test on an
+ * error. */
+void on_node(int port, const char *fmt, const char *a, const char *b);
+
+/* The peak resident set of this process, in KiB. */
+long maxrss_kib(void);
+/* Waits for child; fails the test (naming what) unless it exited 0. */
+void run_child_expect_exit0(pid_t child, const char *what);
+/* A Store list callback that counts the keys in *(long *)arg. */
+int count_keys(const char *key, uint64_t len, void *arg);
 
 #endif

@@ -393,7 +393,7 @@ TEST(backend_control_unknown_means_not_supported) {
   encache_store_free(st);
 }
 
-/* The profile of each built-in Store (Mooncake's: test_mooncake.c) is
+/* The profile of each built-in Store (Mooncake's: test_mooncake_store.c) is
  * what the engine's flag tests chose; only shm knows the purge epoch. */
 TEST(backend_profiles_of_the_built_in_stores) {
   char name[64], url[256];
