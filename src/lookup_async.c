@@ -173,6 +173,15 @@ static int enqueue(encache_step *step, const encache_candidate *c, size_t n,
   return 0;
 }
 
+/* Whether step has a started lookup not yet waited for. */
+static int busy(encache_step *step) {
+  struct encache__async *as = step->ec->async;
+  pthread_mutex_lock(&as->mu);
+  int state = step->async.state;
+  pthread_mutex_unlock(&as->mu);
+  return state != ENCACHE__ASYNC_NONE;
+}
+
 /* A start with good arguments does not wait for the turn (the lookup the
  * thread runs may be another step's): its checks read only what no
  * lookup changes but the poison, an atomic.  A failing one takes the turn
@@ -192,6 +201,10 @@ int encache_lookup_start(encache_step *step, const encache_candidate *c,
     if (rc < 0)
       return rc;
   }
+  /* Refused before its arguments are read: they may be the arrays the
+   * step's lookup is still writing. */
+  if (busy(step))
+    return ENCACHE_EINVAL;
   if (encache__lookup_check(step, c, n, a, results, 1) < 0) {
     encache__enter(ec);
     rc = encache__lookup_check(step, c, n, a, results, 0);
