@@ -154,6 +154,7 @@
   XX(engine_failed_lookup_all_unavailable)                                   \
   XX(engine_lookup_null_arguments_named)                                     \
   XX(lookup_async_results_equal_blocking_lookups)                            \
+  XX(lookup_async_results_equal_blocking_lookups_redis)                      \
   XX(lookup_async_fd_readable_once_per_lookup)                               \
   XX(lookup_async_refuses_bad_arguments_at_once)                             \
   XX(lookup_async_step_close_in_flight_is_safe)                              \

@@ -10,9 +10,11 @@
 
 #include "engine.h"
 #include "fault_store.h"
+#include "redis_util.h"
 
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,15 +179,16 @@ static void same_results(const encache_candidate *c, const encache_result *x,
 /* What an id of the pool is in the Store. */
 enum { ABSENT, PRESENT, WRONG_DTYPE, SHORT_OBJECT, OVERSIZE, STATES };
 
-TEST(lookup_async_results_equal_blocking_lookups) {
-  aenv e;
-  encache *ec = aenv_open(&e);
+/* `iters` random candidate sets over random Store contents, each looked
+ * up blocking and started then waited, on e's handle. */
+static void property_run(aenv *e, int iters) {
+  encache *ec = e->ec;
   unsigned seed_ = 20261202u;
   static const uint64_t rows_of[] = {1, 2, 8, 64};
   talloc t = {0};
   encache_allocator a = allocator(&t);
   int hits_total = 0, kinds[STATES + 1] = {0};
-  for (int iter = 0; iter < 200; iter++) {
+  for (int iter = 0; iter < iters; iter++) {
     char ids[6][32];
     uint64_t rows[6];
     for (int k = 0; k < 6; k++) {
@@ -195,13 +198,13 @@ TEST(lookup_async_results_equal_blocking_lookups) {
       rows[k] = state == OVERSIZE ? 300 : rows_of[rand_r(&seed_) % 4];
       switch (state) {
       case PRESENT: case OVERSIZE:
-        put(&e, ids[k], ENCACHE_FLOAT32, (int64_t)rows[k], COLS, rows[k]);
+        put(e, ids[k], ENCACHE_FLOAT32, (int64_t)rows[k], COLS, rows[k]);
         break;
       case WRONG_DTYPE: /* the same byte count, another contract */
-        put(&e, ids[k], ENCACHE_BFLOAT16, (int64_t)rows[k], 2 * COLS, rows[k]);
+        put(e, ids[k], ENCACHE_BFLOAT16, (int64_t)rows[k], 2 * COLS, rows[k]);
         break;
       case SHORT_OBJECT: /* a header that says more than there is */
-        put(&e, ids[k], ENCACHE_FLOAT32, (int64_t)rows[k] + 1, COLS, rows[k]);
+        put(e, ids[k], ENCACHE_FLOAT32, (int64_t)rows[k] + 1, COLS, rows[k]);
         break;
       default: break;
       }
@@ -239,8 +242,41 @@ TEST(lookup_async_results_equal_blocking_lookups) {
   ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
   ASSERT(st.incompatible > 0 && st.oversize > 0 && st.misses > 0);
   ASSERT_EQ_INT(t.allocs - t.releases, 2 * hits_total);
-  ASSERT_EQ_INT(encache_close(ec), 0);
+}
+
+TEST(lookup_async_results_equal_blocking_lookups) {
+  aenv e;
+  aenv_open(&e);
+  property_run(&e, 200);
+  ASSERT_EQ_INT(encache_close(e.ec), 0);
   aenv_done(&e);
+}
+
+/* The same over a real redis-server (skipped without one). */
+TEST(lookup_async_results_equal_blocking_lookups_redis) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[64], json[256];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  snprintf(json, sizeof(json),
+           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+           "true, \"store_read_buffer_bytes\": %d}}", READ_BUF);
+  aenv e;
+  memset(&e, 0, sizeof(e));
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = "async/redis";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  if (encache_open(&o, &e.ec) != 0)
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
+  ASSERT_EQ_INT(encache_store_open(url, &e.raw), 0);
+  property_run(&e, 60);
+  ASSERT_EQ_INT(encache_close(e.ec), 0);
+  aenv_done(&e);
+  kill_wait(pid, SIGTERM);
 }
 
 /* ---------------------------------------------------- the fd, the waits */
