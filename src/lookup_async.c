@@ -145,6 +145,22 @@ static int async_start(encache *ec) {
   return 0;
 }
 
+/* Starts the lookup thread of step's handle unless it runs: 0, or a
+ * negative code (ENCACHE_EINVAL: step is NULL).  When it does not run,
+ * no lookup does: the turn is free (a short wait). */
+static int started(encache_step *step) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  encache *ec = step->ec;
+  int rc = 0;
+  if (ec->async == NULL) {
+    encache__enter(ec);
+    rc = async_start(ec);
+    encache__leave(ec);
+  }
+  return rc;
+}
+
 /* Queues step's lookup; ENCACHE_EINVAL when one is started and not yet
  * waited for.  Under mu only: a start never waits for the turn. */
 static int enqueue(encache_step *step, const encache_candidate *c, size_t n,
@@ -190,17 +206,10 @@ static int busy(encache_step *step) {
 int encache_lookup_start(encache_step *step, const encache_candidate *c,
                          size_t n, const encache_allocator *a,
                          encache_result *results) {
-  if (step == NULL)
-    return ENCACHE_EINVAL;
+  int rc = started(step);
+  if (rc < 0)
+    return rc;
   encache *ec = step->ec;
-  int rc = 0;
-  if (ec->async == NULL) {
-    encache__enter(ec);
-    rc = async_start(ec);
-    encache__leave(ec);
-    if (rc < 0)
-      return rc;
-  }
   /* Refused before its arguments are read: they may be the arrays the
    * step's lookup is still writing. */
   if (busy(step))
@@ -214,26 +223,14 @@ int encache_lookup_start(encache_step *step, const encache_candidate *c,
   return enqueue(step, c, n, a, results);
 }
 
-/* The monotonic time timeout_ms from now. */
-static struct timespec deadline_in(int timeout_ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += timeout_ms / 1000;
-  ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
-
 int encache_step_wait(encache_step *step, int timeout_ms) {
   if (step == NULL)
     return ENCACHE_EINVAL;
   struct encache__async *as = step->ec->async;
   if (as == NULL) /* nothing was ever started on the handle */
     return ENCACHE_EINVAL;
-  struct timespec until = deadline_in(timeout_ms > 0 ? timeout_ms : 0);
+  struct timespec until =
+      encache__deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (unsigned)timeout_ms : 0);
   int rc = 0;
   pthread_mutex_lock(&as->mu);
   while ((step->async.state == ENCACHE__ASYNC_QUEUED ||
@@ -259,21 +256,11 @@ int encache_step_wait(encache_step *step, int timeout_ms) {
 }
 
 int encache_step_fd(encache_step *step) {
-  if (step == NULL)
-    return ENCACHE_EINVAL;
-  encache *ec = step->ec;
-  int rc = 0;
-  if (ec->async == NULL) {
-    /* No lookup was ever started, so none runs: the turn is free.  The
-     * thread starts here so that the fd is always made under its mutex. */
-    encache__enter(ec);
-    if (ec->async == NULL)
-      rc = async_start(ec);
-    encache__leave(ec);
-    if (rc < 0)
-      return rc;
-  }
-  struct encache__async *as = ec->async;
+  /* The thread starts here too, so that the fd is made under its mutex. */
+  int rc = started(step);
+  if (rc < 0)
+    return rc;
+  struct encache__async *as = step->ec->async;
   pthread_mutex_lock(&as->mu);
   if (!step->async.has_fd) {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
