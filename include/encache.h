@@ -103,7 +103,8 @@ ENCACHE_EXTERN unsigned encache_version_number(void);
   XX(EFORMAT, -30612, "incompatible or corrupted store format")              \
   XX(EURL, -30613, "invalid store URL")                                      \
   XX(ENOLIB, -30614, "a library the Store needs cannot be loaded")          \
-  XX(ESTEPS, -30615, "too many steps open on the handle (close one first)")
+  XX(ESTEPS, -30615, "too many steps open on the handle (close one first)")  \
+  XX(EPENDING, -30616, "the step's lookup is not complete yet")
 
 typedef enum encache_errno {
 #define ENCACHE_ERR_ENUM_(name, value, msg) ENCACHE_##name = (value),
@@ -1193,11 +1194,14 @@ ENCACHE_EXTERN int encache_shm_destroy(const char *name);
  * Threading: the calls on one handle and its steps (step open and close,
  * lookup, publish, flush, close) must not run at the same time (an encoder
  * step is one thread; serialise them if not).  The publisher's worker
- * thread is internal: it only writes to the Store.  encache_stats_get()
+ * thread is internal: it only writes to the Store.  The lookup thread
+ * (1.3) runs started lookups and takes turns with those calls
+ * (encache_lookup_start()).  encache_stats_get()
  * may be called from any thread; encache_errmsg(ec) from the thread that
  * makes the calls (its message changes with each of them).  Caller callbacks
  * (allocator, storage release) always run on the thread that called
- * lookup, publish, flush or close, never on the worker.
+ * lookup, publish, flush or close, never on the worker; for a started
+ * lookup (1.3), on the lookup thread.
  *
  * Caller-allocated structs (options, candidates, results, allocator,
  * stats, tensors) start with `size_t size`: set it to sizeof the struct (the
@@ -1286,8 +1290,9 @@ typedef struct encache_options {
 ENCACHE_EXTERN int encache_open(const encache_options *opts, encache **out);
 
 /*
- * Shuts down: closes the steps still open (their pointers die with the
- * handle), refuses later publications, waits for the queued writes (no
+ * Shuts down: waits for the started lookup that is running (1.3; those
+ * queued never run), closes the steps still open (their pointers die with
+ * the handle), refuses later publications, waits for the queued writes (no
  * cancellation), releases them, unregisters and frees the staging buffer,
  * closes the Store exactly once, frees the handle.  NULL is a no-op.
  * Returns 0, or ENCACHE_EPOISONED when the handle was poisoned: then the
@@ -1332,7 +1337,10 @@ ENCACHE_EXTERN int encache_step_open(encache *ec, encache_step **out);
 ENCACHE_EXTERN int encache_step_set_stream(encache_step *step, void *stream);
 
 /* Closes a step: releases its candidate set (publications already queued
- * are not affected).  NULL is a no-op. */
+ * are not affected).  NULL is a no-op.  Since 1.3, a lookup started on it
+ * (encache_lookup_start()) that is running is waited for: its hits are
+ * the caller's, as a completed encache_lookup()'s; one still queued never
+ * runs (nothing allocated, results untouched).  Its fd is closed. */
 ENCACHE_EXTERN void encache_step_close(encache_step *step);
 
 /* One input of a step, as the caller describes it. */
@@ -1444,6 +1452,70 @@ ENCACHE_EXTERN int encache_lookup(encache_step *step,
                                   const encache_candidate *c, size_t n,
                                   const encache_allocator *alloc,
                                   encache_result *results);
+
+/*
+ * Added in 1.3: lookups that do not wait (docs/engine.md, "Lookups that
+ * do not wait").  encache_lookup_start() checks its arguments and returns
+ * at once; the same lookup as encache_lookup() then runs on the handle's
+ * lookup thread (one per handle, started by the first start, joined by
+ * encache_close()), and encache_step_wait() gives what encache_lookup()
+ * would have returned, results[] filled.
+ *
+ * Lifetime: c[0..n) (and the ids they point to) and results[0..n) are the
+ * caller's and must stay valid and untouched until the lookup completes
+ * (encache_step_wait() returned something else than ENCACHE_EPENDING, or
+ * the step was closed); *alloc is copied, but its ctx and callbacks must
+ * stay usable as long.  The allocator's callbacks run on the lookup
+ * thread.
+ *
+ * Serialisation: the lookup uses the handle's caller-thread state, so
+ * while a started lookup runs, every other call on its handle or its
+ * steps (encache_lookup, encache_publish, encache_flush,
+ * encache_step_open, encache_step_close, encache_step_set_stream,
+ * encache_close; and encache_lookup_start when its arguments are bad, to
+ * record the message) waits for it.  What overlaps the Store's reads is
+ * the caller's own work (its encoder), not other encache calls.  A start
+ * with good arguments never waits: it queues the lookup.  encache_step_wait() and encache_step_fd() never wait for the
+ * handle and may be called from another thread than the one that started
+ * the lookup (not at the same time as encache_step_close() of that step).
+ * Lookups started on several steps run one after another, in the order
+ * they were started.
+ *
+ * Returns 0 (started), or at once what encache_lookup() returns for bad
+ * arguments before any Store call: ENCACHE_EINVAL (step NULL, c or results
+ * NULL with n > 0, results[0].size, no allocator; or a lookup already
+ * started on this step and not yet waited for: refused at once, the
+ * handle's message unchanged), ENCACHE_EPOISONED,
+ * ENCACHE_ENOMEM or -errno (the lookup thread cannot start).  Any other
+ * failure is reported by encache_step_wait().
+ */
+ENCACHE_EXTERN int encache_lookup_start(encache_step *step,
+                                        const encache_candidate *c, size_t n,
+                                        const encache_allocator *alloc,
+                                        encache_result *results);
+
+/*
+ * Added in 1.3.  Waits at most timeout_ms (-1: without a bound, 0: a poll)
+ * for the step's started lookup.  Returns ENCACHE_EPENDING while it has not
+ * completed; once it has, exactly what encache_lookup() would have
+ * returned for it (the hit count, or a negative code: ENCACHE_EPOISONED
+ * when one of its reads was unconfirmed), and the lookup is then done
+ * with: a second wait returns ENCACHE_EINVAL, as does a wait on a step
+ * with no lookup started.  Consumes the step's fd readiness
+ * (encache_step_fd()).  Any thread (see encache_lookup_start()).
+ */
+ENCACHE_EXTERN int encache_step_wait(encache_step *step, int timeout_ms);
+
+/*
+ * Added in 1.3.  A file descriptor (an eventfd, non-blocking, close on
+ * exec) that becomes readable once when the step's started lookup
+ * completes, for poll(), epoll or an event loop (asyncio's add_reader);
+ * encache_step_wait() consumes the readiness (read nothing from it
+ * yourself).  Made on the first call, the same one after; owned by the
+ * step (closed by encache_step_close(): remove it from your loop first).
+ * Returns the descriptor, or ENCACHE_EINVAL (step NULL), -errno.
+ */
+ENCACHE_EXTERN int encache_step_fd(encache_step *step);
 
 /*
  * A reference-counted backing storage of outputs (a tensor's storage):

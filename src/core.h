@@ -11,6 +11,10 @@
  * (fleet.c, `fleet`).  Every other field belongs to the caller's thread
  * (steps, lookup, publish and close are not concurrent by contract),
  * except `poisoned` and the counters, atomics readable from any thread.
+ * Since 1.3 a started lookup (lookup_async.c) runs on the handle's lookup
+ * thread with that state: `run` is held by whoever uses it, the caller's
+ * calls (encache__enter) and the lookup thread alike, so that they take
+ * turns; the lookup thread's own state is behind `async`.
  */
 #ifndef ENCACHE_CORE_H
 #define ENCACHE_CORE_H
@@ -18,9 +22,12 @@
 #include "internal.h"
 #include "store/base.h"
 
+#include <pthread.h>
+
 struct encache__publisher;
 struct encache__device;
 struct encache__fleet;
+struct encache__async;
 
 struct encache {
   int enabled;
@@ -73,7 +80,26 @@ struct encache {
   struct encache__fleet *fleet;
   encache_stats *live;
   char *fleet_segment, *fleet_encoder; /* stats_segment, encoder_name */
+
+  /* The caller-thread state's turn (see above): held by every engine call
+   * of the caller and by the lookup thread while it runs a lookup. */
+  pthread_mutex_t run;
+  /* The lookup thread (lookup_async.c), NULL until the first
+   * encache_lookup_start(); and its hook for a step that closes (set with
+   * it; NULL: none), so that step.c stands below the lookup thread. */
+  struct encache__async *async;
+  void (*async_forget)(encache_step *step);
 };
+
+/* Takes and gives back the handle's turn (`run`): every public call that
+ * uses the caller-thread state does, so that it waits for a started
+ * lookup the lookup thread is running. */
+static inline void encache__enter(encache *ec) {
+  pthread_mutex_lock(&ec->run);
+}
+static inline void encache__leave(encache *ec) {
+  pthread_mutex_unlock(&ec->run);
+}
 
 /* Adds v to counter `field` of the handle (ec->live's). */
 #define ENCACHE__COUNT(ec, field, v)                                         \

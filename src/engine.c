@@ -14,6 +14,7 @@
 #include "device.h"
 #include "fleet.h"
 #include "lookup.h"
+#include "lookup_async.h"
 #include "lookup_read.h"
 #include "publisher.h"
 #include "step.h"
@@ -184,10 +185,12 @@ static int take_options(const encache_options *in, encache **out,
 /* Frees the handle itself, once nothing of it is in use. */
 static void handle_free(encache *ec) {
   encache__steps_close_all(ec);
+  encache__async_free(ec);
   fleet_leave(ec);
   encache__lookup_free(ec);
   encache__publisher_free(ec);
   encache__free(ec->ns);
+  pthread_mutex_destroy(&ec->run);
   encache__free(ec);
 }
 
@@ -247,6 +250,7 @@ static int open_common(const encache_options *in, encache_store *given,
                         "encache_open: out of memory (the handle)");
   }
   ec->live = &ec->stats;
+  pthread_mutex_init(&ec->run, NULL);
   ec->log = o.log;
   ec->log_ctx = o.log_ctx;
   rc = configure(ec, &o);
@@ -291,6 +295,9 @@ int encache_close(encache *ec) {
   if (ec == NULL)
     return 0;
   int rc = 0;
+  /* The lookup it runs completes first (queued ones never run): then
+   * nothing but this thread uses the handle. */
+  encache__async_stop(ec);
   if (ec->enabled && ec->store != NULL) {
     encache__publisher_stop(ec);
     rc = encache__reap(ec);

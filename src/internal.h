@@ -19,6 +19,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 void encache__assert_fail(const char *expr, const char *file, int line)
     __attribute__((noreturn));
@@ -39,6 +40,10 @@ char *encache__strdup(const char *s);
 /* printf into a fresh allocation; NULL on failure. */
 char *encache__asprintf(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
+
+/* The time on clock `clock` ms milliseconds from now (a timed wait's
+ * deadline). */
+struct timespec encache__deadline(clockid_t clock, unsigned ms);
 
 /* Aligned blocks (the staging buffer, Mooncake's registered buffers);
  * freed only with encache__aligned_free(). */

@@ -111,6 +111,18 @@ static int reserve(encache *ec, size_t need) {
 
 /* ------------------------------------------------------------ the plan */
 
+/* The allocator check of plan_begin(), made before any Store call. */
+static int allocator_check(encache *ec, const encache_allocator *a,
+                           encache_allocator *full, int quiet) {
+  if (a == NULL || encache__struct_in(full, sizeof(*full), a,
+                                      ENCACHE__ALLOCATOR_MIN) < 0 ||
+      full->alloc == NULL)
+    return quiet ? ENCACHE_EINVAL : encache__fail(ec, ENCACHE_EINVAL,
+                         "lookup: an allocator is required (size set to "
+                         "sizeof(encache_allocator), alloc set)");
+  return 0;
+}
+
 /* Checks the caller's structs, sizes and carves the scratch, copies the
  * candidates in. */
 static int plan_begin(encache__plan *p, encache_step *step,
@@ -122,12 +134,8 @@ static int plan_begin(encache__plan *p, encache_step *step,
   p->step = step;
   p->caller_c = c;
   p->n = n;
-  if (a == NULL || encache__struct_in(&p->a, sizeof(p->a), a,
-                                      ENCACHE__ALLOCATOR_MIN) < 0 ||
-      p->a.alloc == NULL)
-    return encache__fail(ec, ENCACHE_EINVAL,
-                         "lookup: an allocator is required (size set to "
-                         "sizeof(encache_allocator), alloc set)");
+  if (allocator_check(ec, a, &p->a, 0) < 0)
+    return ENCACHE_EINVAL;
   size_t ns_len = strlen(ec->ns);
   for (size_t i = 0; i < n; i++) {
     const encache_candidate *ci = encache__plan_cand(p, i);
@@ -387,19 +395,30 @@ static void result_out(encache_result *results, size_t i,
   encache__struct_out(r, full, sizeof(*full), ENCACHE__RESULT_MIN);
 }
 
-static int lookup(encache_step *step, const encache_candidate *c, size_t n,
-                  const encache_allocator *a, encache_result *results) {
-  encache *ec = step->ec;
+/* The checks of the arguments before the call is counted; quiet: without
+ * the handle's message. */
+static int first_checks(encache *ec, const encache_candidate *c, size_t n,
+                        const encache_result *results, int quiet) {
   if (n > 0 && (c == NULL || results == NULL))
-    return encache__fail(ec, ENCACHE_EINVAL, "lookup: %s is NULL",
-                         c == NULL ? "c" : "results");
+    return quiet ? ENCACHE_EINVAL
+                 : encache__fail(ec, ENCACHE_EINVAL, "lookup: %s is NULL",
+                                 c == NULL ? "c" : "results");
   if (encache__is_poisoned(ec))
     return ENCACHE_EPOISONED;
   if (n > 0 && !encache__struct_size_ok(results->size, ENCACHE__RESULT_MIN))
-    return encache__fail(ec, ENCACHE_EINVAL,
+    return quiet ? ENCACHE_EINVAL : encache__fail(ec, ENCACHE_EINVAL,
                          "lookup: results[0].size %zu is not a size of "
                          "encache_result (at least %zu, API 1.0's; set it)",
                          results->size, (size_t)ENCACHE__RESULT_MIN);
+  return 0;
+}
+
+static int lookup(encache_step *step, const encache_candidate *c, size_t n,
+                  const encache_allocator *a, encache_result *results) {
+  encache *ec = step->ec;
+  int rc = first_checks(ec, c, n, results, 0);
+  if (rc < 0)
+    return rc;
   ENCACHE__COUNT(ec, lookups, 1);
   ENCACHE__COUNT(ec, candidates, n);
   if (!ec->enabled) {
@@ -411,7 +430,7 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
     ENCACHE__COUNT(ec, skipped, n);
     return 0;
   }
-  int rc = encache__reap_finished(ec);
+  rc = encache__reap_finished(ec);
   if (rc < 0 || n == 0)
     return rc;
   encache__plan p;
@@ -437,11 +456,9 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
   return rc;
 }
 
-/* Times each call for the handle's lookup histogram (fleet.c). */
-int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
-                   const encache_allocator *a, encache_result *results) {
-  if (step == NULL)
-    return ENCACHE_EINVAL;
+int encache__lookup_timed(encache_step *step, const encache_candidate *c,
+                          size_t n, const encache_allocator *a,
+                          encache_result *results) {
   encache *ec = step->ec;
   uint64_t t0 = encache__fleet_clock(ec->fleet);
   uint64_t counted = __atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED);
@@ -449,5 +466,27 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
   /* Only the calls `lookups` counts (not those refused at once). */
   if (__atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED) != counted)
     encache__fleet_observe(ec->fleet, ENCACHE__FLEET_LOOKUP, t0, 0);
+  return rc;
+}
+
+int encache__lookup_check(encache_step *step, const encache_candidate *c,
+                          size_t n, const encache_allocator *a,
+                          const encache_result *results, int quiet) {
+  encache *ec = step->ec;
+  int rc = first_checks(ec, c, n, results, quiet);
+  encache_allocator full;
+  if (rc == 0 && ec->enabled && n > 0)
+    rc = allocator_check(ec, a, &full, quiet);
+  return rc;
+}
+
+/* Takes the handle's turn: a started lookup may be running on it. */
+int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
+                   const encache_allocator *a, encache_result *results) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  encache__enter(step->ec);
+  int rc = encache__lookup_timed(step, c, n, a, results);
+  encache__leave(step->ec);
   return rc;
 }

@@ -71,10 +71,24 @@ static int publish_view(encache *ec, const char *id,
   return rc > 0 ? skip(ec, rc) : rc;
 }
 
+static int publish(encache_step *step, const char *id,
+                   const encache_tensor *given, encache_storage *storage);
+
+/* Takes the handle's turn: a started lookup may be running on it. */
 int encache_publish(encache_step *step, const char *id,
                     const encache_tensor *given, encache_storage *storage) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  encache__enter(step->ec);
+  int rc = publish(step, id, given, storage);
+  encache__leave(step->ec);
+  return rc;
+}
+
+static int publish(encache_step *step, const char *id,
+                   const encache_tensor *given, encache_storage *storage) {
   encache_tensor full;
-  if (step == NULL || id == NULL || given == NULL || storage == NULL ||
+  if (id == NULL || given == NULL || storage == NULL ||
       encache__struct_in(&full, sizeof(full), given,
                          ENCACHE__TENSOR_MIN) < 0)
     return ENCACHE_EINVAL;

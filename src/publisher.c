@@ -413,11 +413,14 @@ int encache_flush(encache *ec) {
     return ENCACHE_EINVAL;
   if (!ec->enabled)
     return 0;
+  encache__enter(ec); /* a started lookup may be running: its turn first */
   pthread_mutex_lock(&ec->pub->mu);
   while (ec->pub->queue_head != NULL || ec->pub->running != NULL)
     pthread_cond_wait(&ec->pub->idle, &ec->pub->mu);
   pthread_mutex_unlock(&ec->pub->mu);
-  return encache__reap(ec);
+  int rc = encache__reap(ec);
+  encache__leave(ec);
+  return rc;
 }
 
 static int key_pending(const encache *ec, const char *key) {

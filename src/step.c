@@ -35,11 +35,20 @@ struct step_note {
  * found among hundreds of distinct ones. */
 #define NOTE_REUSE_ 16
 
+static int step_open(encache *ec, encache_step **out);
+
 int encache_step_open(encache *ec, encache_step **out) {
   if (out != NULL)
     *out = NULL;
   if (ec == NULL || out == NULL)
     return ENCACHE_EINVAL;
+  encache__enter(ec); /* a started lookup may be using the steps */
+  int rc = step_open(ec, out);
+  encache__leave(ec);
+  return rc;
+}
+
+static int step_open(encache *ec, encache_step **out) {
   if (encache__is_poisoned(ec))
     return ENCACHE_EPOISONED;
   if (ec->nsteps == ENCACHE_MAX_STEPS)
@@ -64,10 +73,13 @@ int encache_step_open(encache *ec, encache_step **out) {
   return 0;
 }
 
-void encache_step_close(encache_step *s) {
-  if (s == NULL)
-    return;
+/* Closes s; the caller has the handle's turn, so no started lookup is
+ * running: one still queued is forgotten (it never runs; it took
+ * nothing), one done is dropped with its answer. */
+static void step_free(encache_step *s) {
   encache *ec = s->ec;
+  if (ec->async_forget != NULL)
+    ec->async_forget(s); /* lookup_async.c: out of its queue, its fd */
   ENCACHE_ASSERT(ec->steps[s->slot] == s);
   ec->steps[s->slot] = NULL;
   ec->nsteps--;
@@ -84,6 +96,15 @@ void encache_step_close(encache_step *s) {
     s->notes = next;
   }
   encache__free(s);
+}
+
+void encache_step_close(encache_step *s) {
+  if (s == NULL)
+    return;
+  encache *ec = s->ec;
+  encache__enter(ec); /* waits for a started lookup that is running */
+  step_free(s);
+  encache__leave(ec);
 }
 
 const char *encache__step_note(encache_step *s, const char *fallback,
@@ -110,7 +131,8 @@ const char *encache__step_note(encache_step *s, const char *fallback,
 
 void encache__steps_close_all(encache *ec) {
   for (size_t i = 0; i < ENCACHE_MAX_STEPS && ec->nsteps > 0; i++)
-    encache_step_close(ec->steps[i]);
+    if (ec->steps[i] != NULL)
+      step_free(ec->steps[i]);
 }
 
 /* Grows *p to hold at least need elements of elem bytes (contents kept). */
@@ -215,6 +237,8 @@ void encache__step_add(encache_step *s, const encache_candidate *c,
 int encache_step_set_stream(encache_step *step, void *stream) {
   if (step == NULL)
     return ENCACHE_EINVAL;
+  encache__enter(step->ec);
   step->stream = stream;
+  encache__leave(step->ec);
   return 0;
 }

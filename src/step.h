@@ -25,7 +25,23 @@ struct encache_step {
   size_t n, cap, text_len, text_cap;
   struct step_note *notes; /* the causes its lookups gave (result.why) */
   void *stream; /* encache_step_set_stream(): a cudaStream_t, or NULL */
+  /* Its started lookup (lookup_async.c, under the lookup thread's mutex;
+   * the thread also holds the handle's `run` when it changes them). */
+  struct step_async {
+    int state;  /* ENCACHE__ASYNC_*: none, queued, running, done */
+    int rc;     /* done: what encache_lookup() returned */
+    int fd;     /* encache_step_fd()'s eventfd, or -1 (none yet: 0) */
+    int has_fd; /* whether fd is made */
+    uint64_t seq; /* the order of starts */
+    const encache_candidate *c;
+    size_t n;
+    encache_allocator a; /* the caller's, copied */
+    encache_result *results;
+  } async;
 };
+
+enum { ENCACHE__ASYNC_NONE = 0, ENCACHE__ASYNC_QUEUED, ENCACHE__ASYNC_RUNNING,
+       ENCACHE__ASYNC_DONE };
 
 /* Makes room for `more` ids totalling `bytes` bytes (NULs included), so
  * that the next step_add calls cannot fail.  ENCACHE_ENOMEM otherwise

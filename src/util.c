@@ -269,3 +269,15 @@ void encache__assert_fail(const char *expr, const char *file, int line) {
   fprintf(stderr, "encache: assertion failed: %s (%s:%d)\n", expr, file, line);
   abort();
 }
+
+struct timespec encache__deadline(clockid_t clock, unsigned ms) {
+  struct timespec ts;
+  clock_gettime(clock, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}

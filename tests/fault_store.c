@@ -43,10 +43,24 @@ static void count(fault_ctl *c, int *field) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Holds the calling read while c->hold_reads (fault_release_reads()). */
+static void read_gate(fault_ctl *c) {
+  pthread_mutex_lock(&c->mu);
+  if (c->hold_reads) {
+    c->reads_waiting++;
+    pthread_cond_broadcast(&c->cv);
+    while (c->hold_reads)
+      pthread_cond_wait(&c->cv, &c->mu);
+    c->reads_waiting--;
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
 static int f_exists(encache_store *st, const char *const *keys, size_t n,
                     int *results) {
   fault_ctl *c = ctl_of(st);
   count(c, &c->exists_calls);
+  read_gate(c);
   if (c->exists_rc)
     return c->exists_rc;
   int rc = fwd(st, inner_of(st)->ops->exists(inner_of(st), keys, n, results));
@@ -66,6 +80,7 @@ static int f_read(encache_store *st, const char *const *keys, size_t n,
                   void *const *bufs, const size_t *caps, int64_t *results) {
   fault_ctl *c = ctl_of(st);
   count(c, &c->read_calls);
+  read_gate(c);
   if (c->read_rc)
     return c->read_rc;
   int rc = fwd(st, inner_of(st)->ops->read(inner_of(st), keys, n, bufs, caps,
@@ -88,6 +103,7 @@ static int f_read_split(encache_store *st, const char *const *keys, size_t n,
                         const size_t *caps, int64_t *results) {
   fault_ctl *c = ctl_of(st);
   count(c, &c->read_calls);
+  read_gate(c);
   if (c->read_rc)
     return c->read_rc;
   int rc = fwd(st, inner_of(st)->ops->read_split(inner_of(st), keys, n, split,
@@ -252,6 +268,20 @@ void fault_wait_held(fault_ctl *ctl, int n) {
 void fault_wait_finished(fault_ctl *ctl, int n) {
   pthread_mutex_lock(&ctl->mu);
   while (ctl->writes_finished < n)
+    pthread_cond_wait(&ctl->cv, &ctl->mu);
+  pthread_mutex_unlock(&ctl->mu);
+}
+
+void fault_release_reads(fault_ctl *ctl) {
+  pthread_mutex_lock(&ctl->mu);
+  ctl->hold_reads = 0;
+  pthread_cond_broadcast(&ctl->cv);
+  pthread_mutex_unlock(&ctl->mu);
+}
+
+void fault_wait_reads_held(fault_ctl *ctl, int n) {
+  pthread_mutex_lock(&ctl->mu);
+  while (ctl->reads_waiting < n)
     pthread_cond_wait(&ctl->cv, &ctl->mu);
   pthread_mutex_unlock(&ctl->mu);
 }

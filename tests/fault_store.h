@@ -44,6 +44,10 @@ typedef struct fault_ctl {
   int write_permits;
   int writes_waiting;
   int writes_finished;
+  /* held reads: while hold_reads, an existence check or a read (the
+   * lookup's Store calls) waits until fault_release_reads() */
+  int hold_reads;
+  int reads_waiting;
 } fault_ctl;
 
 void fault_ctl_init(fault_ctl *ctl);
@@ -56,6 +60,10 @@ void fault_release_writes(fault_ctl *ctl);
 void fault_pass_writes(fault_ctl *ctl, int n);
 /* Waits until `n` writes are waiting (held). */
 void fault_wait_held(fault_ctl *ctl, int n);
+/* Releases held reads (existence checks and reads); the next ones pass. */
+void fault_release_reads(fault_ctl *ctl);
+/* Waits until `n` reads (or existence checks) are waiting (held). */
+void fault_wait_reads_held(fault_ctl *ctl, int n);
 /* Waits until `n` writes have finished. */
 void fault_wait_finished(fault_ctl *ctl, int n);
 

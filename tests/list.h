@@ -153,6 +153,13 @@
   XX(engine_results_size_unset_refused)                                      \
   XX(engine_failed_lookup_all_unavailable)                                   \
   XX(engine_lookup_null_arguments_named)                                     \
+  XX(lookup_async_results_equal_blocking_lookups)                            \
+  XX(lookup_async_results_equal_blocking_lookups_redis)                      \
+  XX(lookup_async_fd_readable_once_per_lookup)                               \
+  XX(lookup_async_refuses_bad_arguments_at_once)                             \
+  XX(lookup_async_step_close_in_flight_is_safe)                              \
+  XX(lookup_async_handle_close_in_flight_is_safe)                            \
+  XX(lookup_async_unconfirmed_read_poisons_at_the_wait)                      \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_url_redact)                                                       \

@@ -121,14 +121,7 @@ static int timed_lock(pthread_mutex_t *m, unsigned wait) {
 #else
   const clockid_t clock = CLOCK_REALTIME;
 #endif
-  struct timespec ts;
-  clock_gettime(clock, &ts);
-  ts.tv_sec += wait / 1000;
-  ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  struct timespec ts = encache__deadline(clock, wait);
 #ifdef SHM_CLOCKLOCK
   return pthread_mutex_clocklock(m, clock, &ts);
 #else

@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * lookup_async.c: lookups that do not wait (docs/engine.md, "Lookups that
+ * do not wait").  encache_lookup_start() checks the arguments as
+ * encache_lookup() does, copies the allocator into the step and queues
+ * the step; the handle's lookup thread (one, started by the first start)
+ * runs the queued lookups one at a time, in the order they were started,
+ * with the very function encache_lookup() runs (encache__lookup_timed), so
+ * that the results are the same for the same Store state.
+ *
+ * Locking.  The lookup uses the handle's caller-thread state (scratch,
+ * staging buffer, steps, leases, message, device state): the thread holds
+ * the handle's turn (`ec->run`, core.h) while it runs one, as every
+ * caller's call does, so they take turns.  The queue and each step's
+ * `async` fields (step.h) are under `mu`; the thread changes a step's
+ * state only while it also has the turn, so that a caller with the turn
+ * (step close) never sees a lookup running.  `done` is signalled at each
+ * completion, `work` at each start and at stop.  Lock order: run, then
+ * mu.  encache_step_wait() takes mu only: it never waits for the turn.
+ *
+ * A step's fd is an eventfd written once per completion and drained by
+ * the wait that returns that completion's answer.
+ */
+#include "lookup_async.h"
+#include "lookup.h"
+#include "step.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+struct encache__async {
+  pthread_mutex_t mu;
+  pthread_cond_t work, done; /* done: CLOCK_MONOTONIC (the waits' bound) */
+  pthread_t thread;
+  int stopping;
+  size_t queued;    /* steps of the handle in state QUEUED */
+  uint64_t next_seq;
+};
+
+/* The oldest queued step of ec, or NULL (the caller has run and mu). */
+static encache_step *oldest_queued(encache *ec) {
+  encache_step *best = NULL;
+  for (size_t k = 0; k < ENCACHE_MAX_STEPS; k++) {
+    encache_step *s = ec->steps[k];
+    if (s != NULL && s->async.state == ENCACHE__ASYNC_QUEUED &&
+        (best == NULL || s->async.seq < best->async.seq))
+      best = s;
+  }
+  return best;
+}
+
+static void fd_signal(encache_step *s) {
+  if (s->async.has_fd) {
+    uint64_t one = 1;
+    /* Non-blocking: a counter already set stays readable (EAGAIN). */
+    ssize_t w = write(s->async.fd, &one, sizeof(one));
+    (void)w;
+  }
+}
+
+static void fd_drain(encache_step *s) {
+  if (s->async.has_fd) {
+    uint64_t v;
+    ssize_t r = read(s->async.fd, &v, sizeof(v));
+    (void)r;
+  }
+}
+
+static void *thread_main(void *arg) {
+  encache *ec = arg;
+  struct encache__async *as = ec->async;
+  for (;;) {
+    pthread_mutex_lock(&as->mu);
+    while (!as->stopping && as->queued == 0)
+      pthread_cond_wait(&as->work, &as->mu);
+    int stop = as->stopping;
+    pthread_mutex_unlock(&as->mu);
+    if (stop)
+      return NULL;
+    encache__enter(ec);
+    pthread_mutex_lock(&as->mu);
+    encache_step *s = oldest_queued(ec); /* NULL: closed meanwhile */
+    if (s != NULL) {
+      s->async.state = ENCACHE__ASYNC_RUNNING;
+      as->queued--;
+    }
+    pthread_mutex_unlock(&as->mu);
+    if (s != NULL) {
+      int rc = encache__lookup_timed(s, s->async.c, s->async.n, &s->async.a,
+                                     s->async.results);
+      pthread_mutex_lock(&as->mu);
+      s->async.rc = rc;
+      s->async.state = ENCACHE__ASYNC_DONE;
+      fd_signal(s);
+      pthread_cond_broadcast(&as->done);
+      pthread_mutex_unlock(&as->mu);
+    }
+    encache__leave(ec);
+  }
+}
+
+/* step.c's hook: s closes (the caller has the turn, so no lookup of it
+ * is running). */
+static void forget(encache_step *s) {
+  struct encache__async *as = s->ec->async;
+  pthread_mutex_lock(&as->mu);
+  ENCACHE_ASSERT(s->async.state != ENCACHE__ASYNC_RUNNING);
+  if (s->async.state == ENCACHE__ASYNC_QUEUED)
+    as->queued--;
+  s->async.state = ENCACHE__ASYNC_NONE;
+  pthread_mutex_unlock(&as->mu);
+  if (s->async.has_fd)
+    close(s->async.fd);
+  s->async.has_fd = 0;
+}
+
+/* Starts the lookup thread (the caller has the turn). */
+static int async_start(encache *ec) {
+  struct encache__async *as = encache__calloc(1, sizeof(*as));
+  if (as == NULL)
+    return encache__fail(ec, ENCACHE_ENOMEM,
+                         "encache_lookup_start: out of memory");
+  pthread_mutex_init(&as->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the waits' bound */
+  pthread_cond_init(&as->done, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_cond_init(&as->work, NULL);
+  ec->async = as;
+  int rc = pthread_create(&as->thread, NULL, thread_main, ec);
+  if (rc != 0) {
+    ec->async = NULL;
+    pthread_mutex_destroy(&as->mu);
+    pthread_cond_destroy(&as->work);
+    pthread_cond_destroy(&as->done);
+    encache__free(as);
+    return encache__fail(ec, -rc, "encache_lookup_start: cannot start the "
+                         "lookup thread: %s", encache_strerror(-rc));
+  }
+  ec->async_forget = forget;
+  return 0;
+}
+
+/* Starts the lookup thread of step's handle unless it runs: 0, or a
+ * negative code (ENCACHE_EINVAL: step is NULL).  When it does not run,
+ * no lookup does: the turn is free (a short wait). */
+static int started(encache_step *step) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  encache *ec = step->ec;
+  int rc = 0;
+  if (ec->async == NULL) {
+    encache__enter(ec);
+    rc = async_start(ec);
+    encache__leave(ec);
+  }
+  return rc;
+}
+
+/* Queues step's lookup; ENCACHE_EINVAL when one is started and not yet
+ * waited for.  Under mu only: a start never waits for the turn. */
+static int enqueue(encache_step *step, const encache_candidate *c, size_t n,
+                   const encache_allocator *a, encache_result *results) {
+  struct encache__async *as = step->ec->async;
+  pthread_mutex_lock(&as->mu);
+  if (step->async.state != ENCACHE__ASYNC_NONE) {
+    pthread_mutex_unlock(&as->mu);
+    return ENCACHE_EINVAL;
+  }
+  step->async.c = c;
+  step->async.n = n;
+  step->async.results = results;
+  /* The checks made sure that a is complete wherever the lookup reads
+   * it; NULL (nothing to allocate) stays NULL, as the lookup expects. */
+  memset(&step->async.a, 0, sizeof(step->async.a));
+  if (a != NULL)
+    encache__struct_in(&step->async.a, sizeof(step->async.a), a,
+                       ENCACHE__ALLOCATOR_MIN);
+  step->async.seq = as->next_seq++;
+  step->async.rc = 0;
+  step->async.state = ENCACHE__ASYNC_QUEUED;
+  as->queued++;
+  pthread_cond_signal(&as->work);
+  pthread_mutex_unlock(&as->mu);
+  return 0;
+}
+
+/* Whether step has a started lookup not yet waited for. */
+static int busy(encache_step *step) {
+  struct encache__async *as = step->ec->async;
+  pthread_mutex_lock(&as->mu);
+  int state = step->async.state;
+  pthread_mutex_unlock(&as->mu);
+  return state != ENCACHE__ASYNC_NONE;
+}
+
+/* A start with good arguments does not wait for the turn (the lookup the
+ * thread runs may be another step's): its checks read only what no
+ * lookup changes but the poison, an atomic.  A failing one takes the turn
+ * to record its message.  ec->async is made and freed only on the
+ * caller's thread, with the turn, before any lookup runs. */
+int encache_lookup_start(encache_step *step, const encache_candidate *c,
+                         size_t n, const encache_allocator *a,
+                         encache_result *results) {
+  int rc = started(step);
+  if (rc < 0)
+    return rc;
+  encache *ec = step->ec;
+  /* Refused before its arguments are read: they may be the arrays the
+   * step's lookup is still writing. */
+  if (busy(step))
+    return ENCACHE_EINVAL;
+  if (encache__lookup_check(step, c, n, a, results, 1) < 0) {
+    encache__enter(ec);
+    rc = encache__lookup_check(step, c, n, a, results, 0);
+    encache__leave(ec);
+    return rc < 0 ? rc : ENCACHE_EINVAL;
+  }
+  return enqueue(step, c, n, a, results);
+}
+
+int encache_step_wait(encache_step *step, int timeout_ms) {
+  if (step == NULL)
+    return ENCACHE_EINVAL;
+  struct encache__async *as = step->ec->async;
+  if (as == NULL) /* nothing was ever started on the handle */
+    return ENCACHE_EINVAL;
+  struct timespec until =
+      encache__deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (unsigned)timeout_ms : 0);
+  int rc = 0;
+  pthread_mutex_lock(&as->mu);
+  while ((step->async.state == ENCACHE__ASYNC_QUEUED ||
+          step->async.state == ENCACHE__ASYNC_RUNNING) &&
+         timeout_ms != 0 && rc != ETIMEDOUT) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&as->done, &as->mu);
+    else
+      rc = pthread_cond_timedwait(&as->done, &as->mu, &until);
+  }
+  int answer;
+  switch (step->async.state) {
+  case ENCACHE__ASYNC_DONE:
+    answer = step->async.rc;
+    step->async.state = ENCACHE__ASYNC_NONE;
+    fd_drain(step);
+    break;
+  case ENCACHE__ASYNC_NONE: answer = ENCACHE_EINVAL; break;
+  default: answer = ENCACHE_EPENDING; break;
+  }
+  pthread_mutex_unlock(&as->mu);
+  return answer;
+}
+
+int encache_step_fd(encache_step *step) {
+  /* The thread starts here too, so that the fd is made under its mutex. */
+  int rc = started(step);
+  if (rc < 0)
+    return rc;
+  struct encache__async *as = step->ec->async;
+  pthread_mutex_lock(&as->mu);
+  if (!step->async.has_fd) {
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+      rc = -errno;
+    } else {
+      step->async.fd = fd;
+      step->async.has_fd = 1;
+      if (step->async.state == ENCACHE__ASYNC_DONE)
+        fd_signal(step); /* completed before its fd was asked for */
+    }
+  }
+  if (rc == 0)
+    rc = step->async.fd;
+  pthread_mutex_unlock(&as->mu);
+  return rc;
+}
+
+void encache__async_stop(encache *ec) {
+  struct encache__async *as = ec->async;
+  if (as == NULL || as->stopping)
+    return;
+  pthread_mutex_lock(&as->mu);
+  as->stopping = 1;
+  pthread_cond_broadcast(&as->work);
+  pthread_mutex_unlock(&as->mu);
+  pthread_join(as->thread, NULL);
+}
+
+void encache__async_free(encache *ec) {
+  struct encache__async *as = ec->async;
+  if (as == NULL)
+    return;
+  ENCACHE_ASSERT(as->stopping);
+  ec->async_forget = NULL;
+  ec->async = NULL;
+  pthread_mutex_destroy(&as->mu);
+  pthread_cond_destroy(&as->work);
+  pthread_cond_destroy(&as->done);
+  encache__free(as);
+}

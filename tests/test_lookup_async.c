@@ -1,0 +1,516 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Lookups that do not wait (encache_lookup_start, encache_step_wait,
+ * encache_step_fd; docs/engine.md), on the real shm Store behind the
+ * fault-injecting wrapper, which holds the lookup's reads where a test
+ * needs a lookup in flight (no test waits for a fixed time to get one).
+ */
+#include "runner.h"
+#include "store_util.h"
+
+#include "engine.h"
+#include "fault_store.h"
+#include "redis_util.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define COLS 4 /* float32: 16 bytes a row */
+#define READ_BUF 4096 /* objects of more than 254 rows are OVERSIZE */
+
+/* ------------------------------------------------------------- fixtures */
+
+typedef struct aenv {
+  fault_ctl ctl;
+  encache *ec;
+  encache_store *raw; /* a second handle on the Store, for raw writes */
+  char revision[64];
+} aenv;
+
+/* Opens an engine over the fault wrapper around a fresh Store, in a
+ * namespace of its own. */
+static encache *aenv_open(aenv *e) {
+  static int count;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  memset(e, 0, sizeof(*e));
+  snprintf(e->revision, sizeof(e->revision), "la%d-%lld%09ld-%d",
+           (int)getpid(), (long long)ts.tv_sec, ts.tv_nsec, count++);
+  fault_ctl_init(&e->ctl);
+  encache_store *inner = ts_open("32MiB");
+  e->raw = ts_reopen();
+  char json[512];
+  snprintf(json, sizeof(json),
+           "{\"ec_connector\": \"ECMooncakeStorageConnector\", "
+           "\"ec_role\": \"ec_producer\", \"ec_connector_extra_config\": {"
+           "\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %d}}",
+           READ_BUF);
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = "shared/model";
+  o.revision = e->revision;
+  o.model_dtype = ENCACHE_FLOAT32;
+  int rc = encache__open_with_store(&o, fault_store_wrap(inner, &e->ctl),
+                                    &e->ec);
+  if (rc != 0)
+    test__fail(__FILE__, __LINE__, "encache open: %s", encache_errmsg(e->ec));
+  return e->ec;
+}
+
+static void aenv_done(aenv *e) { encache_store_close(e->raw); }
+
+static encache_step *step_of(encache *ec) {
+  encache_step *step = NULL;
+  ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
+  return step;
+}
+
+static encache_candidate cand(const char *id, uint64_t rows) {
+  encache_candidate c = {sizeof(c), id, ENCACHE_MODALITY_IMAGE,
+                         ENCACHE_FLOAT32, rows, COLS, ENCACHE_DEVICE_HOST, 0};
+  return c;
+}
+
+/* Counting host allocator (atomics: it runs on the lookup thread). */
+typedef struct talloc {
+  int allocs, releases;
+} talloc;
+
+static int ta_alloc(void *ctx, size_t i, const encache_candidate *c,
+                    uint64_t nbytes, void **data, void **handle) {
+  (void)c;
+  __atomic_add_fetch(&((talloc *)ctx)->allocs, 1, __ATOMIC_RELAXED);
+  *data = malloc(nbytes ? nbytes : 1);
+  *handle = (void *)(uintptr_t)(i + 1);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void ta_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)i;
+  (void)handle;
+  __atomic_add_fetch(&((talloc *)ctx)->releases, 1, __ATOMIC_RELAXED);
+  free(data);
+}
+
+static encache_allocator allocator(talloc *t) {
+  encache_allocator a = {sizeof(a), t, ta_alloc, ta_release, 0};
+  return a;
+}
+
+static void free_hits(encache_result *r, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (r[i].outcome == ENCACHE_HIT) {
+      free(r[i].data);
+      r[i].data = NULL;
+    }
+}
+
+/* The object for (id, rows): its payload derived from both. */
+static void payload_of(const char *id, uint64_t rows, float *out) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char *p = id; *p; p++)
+    h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  for (uint64_t i = 0; i < rows * COLS; i++)
+    out[i] = (float)((h >> (i % 48)) & 0xffff) / 3.0f + (float)i;
+}
+
+/* Writes a header of (dtype, rows, cols) and `bytes` bytes of payload
+ * under the handle's key for id, with the raw Store API. */
+static void put(aenv *e, const char *id, int dtype, int64_t rows, int64_t cols,
+                uint64_t rows_of_payload) {
+  char key[512];
+  ASSERT(encache_key(encache_namespace_of(e->ec), id, key, sizeof(key)) > 0);
+  int64_t shape[2] = {rows, cols};
+  encache_tensor t = {sizeof t, NULL, dtype, 2, shape, NULL, 0, 0, NULL};
+  unsigned char hdr[ENCACHE_HEADER_SIZE];
+  ASSERT_EQ_INT(encache_header_encode(&t, hdr), 0);
+  size_t bytes = (size_t)(rows_of_payload * COLS * sizeof(float));
+  float *p = malloc(bytes ? bytes : 1);
+  payload_of(id, rows_of_payload, p);
+  ASSERT_EQ_INT(encache_store_write(e->raw, key, hdr, sizeof(hdr), p, bytes),
+                0);
+  free(p);
+}
+
+/* Seeds `n` present objects of `rows` rows named PREFIX<k>. */
+static void seed(aenv *e, const char *prefix, int n, uint64_t rows,
+                 char ids[][32]) {
+  for (int k = 0; k < n; k++) {
+    snprintf(ids[k], 32, "%s%d", prefix, k);
+    put(e, ids[k], ENCACHE_FLOAT32, (int64_t)rows, COLS, rows);
+  }
+}
+
+static int readable(int fd, int timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int rc = poll(&p, 1, timeout_ms);
+  ASSERT(rc >= 0);
+  return rc == 1 && (p.revents & POLLIN);
+}
+
+/* -------------------------------------------------------------- property */
+
+/* Compares two lookups' results over the same candidates. */
+static void same_results(const encache_candidate *c, const encache_result *x,
+                         const encache_result *y, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ASSERT_EQ_INT(x[i].outcome, y[i].outcome);
+    ASSERT_EQ_INT(x[i].verdict, y[i].verdict);
+    ASSERT_EQ_MEM(&x[i].found, &y[i].found, sizeof(x[i].found));
+    ASSERT_EQ_U64(x[i].nbytes, y[i].nbytes);
+    ASSERT((x[i].why == NULL) == (y[i].why == NULL));
+    if (x[i].why != NULL)
+      ASSERT_EQ_STR(x[i].why, y[i].why);
+    if (x[i].outcome == ENCACHE_HIT) {
+      ASSERT_EQ_MEM(x[i].data, y[i].data, x[i].nbytes);
+      float want[300 * COLS];
+      payload_of(c[i].id, c[i].rows, want);
+      ASSERT_EQ_MEM(x[i].data, want, x[i].nbytes);
+    }
+  }
+}
+
+/* What an id of the pool is in the Store. */
+enum { ABSENT, PRESENT, WRONG_DTYPE, SHORT_OBJECT, OVERSIZE, STATES };
+
+/* `iters` random candidate sets over random Store contents, each looked
+ * up blocking and started then waited, on e's handle. */
+static void property_run(aenv *e, int iters) {
+  encache *ec = e->ec;
+  unsigned seed_ = 20261202u;
+  static const uint64_t rows_of[] = {1, 2, 8, 64};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  int hits_total = 0, kinds[STATES + 1] = {0};
+  for (int iter = 0; iter < iters; iter++) {
+    char ids[6][32];
+    uint64_t rows[6];
+    for (int k = 0; k < 6; k++) {
+      snprintf(ids[k], sizeof(ids[k]), "it%d-%d", iter, k);
+      int state = (int)(rand_r(&seed_) % STATES);
+      kinds[state]++;
+      rows[k] = state == OVERSIZE ? 300 : rows_of[rand_r(&seed_) % 4];
+      switch (state) {
+      case PRESENT: case OVERSIZE:
+        put(e, ids[k], ENCACHE_FLOAT32, (int64_t)rows[k], COLS, rows[k]);
+        break;
+      case WRONG_DTYPE: /* the same byte count, another contract */
+        put(e, ids[k], ENCACHE_BFLOAT16, (int64_t)rows[k], 2 * COLS, rows[k]);
+        break;
+      case SHORT_OBJECT: /* a header that says more than there is */
+        put(e, ids[k], ENCACHE_FLOAT32, (int64_t)rows[k] + 1, COLS, rows[k]);
+        break;
+      default: break;
+      }
+    }
+    size_t n = 1 + rand_r(&seed_) % 10;
+    encache_candidate c[10];
+    for (size_t i = 0; i < n; i++) {
+      int k = (int)(rand_r(&seed_) % 6); /* duplicates too */
+      c[i] = cand(ids[k], rows[k]);
+      if (rand_r(&seed_) % 12 == 0) {
+        c[i].modality = ENCACHE_MODALITY_AUDIO; /* SKIPPED */
+        kinds[STATES]++;
+      }
+    }
+    encache_result x[10], y[10];
+    memset(x, 0, sizeof(x));
+    memset(y, 0xa5, sizeof(y)); /* what the lookup does not write shows */
+    x[0].size = y[0].size = sizeof(encache_result);
+    encache_step *sx = step_of(ec), *sy = step_of(ec);
+    int want = encache_lookup(sx, c, n, &a, x);
+    ASSERT(want >= 0);
+    ASSERT_EQ_INT(encache_lookup_start(sy, c, n, &a, y), 0);
+    ASSERT_EQ_INT(encache_step_wait(sy, -1), want);
+    same_results(c, x, y, n);
+    hits_total += want;
+    free_hits(x, n);
+    free_hits(y, n);
+    encache_step_close(sx);
+    encache_step_close(sy);
+  }
+  ASSERT(hits_total > 0);
+  for (int s = 0; s <= STATES; s++)
+    ASSERT(kinds[s] > 0); /* every kind of object (and SKIPPED) was seen */
+  encache_stats st = {.size = sizeof(st)};
+  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+  ASSERT(st.incompatible > 0 && st.oversize > 0 && st.misses > 0);
+  ASSERT_EQ_INT(t.allocs - t.releases, 2 * hits_total);
+}
+
+TEST(lookup_async_results_equal_blocking_lookups) {
+  aenv e;
+  aenv_open(&e);
+  property_run(&e, 200);
+  ASSERT_EQ_INT(encache_close(e.ec), 0);
+  aenv_done(&e);
+}
+
+/* The same over a real redis-server (skipped without one). */
+TEST(lookup_async_results_equal_blocking_lookups_redis) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[64], json[256];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  snprintf(json, sizeof(json),
+           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+           "true, \"store_read_buffer_bytes\": %d}}", READ_BUF);
+  aenv e;
+  memset(&e, 0, sizeof(e));
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = "async/redis";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  if (encache_open(&o, &e.ec) != 0)
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
+  ASSERT_EQ_INT(encache_store_open(url, &e.raw), 0);
+  property_run(&e, 60);
+  ASSERT_EQ_INT(encache_close(e.ec), 0);
+  aenv_done(&e);
+  kill_wait(pid, SIGTERM);
+}
+
+/* ---------------------------------------------------- the fd, the waits */
+
+TEST(lookup_async_fd_readable_once_per_lookup) {
+  aenv e;
+  encache *ec = aenv_open(&e);
+  char ids[3][32];
+  seed(&e, "fd", 3, 2, ids);
+  encache_step *step = step_of(ec);
+  int fd = encache_step_fd(step);
+  ASSERT(fd >= 0);
+  ASSERT_EQ_INT(encache_step_fd(step), fd); /* the same one */
+  ASSERT_EQ_INT(readable(fd, 0), 0);
+  ASSERT_EQ_INT(encache_step_wait(step, 0), ENCACHE_EINVAL); /* none started */
+  encache_candidate c[3] = {cand(ids[0], 2), cand(ids[1], 2), cand(ids[2], 2)};
+  encache_result r[3] = {ENCACHE_RESULT_INIT};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  for (int round = 0; round < 3; round++) {
+    e.ctl.hold_reads = round < 2; /* the last round runs free */
+    ASSERT_EQ_INT(encache_lookup_start(step, c, 3, &a, r), 0);
+    if (round < 2) {
+      fault_wait_reads_held(&e.ctl, 1);
+      ASSERT_EQ_INT(readable(fd, 0), 0);
+      ASSERT_EQ_INT(encache_step_wait(step, 0), ENCACHE_EPENDING);
+      ASSERT_EQ_INT(encache_step_wait(step, 30), ENCACHE_EPENDING);
+      /* One lookup at a time on a step. */
+      ASSERT_EQ_INT(encache_lookup_start(step, c, 3, &a, r), ENCACHE_EINVAL);
+      fault_release_reads(&e.ctl);
+    }
+    ASSERT_EQ_INT(readable(fd, 60000), 1);
+    ASSERT_EQ_INT(readable(fd, 0), 1); /* stays readable until the wait */
+    if (round == 1) /* the answer is kept until a wait takes it */
+      ASSERT_EQ_INT(encache_lookup_start(step, c, 3, &a, r), ENCACHE_EINVAL);
+    ASSERT_EQ_INT(encache_step_wait(step, round == 2 ? -1 : 0), 3);
+    ASSERT_EQ_INT(readable(fd, 0), 0); /* consumed */
+    ASSERT_EQ_INT(encache_step_wait(step, 0), ENCACHE_EINVAL); /* done */
+    ASSERT_EQ_INT(readable(fd, 0), 0);
+    for (int i = 0; i < 3; i++)
+      ASSERT_EQ_INT(r[i].outcome, ENCACHE_HIT);
+    free_hits(r, 3);
+  }
+  /* A step whose fd is asked for after its lookup completed. */
+  encache_step *late = step_of(ec);
+  ASSERT_EQ_INT(encache_lookup_start(late, c, 3, &a, r), 0);
+  /* The handle's turn: a blocking call waits for the started lookup. */
+  encache_step *other = step_of(ec);
+  encache_step_close(other);
+  int lfd = encache_step_fd(late);
+  ASSERT(lfd >= 0 && lfd != fd);
+  ASSERT_EQ_INT(readable(lfd, 60000), 1);
+  ASSERT_EQ_INT(encache_step_wait(late, 0), 3);
+  ASSERT_EQ_INT(readable(lfd, 0), 0);
+  free_hits(r, 3);
+  ASSERT_EQ_INT(t.allocs, 12);
+  ASSERT_EQ_INT(t.releases, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  aenv_done(&e);
+}
+
+TEST(lookup_async_refuses_bad_arguments_at_once) {
+  aenv e;
+  encache *ec = aenv_open(&e);
+  encache_step *step = step_of(ec);
+  encache_candidate c[1] = {cand("x", 2)};
+  encache_result r[1] = {ENCACHE_RESULT_INIT};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  ASSERT_EQ_INT(encache_lookup_start(NULL, c, 1, &a, r), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 1, &a, NULL), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "results is NULL");
+  ASSERT_EQ_INT(encache_lookup_start(step, NULL, 1, &a, r), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 1, NULL, r), ENCACHE_EINVAL);
+  ASSERT_CONTAINS(encache_errmsg(ec), "allocator is required");
+  r[0].size = 3;
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 1, &a, r), ENCACHE_EINVAL);
+  r[0].size = sizeof(r[0]);
+  ASSERT_EQ_INT(encache_step_wait(NULL, 0), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_step_fd(NULL), ENCACHE_EINVAL);
+  ASSERT_EQ_INT(encache_step_wait(step, 0), ENCACHE_EINVAL);
+  ASSERT_EQ_STR(encache_err_name(ENCACHE_EPENDING), "EPENDING");
+  ASSERT_CONTAINS(encache_strerror(ENCACHE_EPENDING), "not complete");
+  /* A miss, through the thread; an allocator copied (a is gone by then). */
+  {
+    encache_allocator gone = allocator(&t);
+    ASSERT_EQ_INT(encache_lookup_start(step, c, 1, &gone, r), 0);
+    memset(&gone, 0, sizeof(gone));
+  }
+  ASSERT_EQ_INT(encache_step_wait(step, -1), 0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_MISS);
+  ASSERT_EQ_STR(r[0].why, "not in the Store");
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  aenv_done(&e);
+}
+
+/* ------------------------------------------------------- cancellation */
+
+typedef struct releaser {
+  fault_ctl *ctl;
+  int held;
+  pthread_t thread;
+} releaser;
+
+/* Waits for the held reads, then gives the main thread time to block in
+ * the call under test before releasing them (either order is safe: the
+ * test asserts safety, not the interleaving). */
+static void *release_main(void *arg) {
+  releaser *r = arg;
+  fault_wait_reads_held(r->ctl, r->held);
+  struct timespec d = {0, 20 * 1000000L};
+  nanosleep(&d, NULL);
+  fault_release_reads(r->ctl);
+  return NULL;
+}
+
+static void releaser_start(releaser *r, fault_ctl *ctl) {
+  r->ctl = ctl;
+  r->held = 1;
+  ASSERT_EQ_INT(pthread_create(&r->thread, NULL, release_main, r), 0);
+}
+
+TEST(lookup_async_step_close_in_flight_is_safe) {
+  aenv e;
+  encache *ec = aenv_open(&e);
+  char ids[4][32];
+  seed(&e, "sc", 4, 8, ids);
+  encache_candidate c[5] = {cand(ids[0], 8), cand(ids[1], 8), cand(ids[2], 8),
+                            cand(ids[3], 8), cand("sc-absent", 8)};
+  static encache_result r[5] = {ENCACHE_RESULT_INIT};
+  static encache_result q[5];
+  for (int i = 0; i < 5; i++)
+    q[i] = (encache_result){.size = sizeof(q[i]), .outcome = -1};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  encache_step *step = step_of(ec), *queued = step_of(ec);
+  (void)encache_step_fd(step); /* its fd is closed with it */
+  e.ctl.hold_reads = 1;
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 5, &a, r), 0);
+  ASSERT_EQ_INT(encache_lookup_start(queued, c, 5, &a, q), 0);
+  fault_wait_reads_held(&e.ctl, 1);
+  /* A wait with a bound returns while the Store is held. */
+  ASSERT_EQ_INT(encache_step_wait(step, 50), ENCACHE_EPENDING);
+  ASSERT_EQ_INT(encache_step_wait(queued, 10), ENCACHE_EPENDING);
+  releaser rel;
+  releaser_start(&rel, &e.ctl);
+  encache_step_close(step); /* waits for its lookup, then closes */
+  ASSERT_EQ_INT(pthread_join(rel.thread, NULL), 0);
+  /* Completed: its hits are the caller's, as encache_lookup()'s are. */
+  for (int i = 0; i < 4; i++)
+    ASSERT_EQ_INT(r[i].outcome, ENCACHE_HIT);
+  ASSERT_EQ_INT(r[4].outcome, ENCACHE_MISS);
+  free_hits(r, 5);
+  /* The queued one either ran (then its answer waits) or is dropped with
+   * its step, unrun: both are safe. */
+  encache_step_close(queued);
+  int ran = q[0].outcome == ENCACHE_HIT;
+  if (ran)
+    free_hits(q, 5);
+  ASSERT_EQ_INT(t.allocs, 4 + 4 * ran);
+  ASSERT_EQ_INT(t.releases, 0);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  aenv_done(&e);
+}
+
+TEST(lookup_async_handle_close_in_flight_is_safe) {
+  for (int with_step_open = 0; with_step_open < 2; with_step_open++) {
+    aenv e;
+    encache *ec = aenv_open(&e);
+    char ids[3][32];
+    seed(&e, "hc", 3, 64, ids);
+    encache_candidate c[3] = {cand(ids[0], 64), cand(ids[1], 64),
+                              cand(ids[2], 64)};
+    static encache_result r[3] = {ENCACHE_RESULT_INIT};
+    static encache_result q[3];
+    for (int i = 0; i < 3; i++) /* not an outcome: one that never ran */
+      q[i] = (encache_result){.size = sizeof(q[i]), .outcome = -1};
+    talloc t = {0};
+    encache_allocator a = allocator(&t);
+    encache_step *step = step_of(ec), *queued = step_of(ec);
+    (void)encache_step_fd(queued);
+    e.ctl.hold_reads = 1;
+    ASSERT_EQ_INT(encache_lookup_start(step, c, 3, &a, r), 0);
+    ASSERT_EQ_INT(encache_lookup_start(queued, c, 3, &a, q), 0);
+    fault_wait_reads_held(&e.ctl, 1);
+    ASSERT_EQ_INT(encache_step_wait(step, 0), ENCACHE_EPENDING);
+    releaser rel;
+    releaser_start(&rel, &e.ctl);
+    if (with_step_open) { /* the step closes with the handle */
+      ASSERT_EQ_INT(encache_close(ec), 0);
+    } else {
+      encache_step_close(step);
+      ASSERT_EQ_INT(encache_close(ec), 0);
+    }
+    ASSERT_EQ_INT(pthread_join(rel.thread, NULL), 0);
+    ASSERT_EQ_INT(r[0].outcome, ENCACHE_HIT); /* the running one completed */
+    free_hits(r, 3);
+    int ran = q[0].outcome == ENCACHE_HIT;
+    if (ran)
+      free_hits(q, 3);
+    ASSERT_EQ_INT(t.allocs, 3 + 3 * ran);
+    ASSERT_EQ_INT(t.releases, 0);
+    aenv_done(&e);
+  }
+}
+
+/* ----------------------------------------------------------------- poison */
+
+TEST(lookup_async_unconfirmed_read_poisons_at_the_wait) {
+  aenv e;
+  encache *ec = aenv_open(&e);
+  char ids[2][32];
+  seed(&e, "po", 2, 2, ids);
+  encache_candidate c[2] = {cand(ids[0], 2), cand(ids[1], 2)};
+  static encache_result r[2] = {ENCACHE_RESULT_INIT}; /* kept: reachable */
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  encache_step *step = step_of(ec);
+  int fd = encache_step_fd(step);
+  e.ctl.read_rc = ENCACHE_EUNCONFIRMED;
+  e.ctl.hold_reads = 1;
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
+  fault_wait_reads_held(&e.ctl, 1);
+  ASSERT_EQ_INT(encache_step_wait(step, 0), ENCACHE_EPENDING);
+  fault_release_reads(&e.ctl);
+  ASSERT_EQ_INT(readable(fd, 60000), 1);
+  ASSERT_EQ_INT(encache_step_wait(step, -1), ENCACHE_EPOISONED);
+  ASSERT_CONTAINS(encache_errmsg(ec), "poisoned");
+  encache_stats st = {.size = sizeof(st)};
+  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+  ASSERT_EQ_INT(st.poisoned, 1);
+  /* Later starts fail fast, as lookups do. */
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), ENCACHE_EPOISONED);
+  ASSERT_EQ_INT(t.releases, 0); /* destinations the Store wrote are kept */
+  ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+  aenv_done(&e);
+}
