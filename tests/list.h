@@ -160,6 +160,9 @@
   XX(lookup_async_step_close_in_flight_is_safe)                              \
   XX(lookup_async_handle_close_in_flight_is_safe)                            \
   XX(lookup_async_unconfirmed_read_poisons_at_the_wait)                      \
+  XX(lookup_async_many_steps_read_one_at_a_time)                             \
+  XX(lookup_async_stopped_store_waits_are_bounded)                           \
+  XX(lookup_async_process_killed_mid_lookup)                                 \
   XX(redis_url_errors)                                                       \
   XX(redis_ttl_and_auth)                                                     \
   XX(redis_url_redact)                                                       \
@@ -235,6 +238,8 @@
   XX(device_lookup_on_the_callers_stream)                                    \
   XX(device_publish_snapshot_in_stream_order)                                \
   XX(device_publish_pool_is_bounded)                                         \
+  XX(device_lookup_started_on_the_steps_stream)                              \
+  XX(device_copy_error_in_a_started_lookup_poisons_at_the_wait)              \
   XX(device_copy_error_poisons)                                              \
   XX(device_event_never_completing_poisons_after_the_timeout)                \
   XX(device_publish_event_never_completing_poisons)                          \

@@ -79,6 +79,64 @@ TEST(device_lookup_on_the_callers_stream) {
   env_close(&e, 0);
 }
 
+/* A started lookup (encache_lookup_start) with CUDA destinations: its
+ * copies are made on the lookup thread, on the step's stream, and are
+ * complete when the wait returns, as encache_lookup()'s are on return. */
+TEST(device_lookup_started_on_the_steps_stream) {
+  dev_env e;
+  if (runtime_init(&e) < 0)
+    return;
+  fake_set_long(&e, "fake_cudart_delay_us", 2000);
+  env_open(&e, 40 << 10, "");
+  static const char *const ids[] = {"a0", "a1", "a2"};
+  dev_seed(&e, ids, 3, 4);
+  void *stream = NULL;
+  ASSERT_EQ_INT(e.rt.stream_create(&stream, 1), 0);
+  ASSERT_EQ_INT(encache_step_set_stream(e.step, stream), 0);
+  encache_candidate c[5] = {dev_cand("a0", 4, ENCACHE_DEVICE_CUDA),
+                            dev_cand("a1", 4, ENCACHE_DEVICE_HOST),
+                            dev_cand("a2", 4, ENCACHE_DEVICE_CUDA),
+                            dev_cand("a0", 4, ENCACHE_DEVICE_CUDA),
+                            dev_cand("none", 4, ENCACHE_DEVICE_CUDA)};
+  encache_result r[5] = {ENCACHE_RESULT_INIT};
+  encache_allocator a = dev_allocator(&e);
+  ASSERT_EQ_INT(encache_lookup_start(e.step, c, 5, &a, r), 0);
+  ASSERT_EQ_INT(encache_step_wait(e.step, -1), 4);
+  for (int i = 0; i < 4; i++) /* read without synchronising the stream */
+    check_hit(&e, &r[i], c[i].id, 4, c[i].device, 0);
+  ASSERT_EQ_INT(r[4].outcome, ENCACHE_MISS);
+  encache_stats s = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(e.ec, &s), 0);
+  ASSERT_EQ_U64(s.device_bytes_copied, 3 * 4 * COLS * 4);
+  ASSERT_EQ_INT(fake_get(&e, "fake_cudart_pageable_copies", 0), 0);
+  for (int i = 0; i < 4; i++)
+    dev_release(&e, (size_t)i, r[i].data, r[i].handle);
+  encache_step_close(e.step);
+  ASSERT_EQ_INT(e.rt.stream_destroy(stream), 0);
+  env_close(&e, 0);
+}
+
+/* A copy that fails in a started lookup poisons the handle, reported at
+ * the wait. */
+TEST(device_copy_error_in_a_started_lookup_poisons_at_the_wait) {
+  dev_env e;
+  if (runtime_init(&e) < 0 || !need_fake(&e))
+    return;
+  env_open(&e, 1 << 20, "");
+  static const char *const ids[] = {"w0", "w1"};
+  dev_seed(&e, ids, 2, 2);
+  fake_set_long(&e, "fake_cudart_fail_copy_after", 1); /* the second fails */
+  encache_candidate c[2] = {dev_cand("w0", 2, ENCACHE_DEVICE_CUDA),
+                            dev_cand("w1", 2, ENCACHE_DEVICE_CUDA)};
+  static encache_result r[2] = {ENCACHE_RESULT_INIT}; /* the device's */
+  encache_allocator a = dev_allocator(&e);
+  ASSERT_EQ_INT(encache_lookup_start(e.step, c, 2, &a, r), 0);
+  ASSERT_EQ_INT(encache_step_wait(e.step, -1), ENCACHE_EPOISONED);
+  ASSERT_CONTAINS(encache_errmsg(e.ec), "cudaMemcpyAsync");
+  ASSERT_EQ_INT(encache_lookup_start(e.step, c, 2, &a, r), ENCACHE_EPOISONED);
+  env_close(&e, ENCACHE_EPOISONED);
+}
+
 TEST(device_copy_error_poisons) {
   dev_env e;
   if (runtime_init(&e) < 0 || !need_fake(&e))

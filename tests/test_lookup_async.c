@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,21 @@ typedef struct aenv {
   char revision[64];
 } aenv;
 
+/* The options of e's engines (json: a buffer for them). */
+static encache_options aenv_options(aenv *e, char *json, size_t size) {
+  snprintf(json, size,
+           "{\"ec_connector\": \"ECMooncakeStorageConnector\", "
+           "\"ec_role\": \"ec_producer\", \"ec_connector_extra_config\": {"
+           "\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %d}}",
+           READ_BUF);
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = "shared/model";
+  o.revision = e->revision;
+  o.model_dtype = ENCACHE_FLOAT32;
+  return o;
+}
+
 /* Opens an engine over the fault wrapper around a fresh Store, in a
  * namespace of its own. */
 static encache *aenv_open(aenv *e) {
@@ -46,16 +62,7 @@ static encache *aenv_open(aenv *e) {
   encache_store *inner = ts_open("32MiB");
   e->raw = ts_reopen();
   char json[512];
-  snprintf(json, sizeof(json),
-           "{\"ec_connector\": \"ECMooncakeStorageConnector\", "
-           "\"ec_role\": \"ec_producer\", \"ec_connector_extra_config\": {"
-           "\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %d}}",
-           READ_BUF);
-  encache_options o = ENCACHE_OPTIONS_INIT;
-  o.ec_transfer_config = json;
-  o.model = "shared/model";
-  o.revision = e->revision;
-  o.model_dtype = ENCACHE_FLOAT32;
+  encache_options o = aenv_options(e, json, sizeof(json));
   int rc = encache__open_with_store(&o, fault_store_wrap(inner, &e->ctl),
                                     &e->ec);
   if (rc != 0)
@@ -512,5 +519,220 @@ TEST(lookup_async_unconfirmed_read_poisons_at_the_wait) {
   ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), ENCACHE_EPOISONED);
   ASSERT_EQ_INT(t.releases, 0); /* destinations the Store wrote are kept */
   ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
+  aenv_done(&e);
+}
+
+/* --------------------------------------------------------------- budgets */
+
+/* Started lookups take turns on the handle's one lookup thread: however
+ * many steps have one started, one is read at a time, into the one
+ * staging buffer (store_read_buffer_bytes); those queued hold nothing. */
+TEST(lookup_async_many_steps_read_one_at_a_time) {
+  aenv e;
+  encache *ec = aenv_open(&e);
+  char ids[4][32];
+  seed(&e, "bu", 4, 32, ids); /* 512 bytes each: one chunk of 4 */
+  encache_candidate c[4] = {cand(ids[0], 32), cand(ids[1], 32),
+                            cand(ids[2], 32), cand(ids[3], 32)};
+  enum { STEPS = ENCACHE_MAX_STEPS };
+  static encache_result r[STEPS][4];
+  static encache_step *steps[STEPS];
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  for (int k = 0; k < STEPS; k++) /* before: an open waits for a lookup */
+    steps[k] = step_of(ec);
+  e.ctl.hold_reads = 1;
+  for (int k = 0; k < STEPS; k++) {
+    r[k][0].size = sizeof(r[k][0]);
+    ASSERT_EQ_INT(encache_lookup_start(steps[k], c, 4, &a, r[k]), 0);
+  }
+  fault_wait_reads_held(&e.ctl, 1);
+  /* Time for a second lookup to reach the Store, were one to run. */
+  struct timespec d = {0, 50 * 1000000L};
+  nanosleep(&d, NULL);
+  pthread_mutex_lock(&e.ctl.mu);
+  int waiting = e.ctl.reads_waiting;
+  pthread_mutex_unlock(&e.ctl.mu);
+  ASSERT_EQ_INT(waiting, 1);
+  ASSERT(__atomic_load_n(&t.allocs, __ATOMIC_RELAXED) <= 4);
+  fault_release_reads(&e.ctl);
+  for (int k = 0; k < STEPS; k++) {
+    ASSERT_EQ_INT(encache_step_wait(steps[k], -1), 4);
+    same_results(c, r[0], r[k], 4);
+  }
+  encache_stats st = {.size = sizeof(st)};
+  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+  ASSERT(st.staging_allocations <= 1); /* made once, or never (shm) */
+  ASSERT(st.staging_bytes <= READ_BUF);
+  ASSERT_EQ_U64(st.lookups, STEPS);
+  ASSERT_EQ_U64(st.hits, 4 * STEPS);
+  for (int k = 0; k < STEPS; k++) {
+    free_hits(r[k], 4);
+    encache_step_close(steps[k]);
+  }
+  ASSERT_EQ_INT(t.allocs, 4 * STEPS);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  aenv_done(&e);
+}
+
+/* ------------------------------------------------- a Store that stops */
+
+/* A Redis server stopped (SIGSTOP) under a started lookup: the waits with
+ * a bound return while it hangs, the lookup ends at the Store's timeout
+ * with UNAVAILABLE (never a hang, never a poisoned handle), and lookups
+ * hit again once the server is back. */
+TEST(lookup_async_stopped_store_waits_are_bounded) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[128], json[256];
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300", port);
+  snprintf(json, sizeof(json),
+           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}");
+  aenv e;
+  memset(&e, 0, sizeof(e));
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = "async/stopped";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  if (encache_open(&o, &e.ec) != 0)
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
+  ASSERT_EQ_INT(encache_store_open(url, &e.raw), 0);
+  char ids[2][32];
+  seed(&e, "st", 2, 8, ids);
+  encache_candidate c[2] = {cand(ids[0], 8), cand(ids[1], 8)};
+  encache_result r[2] = {ENCACHE_RESULT_INIT};
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  encache_step *step = step_of(e.ec);
+  int fd = encache_step_fd(step);
+  ASSERT(fd >= 0);
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
+  ASSERT_EQ_INT(encache_step_wait(step, -1), 2); /* connected: hits */
+  free_hits(r, 2);
+  ASSERT_EQ_INT(kill(pid, SIGSTOP), 0);
+  double t0 = now_s();
+  ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
+  ASSERT(now_s() - t0 < 0.25); /* a start never waits for the Store */
+  ASSERT_EQ_INT(encache_step_wait(step, 20), ENCACHE_EPENDING);
+  ASSERT_EQ_INT(readable(fd, 10000), 1); /* ended by the Store's timeout */
+  ASSERT_EQ_INT(encache_step_wait(step, 0), 0);
+  if (now_s() - t0 > 5.0) /* one 0.3 s timeout, generous on a busy machine */
+    test__fail(__FILE__, __LINE__, "the lookup took %.3f s", now_s() - t0);
+  ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
+  ASSERT_EQ_INT(r[1].outcome, ENCACHE_UNAVAILABLE);
+  ASSERT_EQ_INT(kill(pid, SIGCONT), 0);
+  int hits = 0;
+  for (int i = 0; i < 300 && hits != 2; i++) { /* past the backoff */
+    ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
+    hits = encache_step_wait(step, -1);
+    ASSERT(hits >= 0);
+    free_hits(r, 2);
+    if (hits != 2)
+      usleep(100000);
+  }
+  ASSERT_EQ_INT(hits, 2);
+  encache_step_close(step);
+  ASSERT_EQ_INT(encache_close(e.ec), 0);
+  aenv_done(&e);
+  kill_wait(pid, SIGKILL);
+}
+
+/* ------------------------------------------------ a process killed */
+
+/* The child: lookups started and waited on two steps, without end, on
+ * the Store under test (one byte on `ready` after the first). */
+static void killed_child(aenv *e, const encache_candidate *c, int ready) {
+  char json[512];
+  encache_options o = aenv_options(e, json, sizeof(json));
+  encache *ec = NULL;
+  if (encache__open_with_store(&o, ts_reopen(), &ec) != 0)
+    _exit(2);
+  encache_step *s[2] = {NULL, NULL};
+  if (encache_step_open(ec, &s[0]) < 0 || encache_step_open(ec, &s[1]) < 0)
+    _exit(3);
+  encache_allocator a = ts_host_allocator();
+  static encache_result r[2][4];
+  for (unsigned k = 0;; k++) {
+    encache_result *q = r[k % 2];
+    q[0].size = sizeof(q[0]);
+    if (encache_lookup_start(s[k % 2], c, 4, &a, q) < 0)
+      _exit(4);
+    if (k > 0) {
+      encache_result *p = r[(k + 1) % 2];
+      if (encache_step_wait(s[(k + 1) % 2], -1) != 4)
+        _exit(5);
+      for (int i = 0; i < 4; i++)
+        free(p[i].data);
+    }
+    if (k == 1 && write(ready, "r", 1) != 1)
+      _exit(6);
+  }
+}
+
+/* Processes killed (SIGKILL) while their lookup threads read: the Store
+ * and every other encoder go on, hits bit for bit. */
+TEST(lookup_async_process_killed_mid_lookup) {
+  const char *store = getenv("ENCACHE_TEST_STORE");
+  if (store != NULL && strncmp(store, "shm://", 6) != 0) {
+    printf("# skipped: the shm Store's test (%s is another)\n", store);
+    return;
+  }
+  aenv e;
+  encache *ec = aenv_open(&e);
+  char ids[4][32];
+  seed(&e, "ki", 4, 64, ids);
+  encache_candidate c[4] = {cand(ids[0], 64), cand(ids[1], 64),
+                            cand(ids[2], 64), cand(ids[3], 64)};
+  unsigned seed_ = 29;
+  for (int round = 0; round < 8; round++) {
+    int p[2];
+    ASSERT_EQ_INT(pipe(p), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+      close(p[0]);
+      killed_child(&e, c, p[1]);
+    }
+    close(p[1]);
+    char b;
+    ASSERT_EQ_INT((int)read(p[0], &b, 1), 1); /* its lookups run */
+    close(p[0]);
+    usleep(rand_r(&seed_) % 3000);
+    ASSERT_EQ_INT(kill(pid, SIGKILL), 0);
+    int status;
+    ASSERT_EQ_INT(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    /* This process's lookups: every one a hit, bit for bit. */
+    encache_result x[4] = {ENCACHE_RESULT_INIT}, y[4] = {ENCACHE_RESULT_INIT};
+    talloc t = {0};
+    encache_allocator a = allocator(&t);
+    encache_step *sx = step_of(ec), *sy = step_of(ec);
+    ASSERT_EQ_INT(encache_lookup(sx, c, 4, &a, x), 4);
+    ASSERT_EQ_INT(encache_lookup_start(sy, c, 4, &a, y), 0);
+    ASSERT_EQ_INT(encache_step_wait(sy, -1), 4);
+    same_results(c, x, y, 4);
+    free_hits(x, 4);
+    free_hits(y, 4);
+    encache_step_close(sx);
+    encache_step_close(sy);
+  }
+  /* The Store still takes writes and reads them back. */
+  put(&e, "ki-after", ENCACHE_FLOAT32, 8, COLS, 8);
+  encache_candidate c1 = cand("ki-after", 8);
+  encache_result r1 = ENCACHE_RESULT_INIT;
+  talloc t = {0};
+  encache_allocator a = allocator(&t);
+  encache_step *s = step_of(ec);
+  ASSERT_EQ_INT(encache_lookup_start(s, &c1, 1, &a, &r1), 0);
+  ASSERT_EQ_INT(encache_step_wait(s, -1), 1);
+  same_results(&c1, &r1, &r1, 1);
+  free_hits(&r1, 1);
+  encache_step_close(s);
+  ASSERT_EQ_INT(encache_close(ec), 0);
   aenv_done(&e);
 }

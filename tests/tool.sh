@@ -327,6 +327,21 @@ h = d["hits"]
 assert d["encodes_avoided"] == h["published_by_other_encoders"] + h["published_by_same_encoder"] + d["repeats_within_a_request"], d
 ' "$tmp/demo.json"; then echo "ok $n - demo summary adds up"
 else echo "not ok $n - demo summary adds up"; fails=$((fails + 1)); fi
+# --overlap (the default) starts every request's lookup ahead; the same
+# workload with --no-overlap has the same images, every hit verified.
+n=$((n + 1))
+"$tool" demo --encoders 2 --requests 25 --images 6 --tokens 4 --hidden 8 --json --no-baseline --verify all > "$tmp/demo-ov.json" 2>/dev/null
+"$tool" demo --encoders 2 --requests 25 --images 6 --tokens 4 --hidden 8 --json --no-baseline --verify all --no-overlap > "$tmp/demo-no.json" 2>/dev/null
+if /usr/bin/python3 -c 'import json, sys
+ov, no = (json.load(open(f)) for f in sys.argv[1:3])
+assert ov["lookups"]["started_ahead"] == ov["requests"] == 50, ov["lookups"]
+assert no["lookups"]["started_ahead"] == 0, no["lookups"]
+assert ov["images"] == no["images"], (ov["images"], no["images"])
+assert ov["verification"]["passed"] and no["verification"]["passed"]
+assert ov["verification"]["checked"] == ov["hits"]["total"] > 0
+' "$tmp/demo-ov.json" "$tmp/demo-no.json"; then echo "ok $n - demo --overlap and --no-overlap serve the same images"
+else echo "not ok $n - demo --overlap and --no-overlap serve the same images"; fails=$((fails + 1)); fi
+check "demo --overlap and --no-overlap" 2 "give one" -- demo --overlap --no-overlap
 check "demo --help has no %%" 0 "host i mod N" -- demo --help
 check "demo bad option" 2 "--encoders: must be an integer from 1 to 64" -- demo --encoders 0
 check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help

@@ -48,6 +48,9 @@ typedef struct demo_opts {
   /* --hosts: simulated hosts, each its own shm tier of a tier: Store
    * (demo_tier.c); 1 = the Store as given. */
   int hosts;
+  /* --overlap (the default): each encoder starts the next request's
+   * lookup before it encodes the current one's misses. */
+  int overlap;
 } demo_opts;
 
 /* ------------------------------------------------------------ workload */
@@ -109,7 +112,12 @@ typedef struct report {
   uint64_t skipped[ENCACHE_SKIP_REASONS_];
   uint64_t waited, waited_hits, wait_us; /* single flight */
   uint64_t tier_local, tier_remote, tier_promoted; /* a tier: Store's */
+  /* Lookups started ahead (--overlap) and waited for; images looked up a
+   * second time (single flight, or an overlapped lookup that ran while
+   * this encoder encoded the image). */
+  uint64_t lookups_ahead, looked_again;
   double encode_s, wall_s;
+  double lookup_wait_s; /* the time steps waited for their lookups */
   uint64_t distinct; /* images it requested: the fleet keeps the largest */
   int poisoned, failed;
   uint32_t nhit_lat, nmiss_lat;

@@ -103,6 +103,24 @@ static void pool_release(void *ctx, size_t i, void *data, void *handle) {
 
 /* ---------------------------------------------------------- the worker */
 
+/* One request: its images, their candidates and results, and its step.
+ * With --overlap (the default) the next request's lookup is started
+ * before this one's misses are encoded (docs/engine.md, "Lookups that do
+ * not wait"), as an encoder with a queue of requests does. */
+typedef struct request {
+  int n;
+  int pick[DEMO_MAX_BATCH];
+  /* Per image: not yet published by this encoder when the lookup
+   * started (a miss of it may be this encoder's own encode in between). */
+  unsigned char fresh[DEMO_MAX_BATCH];
+  encache_candidate c[DEMO_MAX_BATCH];
+  encache_result res[DEMO_MAX_BATCH];
+  encache_step *step;
+  int started;   /* a started lookup not yet waited for */
+  int rc;        /* the lookup's answer: hits, or a negative code */
+  double t_wait; /* the time the step waited for its lookup */
+} request;
+
 typedef struct worker {
   const demo_opts *o;
   const image_set *set;
@@ -118,7 +136,6 @@ typedef struct worker {
   uint64_t nbytes;
   report rep;
   double *hit_lat, *miss_lat;
-  encache_step *step; /* the request being served */
 } worker;
 
 /* The engine calls of the demo, each in one place. */
@@ -152,24 +169,36 @@ static encache *engine_open(const worker *w, const char *revision) {
   return ec;
 }
 
-/* Opens the request's step (closed by engine_step_done), unless open, and
- * looks up. */
-static int engine_lookup(worker *w, const encache_candidate *c, size_t n,
-                         encache_result *res) {
+static encache_allocator engine_allocator(worker *w) {
   encache_allocator a = {sizeof(a), &w->pool, pool_alloc, pool_release, 0};
-  int rc = w->step != NULL ? 0 : encache_step_open(w->ec, &w->step);
-  return rc < 0 ? rc : encache_lookup(w->step, c, n, &a, res);
+  return a;
 }
 
-static void engine_step_done(worker *w) {
-  encache_step_close(w->step);
-  w->step = NULL;
+/* Opens the request's step (closed by engine_step_done), unless open, and
+ * looks c[0..n) up on it: started only when `start`. */
+static int engine_lookup(worker *w, request *rq, const encache_candidate *c,
+                         size_t n, encache_result *res, int start) {
+  encache_allocator a = engine_allocator(w);
+  int rc = rq->step != NULL ? 0 : encache_step_open(w->ec, &rq->step);
+  if (rc < 0)
+    return rc;
+  return start ? encache_lookup_start(rq->step, c, n, &a, res)
+               : encache_lookup(rq->step, c, n, &a, res);
+}
+
+static int engine_wait(request *rq) {
+  return encache_step_wait(rq->step, -1);
+}
+
+static void engine_step_done(request *rq) {
+  encache_step_close(rq->step);
+  rq->step = NULL;
 }
 
 /* free() as the release callback of a published output. */
 static void free_output(void *p) { free(p); }
 
-static int engine_publish(worker *w, const char *id, void *out) {
+static int engine_publish(worker *w, request *rq, const char *id, void *out) {
   encache_storage *s = NULL;
   int rc = encache_storage_new(out, w->nbytes, free_output, out, &s);
   if (rc < 0) {
@@ -178,7 +207,7 @@ static int engine_publish(worker *w, const char *id, void *out) {
   }
   int64_t shape[2] = {w->o->tokens, w->o->hidden};
   encache_tensor v = {sizeof v, out, w->o->dtype, 2, shape, NULL, 0, 0, NULL};
-  rc = encache_publish(w->step, id, &v, s);
+  rc = encache_publish(rq->step, id, &v, s);
   encache_storage_unref(s);
   return rc;
 }
@@ -205,6 +234,14 @@ static void engine_finish(worker *w) {
   w->ec = NULL;
 }
 
+/* A failed engine call: its message, and the encoder stops. */
+static void engine_failed(worker *w, const char *what, int rc) {
+  fprintf(stderr, "encache demo: encoder %d: %s: %s\n", w->index, what,
+          encache_errmsg(w->ec));
+  w->rep.failed = 1;
+  w->rep.poisoned = rc == ENCACHE_EPOISONED;
+}
+
 /* A hit: checked against a fresh encode when the sample says so, then its
  * destination goes back to the pool. */
 static void on_hit(worker *w, int pick, encache_result *res, double t_lookup) {
@@ -229,62 +266,98 @@ static void on_hit(worker *w, int pick, encache_result *res, double t_lookup) {
   pool_put(&w->pool, res->data);
 }
 
-/* A miss: encode, and publish the output. */
-static void on_miss(worker *w, int pick, double t_lookup) {
-  const image *im = &w->set->img[pick];
+/* A miss: encoded into a new output (NULL after a message). */
+static void *encode_miss(worker *w, int pick, double t_lookup) {
   double te = measure_now();
   void *out = malloc(w->nbytes);
   if (out == NULL) {
     fprintf(stderr, "encache demo: encoder %d: out of memory\n", w->index);
     w->rep.failed = 1;
-    return;
+    return NULL;
   }
-  demo_encode(&w->enc, w->set, im, out);
+  demo_encode(&w->enc, w->set, &w->set->img[pick], out);
   double dt = measure_now() - te;
   w->rep.encodes++;
   w->rep.encode_s += dt;
   w->miss_lat[w->rep.nmiss_lat++] = t_lookup + dt;
-  if (w->ec == NULL) {
+  return out;
+}
+
+/* Publishes the output of image `pick` on rq's step. */
+static void publish_output(worker *w, request *rq, int pick, void *out) {
+  if (w->ec == NULL || w->rep.failed) {
     free(out);
     return;
   }
-  int pq = engine_publish(w, im->id, out);
+  int pq = engine_publish(w, rq, w->set->img[pick].id, out);
   if (pq == ENCACHE_QUEUED)
     w->published[pick] = 1;
-  if (pq < 0) {
-    fprintf(stderr, "encache demo: encoder %d: publish: %s\n", w->index,
-            encache_errmsg(w->ec));
-    w->rep.failed = 1;
-    w->rep.poisoned = pq == ENCACHE_EPOISONED;
-  }
+  if (pq < 0)
+    engine_failed(w, "publish", pq);
 }
 
-/* Looks c[0..n) up (or not, for the baseline): the lookup's time, or a
- * negative value after a message when it failed. */
-static double lookup_batch(worker *w, const encache_candidate *c, size_t n,
-                           encache_result *res) {
+/* Looks c[0..n) up on rq's step: started only (rq->started) when
+ * `start`; the blocking lookup's time into rq->t_wait.  Returns 0, or -1
+ * after a message. */
+static int lookup_batch(worker *w, request *rq, const encache_candidate *c,
+                        size_t n, encache_result *res, int start) {
+  rq->t_wait = 0;
   if (w->ec == NULL)
     return 0;
   double t0 = measure_now();
-  int hits = engine_lookup(w, c, n, res);
-  if (hits >= 0)
-    return measure_now() - t0;
-  fprintf(stderr, "encache demo: encoder %d: lookup: %s\n", w->index,
-          encache_errmsg(w->ec));
-  w->rep.failed = 1;
-  w->rep.poisoned = hits == ENCACHE_EPOISONED;
+  int rc = engine_lookup(w, rq, c, n, res, start);
+  if (rc >= 0 && start) {
+    rq->started = 1;
+    return 0;
+  }
+  rq->t_wait = measure_now() - t0;
+  w->rep.lookup_wait_s += rq->t_wait;
+  if (rc >= 0)
+    return 0;
+  engine_failed(w, "lookup", rc);
   return -1;
 }
 
-/* Serves res[k] of the request (k in want[0..n)), and leaves in
- * *later the ones IN_FLIGHT when `defer`: another encoder is encoding them,
- * to look up again once this encoder's own encodes are published. */
-static void serve_results(worker *w, const int *pick, encache_result *res,
-                          const int *want, int n, double t_lookup,
-                          int defer, int *later, int *nlater) {
+/* Waits for rq's started lookup, if any: the time the step still waited
+ * for the Store into rq->t_wait.  Returns 0, or -1 after a message. */
+static int lookup_complete(worker *w, request *rq) {
+  if (!rq->started)
+    return rq->rc;
+  double t0 = measure_now();
+  int rc = engine_wait(rq);
+  rq->started = 0;
+  rq->t_wait = measure_now() - t0;
+  w->rep.lookup_wait_s += rq->t_wait;
+  w->rep.lookups_ahead++;
+  if (rc >= 0)
+    return 0;
+  engine_failed(w, "lookup", rc);
+  return -1;
+}
+
+/* Whether res[k] of rq waits for a second lookup: IN_FLIGHT with single
+ * flight (another encoder is encoding it), or a MISS of an image this
+ * encoder published after rq's lookup started (the lookup ran while this
+ * encoder was encoding it). */
+static int look_again(const worker *w, const request *rq, int k) {
+  int outcome = rq->res[k].outcome;
+  return outcome == ENCACHE_IN_FLIGHT ||
+         (outcome == ENCACHE_MISS && rq->fresh[k] && w->published[rq->pick[k]]);
+}
+
+/* Serves res[k] of the request (k in want[0..n)): hits checked, misses
+ * encoded (all of them first, then published: a publication waits for a
+ * lookup started meanwhile).  With `defer`, leaves in *later the ones to
+ * look up again (look_again) once this encoder's own are published. */
+static void serve_results(worker *w, request *rq, const int *pick,
+                          encache_result *res, const int *want, int n,
+                          double t_lookup, int defer, int *later,
+                          int *nlater) {
+  void *out[DEMO_MAX_BATCH];
+  int outpick[DEMO_MAX_BATCH], nout = 0;
   for (int j = 0; j < n && !w->rep.failed; j++) {
     int k = want[j];
-    if (defer && res[k].outcome == ENCACHE_IN_FLIGHT) {
+    if (defer && look_again(w, rq, k)) {
       later[(*nlater)++] = k;
       continue;
     }
@@ -300,55 +373,78 @@ static void serve_results(worker *w, const int *pick, encache_result *res,
     int again = 0;
     for (int e = 0; e < j && !again; e++)
       again = pick[want[e]] == pick[k] && res[want[e]].outcome != ENCACHE_HIT;
-    if (!again)
-      on_miss(w, pick[k], t_lookup);
+    if (!again && (out[nout] = encode_miss(w, pick[k], t_lookup)) != NULL)
+      outpick[nout++] = pick[k];
   }
+  for (int k = 0; k < nout; k++)
+    publish_output(w, rq, outpick[k], out[k]);
 }
 
-/* One request of 1 to DEMO_MAX_BATCH images. */
-static void serve_request(worker *w) {
+/* Draws the next request of 1 to DEMO_MAX_BATCH images into rq. */
+static void request_draw(worker *w, request *rq) {
   int n = 1 + (int)(rng_next(&w->r) % DEMO_MAX_BATCH);
-  int pick[DEMO_MAX_BATCH];
-  encache_candidate c[DEMO_MAX_BATCH];
-  encache_result res[DEMO_MAX_BATCH];
+  rq->n = n;
+  rq->started = 0;
+  rq->rc = 0;
   for (int k = 0; k < n; k++) {
-    pick[k] = demo_zipf_pick(w->cdf, w->set->n, &w->r);
-    if (!w->requested[pick[k]]) {
-      w->requested[pick[k]] = 1;
+    int pick = demo_zipf_pick(w->cdf, w->set->n, &w->r);
+    rq->pick[k] = pick;
+    rq->fresh[k] = !w->published[pick];
+    if (!w->requested[pick]) {
+      w->requested[pick] = 1;
       w->rep.distinct++;
     }
-    encache_candidate cc = {sizeof(cc), w->set->img[pick[k]].id,
+    encache_candidate cc = {sizeof(cc), w->set->img[pick].id,
                             ENCACHE_MODALITY_IMAGE, w->o->dtype,
                             (uint64_t)w->o->tokens, (uint64_t)w->o->hidden,
                             ENCACHE_DEVICE_HOST, 0};
-    c[k] = cc;
-    res[k].size = sizeof(res[k]);
-    res[k].outcome = ENCACHE_MISS;
+    rq->c[k] = cc;
+    rq->res[k].size = sizeof(rq->res[k]);
+    rq->res[k].outcome = ENCACHE_MISS;
   }
-  int all[DEMO_MAX_BATCH], later[DEMO_MAX_BATCH], nlater = 0;
+}
+
+/* Draws rq and looks it up: started when `start`, else done (its answer
+ * in rq->rc). */
+static void request_begin(worker *w, request *rq, int start) {
+  request_draw(w, rq);
+  rq->rc = lookup_batch(w, rq, rq->c, (size_t)rq->n, rq->res, start);
+}
+
+/* Serves rq, whose lookup has completed: encodes its misses (while `next`,
+ * when given, has its lookup started), publishes them, then looks up
+ * again what was deferred. */
+static void request_serve(worker *w, request *rq, request *next) {
+  int n = rq->n, all[DEMO_MAX_BATCH], later[DEMO_MAX_BATCH], nlater = 0;
   for (int k = 0; k < n; k++)
     all[k] = k;
-  double t_lookup = lookup_batch(w, c, (size_t)n, res);
-  if (t_lookup >= 0)
-    serve_results(w, pick, res, all, n, t_lookup, 1, later, &nlater);
+  int ok = lookup_complete(w, rq) == 0;
+  if (next != NULL && ok)
+    request_begin(w, next, 1);
+  if (ok)
+    serve_results(w, rq, rq->pick, rq->res, all, n, rq->t_wait, 1, later,
+                  &nlater);
   if (nlater > 0 && !w->rep.failed) {
-    /* Single flight: the images another encoder was encoding, looked up
-     * again (now waiting for its output) after this encoder's own. */
+    /* The images another encoder was encoding (single flight), or this
+     * one was while the lookup ran, looked up again (now waiting for
+     * their output) after this encoder's own are published. */
     encache_candidate c2[DEMO_MAX_BATCH];
     encache_result r2[DEMO_MAX_BATCH];
     int pick2[DEMO_MAX_BATCH], idx[DEMO_MAX_BATCH];
     for (int j = 0; j < nlater; j++) {
-      c2[j] = c[later[j]];
-      pick2[j] = pick[later[j]];
+      c2[j] = rq->c[later[j]];
+      pick2[j] = rq->pick[later[j]];
       idx[j] = j;
       r2[j].size = sizeof(r2[j]);
     }
-    double t2 = lookup_batch(w, c2, (size_t)nlater, r2);
-    if (t2 >= 0)
-      serve_results(w, pick2, r2, idx, nlater, t_lookup + t2, 0, NULL, NULL);
+    double t1 = rq->t_wait;
+    w->rep.looked_again += (uint64_t)nlater;
+    if (lookup_batch(w, rq, c2, (size_t)nlater, r2, 0) == 0)
+      serve_results(w, rq, pick2, r2, idx, nlater, t1 + rq->t_wait, 0, NULL,
+                    NULL);
   }
-  if (w->ec != NULL)
-    engine_step_done(w);
+  if (rq->step != NULL)
+    engine_step_done(rq);
   w->rep.requests++;
 }
 
@@ -411,13 +507,29 @@ int demo_encoder_run(const demo_opts *o, const image_set *set, int index,
   else if (use_cache && (w.ec = engine_open(&w, revision)) == NULL)
     w.rep.failed = 1;
   double t_start = measure_now();
+  /* --overlap: request q+1's lookup runs while q's misses are encoded
+   * (request_serve).  Not with --burst: its gate starts every request of
+   * the fleet at the same moment. */
+  int overlap = o->overlap && !o->burst;
+  static request rqs[2];
+  request *cur = &rqs[0], *next = &rqs[1];
+  if (overlap && !w.rep.failed)
+    request_begin(&w, cur, 1);
   int q = 0;
   for (; q < o->requests && !w.rep.failed; q++) {
     if (o->burst)
       burst_gate(sh, o->encoders, q);
-    serve_request(&w);
+    if (!overlap)
+      request_begin(&w, cur, 0);
+    request_serve(&w, cur, overlap && q + 1 < o->requests ? next : NULL);
     __atomic_add_fetch(&sh->done[index], 1, __ATOMIC_RELAXED);
+    request *t = cur;
+    cur = next;
+    next = t;
   }
+  for (int k = 0; k < 2; k++) /* a lookup started before a failure */
+    if (rqs[k].step != NULL)
+      engine_step_done(&rqs[k]);
   /* An encoder that stops early arrives at every gate left, so that the
    * others never wait for it. */
   if (o->burst && q < o->requests)

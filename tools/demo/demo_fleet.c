@@ -126,6 +126,7 @@ static int collect(phase *ph, const inbox *in) {
   for (size_t k = 0; k < nu; k++)
     dst[k] += src[k];
   ph->total.encode_s += r.encode_s;
+  ph->total.lookup_wait_s += r.lookup_wait_s;
   if (r.distinct > ph->total.distinct)
     ph->total.distinct = r.distinct;
   ph->total.poisoned |= r.poisoned;

@@ -87,6 +87,9 @@ static void summary_json(const demo_opts *o, const char *url,
            f->bthr, f->thr / f->bthr);
   printf("  \"hit_latency_ms\": {\"p50\": %.3f, \"p99\": %.3f},\n", f->hp50, f->hp99);
   printf("  \"miss_latency_ms\": {\"p50\": %.3f, \"p99\": %.3f},\n", f->mp50, f->mp99);
+  printf("  \"lookups\": {\"started_ahead\": %" PRIu64 ", \"looked_again\": %"
+         PRIu64 ", \"store_wait_seconds\": %.6f},\n", t->lookups_ahead,
+         t->looked_again, t->lookup_wait_s);
   printf("  \"bytes_read\": %" PRIu64 ",\n  \"publications\": {\"written\": %" PRIu64
          ", \"already_present\": %" PRIu64 ", \"failed\": %" PRIu64,
          t->bytes_read, t->published_written, t->published_present,
@@ -171,6 +174,14 @@ static void summary_text(const demo_opts *o, const char *url,
     printf("%-30s %15.2fx\n", "speed-up", f->thr / f->bthr);
   printf("%-30s %9.3f / %.3f ms\n", "hit latency p50 / p99", f->hp50, f->hp99);
   printf("%-30s %9.3f / %.3f ms\n", "miss latency p50 / p99", f->mp50, f->mp99);
+  printf("%-30s %15.3fs  (%.3f ms a request; %s)\n",
+         "store time steps waited", t->lookup_wait_s,
+         t->requests ? t->lookup_wait_s * 1e3 / (double)t->requests : 0,
+         t->lookups_ahead ? "lookups started ahead, overlapping encodes"
+                          : "blocking lookups");
+  if (t->looked_again)
+    printf("%-30s %16" PRIu64 "  (single flight, or encoded here while "
+           "looked up)\n", "  images looked up again", t->looked_again);
   printf("%-30s %16s\n", "bytes read", rb);
   if (t->tier_local + t->tier_remote > 0)
     printf("%-30s %9" PRIu64 " local, %" PRIu64 " remote (%" PRIu64
@@ -210,6 +221,13 @@ static const char demo_usage[] =
     "  --skew S           Zipf exponent of image popularity (default 1.1)\n"
     "  --verify MODE      all, sample (default: every 8th hit) or none\n"
     "  --no-baseline      skip the run without encache\n"
+    "  --overlap          (the default) each encoder starts the next\n"
+    "                     request's lookup (encache_lookup_start) before it\n"
+    "                     encodes the current one's misses, so the Store's\n"
+    "                     reads overlap encoding; the summary shows the Store\n"
+    "                     time the steps still waited for\n"
+    "  --no-overlap       look each request up only when it is served (the\n"
+    "                     blocking lookup), to compare\n"
     "  --burst            every encoder gets the same requests at the same\n"
     "                     moment (new images reaching a fleet at once); the\n"
     "                     fleet runs without, then with single flight (one\n"
@@ -227,7 +245,8 @@ static const char demo_usage[] =
 
 enum {
   D_ENCODERS, D_REQUESTS, D_IMAGES, D_TOKENS, D_HIDDEN, D_DTYPE, D_SKEW,
-  D_VERIFY, D_BASELINE, D_NO_BASELINE, D_SEED, D_BURST, D_HOSTS
+  D_VERIFY, D_BASELINE, D_NO_BASELINE, D_SEED, D_BURST, D_HOSTS, D_OVERLAP,
+  D_NO_OVERLAP
 };
 
 static const tool_opt demo_opts_table[] = {
@@ -237,7 +256,8 @@ static const tool_opt demo_opts_table[] = {
     [D_SKEW] = {"skew", 1},         [D_VERIFY] = {"verify", 1},
     [D_BASELINE] = {"baseline", 0}, [D_NO_BASELINE] = {"no-baseline", 0},
     [D_SEED] = {"seed", 1},         [D_BURST] = {"burst", 0},
-    [D_HOSTS] = {"hosts", 1},
+    [D_HOSTS] = {"hosts", 1},       [D_OVERLAP] = {"overlap", 0},
+    [D_NO_OVERLAP] = {"no-overlap", 0},
     {NULL, 0}};
 
 /* An integer option, when given, into *out; -1 after a message. */
@@ -250,7 +270,7 @@ static int int_opt(const tool_args *a, int which, const char *name, int lo,
 /* The demo's options into o; -1 after a message naming the option. */
 static int demo_args(const tool_args *a, demo_opts *o) {
   demo_opts d = {4, 100, 48, 64, 768, ENCACHE_FLOAT32, VERIFY_SAMPLE, 1,
-                 1.1, 1, NULL, NULL, 0, 0, 0, 1};
+                 1.1, 1, NULL, NULL, 0, 0, 0, 1, 1};
   *o = d;
   int seed = 1;
   const char *images = a->val[D_IMAGES], *v;
@@ -290,6 +310,9 @@ static int demo_args(const tool_args *a, demo_opts *o) {
     return usage_error("demo", "--baseline and --no-baseline: give one"), -1;
   o->baseline = a->val[D_NO_BASELINE] == NULL;
   o->burst = a->val[D_BURST] != NULL;
+  if (a->val[D_NO_OVERLAP] != NULL && a->val[D_OVERLAP] != NULL)
+    return usage_error("demo", "--overlap and --no-overlap: give one"), -1;
+  o->overlap = a->val[D_NO_OVERLAP] == NULL;
   if (o->burst && a->val[D_BASELINE] != NULL)
     return usage_error("demo", "--burst compares single flight off and on: "
                                "it has no --baseline"), -1;
