@@ -79,7 +79,10 @@ ENCACHE_EXTERN unsigned encache_version_number(void);
 /*
  * Every error code, once: XX(NAME, value, message).  System errors keep
  * their errno value (negated); library errors live in the reserved range
- * -30600 .. -30699, far from any errno.
+ * -30600 .. -30699, far from any errno.  ENCACHE_EBUDGET is never
+ * returned (a publication over its budget is skipped:
+ * ENCACHE_SKIP_OVER_ITEMS, ENCACHE_SKIP_OVER_BYTES); it stays so that its
+ * value is never given to another error (ABI).
  */
 #define ENCACHE_ERRNO_MAP(XX)                                                \
   XX(EINVAL, -EINVAL, "invalid argument")                                    \
