@@ -38,24 +38,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-fails=0
-n=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() {
-  n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
-  [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/# /' "$2"
-  return 0
-}
-# expect NAME STATUS NEEDLE -- ARGS...: exit status and a piece of output.
-expect() {
-  local name=$1 want=$2 needle=$3 got
-  shift 4
-  "$tool" "$@" >"$tmp/out" 2>&1
-  got=$?
-  if [ "$got" -ne "$want" ]; then not_ok "$name: exit $got, expected $want" "$tmp/out"
-  elif ! grep -qF -- "$needle" "$tmp/out"; then not_ok "$name: no '$needle'" "$tmp/out"
-  else ok "$name"; fi
-}
+. "$(dirname "$0")/tap.sh"
 # The encoder processes of the demo (its children).
 encoders() { pgrep -P "$demo_pid" | tr '\n' ' '; }
 # Stops the encoders between two Store operations: one stopped inside one

@@ -21,6 +21,7 @@
 #include "encache.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,10 @@ static void burst_gate(demo_shared *sh, int encoders, int q) {
 
 #define POOL_CAP (2 * DEMO_MAX_BATCH)
 
+/* Under `mu`: with --overlap the allocator's callbacks run on the
+ * library's lookup thread while this encoder hands hits back. */
 typedef struct dst_pool {
+  pthread_mutex_t mu;
   void *free[POOL_CAP]; /* buffers not handed out, warm */
   int nfree;
   size_t bytes; /* each buffer's size: one output */
@@ -60,14 +64,18 @@ static void *pool_new(const dst_pool *p) {
 }
 
 static void pool_put(dst_pool *p, void *data) {
-  if (data != NULL && p->nfree < POOL_CAP)
+  pthread_mutex_lock(&p->mu);
+  int kept = data != NULL && p->nfree < POOL_CAP;
+  if (kept)
     p->free[p->nfree++] = data;
-  else
+  pthread_mutex_unlock(&p->mu);
+  if (!kept)
     free(data);
 }
 
 static int pool_init(dst_pool *p, size_t bytes) {
   memset(p, 0, sizeof(*p));
+  pthread_mutex_init(&p->mu, NULL);
   p->bytes = bytes;
   for (int k = 0; k < DEMO_MAX_BATCH; k++) {
     void *b = pool_new(p);
@@ -81,6 +89,7 @@ static int pool_init(dst_pool *p, size_t bytes) {
 static void pool_free(dst_pool *p) {
   while (p->nfree > 0)
     free(p->free[--p->nfree]);
+  pthread_mutex_destroy(&p->mu);
 }
 
 static int pool_alloc(void *ctx, size_t i, const encache_candidate *c,
@@ -91,7 +100,11 @@ static int pool_alloc(void *ctx, size_t i, const encache_candidate *c,
   *handle = NULL;
   if (nbytes > p->bytes)
     return ENCACHE_EINVAL; /* not one of this encoder's outputs */
-  *data = p->nfree > 0 ? p->free[--p->nfree] : pool_new(p);
+  pthread_mutex_lock(&p->mu);
+  *data = p->nfree > 0 ? p->free[--p->nfree] : NULL;
+  pthread_mutex_unlock(&p->mu);
+  if (*data == NULL)
+    *data = pool_new(p);
   return *data ? 0 : ENCACHE_ENOMEM;
 }
 
