@@ -19,7 +19,7 @@ fi
 # JSON; on loopback (inside unshare -n) say it.
 export MOONCAKE_REQUESTER_LOCAL_HOSTNAME=${MOONCAKE_REQUESTER_LOCAL_HOSTNAME:-127.0.0.1}
 rc=0
-ENCACHE_TEST_STORE=mooncake: "$tests" store_ engine_ || rc=1
+ENCACHE_TEST_STORE=mooncake: "$tests" store_ engine_ lookup_async_ || rc=1
 out=$("$tool" --store mooncake: demo --encoders 2 --requests 30 --images 12 \
   --tokens 16 --hidden 128 --verify all --no-baseline 2>&1)
 if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "verification *passed"; then

@@ -22,7 +22,7 @@ rc=0
 for remote in "$ENCACHE_REDIS_URL" "$ENCACHE_REDIS_CLUSTER_URL"; do
   url="tier:shm://$seg?size=64MiB+$remote"
   echo "# on $url"
-  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ || rc=1
+  ENCACHE_TEST_STORE=$url "$tests" store_ engine_ lookup_async_ || rc=1
   "$tool" shm destroy "$seg" >/dev/null
 done
 # The tool shows the tier's counters (of a segment that exists: stats
