@@ -69,6 +69,36 @@ static void fd_drain(encache_step *s) {
   }
 }
 
+/* Runs s's lookup (the caller has the turn and took s off the queue),
+ * then makes its answer the wait's. */
+static void run_one(encache *ec, encache_step *s) {
+  struct encache__async *as = ec->async;
+  int rc = encache__lookup_timed(s, s->async.c, s->async.n, &s->async.a,
+                                 s->async.results);
+  pthread_mutex_lock(&as->mu);
+  s->async.rc = rc;
+  s->async.state = ENCACHE__ASYNC_DONE;
+  fd_signal(s);
+  pthread_cond_broadcast(&as->done);
+  pthread_mutex_unlock(&as->mu);
+}
+
+/* Takes s off the queue when it is the oldest there, or any (s NULL):
+ * the step taken, or NULL (the caller has the turn). */
+static encache_step *take(encache *ec, encache_step *s) {
+  struct encache__async *as = ec->async;
+  pthread_mutex_lock(&as->mu);
+  encache_step *oldest = oldest_queued(ec); /* NULL: closed, or taken */
+  if (s != NULL && oldest != s)
+    oldest = NULL;
+  if (oldest != NULL) {
+    oldest->async.state = ENCACHE__ASYNC_RUNNING;
+    as->queued--;
+  }
+  pthread_mutex_unlock(&as->mu);
+  return oldest;
+}
+
 static void *thread_main(void *arg) {
   encache *ec = arg;
   struct encache__async *as = ec->async;
@@ -81,25 +111,29 @@ static void *thread_main(void *arg) {
     if (stop)
       return NULL;
     encache__enter(ec);
-    pthread_mutex_lock(&as->mu);
-    encache_step *s = oldest_queued(ec); /* NULL: closed meanwhile */
-    if (s != NULL) {
-      s->async.state = ENCACHE__ASYNC_RUNNING;
-      as->queued--;
-    }
-    pthread_mutex_unlock(&as->mu);
-    if (s != NULL) {
-      int rc = encache__lookup_timed(s, s->async.c, s->async.n, &s->async.a,
-                                     s->async.results);
-      pthread_mutex_lock(&as->mu);
-      s->async.rc = rc;
-      s->async.state = ENCACHE__ASYNC_DONE;
-      fd_signal(s);
-      pthread_cond_broadcast(&as->done);
-      pthread_mutex_unlock(&as->mu);
-    }
+    encache_step *s = take(ec, NULL);
+    if (s != NULL)
+      run_one(ec, s);
     encache__leave(ec);
   }
+}
+
+/* A wait without a bound on a lookup that has not begun and is the next
+ * to run runs it on the waiting thread: a lookup started and waited for
+ * at once costs what encache_lookup() does, with no hand-over to the
+ * lookup thread and back.  The order of the lookups is kept. */
+static void run_here(encache_step *step) {
+  encache *ec = step->ec;
+  struct encache__async *as = ec->async;
+  pthread_mutex_lock(&as->mu);
+  int queued = step->async.state == ENCACHE__ASYNC_QUEUED;
+  pthread_mutex_unlock(&as->mu);
+  if (!queued)
+    return;
+  encache__enter(ec);
+  if (take(ec, step) != NULL)
+    run_one(ec, step);
+  encache__leave(ec);
 }
 
 /* step.c's hook: s closes (the caller has the turn, so no lookup of it
@@ -229,6 +263,8 @@ int encache_step_wait(encache_step *step, int timeout_ms) {
   struct encache__async *as = step->ec->async;
   if (as == NULL) /* nothing was ever started on the handle */
     return ENCACHE_EINVAL;
+  if (timeout_ms < 0)
+    run_here(step);
   struct timespec until =
       encache__deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (unsigned)timeout_ms : 0);
   int rc = 0;

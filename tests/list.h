@@ -160,6 +160,7 @@
   XX(lookup_async_step_close_in_flight_is_safe)                              \
   XX(lookup_async_handle_close_in_flight_is_safe)                            \
   XX(lookup_async_unconfirmed_read_poisons_at_the_wait)                      \
+  XX(lookup_async_waits_keep_the_order_of_starts)                            \
   XX(lookup_async_many_steps_read_one_at_a_time)                             \
   XX(lookup_async_stopped_store_waits_are_bounded)                           \
   XX(lookup_async_process_killed_mid_lookup)                                 \

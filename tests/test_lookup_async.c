@@ -522,6 +522,77 @@ TEST(lookup_async_unconfirmed_read_poisons_at_the_wait) {
   aenv_done(&e);
 }
 
+/* ------------------------------------------------------ run in order */
+
+/* Records, per allocation, which lookup (its candidate's id's first
+ * letter). */
+typedef struct order_log {
+  char seq[64];
+  int n;
+} order_log;
+
+static int order_alloc(void *ctx, size_t i, const encache_candidate *c,
+                       uint64_t nbytes, void **data, void **handle) {
+  order_log *l = ctx;
+  (void)i;
+  if (l->n < 63)
+    l->seq[l->n++] = c->id[0];
+  *handle = NULL;
+  *data = malloc(nbytes ? nbytes : 1);
+  return *data ? 0 : ENCACHE_ENOMEM;
+}
+
+static void order_release(void *ctx, size_t i, void *data, void *handle) {
+  (void)ctx, (void)i, (void)handle;
+  free(data);
+}
+
+/* A wait without a bound may run its lookup on the waiting thread (when
+ * it has not begun and is the next to run), never before an older one:
+ * lookups run in the order they were started, whoever waits. */
+TEST(lookup_async_waits_keep_the_order_of_starts) {
+  aenv e;
+  encache *ec = aenv_open(&e);
+  put(&e, "a1", ENCACHE_FLOAT32, 2, COLS, 2);
+  put(&e, "b1", ENCACHE_FLOAT32, 2, COLS, 2);
+  put(&e, "c1", ENCACHE_FLOAT32, 2, COLS, 2);
+  encache_candidate ca = cand("a1", 2), cb = cand("b1", 2), cc = cand("c1", 2);
+  static encache_result ra = ENCACHE_RESULT_INIT, rb = ENCACHE_RESULT_INIT,
+                        rc_ = ENCACHE_RESULT_INIT;
+  static order_log log;
+  memset(&log, 0, sizeof(log));
+  encache_allocator a = {sizeof(a), &log, order_alloc, order_release, 0};
+  encache_step *sa = step_of(ec), *sb = step_of(ec), *sc = step_of(ec);
+  e.ctl.hold_reads = 1;
+  ASSERT_EQ_INT(encache_lookup_start(sa, &ca, 1, &a, &ra), 0);
+  fault_wait_reads_held(&e.ctl, 1); /* a runs on the lookup thread */
+  ASSERT_EQ_INT(encache_lookup_start(sb, &cb, 1, &a, &rb), 0);
+  ASSERT_EQ_INT(encache_lookup_start(sc, &cc, 1, &a, &rc_), 0);
+  releaser rel;
+  releaser_start(&rel, &e.ctl);
+  ASSERT_EQ_INT(encache_step_wait(sc, -1), 1); /* c is not the next: b is */
+  ASSERT_EQ_INT(pthread_join(rel.thread, NULL), 0);
+  ASSERT_EQ_INT(encache_step_wait(sa, -1), 1);
+  ASSERT_EQ_INT(encache_step_wait(sb, -1), 1);
+  ASSERT_EQ_INT(log.n, 3);
+  ASSERT_EQ_MEM(log.seq, "abc", 3);
+  /* Started and waited at once, with nothing before it: it may run here
+   * or on the lookup thread, and gives the same answer. */
+  log.n = 0;
+  ASSERT_EQ_INT(encache_lookup_start(sa, &ca, 1, &a, &ra), 0);
+  ASSERT_EQ_INT(encache_step_wait(sa, -1), 1);
+  ASSERT_EQ_INT(log.n, 1);
+  same_results(&ca, &ra, &ra, 1);
+  free(ra.data);
+  free(rb.data);
+  free(rc_.data);
+  encache_step_close(sa);
+  encache_step_close(sb);
+  encache_step_close(sc);
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  aenv_done(&e);
+}
+
 /* --------------------------------------------------------------- budgets */
 
 /* Started lookups take turns on the handle's one lookup thread: however
