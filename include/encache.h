@@ -1478,9 +1478,12 @@ ENCACHE_EXTERN int encache_lookup(encache_step *step,
  * encache_close; and encache_lookup_start when its arguments are bad, to
  * record the message) waits for it.  What overlaps the Store's reads is
  * the caller's own work (its encoder), not other encache calls.  A start
- * with good arguments never waits: it queues the lookup.  encache_step_wait() and encache_step_fd() never wait for the
- * handle and may be called from another thread than the one that started
- * the lookup (not at the same time as encache_step_close() of that step).
+ * with good arguments never waits: it queues the lookup.
+ * encache_step_fd() and encache_step_wait() with a bound (timeout_ms >= 0)
+ * never wait for the handle (a wait without a bound may run the lookup
+ * itself, taking its turn), and may be called from another thread than
+ * the one that started the lookup (not at the same time as
+ * encache_step_close() of that step).
  * Lookups started on several steps run one after another, in the order
  * they were started.
  *

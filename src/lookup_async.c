@@ -4,7 +4,8 @@
  * do not wait").  encache_lookup_start() checks the arguments as
  * encache_lookup() does, copies the allocator into the step and queues
  * the step; the handle's lookup thread (one, started by the first start)
- * runs the queued lookups one at a time, in the order they were started,
+ * runs the queued lookups one at a time, in the order they were started
+ * (a wait without a bound may run its own, when it is next: run_here),
  * with the very function encache_lookup() runs (encache__lookup_timed), so
  * that the results are the same for the same Store state.
  *
@@ -16,7 +17,9 @@
  * state only while it also has the turn, so that a caller with the turn
  * (step close) never sees a lookup running.  `done` is signalled at each
  * completion, `work` at each start and at stop.  Lock order: run, then
- * mu.  encache_step_wait() takes mu only: it never waits for the turn.
+ * mu.  encache_step_wait() with a bound takes mu only: it never waits for
+ * the turn; one without a bound takes the turn to run its lookup itself
+ * when it has not begun and is next in line (run_here).
  *
  * A step's fd is an eventfd written once per completion and drained by
  * the wait that returns that completion's answer.
