@@ -253,16 +253,21 @@ static inline int bench_hits_read(void *ctx) {
   return rc != 0;
 }
 
+/* 0 when a lookup's answer is h's n hits, else 1 after a message. */
+static inline int bench_hits_check(bench_hits *h, int hits) {
+  if (hits != h->n)
+    fprintf(stderr, "bench: %d of %d hits: %s\n", hits, h->n,
+            encache_errmsg(h->ec));
+  return hits != h->n;
+}
+
 /* measure_fn: an encache lookup of the objects, all hits. */
 static inline int bench_hits_lookup(void *ctx) {
   bench_hits *h = ctx;
   encache_step *step = NULL;
   int hits = bench_lookup(h->ec, &step, h->c, (size_t)h->n, &h->a, h->r);
   encache_step_close(step);
-  if (hits != h->n)
-    fprintf(stderr, "bench: %d of %d hits: %s\n", hits, h->n,
-            encache_errmsg(h->ec));
-  return hits != h->n;
+  return bench_hits_check(h, hits);
 }
 
 /* For each size, n objects read by the baseline `raw` and looked up, in
@@ -291,6 +296,219 @@ static inline int bench_hits_table(encache *ec, encache_store *st,
   }
   measure_free(&t);
   measure_free(&u);
+  return rc;
+}
+
+/*
+ * Lookups that do not wait (issue 29): a serving loop's step k+1 starts
+ * its lookup (encache_lookup_start()), encodes step k's misses meanwhile,
+ * then waits for step k+1 (encache_step_wait()); the blocking loop looks
+ * up, then encodes.  The encoding is measure_spin(C): the caller's thread
+ * busy for C with no encache call (while a started lookup runs, every
+ * other call on the handle waits for it, so a real loop publishes step
+ * k's outputs and closes step k after the wait).  It holds a core: on a
+ * 2-core machine the spin takes one and the lookup thread the other, and
+ * a Store whose read is CPU work (shm's copy) has no third to share.
+ * Step times are p50s; C is a multiple of R, the blocking lookup's p50
+ * measured first; the goals: an overlapped step within 1.1 x max(C, R),
+ * a lookup started and waited at once within 1.05 x the blocking one.
+ */
+#define BENCH_OVERLAP_MAX 3
+#define BENCH_OVERLAP_STEPS 5 /* steps per round; rounds alternate A/B, B/A */
+
+typedef struct bench_overlap {
+  double lookup, at_once; /* p50s, alternating: lookup is R */
+  int nc;
+  double c[BENCH_OVERLAP_MAX];          /* compute per step */
+  double blocking[BENCH_OVERLAP_MAX];   /* p50 step, blocking loop */
+  double overlapped[BENCH_OVERLAP_MAX]; /* p50 step, overlapped loop */
+  double waited[BENCH_OVERLAP_MAX];     /* p50 in encache_step_wait() */
+} bench_overlap;
+
+/* Opens a step on *step (the caller closes it) and starts the lookup of
+ * h's hits into r.  0, or 1 after a message. */
+static inline int bench_hits_start(bench_hits *h, encache_step **step,
+                                   encache_result *r) {
+  for (int i = 0; i < h->n; i++)
+    r[i].size = sizeof(r[i]);
+  int rc = encache_step_open(h->ec, step);
+  if (rc == 0)
+    rc = encache_lookup_start(*step, h->c, (size_t)h->n, &h->a, r);
+  if (rc != 0)
+    fprintf(stderr, "bench: start: %s: %s\n", encache_err_name(rc),
+            encache_errmsg(h->ec));
+  return rc != 0;
+}
+
+/* measure_fn: a lookup of the objects started and waited for at once. */
+static inline int bench_hits_start_wait(void *ctx) {
+  bench_hits *h = ctx;
+  encache_step *step = NULL;
+  int rc = bench_hits_start(h, &step, h->r);
+  if (rc == 0)
+    rc = bench_hits_check(h, encache_step_wait(step, -1));
+  encache_step_close(step);
+  return rc;
+}
+
+static inline void bench_add(measure *m, double seconds) {
+  if (m != NULL)
+    measure_add(m, seconds);
+}
+
+/* `steps` steps of the blocking loop (lookup, then c of encoding), each
+ * step's time into t (NULL: untimed).  0, or 1 after a message. */
+static inline int bench_steps_blocking(bench_hits *h, double c, int steps,
+                                       measure *t) {
+  for (int k = 0; k < steps; k++) {
+    double t0 = measure_now();
+    if (bench_hits_lookup(h) != 0)
+      return 1;
+    measure_spin(c);
+    bench_add(t, measure_now() - t0);
+  }
+  return 0;
+}
+
+/* `steps` steps of the overlapped loop, each step's time into t and its
+ * time in encache_step_wait() into waited (NULL: untimed).  The step
+ * before the first is looked up untimed (the pipeline's fill).  Two steps
+ * are open at once, each with its results (h->r and r2); their hits share
+ * h's destinations, which nothing reads here.  0, or 1 after a message. */
+static inline int bench_steps_overlapped(bench_hits *h, double c, int steps,
+                                         measure *t, measure *waited,
+                                         encache_result *r2) {
+  encache_result *rs[2] = {h->r, r2};
+  encache_step *cur = NULL, *next = NULL;
+  int rc = bench_hits_start(h, &cur, rs[0]);
+  if (rc == 0)
+    rc = bench_hits_check(h, encache_step_wait(cur, -1));
+  for (int k = 0; k < steps && rc == 0; k++) {
+    double t0 = measure_now();
+    rc = bench_hits_start(h, &next, rs[(k + 1) & 1]);
+    if (rc != 0)
+      break;
+    measure_spin(c); /* step k's misses, encoded */
+    double t1 = measure_now();
+    rc = bench_hits_check(h, encache_step_wait(next, -1));
+    double t2 = measure_now();
+    encache_step_close(cur); /* after its outputs were published */
+    cur = next;
+    next = NULL;
+    bench_add(t, measure_now() - t0);
+    bench_add(waited, t2 - t1);
+  }
+  encache_step_close(next);
+  encache_step_close(cur);
+  return rc;
+}
+
+/* Measures h's hits: the blocking lookup against one started and waited
+ * at once (iters each, alternating), then for each of the nc multiples
+ * mult[] of R the two loops, rounds of BENCH_OVERLAP_STEPS alternating
+ * A/B then B/A after a warm-up round, about iters steps each.  0, or
+ * nonzero after a message. */
+static inline int bench_overlap_measure(bench_hits *h, const double *mult,
+                                        int nc, int iters, bench_overlap *o) {
+  memset(o, 0, sizeof(*o));
+  o->nc = nc < BENCH_OVERLAP_MAX ? nc : BENCH_OVERLAP_MAX;
+  int rounds = (iters + BENCH_OVERLAP_STEPS - 1) / BENCH_OVERLAP_STEPS;
+  int cap = rounds * BENCH_OVERLAP_STEPS;
+  encache_result *r2 = calloc((size_t)h->n, sizeof(*r2));
+  measure m[3];
+  int rc = r2 == NULL ? -1 : 0;
+  for (int k = 0; k < 3; k++)
+    if (measure_init(&m[k], cap > 3 * iters ? cap : 3 * iters) < 0)
+      rc = -1;
+  /* The at-once tax is a few hand-offs between threads: thrice the
+   * samples, for a steadier median. */
+  if (rc == 0)
+    rc = measure_pair(&m[0], bench_hits_lookup, &m[1], bench_hits_start_wait,
+                      h, 2, 3 * iters);
+  o->lookup = measure_pct(&m[0], 50);
+  o->at_once = measure_pct(&m[1], 50);
+  for (int j = 0; j < o->nc && rc == 0; j++) {
+    o->c[j] = mult[j] * o->lookup;
+    for (int k = 0; k < 3; k++)
+      measure_clear(&m[k]);
+    for (int r = -1; r < rounds && rc == 0; r++)
+      for (int side = 0; side < 2 && rc == 0; side++) {
+        int b = (r & 1) ? 1 - side : side; /* A/B, then B/A */
+        rc = b == 0 ? bench_steps_blocking(h, o->c[j], BENCH_OVERLAP_STEPS,
+                                           r < 0 ? NULL : &m[0])
+                    : bench_steps_overlapped(h, o->c[j], BENCH_OVERLAP_STEPS,
+                                             r < 0 ? NULL : &m[1],
+                                             r < 0 ? NULL : &m[2], r2);
+      }
+    o->blocking[j] = measure_pct(&m[0], 50);
+    o->overlapped[j] = measure_pct(&m[1], 50);
+    o->waited[j] = measure_pct(&m[2], 50);
+  }
+  for (int k = 0; k < 3; k++)
+    measure_free(&m[k]);
+  free(r2);
+  if (rc < 0)
+    fprintf(stderr, "bench: out of memory\n");
+  return rc;
+}
+
+/* The overlapped step against its goal: step / max(C, R). */
+static inline double bench_overlap_ratio(const bench_overlap *o, int j) {
+  double most = o->c[j] > o->lookup ? o->c[j] : o->lookup;
+  return most > 0 ? o->overlapped[j] / most : 0;
+}
+
+static inline void bench_overlap_print_header(int steps) {
+  printf("step loop, p50 of about %d steps each, rounds alternating: "
+         "blocking (lookup, then encode C)\nagainst overlapped (start step "
+         "k+1's lookup, encode step k's C, wait step k+1); the encoding\n"
+         "is a spin of C on the caller's thread, R the blocking lookup's "
+         "p50.  On a 2-core machine the\nspin holds one core and the lookup "
+         "thread the other.\n", steps);
+  printf("%-8s %4s %9s %10s %10s %10s %13s %15s\n", "object", "C/R", "C",
+         "blocking", "overlapped", "max(C,R)", "step/max", "waited (of R)");
+}
+
+/* Prints o's rows under bench_overlap_print_header(), then the started
+ * and waited at once against the blocking lookup. */
+static inline void bench_overlap_print(const char *label, const bench_overlap *o) {
+  double r = o->lookup;
+  for (int j = 0; j < o->nc; j++) {
+    double q = bench_overlap_ratio(o, j);
+    double most = o->c[j] > r ? o->c[j] : r;
+    printf("%-8s %4.1f %7.3fms %8.3fms %8.3fms %8.3fms %6.3f %-6s %7.3fms "
+           "%3.0f%%\n", label, r > 0 ? o->c[j] / r : 0, o->c[j] * 1e3,
+           o->blocking[j] * 1e3, o->overlapped[j] * 1e3, most * 1e3, q,
+           q <= 1.1 ? "<=1.1" : ">1.1!", o->waited[j] * 1e3,
+           r > 0 ? 100 * o->waited[j] / r : 0);
+  }
+  double a = r > 0 ? o->at_once / r : 0;
+  printf("%-8s start+wait at once %.3fms vs lookup %.3fms: %.3f %s\n", label,
+         o->at_once * 1e3, r * 1e3, a, a <= 1.05 ? "<=1.05" : ">1.05!");
+}
+
+/* For each size, n hits in the overlap measurement with C = 0.5, 1 and
+ * 2 x R, printed.  0, or nonzero on a failure. */
+static inline int bench_overlap_table(encache *ec, encache_store *st,
+                                      const char *prefix, int n,
+                                      const size_t *sizes, int nsizes,
+                                      int iters) {
+  static const double mult[] = {0.5, 1.0, 2.0};
+  int steps = (iters + BENCH_OVERLAP_STEPS - 1) / BENCH_OVERLAP_STEPS;
+  bench_overlap_print_header(steps * BENCH_OVERLAP_STEPS);
+  int rc = 0;
+  for (int s = 0; s < nsizes && rc == 0; s++) {
+    bench_hits h;
+    bench_overlap o;
+    if ((rc = bench_hits_make(&h, ec, st, prefix, n, sizes[s])) != 0)
+      break;
+    rc = bench_overlap_measure(&h, mult, 3, iters, &o);
+    char label[16];
+    measure_size_label(label, sizeof(label), sizes[s]);
+    if (rc == 0)
+      bench_overlap_print(label, &o);
+    bench_hits_drop(&h);
+  }
   return rc;
 }
 

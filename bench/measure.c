@@ -17,6 +17,14 @@ double measure_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void measure_spin(double seconds) {
+  /* Reading the clock is the work: no calibration to go stale, and the
+   * vDSO read makes no system call, so the thread stays on its core. */
+  double end = measure_now() + seconds;
+  while (measure_now() < end)
+    ;
+}
+
 int measure_init(measure *m, int cap) {
   m->n = 0;
   m->cap = cap > 0 ? cap : 1;
@@ -151,6 +159,17 @@ int measure_options(int argc, char **argv, const char *usage, int url_arg,
     }
   }
   return -1;
+}
+
+int measure_take_flag(int *argc, char **argv, const char *flag) {
+  int found = 0;
+  for (int i = 1; i < *argc; i++)
+    if (strcmp(argv[i], flag) == 0) {
+      memmove(&argv[i], &argv[i + 1], (size_t)(*argc - i) * sizeof(*argv));
+      (*argc)--, i--;
+      found = 1;
+    }
+  return found;
 }
 
 void measure_url_shown(const char *url, char *buf, size_t size) {

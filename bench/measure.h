@@ -15,6 +15,12 @@
 /* Seconds on the monotonic clock. */
 double measure_now(void);
 
+/* Keeps the calling thread busy for `seconds` on the monotonic clock: a
+ * compute phase of known length (the encoding of a step's misses, which
+ * occupies its thread and makes no encache call), a core taken while it
+ * lasts. */
+void measure_spin(double seconds);
+
 /* A series of samples (seconds).  Percentiles sort the series. */
 typedef struct measure {
   double *t;
@@ -65,5 +71,10 @@ void measure_print_row(const char *label, measure *base, measure *subject,
  * after printing what is wrong and the usage. */
 int measure_options(int argc, char **argv, const char *usage, int url_arg,
                     const char **url, int *iters, int min_iters);
+
+/* Removes every argument equal to flag from argv[1..*argc) (before
+ * measure_options(), for a program's own sections); returns 1 when there
+ * was one, else 0. */
+int measure_take_flag(int *argc, char **argv, const char *flag);
 
 #endif
