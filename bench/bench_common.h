@@ -404,7 +404,7 @@ static inline int bench_steps_overlapped(bench_hits *h, double c, int steps,
 }
 
 /* Measures h's hits: the blocking lookup against one started and waited
- * at once (iters each, alternating), then for each of the nc multiples
+ * at once (3 x iters each, alternating), then for each of the nc multiples
  * mult[] of R the two loops, rounds of BENCH_OVERLAP_STEPS alternating
  * A/B then B/A after a warm-up round, about iters steps each.  0, or
  * nonzero after a message. */
