@@ -2,7 +2,7 @@
 /*
  * bench_engine: the engine against the raw Store, in one run.
  *
- *   bench_engine [--store URL] [--iterations N] [--overlap]
+ *   bench_engine [--store URL] [--iterations N] [--overlap] [--sleep] [--pin]
  *
  * (a) lookup of 4 hits vs the raw Store's batched read of the same 4
  *     objects into caller buffers, for 16 KiB, 1 MiB, 8 MiB and 30 MiB
@@ -21,7 +21,9 @@
  *     0.5, 1 and 2 x the read time R against the blocking loop, and a
  *     lookup started and waited at once against encache_lookup()
  *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
- *     <= 1.05).  --overlap runs only (f).
+ *     <= 1.05).  --overlap runs only (f); --sleep: the compute sleeps
+ *     instead of spinning (its core left free); --pin: this thread on
+ *     one CPU, the handle's threads on the others (measure_pin_threads()).
  * Without --store a private shm segment is created and destroyed.
  */
 #include "bench_common.h"
@@ -35,7 +37,8 @@
 #define NOBJ 4
 
 static const char usage[] =
-    "usage: bench_engine [--store URL] [--iterations N] [--overlap]\n";
+    "usage: bench_engine [--store URL] [--iterations N] [--overlap] "
+    "[--sleep] [--pin]\n";
 
 static void no_release(void *ctx) { (void)ctx; }
 
@@ -318,16 +321,19 @@ static void bench_fleet(const char *url, int iters) {
 }
 
 /* (f): the overlapped step loop against the blocking one. */
-static int bench_overlapped(encache *ec, encache_store *st, int iters) {
+static int bench_overlapped(encache *ec, encache_store *st, int iters,
+                            int flags) {
   static const size_t sizes[] = {1u << 20, 8u << 20};
   printf("\n(f) lookups that do not wait: 4 hits\n");
-  return bench_overlap_table(ec, st, "f", NOBJ, sizes, 2, iters);
+  return bench_overlap_table(ec, st, "f", NOBJ, sizes, 2, iters,
+                             flags);
 }
 
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
   int only_overlap = measure_take_flag(&argc, argv, "--overlap");
+  int flags = bench_overlap_flags(&argc, argv);
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -354,7 +360,7 @@ int main(int argc, char **argv) {
     bench_fleet(url, iters);
   }
   if (rc == 0)
-    rc = bench_overlapped(ec, st, iters);
+    rc = bench_overlapped(ec, st, iters, flags);
   encache_close(ec);
   encache_store_close(st);
   if (own[0])

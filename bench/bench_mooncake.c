@@ -5,7 +5,7 @@
  *
  *   ENCACHE_TEST_MOONCAKE=1 ENCACHE_MOONCAKE_LIBRARY=.../libmooncake_store.so \
  *   MOONCAKE_CONFIG_PATH=mooncake.json bench_mooncake [--iterations N]
- *   [--overlap]
+ *   [--overlap] [--sleep] [--pin]
  *
  * (a) 4 hits of 16 KiB, 1 MiB and 8 MiB: Mooncake's batch_is_exist then
  *     batch_get_into of the 4 whole objects into registered buffers of a
@@ -24,7 +24,9 @@
  *     0.5, 1 and 2 x the read time R against the blocking loop, and a
  *     lookup started and waited at once against encache_lookup()
  *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
- *     <= 1.05).  --overlap runs only (c).
+ *     <= 1.05).  --overlap runs only (c); --sleep: the compute sleeps
+ *     instead of spinning (its core left free); --pin: this thread on
+ *     one CPU, the handle's threads on the others (measure_pin_threads()).
  *
  * The library is loaded as src/store/mooncake.c loads it (dlopen of
  * $ENCACHE_MOONCAKE_LIBRARY, the prototypes of store_c.h in our own
@@ -39,7 +41,7 @@
 
 static const char usage[] =
     "usage: ENCACHE_TEST_MOONCAKE=1 bench_mooncake [--iterations N] "
-    "[--overlap]\n";
+    "[--overlap] [--sleep] [--pin]\n";
 
 static const char json[] =
     "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
@@ -261,16 +263,19 @@ static int bench_writes(raw_abi *m, encache *ec, int iters) {
 }
 
 /* (c): the overlapped step loop against the blocking one. */
-static int bench_overlapped(encache *ec, encache_store *st, int iters) {
+static int bench_overlapped(encache *ec, encache_store *st, int iters,
+                            int flags) {
   static const size_t sizes[] = {1u << 20, 8u << 20};
   printf("\n(c) lookups that do not wait: 4 hits\n");
-  return bench_overlap_table(ec, st, "c", NOBJ, sizes, 2, iters);
+  return bench_overlap_table(ec, st, "c", NOBJ, sizes, 2, iters,
+                             flags);
 }
 
 int main(int argc, char **argv) {
   const char *url = "mooncake:";
   int iters = 20;
   int only_overlap = measure_take_flag(&argc, argv, "--overlap");
+  int flags = bench_overlap_flags(&argc, argv);
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -299,7 +304,7 @@ int main(int argc, char **argv) {
   if (rc == 0 && !only_overlap)
     rc = bench_writes(&m, ec, iters);
   if (rc == 0)
-    rc = bench_overlapped(ec, st, iters);
+    rc = bench_overlapped(ec, st, iters, flags);
   encache_close(ec);
   encache_store_close(st);
   m.destroy(m.h);

@@ -3,7 +3,7 @@
  * bench_redis: the Redis Store against raw hiredis, in one run.
  *
  *   bench_redis redis://HOST:PORT[?options] [--iterations N]
- *               [--ab | --reads | --overlap]
+ *               [--ab | --reads | --overlap] [--sleep] [--pin]
  *
  * (a) reads of 4 objects of 16 KiB, 1, 8 and 30 MiB, interleaved (A/B/C/D,
  *     A/B/C/D, ...) so that all see the same machine: raw hiredis
@@ -34,7 +34,10 @@
  *     lookup started and waited at once against encache_lookup()
  *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
  *     <= 1.05).
- * --ab runs only (c), --reads only (a), --overlap only (d).
+ * --ab runs only (c), --reads only (a), --overlap only (d); --sleep: (d)'s
+ * compute sleeps instead of spinning (its core left free); --pin: this
+ * thread on one CPU, the handle's threads on the others
+ * (measure_pin_threads()).
  */
 #include "bench_common.h"
 #include "naive_redis.h"
@@ -54,7 +57,7 @@ static redisContext *raw_redis;
 
 static const char usage[] =
     "usage: bench_redis redis://HOST:PORT[?options] [--iterations N] "
-    "[--ab | --reads | --overlap]\n";
+    "[--ab | --reads | --overlap] [--sleep] [--pin]\n";
 
 static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20, 30u << 20};
 #define NSIZES ((int)(sizeof(sizes) / sizeof(sizes[0])))
@@ -283,10 +286,12 @@ static int bench_check(const char *url, int iters) {
 }
 
 /* (d): the overlapped step loop against the blocking one. */
-static int bench_overlapped(encache *ec, encache_store *st, int iters) {
+static int bench_overlapped(encache *ec, encache_store *st, int iters,
+                            int flags) {
   static const size_t ov_sizes[] = {1u << 20, 8u << 20};
   printf("\n(d) lookups that do not wait: 4 hits\n");
-  return bench_overlap_table(ec, st, "ov", NOBJ, ov_sizes, 2, iters);
+  return bench_overlap_table(ec, st, "ov", NOBJ, ov_sizes, 2, iters,
+                             flags);
 }
 
 int main(int argc, char **argv) {
@@ -299,6 +304,7 @@ int main(int argc, char **argv) {
     if (only[k] != NULL && measure_take_flag(&argc, argv, only[k]))
       for (int j = 0; j < 4; j++)
         run[j] = j == k;
+  int flags = bench_overlap_flags(&argc, argv);
   int rc = measure_options(argc, argv, usage, 1, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -330,7 +336,7 @@ int main(int argc, char **argv) {
   if (rc == 0 && run[2])
     rc = bench_check(url, iters);
   if (rc == 0 && run[3])
-    rc = bench_overlapped(ec, st, iters);
+    rc = bench_overlapped(ec, st, iters, flags);
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);

@@ -21,6 +21,20 @@ double measure_now(void);
  * lasts. */
 void measure_spin(double seconds);
 
+/* Sleeps until `seconds` from now on the monotonic clock (the timer slack
+ * of the calling thread set to its least): a compute phase that leaves
+ * its core free, as an encoder whose host thread blocks until the GPU is
+ * done.  The wake-up comes some microseconds late: time it. */
+void measure_sleep(double seconds);
+
+/* Pins the calling thread to the first CPU it may run on and every other
+ * thread of the process (a library's worker threads) to the others, so
+ * that the scheduler cannot stack a woken worker on the caller's busy
+ * core; again after new threads started.  The CPUs are those the caller
+ * could use at the first call.  0, or a negative errno (ENOTSUP: fewer
+ * than 2 CPUs). */
+int measure_pin_threads(void);
+
 /* A series of samples (seconds).  Percentiles sort the series. */
 typedef struct measure {
   double *t;
