@@ -320,15 +320,6 @@ static void bench_fleet(const char *url, int iters) {
   shm_unlink(path);
 }
 
-/* (f): the overlapped step loop against the blocking one. */
-static int bench_overlapped(encache *ec, encache_store *st, int iters,
-                            int flags) {
-  static const size_t sizes[] = {1u << 20, 8u << 20};
-  printf("\n(f) lookups that do not wait: 4 hits\n");
-  return bench_overlap_table(ec, st, "f", NOBJ, sizes, 2, iters,
-                             flags);
-}
-
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
@@ -360,7 +351,7 @@ int main(int argc, char **argv) {
     bench_fleet(url, iters);
   }
   if (rc == 0)
-    rc = bench_overlapped(ec, st, iters, flags);
+    rc = bench_overlap_table(ec, st, "(f)", "f", iters, flags);
   encache_close(ec);
   encache_store_close(st);
   if (own[0])

@@ -262,15 +262,6 @@ static int bench_writes(raw_abi *m, encache *ec, int iters) {
   return written == (uint64_t)total ? 0 : -1;
 }
 
-/* (c): the overlapped step loop against the blocking one. */
-static int bench_overlapped(encache *ec, encache_store *st, int iters,
-                            int flags) {
-  static const size_t sizes[] = {1u << 20, 8u << 20};
-  printf("\n(c) lookups that do not wait: 4 hits\n");
-  return bench_overlap_table(ec, st, "c", NOBJ, sizes, 2, iters,
-                             flags);
-}
-
 int main(int argc, char **argv) {
   const char *url = "mooncake:";
   int iters = 20;
@@ -304,7 +295,7 @@ int main(int argc, char **argv) {
   if (rc == 0 && !only_overlap)
     rc = bench_writes(&m, ec, iters);
   if (rc == 0)
-    rc = bench_overlapped(ec, st, iters, flags);
+    rc = bench_overlap_table(ec, st, "(c)", "c", iters, flags);
   encache_close(ec);
   encache_store_close(st);
   m.destroy(m.h);

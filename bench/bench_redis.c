@@ -285,15 +285,6 @@ static int bench_check(const char *url, int iters) {
   return rc;
 }
 
-/* (d): the overlapped step loop against the blocking one. */
-static int bench_overlapped(encache *ec, encache_store *st, int iters,
-                            int flags) {
-  static const size_t ov_sizes[] = {1u << 20, 8u << 20};
-  printf("\n(d) lookups that do not wait: 4 hits\n");
-  return bench_overlap_table(ec, st, "ov", NOBJ, ov_sizes, 2, iters,
-                             flags);
-}
-
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 20;
@@ -336,7 +327,7 @@ int main(int argc, char **argv) {
   if (rc == 0 && run[2])
     rc = bench_check(url, iters);
   if (rc == 0 && run[3])
-    rc = bench_overlapped(ec, st, iters, flags);
+    rc = bench_overlap_table(ec, st, "(d)", "ov", iters, flags);
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);
