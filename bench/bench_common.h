@@ -309,8 +309,8 @@ static inline int bench_hits_table(encache *ec, encache_store *st,
  * measure_spin(C), which holds the caller's core as an encoder's host
  * thread spinning on the GPU does, or (sleeping) measure_sleep(C), which
  * leaves it free.  On a 2-core machine the spin takes one core and the
- * lookup thread the other: a Store whose read is CPU work (shm's copy) or
- * whose server runs on the same machine has no third to share.
+ * lookup thread the other (shm's read is a copy: CPU work on it); a Store
+ * server on the same machine, or any other busy process, finds no third.
  * Step times are p50s; C is a multiple of R, the blocking lookup's p50
  * measured first.  The goals: an overlapped step within 1.1 x max(C, R),
  * a lookup started and waited at once within 1.05 x the blocking one.
