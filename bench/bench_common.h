@@ -253,16 +253,21 @@ static inline int bench_hits_read(void *ctx) {
   return rc != 0;
 }
 
+/* 0 when a lookup's answer is h's n hits, else 1 after a message. */
+static inline int bench_hits_check(bench_hits *h, int hits) {
+  if (hits != h->n)
+    fprintf(stderr, "bench: %d of %d hits: %s\n", hits, h->n,
+            encache_errmsg(h->ec));
+  return hits != h->n;
+}
+
 /* measure_fn: an encache lookup of the objects, all hits. */
 static inline int bench_hits_lookup(void *ctx) {
   bench_hits *h = ctx;
   encache_step *step = NULL;
   int hits = bench_lookup(h->ec, &step, h->c, (size_t)h->n, &h->a, h->r);
   encache_step_close(step);
-  if (hits != h->n)
-    fprintf(stderr, "bench: %d of %d hits: %s\n", hits, h->n,
-            encache_errmsg(h->ec));
-  return hits != h->n;
+  return bench_hits_check(h, hits);
 }
 
 /* For each size, n objects read by the baseline `raw` and looked up, in
@@ -291,6 +296,305 @@ static inline int bench_hits_table(encache *ec, encache_store *st,
   }
   measure_free(&t);
   measure_free(&u);
+  return rc;
+}
+
+/*
+ * Lookups that do not wait (issue 29): a serving loop's step k+1 starts
+ * its lookup (encache_lookup_start()), encodes step k's misses meanwhile,
+ * then waits for step k+1 (encache_step_wait()); the blocking loop looks
+ * up, then encodes.  The encoding takes C with no encache call (while a
+ * started lookup runs, every other call on the handle waits for it, so a
+ * real loop publishes step k's outputs and closes step k after the wait):
+ * measure_spin(C), which holds the caller's core as an encoder's host
+ * thread spinning on the GPU does, or (sleeping) measure_sleep(C), which
+ * leaves it free.  On a 2-core machine the spin takes one core and the
+ * lookup thread the other (shm's read is a copy: CPU work on it); a Store
+ * server on the same machine, or any other busy process, finds no third.
+ * Step times are p50s; C is a multiple of R, the blocking lookup's p50
+ * measured first.  The goals: an overlapped step within 1.1 x max(C, R),
+ * a lookup started and waited at once within 1.05 x the blocking one.
+ */
+#define BENCH_OVERLAP_MAX 3
+#define BENCH_OVERLAP_STEPS 5 /* steps per round; rounds alternate A/B, B/A */
+/* bench_overlap_measure()'s flags: the encoding sleeps instead of
+ * spinning; the caller and the handle's threads are pinned apart
+ * (measure_pin_threads()) once the lookup thread runs. */
+#define BENCH_OVERLAP_SLEEP 1
+#define BENCH_OVERLAP_PIN 2
+
+typedef struct bench_overlap {
+  int flags; /* BENCH_OVERLAP_* */
+  double lookup, at_once; /* p50s, alternating: lookup is R */
+  double handoff;         /* p50 of an empty lookup started and waited */
+  int nc;
+  double c[BENCH_OVERLAP_MAX];          /* compute asked per step */
+  double encoded[BENCH_OVERLAP_MAX];    /* p50 of the compute as it ran */
+  double blocking[BENCH_OVERLAP_MAX];   /* p50 step, blocking loop */
+  double overlapped[BENCH_OVERLAP_MAX]; /* p50 step, overlapped loop */
+  double waited[BENCH_OVERLAP_MAX];     /* p50 in encache_step_wait() */
+  double starting[BENCH_OVERLAP_MAX];   /* p50 in step open + start */
+} bench_overlap;
+
+/* The flags of the benchmark programs' options --sleep and --pin, taken
+ * out of argv (measure_take_flag()). */
+static inline int bench_overlap_flags(int *argc, char **argv) {
+  int flags = 0;
+  if (measure_take_flag(argc, argv, "--sleep"))
+    flags |= BENCH_OVERLAP_SLEEP;
+  if (measure_take_flag(argc, argv, "--pin"))
+    flags |= BENCH_OVERLAP_PIN;
+  return flags;
+}
+
+/* Opens a step on *step (the caller closes it) and starts the lookup of
+ * h's first n hits into r.  0, or 1 after a message. */
+static inline int bench_hits_start(bench_hits *h, encache_step **step,
+                                   int n, encache_result *r) {
+  for (int i = 0; i < n; i++)
+    r[i].size = sizeof(r[i]);
+  int rc = encache_step_open(h->ec, step);
+  if (rc == 0)
+    rc = encache_lookup_start(*step, h->c, (size_t)n, &h->a, r);
+  if (rc != 0)
+    fprintf(stderr, "bench: start: %s: %s\n", encache_err_name(rc),
+            encache_errmsg(h->ec));
+  return rc != 0;
+}
+
+/* measure_fn: a lookup of the objects started and waited for at once. */
+static inline int bench_hits_start_wait(void *ctx) {
+  bench_hits *h = ctx;
+  encache_step *step = NULL;
+  int rc = bench_hits_start(h, &step, h->n, h->r);
+  if (rc == 0)
+    rc = bench_hits_check(h, encache_step_wait(step, -1));
+  encache_step_close(step);
+  return rc;
+}
+
+/* measure_fn: an empty lookup started and waited for at once: the hand-off
+ * to the lookup thread and back, nothing read. */
+static inline int bench_empty_start_wait(void *ctx) {
+  bench_hits *h = ctx;
+  encache_step *step = NULL;
+  int rc = bench_hits_start(h, &step, 0, h->r);
+  if (rc == 0 && (rc = encache_step_wait(step, -1)) != 0)
+    fprintf(stderr, "bench: empty lookup: %s\n", encache_err_name(rc));
+  encache_step_close(step);
+  return rc != 0;
+}
+
+static inline void bench_add(measure *m, double seconds) {
+  if (m != NULL)
+    measure_add(m, seconds);
+}
+
+/* Encodes for c (asleep with BENCH_OVERLAP_SLEEP); the time it took into
+ * m. */
+static inline void bench_encode(const bench_overlap *o, double c, measure *m) {
+  double t0 = measure_now();
+  if (o->flags & BENCH_OVERLAP_SLEEP)
+    measure_sleep(c);
+  else
+    measure_spin(c);
+  bench_add(m, measure_now() - t0);
+}
+
+/* BENCH_OVERLAP_STEPS steps of the blocking loop (lookup, then c of
+ * encoding), each step's time into t (NULL: untimed).  0, or 1 after a
+ * message. */
+static inline int bench_steps_blocking(bench_hits *h, const bench_overlap *o,
+                                       double c, measure *t) {
+  for (int k = 0; k < BENCH_OVERLAP_STEPS; k++) {
+    double t0 = measure_now();
+    if (bench_hits_lookup(h) != 0)
+      return 1;
+    bench_encode(o, c, NULL);
+    bench_add(t, measure_now() - t0);
+  }
+  return 0;
+}
+
+/* BENCH_OVERLAP_STEPS steps of the overlapped loop: m[0] each step's
+ * time, m[1] its time in encache_step_wait(), m[2] its encoding's, m[3]
+ * its step open and encache_lookup_start()'s (NULL: untimed).  The step before the first is looked up untimed (the
+ * pipeline's fill).  Two steps are open at once, each with its results
+ * (h->r and r2); their hits share h's destinations, which nothing reads
+ * here.  0, or 1 after a message. */
+static inline int bench_steps_overlapped(bench_hits *h, const bench_overlap *o,
+                                         double c, measure *m,
+                                         encache_result *r2) {
+  encache_result *rs[2] = {h->r, r2};
+  encache_step *cur = NULL, *next = NULL;
+  int rc = bench_hits_start(h, &cur, h->n, rs[0]);
+  if (rc == 0)
+    rc = bench_hits_check(h, encache_step_wait(cur, -1));
+  for (int k = 0; k < BENCH_OVERLAP_STEPS && rc == 0; k++) {
+    double t0 = measure_now();
+    rc = bench_hits_start(h, &next, h->n, rs[(k + 1) & 1]);
+    if (rc != 0)
+      break;
+    double t1 = measure_now();
+    bench_encode(o, c, m ? &m[2] : NULL); /* step k's misses */
+    double t2 = measure_now();
+    rc = bench_hits_check(h, encache_step_wait(next, -1));
+    double t3 = measure_now();
+    encache_step_close(cur); /* after its outputs were published */
+    cur = next;
+    next = NULL;
+    if (m != NULL) {
+      measure_add(&m[0], measure_now() - t0);
+      measure_add(&m[1], t3 - t2);
+      measure_add(&m[3], t1 - t0);
+    }
+  }
+  encache_step_close(next);
+  encache_step_close(cur);
+  return rc;
+}
+
+/* Measures h's hits: the blocking lookup against one started and waited
+ * at once (3 x iters each, alternating), an empty one started and waited,
+ * then for each of the nc multiples mult[] of R the two loops, rounds of
+ * BENCH_OVERLAP_STEPS alternating A/B then B/A after a warm-up round,
+ * about iters steps each, as flags (BENCH_OVERLAP_*) say.  0, or nonzero
+ * after a message. */
+static inline int bench_overlap_measure(bench_hits *h, const double *mult,
+                                        int nc, int iters, int flags,
+                                        bench_overlap *o) {
+  memset(o, 0, sizeof(*o));
+  o->flags = flags;
+  o->nc = nc < BENCH_OVERLAP_MAX ? nc : BENCH_OVERLAP_MAX;
+  int rounds = (iters + BENCH_OVERLAP_STEPS - 1) / BENCH_OVERLAP_STEPS;
+  int cap = rounds * BENCH_OVERLAP_STEPS;
+  cap = cap > 3 * iters ? cap : 3 * iters;
+  encache_result *r2 = calloc((size_t)h->n, sizeof(*r2));
+  measure m[5]; /* blocking; overlapped, waited, encoded, starting */
+  int rc = r2 == NULL ? -1 : 0;
+  for (int k = 0; k < 5; k++)
+    if (measure_init(&m[k], cap) < 0)
+      rc = -1;
+  if (rc == 0 && (flags & BENCH_OVERLAP_PIN) &&
+      (rc = bench_hits_start_wait(h)) == 0) { /* the lookup thread runs */
+    int pin = measure_pin_threads();
+    if (pin < 0) {
+      fprintf(stderr, "bench: cannot pin the threads: %s\n", strerror(-pin));
+      rc = 1;
+    }
+  }
+  /* The at-once tax is a few hand-offs between threads: thrice the
+   * samples, for a steadier median. */
+  if (rc == 0)
+    rc = measure_pair(&m[0], bench_hits_lookup, &m[1], bench_hits_start_wait,
+                      h, 2, 3 * iters);
+  o->lookup = measure_pct(&m[0], 50);
+  o->at_once = measure_pct(&m[1], 50);
+  measure_clear(&m[1]);
+  if (rc == 0)
+    rc = measure_pair(&m[1], bench_empty_start_wait, NULL, NULL, h, 2,
+                      3 * iters);
+  o->handoff = measure_pct(&m[1], 50);
+  for (int j = 0; j < o->nc && rc == 0; j++) {
+    o->c[j] = mult[j] * o->lookup;
+    for (int k = 0; k < 5; k++)
+      measure_clear(&m[k]);
+    for (int r = -1; r < rounds && rc == 0; r++)
+      for (int side = 0; side < 2 && rc == 0; side++) {
+        int b = (r & 1) ? 1 - side : side; /* A/B, then B/A */
+        rc = b == 0 ? bench_steps_blocking(h, o, o->c[j], r < 0 ? NULL : &m[0])
+                    : bench_steps_overlapped(h, o, o->c[j], r < 0 ? NULL : &m[1],
+                                             r2);
+      }
+    o->blocking[j] = measure_pct(&m[0], 50);
+    o->overlapped[j] = measure_pct(&m[1], 50);
+    o->waited[j] = measure_pct(&m[2], 50);
+    o->encoded[j] = measure_pct(&m[3], 50);
+    o->starting[j] = measure_pct(&m[4], 50);
+  }
+  for (int k = 0; k < 5; k++)
+    measure_free(&m[k]);
+  free(r2);
+  if (rc == -1)
+    fprintf(stderr, "bench: out of memory\n");
+  return rc;
+}
+
+/* max(C, R), C as the encoding ran (a sleep wakes late). */
+static inline double bench_overlap_max(const bench_overlap *o, int j) {
+  return o->encoded[j] > o->lookup ? o->encoded[j] : o->lookup;
+}
+
+/* The overlapped step against its goal: step / max(C, R). */
+static inline double bench_overlap_ratio(const bench_overlap *o, int j) {
+  double most = bench_overlap_max(o, j);
+  return most > 0 ? o->overlapped[j] / most : 0;
+}
+
+static inline void bench_overlap_print_header(int steps, int flags) {
+  printf("step loop, p50 of %d steps each, rounds alternating: blocking "
+         "(lookup, then encode C)\nagainst overlapped (start step k+1's "
+         "lookup, encode step k's C, wait step k+1); the encoding\n%s; R is "
+         "the blocking lookup's p50, C as the encoding ran.%s\n", steps,
+         flags & BENCH_OVERLAP_SLEEP
+             ? "sleeps for C (its core left free; a sleep wakes some "
+               "microseconds late)"
+             : "is a spin of C on the caller's thread: on a 2-core "
+               "machine it holds one core and\nthe lookup thread the "
+               "other",
+         flags & BENCH_OVERLAP_PIN ? "\nPinned: this thread on the first "
+                                     "CPU, the handle's threads on the others."
+                                   : "");
+  printf("(\"start\": the overlapped step's step open and "
+         "encache_lookup_start(), p50.)\n");
+  printf("%-8s %4s %9s %10s %10s %10s %13s %15s %9s\n", "object", "C/R", "C",
+         "blocking", "overlapped", "max(C,R)", "step/max", "waited (of R)",
+         "start");
+}
+
+/* Prints o's rows under bench_overlap_print_header(), then the started
+ * and waited at once against the blocking lookup. */
+static inline void bench_overlap_print(const char *label, const bench_overlap *o) {
+  double r = o->lookup;
+  for (int j = 0; j < o->nc; j++) {
+    double q = bench_overlap_ratio(o, j);
+    printf("%-8s %4.1f %7.3fms %8.3fms %8.3fms %8.3fms %6.3f %-6s %7.3fms "
+           "%3.0f%% %7.3fms\n", label, r > 0 ? o->c[j] / r : 0,
+           o->encoded[j] * 1e3, o->blocking[j] * 1e3, o->overlapped[j] * 1e3,
+           bench_overlap_max(o, j) * 1e3, q, q <= 1.1 ? "<=1.1" : ">1.1!",
+           o->waited[j] * 1e3, r > 0 ? 100 * o->waited[j] / r : 0,
+           o->starting[j] * 1e3);
+  }
+  double a = r > 0 ? o->at_once / r : 0;
+  printf("%-8s start+wait at once %.3fms vs lookup %.3fms: %.3f %s (an "
+         "empty one: %.1fus)\n", label, o->at_once * 1e3, r * 1e3, a,
+         a <= 1.05 ? "<=1.05" : ">1.05!", o->handoff * 1e6);
+}
+
+/* The benchmark programs' section `section` (its letter): 4 hits of
+ * 1 MiB, then of 8 MiB (ids PREFIX-SIZE-K), in the overlap measurement
+ * with C = 0.5, 1 and 2 x R, printed.  0, or nonzero on a failure. */
+static inline int bench_overlap_table(encache *ec, encache_store *st,
+                                      const char *section, const char *prefix,
+                                      int iters, int flags) {
+  static const double mult[] = {0.5, 1.0, 2.0};
+  static const size_t sizes[] = {1u << 20, 8u << 20};
+  int steps = (iters + BENCH_OVERLAP_STEPS - 1) / BENCH_OVERLAP_STEPS;
+  printf("\n%s lookups that do not wait: 4 hits\n", section);
+  bench_overlap_print_header(steps * BENCH_OVERLAP_STEPS, flags);
+  int rc = 0;
+  for (int s = 0; s < 2 && rc == 0; s++) {
+    bench_hits h;
+    bench_overlap o;
+    if ((rc = bench_hits_make(&h, ec, st, prefix, 4, sizes[s])) != 0)
+      break;
+    rc = bench_overlap_measure(&h, mult, 3, iters, flags, &o);
+    char label[16];
+    measure_size_label(label, sizeof(label), sizes[s]);
+    if (rc == 0)
+      bench_overlap_print(label, &o);
+    bench_hits_drop(&h);
+  }
   return rc;
 }
 

@@ -2,7 +2,7 @@
 /*
  * bench_engine: the engine against the raw Store, in one run.
  *
- *   bench_engine [--store URL] [--iterations N]
+ *   bench_engine [--store URL] [--iterations N] [--overlap] [--sleep] [--pin]
  *
  * (a) lookup of 4 hits vs the raw Store's batched read of the same 4
  *     objects into caller buffers, for 16 KiB, 1 MiB, 8 MiB and 30 MiB
@@ -15,7 +15,15 @@
  *     without leases, on a Store that has them;
  * (e) fleet statistics (added in 1.3): a lookup of one 16 KiB hit by a
  *     handle that publishes into a statistics registry vs one with
- *     stats_segment off (its counters in its own memory, no clock read).
+ *     stats_segment off (its counters in its own memory, no clock read);
+ * (f) lookups that do not wait (issue 29): 4 hits of 1 MiB and 8 MiB, the
+ *     step loop with encache_lookup_start() overlapping a compute of C =
+ *     0.5, 1 and 2 x the read time R against the blocking loop, and a
+ *     lookup started and waited at once against encache_lookup()
+ *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
+ *     <= 1.05).  --overlap runs only (f); --sleep: the compute sleeps
+ *     instead of spinning (its core left free); --pin: this thread on
+ *     one CPU, the handle's threads on the others (measure_pin_threads()).
  * Without --store a private shm segment is created and destroyed.
  */
 #include "bench_common.h"
@@ -29,7 +37,8 @@
 #define NOBJ 4
 
 static const char usage[] =
-    "usage: bench_engine [--store URL] [--iterations N]\n";
+    "usage: bench_engine [--store URL] [--iterations N] [--overlap] "
+    "[--sleep] [--pin]\n";
 
 static void no_release(void *ctx) { (void)ctx; }
 
@@ -314,6 +323,8 @@ static void bench_fleet(const char *url, int iters) {
 int main(int argc, char **argv) {
   const char *url = NULL;
   int iters = 30;
+  int only_overlap = measure_take_flag(&argc, argv, "--overlap");
+  int flags = bench_overlap_flags(&argc, argv);
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -331,15 +342,16 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("store: %s\n\n", encache_store_url(st));
-  rc = bench_reads(ec, st, iters);
-  if (rc == 0)
+  rc = only_overlap ? 0 : bench_reads(ec, st, iters);
+  if (rc == 0 && !only_overlap)
     rc = bench_publish_per_call(ec, iters);
-  if (rc == 0)
+  if (rc == 0 && !only_overlap) {
     bench_sustained(ec, st, iters);
-  if (rc == 0)
     bench_flight(url, ec, st, iters);
-  if (rc == 0)
     bench_fleet(url, iters);
+  }
+  if (rc == 0)
+    rc = bench_overlap_table(ec, st, "(f)", "f", iters, flags);
   encache_close(ec);
   encache_store_close(st);
   if (own[0])

@@ -5,6 +5,7 @@
  *
  *   ENCACHE_TEST_MOONCAKE=1 ENCACHE_MOONCAKE_LIBRARY=.../libmooncake_store.so \
  *   MOONCAKE_CONFIG_PATH=mooncake.json bench_mooncake [--iterations N]
+ *   [--overlap] [--sleep] [--pin]
  *
  * (a) 4 hits of 16 KiB, 1 MiB and 8 MiB: Mooncake's batch_is_exist then
  *     batch_get_into of the 4 whole objects into registered buffers of a
@@ -17,7 +18,15 @@
  * (b) sustained writes of 1 MiB objects: put_from of header + payload from
  *     a registered buffer, one after the other, vs the engine's
  *     publication of as many (publish on the caller's thread, background
- *     writes), objects per second and the ratio (target >= 0.9).
+ *     writes), objects per second and the ratio (target >= 0.9);
+ * (c) lookups that do not wait (issue 29): 4 hits of 1 MiB and 8 MiB, the
+ *     step loop with encache_lookup_start() overlapping a compute of C =
+ *     0.5, 1 and 2 x the read time R against the blocking loop, and a
+ *     lookup started and waited at once against encache_lookup()
+ *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
+ *     <= 1.05).  --overlap runs only (c); --sleep: the compute sleeps
+ *     instead of spinning (its core left free); --pin: this thread on
+ *     one CPU, the handle's threads on the others (measure_pin_threads()).
  *
  * The library is loaded as src/store/mooncake.c loads it (dlopen of
  * $ENCACHE_MOONCAKE_LIBRARY, the prototypes of store_c.h in our own
@@ -31,7 +40,8 @@
 #define NOBJ 4
 
 static const char usage[] =
-    "usage: ENCACHE_TEST_MOONCAKE=1 bench_mooncake [--iterations N]\n";
+    "usage: ENCACHE_TEST_MOONCAKE=1 bench_mooncake [--iterations N] "
+    "[--overlap] [--sleep] [--pin]\n";
 
 static const char json[] =
     "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
@@ -255,6 +265,8 @@ static int bench_writes(raw_abi *m, encache *ec, int iters) {
 int main(int argc, char **argv) {
   const char *url = "mooncake:";
   int iters = 20;
+  int only_overlap = measure_take_flag(&argc, argv, "--overlap");
+  int flags = bench_overlap_flags(&argc, argv);
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -277,11 +289,13 @@ int main(int argc, char **argv) {
   }
   printf("store: %s (caps 0x%x)\n", encache_store_url(st),
          encache_store_caps_of(st));
-  rc = bench_hits_vs_raw(&m, ec, st, iters, BENCH_HEADROOM);
-  if (rc == 0)
+  rc = only_overlap ? 0 : bench_hits_vs_raw(&m, ec, st, iters, BENCH_HEADROOM);
+  if (rc == 0 && !only_overlap)
     rc = bench_hits_vs_raw(&m, ec, st, iters, 0);
-  if (rc == 0)
+  if (rc == 0 && !only_overlap)
     rc = bench_writes(&m, ec, iters);
+  if (rc == 0)
+    rc = bench_overlap_table(ec, st, "(c)", "c", iters, flags);
   encache_close(ec);
   encache_store_close(st);
   m.destroy(m.h);

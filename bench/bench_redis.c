@@ -2,7 +2,8 @@
 /*
  * bench_redis: the Redis Store against raw hiredis, in one run.
  *
- *   bench_redis redis://HOST:PORT[?options] [--iterations N] [--ab | --reads]
+ *   bench_redis redis://HOST:PORT[?options] [--iterations N]
+ *               [--ab | --reads | --overlap] [--sleep] [--pin]
  *
  * (a) reads of 4 objects of 16 KiB, 1, 8 and 30 MiB, interleaved (A/B/C/D,
  *     A/B/C/D, ...) so that all see the same machine: raw hiredis
@@ -26,8 +27,17 @@
  *     as read) and one with checksum=off (objects written without, read
  *     as they are), in alternating rounds (A/B, then B/A, ...) so that a
  *     noisy neighbour hits both alike; p50 GB/s of each and the ratio
- *     on / off (goal: >= 0.95 at 1 MiB and 8 MiB).  --ab runs only (c),
- *     --reads only (a).
+ *     on / off (goal: >= 0.95 at 1 MiB and 8 MiB);
+ * (d) lookups that do not wait (issue 29): 4 hits of 1 MiB and 8 MiB, the
+ *     step loop with encache_lookup_start() overlapping a compute of C =
+ *     0.5, 1 and 2 x the read time R against the blocking loop, and a
+ *     lookup started and waited at once against encache_lookup()
+ *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
+ *     <= 1.05).
+ * --ab runs only (c), --reads only (a), --overlap only (d); --sleep: (d)'s
+ * compute sleeps instead of spinning (its core left free); --pin: this
+ * thread on one CPU, the handle's threads on the others
+ * (measure_pin_threads()).
  */
 #include "bench_common.h"
 #include "naive_redis.h"
@@ -47,7 +57,7 @@ static redisContext *raw_redis;
 
 static const char usage[] =
     "usage: bench_redis redis://HOST:PORT[?options] [--iterations N] "
-    "[--ab | --reads]\n";
+    "[--ab | --reads | --overlap] [--sleep] [--pin]\n";
 
 static const size_t sizes[] = {16u << 10, 1u << 20, 8u << 20, 30u << 20};
 #define NSIZES ((int)(sizeof(sizes) / sizeof(sizes[0])))
@@ -277,13 +287,15 @@ static int bench_check(const char *url, int iters) {
 
 int main(int argc, char **argv) {
   const char *url = NULL;
-  int iters = 20, ab_only = 0;
-  for (int i = 1; i < argc; i++) /* --ab: only (c); --reads: only (a) */
-    if (strcmp(argv[i], "--ab") == 0 || strcmp(argv[i], "--reads") == 0) {
-      ab_only = argv[i][2] == 'a' ? 1 : 2;
-      memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof(*argv));
-      argc--, i--;
-    }
+  int iters = 20;
+  /* The sections to run: (a), (b), (c), (d); a flag keeps only its own. */
+  int run[4] = {1, 1, 1, 1};
+  static const char *const only[4] = {"--reads", NULL, "--ab", "--overlap"};
+  for (int k = 0; k < 4; k++)
+    if (only[k] != NULL && measure_take_flag(&argc, argv, only[k]))
+      for (int j = 0; j < 4; j++)
+        run[j] = j == k;
+  int flags = bench_overlap_flags(&argc, argv);
   int rc = measure_options(argc, argv, usage, 1, &url, &iters, 5);
   if (rc >= 0)
     return rc;
@@ -309,11 +321,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("store: %s\n\n", encache_store_url(st));
-  rc = ab_only == 1 ? 0 : bench_reads(ec, st, iters);
-  if (rc == 0 && !ab_only)
+  rc = run[0] ? bench_reads(ec, st, iters) : 0;
+  if (rc == 0 && run[1])
     rc = bench_writes(st, iters);
-  if (rc == 0 && ab_only != 2)
+  if (rc == 0 && run[2])
     rc = bench_check(url, iters);
+  if (rc == 0 && run[3])
+    rc = bench_overlap_table(ec, st, "(d)", "ov", iters, flags);
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);

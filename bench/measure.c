@@ -4,17 +4,72 @@
 
 #include "encache.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 double measure_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void measure_spin(double seconds) {
+  /* Reading the clock is the work: no calibration to go stale, and the
+   * vDSO read makes no system call, so the thread stays on its core. */
+  double end = measure_now() + seconds;
+  while (measure_now() < end)
+    ;
+}
+
+void measure_sleep(double seconds) {
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  long ns = until.tv_nsec + (long)(seconds * 1e9);
+  until.tv_sec += ns / 1000000000L;
+  until.tv_nsec = ns % 1000000000L;
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR)
+    ;
+}
+
+int measure_pin_threads(void) {
+  /* The CPUs of the first call: a later one sees this thread pinned. */
+  static cpu_set_t all;
+  static int have_all;
+  cpu_set_t mine, rest;
+  if (!have_all && sched_getaffinity(0, sizeof(all), &all) != 0)
+    return -errno;
+  have_all = 1;
+  if (CPU_COUNT(&all) < 2)
+    return -ENOTSUP;
+  int first = 0;
+  while (!CPU_ISSET(first, &all))
+    first++;
+  CPU_ZERO(&mine);
+  CPU_SET(first, &mine);
+  rest = all;
+  CPU_CLR(first, &rest);
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL)
+    return -errno;
+  int rc = 0;
+  pid_t me = gettid();
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    pid_t tid = (pid_t)atoi(e->d_name);
+    if (tid > 0 && sched_setaffinity(tid, sizeof(mine),
+                                     tid == me ? &mine : &rest) != 0)
+      rc = -errno;
+  }
+  closedir(d);
+  return rc;
 }
 
 int measure_init(measure *m, int cap) {
@@ -151,6 +206,17 @@ int measure_options(int argc, char **argv, const char *usage, int url_arg,
     }
   }
   return -1;
+}
+
+int measure_take_flag(int *argc, char **argv, const char *flag) {
+  int found = 0;
+  for (int i = 1; i < *argc; i++)
+    if (strcmp(argv[i], flag) == 0) {
+      memmove(&argv[i], &argv[i + 1], (size_t)(*argc - i) * sizeof(*argv));
+      (*argc)--, i--;
+      found = 1;
+    }
+  return found;
 }
 
 void measure_url_shown(const char *url, char *buf, size_t size) {

@@ -15,6 +15,26 @@
 /* Seconds on the monotonic clock. */
 double measure_now(void);
 
+/* Keeps the calling thread busy for `seconds` on the monotonic clock: a
+ * compute phase of known length (the encoding of a step's misses, which
+ * occupies its thread and makes no encache call), a core taken while it
+ * lasts. */
+void measure_spin(double seconds);
+
+/* Sleeps until `seconds` from now on the monotonic clock (the timer slack
+ * of the calling thread set to its least): a compute phase that leaves
+ * its core free, as an encoder whose host thread blocks until the GPU is
+ * done.  The wake-up comes some microseconds late: time it. */
+void measure_sleep(double seconds);
+
+/* Pins the calling thread to the first CPU it may run on and every other
+ * thread of the process (a library's worker threads) to the others, so
+ * that the scheduler cannot stack a woken worker on the caller's busy
+ * core; again after new threads started.  The CPUs are those the caller
+ * could use at the first call.  0, or a negative errno (ENOTSUP: fewer
+ * than 2 CPUs). */
+int measure_pin_threads(void);
+
 /* A series of samples (seconds).  Percentiles sort the series. */
 typedef struct measure {
   double *t;
@@ -65,5 +85,10 @@ void measure_print_row(const char *label, measure *base, measure *subject,
  * after printing what is wrong and the usage. */
 int measure_options(int argc, char **argv, const char *usage, int url_arg,
                     const char **url, int *iters, int min_iters);
+
+/* Removes every argument equal to flag from argv[1..*argc) (before
+ * measure_options(), for a program's own sections); returns 1 when there
+ * was one, else 0. */
+int measure_take_flag(int *argc, char **argv, const char *flag);
 
 #endif

@@ -348,6 +348,8 @@ check "demo --help says stand-in" 0 "stand-in for a vision tower" -- demo --help
 check "bench bad size" 2 "--sizes: \"huge\" is not a size" -- bench --sizes huge
 check "bench plot must be svg" 2 "only SVG" -- bench --plot x.png
 check "bench honours ENCACHE_STORE" 0 "shm://$seg?size=4MiB" -- bench --sizes 16KiB --iterations 1 --batch 1
+check "bench puts the non-blocking lookup beside the blocking one" 0 "lookup start+wait" -- bench --sizes 16KiB --iterations 1 --batch 1
+check "bench --json has the overlap figures" 0 "\"step_overlapped_ms\"" -- bench --json --sizes 16KiB --iterations 1 --batch 1
 check "shm destroy" 0 "destroyed $seg" -- shm destroy "$seg"
 check "shm destroy missing" 1 "no such segment" -- shm destroy "$seg"
 check "shm destroy bad name" 2 "is not a segment name" -- shm destroy "../x"
