@@ -310,6 +310,10 @@ static PyObject *step_wait(PyObject *self, PyObject *args, PyObject *kw) {
       return ec_invalid("wait: timeout %g is not None or a number of "
                         "seconds >= 0", timeout);
   }
+  /* A closed step has nothing to wait for, but its lookup was given up:
+   * say so, rather than "complete". */
+  if (((step *)self)->owner == NULL)
+    return ec_raise(ENCACHE_ECLOSED, "the step is closed");
   int rc = ec_step_complete((step *)self, timeout);
   if (rc < 0)
     return NULL;
