@@ -3,6 +3,13 @@
  * lookup.c: Step.lookup(items): items to candidates, the library's lookup
  * with the GIL released, results to Result objects.
  *
+ * A lookup started with wait=False (encache_lookup_start) runs the same
+ * way on the library's lookup thread: its state (struct ec_lookup) then
+ * lives in the step until wait() collects it, through the same
+ * conversion to Results as the blocking lookup's (lk_finish), or until
+ * the step is closed (lk_abandon releases its hits).  Its allocator runs
+ * on that thread: it needs no GIL.
+ *
  * An item is a tuple (encache.Item, or a plain one): id, dtype, shape
  * (rows, cols) and, optionally, device.  dtype and device objects (torch,
  * numpy, strings) are resolved once by the package's functions and cached
@@ -672,8 +679,12 @@ int ec_step_complete(step *s, double timeout_s) {
       break;
     if (PyErr_CheckSignals() < 0) {
       k->waiting = 0;
+      if (k->abandoned) { /* a signal handler closed the step */
+        lk_abandon(k, k->abandon_poisoned);
+        PyMem_Free(k);
+      }
       Py_DECREF(h);
-      return -1; /* still pending */
+      return -1; /* still pending (or given up) */
     }
   }
   k->waiting = 0;

@@ -22,6 +22,7 @@ from ectest import BF16, F16, F32, TIMEOUT, publish_one, sample
 from encache import Outcome
 
 REDIS = os.environ.get("ENCACHE_REDIS_URL")
+SANITIZED = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
 def _published(cache, rng, n=12):
@@ -412,7 +413,8 @@ def test_given_up_hits_are_released(open_cache):
     rounds(1500)
     gc.collect()
     growth = _anon_rss() - rss0
-    assert growth < 16 << 20, growth
+    # AddressSanitizer's quarantine keeps freed memory resident.
+    assert SANITIZED or growth < 16 << 20, growth
     assert c.stats().steps_open == 0
 
 
