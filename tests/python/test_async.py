@@ -451,3 +451,64 @@ def test_log_callable_on_the_lookup_thread_may_not_call_the_cache(
     # ... on another thread than this one (which is free to call).
     assert all(tid != threading.get_ident() for _, tid in answers)
     assert b.stats().oversize == 1
+
+
+def _value(k):
+    return torch.arange(32, dtype=F32).reshape(4, 8) + 100 * k
+
+
+def test_threads_share_a_cache_with_started_lookups(open_cache):
+    """Four threads start lookups on one Cache and collect them every way
+    (wait, a poll loop, implicitly, closing or dropping them pending),
+    publishing their misses, while a fifth flushes: every hit holds the
+    value published for its id."""
+    c = open_cache()
+    errors, hits = [], []
+    barrier = threading.Barrier(5)
+
+    def worker(tid):
+        rng = random.Random(tid)
+        try:
+            barrier.wait(TIMEOUT)
+            for j in range(150):
+                ids = sorted({rng.randrange(24) for _ in range(3)})
+                step = c.lookup([(f"k{k}", F32, (4, 8)) for k in ids],
+                                wait=False)
+                how = j % 5
+                if how == 3:
+                    step.close()
+                    continue
+                if how == 4:
+                    del step
+                    continue
+                if how == 0:
+                    assert step.wait(TIMEOUT)
+                elif how == 1:
+                    while not step.wait(0):
+                        time.sleep(0.0005)
+                for k, r in zip(ids, step.results):  # how 2: implicitly
+                    if r.hit:
+                        assert torch.equal(r.tensor, _value(k)), k
+                        hits.append(k)
+                    else:
+                        step.publish(r.id, _value(k))
+                step.close()
+        except Exception as e:  # re-raised on the main thread
+            errors.append(e)
+
+    def flusher():
+        barrier.wait(TIMEOUT)
+        for _ in range(50):
+            c.flush()
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    threads.append(threading.Thread(target=flusher))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(TIMEOUT)
+    assert not errors, errors
+    assert hits, "no hit at all"
+    gc.collect()
+    assert c.stats().steps_open == 0

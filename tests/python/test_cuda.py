@@ -10,6 +10,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -290,6 +291,28 @@ def test_closing_a_started_cuda_lookup_drops_its_destinations(open_cache,
     assert len(alive) == 2 and all(r() is None for r in alive), \
         "destinations of a given-up lookup kept"
     assert not c.stats().poisoned
+
+
+def test_started_lookup_reaps_on_the_lookup_thread(open_cache, shm, fault):
+    """A started lookup reaps finished publications on the library's
+    lookup thread: the reference that kept a CUDA output alive is dropped
+    there (with the GIL), and the Cache carries on."""
+    c = open_cache(shm(scheme="pyfault"))
+    out = DeviceArray.of(sample(4, 4, seed=2).numpy())
+    freed = []
+    weakref.finalize(out, lambda: freed.append(threading.get_ident()))
+    with c.lookup([("d", F32, (4, 4), "cuda:0")]) as step:
+        assert step.publish("d", out) == Skip.QUEUED
+    del out
+    assert fault.wait_finished(fault.WRITES)  # written, not yet reaped
+    gc.collect()
+    assert freed == []
+    step = c.lookup([("d", F32, (4, 4))], wait=False)
+    assert step.wait(ectest.TIMEOUT)
+    assert step[0].hit
+    assert len(freed) == 1 and freed[0] != threading.get_ident()
+    step.close()
+    assert c.stats().published_written == 1
 
 
 NO_RUNTIME = r"""
