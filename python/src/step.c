@@ -69,9 +69,9 @@ static void step_close_now(step *s) {
   /* A closed handle closed its steps; a handle of the parent process is
    * left alone in a child; a step freed by code the handle runs (a
    * collection inside its log callable) is left to the handle's close,
-   * since its lock is held. */
+   * since its lock is held, or, on the lookup thread, its turn. */
   if (h->fork_gen == ec_fork_gen &&
-      h->locked_by != PyThread_get_thread_ident()) {
+      h->locked_by != PyThread_get_thread_ident() && ec_calling_back != h) {
     EC_LOCKED(h, rc, encache_step_close(s->st); s->st = NULL;
               if (k != NULL) {
                 ec_lookup_collected_locked(h, k);

@@ -517,3 +517,28 @@ def test_threads_share_a_cache_with_started_lookups(open_cache):
     assert hits, "no hit at all"
     gc.collect()
     assert c.stats().steps_open == 0
+
+
+def test_step_dropped_on_the_lookup_thread(open_cache):
+    """A log callable on the lookup thread that drops the last reference
+    to another step of its Cache: that step is left to the Cache's close
+    (closing it there would wait for the lookup that is running it)."""
+    a = open_cache()
+    publish_one(a, "big", sample(64, 64))
+    held, dropped = [], []
+
+    def log(message):
+        if held:
+            dropped.append(threading.get_ident())
+            held.clear()  # the other step's last reference
+
+    b = open_cache(options={"cross_encoder_cache": True,
+                            "store_read_buffer_bytes": 4096}, log=log)
+    held.append(b.step())
+    step = b.lookup([("big", F32, (64, 64))], wait=False)
+    assert step.wait(TIMEOUT)
+    assert step.results[0].outcome == Outcome.OVERSIZE
+    assert dropped and dropped[0] != threading.get_ident()
+    step.close()
+    assert b.stats().steps_open == 1  # the dropped one, until the close
+    b.close()
