@@ -200,6 +200,12 @@ static void handle_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
   if (h->weakrefs != NULL)
     PyObject_ClearWeakRefs(self);
+  /* A handle whose last reference goes in code it runs on its lookup
+   * thread (a log callable that drops it and the step being looked up) is
+   * left open, and its memory alive: its close would wait for that very
+   * lookup, which may still log through it. */
+  if (h->ec != NULL && h->fork_gen == ec_fork_gen && ec_calling_back == h)
+    return;
   /* In a child after fork() the parent's handle is left alone: its worker
    * thread is not there to drain it. */
   if (h->ec != NULL && h->fork_gen == ec_fork_gen) {

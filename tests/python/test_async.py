@@ -542,3 +542,29 @@ def test_step_dropped_on_the_lookup_thread(open_cache):
     step.close()
     assert b.stats().steps_open == 1  # the dropped one, until the close
     b.close()
+
+
+def test_cache_dropped_on_the_lookup_thread(open_cache, store):
+    """A log callable on the lookup thread that drops the last references
+    to its Cache and to the step being looked up: both are left alive and
+    open (their close would wait for that very lookup), nothing crashes,
+    and the Store is fine for others."""
+    a = open_cache()
+    publish_one(a, "big", sample(64, 64))
+    box, logged = {}, threading.Event()
+
+    def log(message):
+        box.clear()  # the last references to the Cache and the step
+        logged.set()
+
+    c = ectest.open_cache(store, options={"cross_encoder_cache": True,
+                                          "store_read_buffer_bytes": 4096},
+                          log=log)
+    box["cache"] = c
+    box["step"] = c.lookup([("big", F32, (64, 64))], wait=False)
+    del c
+    assert logged.wait(TIMEOUT)
+    time.sleep(0.1)  # the lookup finishes, into what was left alive
+    gc.collect()
+    assert box == {}
+    assert ectest.lookup_one(a, "big", F32, (64, 64)).hit
