@@ -255,7 +255,9 @@ class Cache(_encache.Handle):
     output: what hits come back as: "torch", "numpy" or "buffer" (None: torch
         if it is installed, else numpy, else buffer).
     log: callable(str) for the library's warnings (default: the "encache"
-        logger); it is called on the thread that called the Cache.
+        logger); it is called on the thread that called the Cache, or on
+        the library's lookup thread for a lookup started with wait=False
+        (it may not call the Cache there).
 
     Raises ConfigError (naming the field), JsonError, UrlError, StoreError,
     LibraryError, InvalidError.  A Cache may be shared by threads (its
