@@ -11,7 +11,13 @@
  * storage, views charged once) keeps the device memory until the write
  * is reaped.  A storage's release drops the Python reference that kept
  * the memory alive; the library runs it on the thread that reaps
- * (lookup, publish, flush, close), never on its worker.
+ * (lookup, publish, flush, close, or the lookup thread for a lookup
+ * started with wait=False), never on its worker.
+ *
+ * A step's lookup started with wait=False (lookup.c) is pending until
+ * wait() collects it; whatever reads the results (results, hits, misses,
+ * len, iteration) and publish() collect it first, and closing the step
+ * gives it up.
  */
 #include "ext.h"
 
@@ -269,9 +275,14 @@ int ec_lookup_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
   for (Py_ssize_t i = 0; i < nkw; i++) {
     PyObject *name = PyTuple_GET_ITEM(kwnames, i);
     if (!PyUnicode_Check(name) ||
-        PyUnicode_CompareWithASCIIString(name, "wait") != 0 || w != NULL) {
+        PyUnicode_CompareWithASCIIString(name, "wait") != 0) {
       PyErr_Format(PyExc_TypeError, "lookup() got an unexpected keyword "
                    "argument %R", name);
+      return -1;
+    }
+    if (w != NULL) {
+      PyErr_SetString(PyExc_TypeError,
+                      "lookup() got multiple values for argument 'wait'");
       return -1;
     }
     w = args[nargs + i];
