@@ -80,6 +80,10 @@ OVER_ITEMS, OVER_BYTES, ...; all false).  Compare with Skip.QUEUED or test
 its truth; each skip is counted in Cache.stats().published_skipped and the
 first of each reason logged."""
 
+# (event loop, descriptor) of the steps wait_async() waits for now.
+_awaited: typing.Set[typing.Tuple[typing.Any, int]] = set()
+
+
 class Step(_encache.Step):
     """A step: the items of one encoder step, their results and their
     publications (Cache.lookup() and Cache.step() make them).
@@ -98,12 +102,18 @@ class Step(_encache.Step):
     async def wait_async(self) -> "Step":
         """Completes the pending lookup without blocking the running event
         loop: waits for the step's descriptor (loop.add_reader), then
-        collects the results (wait(0)).  Raises what wait() raises; returns
-        the step.  Do not close the step while it is awaited."""
+        collects the results (wait(0)).  Raises what wait() raises, and
+        InvalidError when another coroutine awaits the step already (one
+        at a time); returns the step.  Do not close the step while it is
+        awaited."""
         import asyncio
         loop = asyncio.get_running_loop()
         while not self.wait(0):
             fd = self.fileno()
+            key = (loop, fd)
+            if key in _awaited:
+                raise InvalidError("the step is awaited by another coroutine "
+                                   "already: one at a time")
             ready = loop.create_future()
 
             def wake(ready: "asyncio.Future" = ready) -> None:
@@ -111,11 +121,13 @@ class Step(_encache.Step):
                 if not ready.done():
                     ready.set_result(None)
 
+            _awaited.add(key)
             loop.add_reader(fd, wake)
             try:
                 await ready
             finally:
                 loop.remove_reader(fd)  # cancelled: no reader left behind
+                _awaited.discard(key)
         return self
 
     def __await__(self) -> typing.Generator[typing.Any, None, "Step"]:

@@ -551,9 +551,10 @@ def test_cache_dropped_on_the_lookup_thread(open_cache, store):
     and the Store is fine for others."""
     a = open_cache()
     publish_one(a, "big", sample(64, 64))
-    box, logged = {}, threading.Event()
+    box, logged, dropped = {}, threading.Event(), threading.Event()
 
     def log(message):
+        assert dropped.wait(TIMEOUT)  # the test's own references are gone
         box.clear()  # the last references to the Cache and the step
         logged.set()
 
@@ -563,8 +564,26 @@ def test_cache_dropped_on_the_lookup_thread(open_cache, store):
     box["cache"] = c
     box["step"] = c.lookup([("big", F32, (64, 64))], wait=False)
     del c
+    dropped.set()
     assert logged.wait(TIMEOUT)
     time.sleep(0.1)  # the lookup finishes, into what was left alive
     gc.collect()
     assert box == {}
     assert ectest.lookup_one(a, "big", F32, (64, 64)).hit
+
+
+def test_one_coroutine_awaits_a_step_at_a_time(open_cache, shm, fault):
+    c, t = _held(open_cache, shm, fault)
+    step = c.lookup([("h", F32, (64, 64))], wait=False)
+
+    async def main():
+        first = asyncio.ensure_future(step.wait_async())
+        await asyncio.sleep(0.02)
+        with pytest.raises(encache.InvalidError, match="one at a time"):
+            await step
+        fault.hold(fault.READS, False)
+        return await asyncio.wait_for(first, TIMEOUT)
+
+    assert asyncio.run(main()) is step
+    assert step.results[0].hit
+    step.close()
