@@ -240,9 +240,12 @@ def test_asyncio_two_steps_and_a_running_loop(open_cache, shm, fault):
 
     async def main():
         ticks = []
-        a = c.lookup([("h", F32, (64, 64))], wait=False)
-        b = c.lookup([("g", F32, (8, 8)), ("nope", F32, (8, 8))],
-                     wait=False)
+        # Steps are opened first: opening one waits for a running lookup of
+        # the Cache (its turn), a start does not.
+        a, b = c.step(), c.step()
+        assert a.lookup([("h", F32, (64, 64))], wait=False) is a
+        assert b.lookup([("g", F32, (8, 8)), ("nope", F32, (8, 8))],
+                        wait=False) is b
 
         async def ticker():
             while len(ticks) < 20:
