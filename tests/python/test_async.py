@@ -325,16 +325,23 @@ def test_close_with_a_running_lookup(open_cache, shm, fault):
 
 def test_close_with_a_queued_lookup(open_cache, shm, fault):
     c, t = _held(open_cache, shm, fault)
+    # Opened first: opening a step waits for the running lookup (the
+    # Cache's turn); starting one does not.
+    queued = c.step()
     running = c.lookup([("h", F32, (64, 64))], wait=False)
     assert fault.wait_held(fault.READS)
-    queued = c.lookup([("h", F32, (64, 64))], wait=False)
+    assert queued.lookup([("h", F32, (64, 64))], wait=False) is queued
+    assert not queued.done
     release = threading.Timer(0.2, fault.hold, (fault.READS, False))
     release.start()
     queued.close()  # waits for the running one; its own may never run
     release.join(TIMEOUT)
+    assert fault.timed_out(fault.READS) == 0
+    assert queued.closed and queued.results == []
     assert running.wait(TIMEOUT) and running.results[0].hit
     running.close()
-    assert c.stats().steps_open == 0
+    st = c.stats()
+    assert st.steps_open == 0 and st.hits in (1, 2)
 
 
 def test_cache_close_with_a_pending_lookup(open_cache, shm, fault):
