@@ -80,7 +80,60 @@ OVER_ITEMS, OVER_BYTES, ...; all false).  Compare with Skip.QUEUED or test
 its truth; each skip is counted in Cache.stats().published_skipped and the
 first of each reason logged."""
 
-Step = _encache.Step
+# (event loop, descriptor) of the steps wait_async() waits for now.
+_awaited: typing.Set[typing.Tuple[typing.Any, int]] = set()
+
+
+class Step(_encache.Step):
+    """A step: the items of one encoder step, their results and their
+    publications (Cache.lookup() and Cache.step() make them).
+
+    A lookup started with ``wait=False`` is pending until it is collected:
+    ``wait()`` (blocking, bounded or a poll), ``await step`` /
+    ``await step.wait_async()`` in asyncio, or implicitly by ``results``,
+    ``hits``, ``misses``, ``len()``, iteration and ``publish()``, which
+    wait for it first.  See docs/python.md, "lookup and Step"."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: typing.Any, **kw: typing.Any) -> "Step":
+        raise TypeError("a Step comes from Cache.lookup() or Cache.step()")
+
+    async def wait_async(self) -> "Step":
+        """Completes the pending lookup without blocking the running event
+        loop: waits for the step's descriptor (loop.add_reader), then
+        collects the results (wait(0)).  Raises what wait() raises, and
+        InvalidError when another coroutine awaits the step already (one
+        at a time); returns the step.  Do not close the step while it is
+        awaited."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        while not self.wait(0):
+            fd = self.fileno()
+            key = (loop, fd)
+            if key in _awaited:
+                raise InvalidError("the step is awaited by another coroutine "
+                                   "already: one at a time")
+            ready = loop.create_future()
+
+            def wake(ready: "asyncio.Future" = ready) -> None:
+                loop.remove_reader(fd)  # before the future resolves
+                if not ready.done():
+                    ready.set_result(None)
+
+            _awaited.add(key)
+            loop.add_reader(fd, wake)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)  # cancelled: no reader left behind
+                _awaited.discard(key)
+        return self
+
+    def __await__(self) -> typing.Generator[typing.Any, None, "Step"]:
+        return self.wait_async().__await__()
+
+
 Result = _encache.Result
 Buffer = _encache.Buffer
 MAX_STEPS = _encache.MAX_STEPS
@@ -214,7 +267,9 @@ class Cache(_encache.Handle):
     output: what hits come back as: "torch", "numpy" or "buffer" (None: torch
         if it is installed, else numpy, else buffer).
     log: callable(str) for the library's warnings (default: the "encache"
-        logger); it is called on the thread that called the Cache.
+        logger); it is called on the thread that called the Cache, or on
+        the library's lookup thread for a lookup started with wait=False
+        (it may not call the Cache there).
 
     Raises ConfigError (naming the field), JsonError, UrlError, StoreError,
     LibraryError, InvalidError.  A Cache may be shared by threads (its
@@ -276,7 +331,7 @@ _encache._init(
     describe=_tensors.describe, dtype_of=_tensors.dtype_of,
     device_of=_tensors.device_of,
     # Looked up at each call, so that a test can replace it.
-    device_empty=lambda *a: _tensors.device_empty(*a))
+    device_empty=lambda *a: _tensors.device_empty(*a), step_type=Step)
 
 __all__ = [
     "Cache", "Item", "Step", "Result", "Buffer", "Outcome", "Skip", "Stats",

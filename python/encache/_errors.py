@@ -87,5 +87,8 @@ def by_code(codes):
         "EFORMAT": FormatError, "ENOLIB": LibraryError,
         "EPOISONED": PoisonedError, "ECLOSED": ClosedError,
         "ESTEPS": StepsError,
+        # A step's started lookup is not complete: Step.wait() returns
+        # False for it, so it reaches nobody; a use error if it does.
+        "EPENDING": InvalidError,
     }
     return {codes[name]: cls for name, cls in table.items() if name in codes}

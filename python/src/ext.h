@@ -9,12 +9,15 @@
  * reads through the buffer protocol).
  *
  * Threads: the GIL is released around every library call that may touch
- * the Store.  The library wants the calls on one handle serialised, so
+ * the Store or wait.  The library wants the calls on one handle serialised, so
  * each handle has a lock, always taken with the GIL released (a thread
  * holding the lock may need the GIL: the library reaps publications, and
  * so drops references to Python objects, inside those calls).  The
- * library never calls back into Python from its worker thread: storage
- * releases and log messages come on the thread that called it.
+ * library never calls back into Python from its worker thread.  Storage
+ * releases and log messages come on the thread that called it, or, for a
+ * lookup started with wait=False, on the handle's lookup thread, which
+ * takes the GIL for them (never `lock`: the caller holding it may be
+ * waiting for that lookup); the allocator of hits needs no GIL.
  *
  * Fork: a handle remembers the fork generation it was opened in; in a
  * child every use raises ForkError, and the child never closes it (the
@@ -33,6 +36,7 @@
 enum { OUT_BUFFER = 0, OUT_NUMPY = 1, OUT_TORCH = 2 };
 
 typedef struct ec_pub ec_pub;
+typedef struct ec_lookup ec_lookup; /* lookup.c: one lookup's state */
 
 typedef struct handle {
   PyObject_HEAD
@@ -42,8 +46,15 @@ typedef struct handle {
   unsigned long fork_gen;  /* the fork generation ec was opened in */
   int output;              /* OUT_* */
   int opened;              /* __init__ ran (or runs): never again */
-  ec_pub **live;           /* storages alive (storage.c); under lock */
+  ec_pub **live;           /* storages alive (storage.c); under live_lock */
   size_t live_n, live_cap;
+  PyThread_type_lock live_lock; /* a leaf lock: the lookup thread's reaps
+                                   release storages without `lock` */
+  /* Lookups started (wait=False) and not yet collected (waited for, or
+   * their step closed); under lock.  While one is, the library's lookup
+   * thread may reap publications, so storages are not shared (storage.c). */
+  size_t pending_lookups;
+  int closed_poisoned;     /* the close found the handle poisoned */
   PyObject *log;           /* callable(str) or NULL */
   unsigned skips_logged;   /* bit r: a skip for reason r was logged */
   PyObject *weakrefs;
@@ -54,6 +65,9 @@ typedef struct step {
   handle *owner;        /* strong reference; NULL once closed */
   encache_step *st;     /* NULL once closed; written under owner's lock */
   PyObject *results;    /* list of Result */
+  /* The lookup started with wait=False and not yet collected, or NULL:
+   * the library's lookup thread writes into it until then (lookup.c). */
+  ec_lookup *pending;
 } step;
 
 /* module.c: shared state set by encache._encache._init(). */
@@ -70,6 +84,14 @@ extern PyObject *ec_device_of; /* callable(obj) -> (kind, index) (cached) */
 extern PyObject *ec_device_empty;
 extern PyObject *ec_from_dlpack; /* torch's from_dlpack, or NULL */
 extern PyObject *ec_as_array;    /* numpy.asarray, or NULL */
+/* The package's subclass of Step that steps are made as (encache.Step),
+ * or NULL (then Step itself). */
+extern PyTypeObject *ec_step_class;
+/* The handle whose callback (its log callable, a storage's release) this
+ * thread runs, or NULL.  On the library's lookup thread, which holds the
+ * handle's turn meanwhile, a call into that handle would wait for itself:
+ * ec_handle_usable() refuses it, as it does on the caller's thread. */
+extern _Thread_local handle *ec_calling_back;
 extern unsigned long ec_fork_gen;
 
 /* The UTF-8 text of str s, which reaches a Store key or an option: NULL
@@ -142,10 +164,32 @@ void ec_pub_discard(ec_pub *p);
 
 /* step.c */
 PyObject *ec_step_new(handle *h);
-PyObject *ec_step_lookup(step *s, PyObject *items);
+/* The arguments of lookup(items, wait=True) (a METH_FASTCALL |
+ * METH_KEYWORDS method's); 0 or -1 raised. */
+int ec_lookup_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                   PyObject **items, int *wait);
 /* 0 when s can be used now; else raises (ClosedError, ForkError), -1. */
 int ec_step_usable(step *s);
 
+/* lookup.c.  Looks items up on s: with wait, the new Results (a list, also
+ * appended to s's); without, starts the lookup (encache_lookup_start) and
+ * returns a new reference to s, whose pending lookup ec_step_complete()
+ * collects. */
+PyObject *ec_step_lookup(step *s, PyObject *items, int wait);
+/* Waits at most timeout_s seconds (< 0: without a bound, 0: a poll) for
+ * s's pending lookup, with the GIL released, and appends its Results to
+ * s's: 1 when none is pending (any more), 0 when it still is, -1 raised
+ * (the lookup's error: it is then done with). */
+int ec_step_complete(step *s, double timeout_s);
+/* Under h's lock: k is collected (no longer counted as pending). */
+void ec_lookup_collected_locked(handle *h, ec_lookup *k);
+/* Under h's lock: whether h is poisoned (or its state unknown). */
+int ec_handle_poisoned_locked(handle *h);
+/* Frees k, s's pending lookup taken off s, whose library step is closed
+ * (or its handle): its hits are released and its CUDA destinations
+ * dropped, unless `poisoned`.  A wait() running on another thread frees
+ * it instead. */
+void ec_step_drop_pending(ec_lookup *k, int poisoned);
 /* bench.c */
 PyObject *ec_bench_c_lookup(PyObject *self, PyObject *args);
 PyObject *ec_bench_c_publish(PyObject *self, PyObject *args);

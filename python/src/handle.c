@@ -175,7 +175,8 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args,
   if (h == NULL)
     return NULL;
   h->lock = PyThread_allocate_lock();
-  if (h->lock == NULL) {
+  h->live_lock = PyThread_allocate_lock();
+  if (h->lock == NULL || h->live_lock == NULL) {
     Py_DECREF(h);
     return PyErr_NoMemory();
   }
@@ -186,7 +187,9 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args,
 static int close_ec(handle *h, char *msg, size_t cap) {
   encache *ec = h->ec;
   h->ec = NULL;
+  /* Waits for a started lookup that runs (those queued never run). */
   int rc = encache_close(ec);
+  h->closed_poisoned = rc == ENCACHE_EPOISONED;
   if (rc < 0)
     PyOS_snprintf(msg, cap, "%s", encache_strerror(rc));
   return rc;
@@ -197,6 +200,12 @@ static void handle_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
   if (h->weakrefs != NULL)
     PyObject_ClearWeakRefs(self);
+  /* A handle whose last reference goes in code it runs on its lookup
+   * thread (a log callable that drops it and the step being looked up) is
+   * left open, and its memory alive: its close would wait for that very
+   * lookup, which may still log through it. */
+  if (h->ec != NULL && h->fork_gen == ec_fork_gen && ec_calling_back == h)
+    return;
   /* In a child after fork() the parent's handle is left alone: its worker
    * thread is not there to drain it. */
   if (h->ec != NULL && h->fork_gen == ec_fork_gen) {
@@ -213,6 +222,8 @@ static void handle_dealloc(PyObject *self) {
   free(h->live); /* what is left is a poisoned handle's: kept alive */
   if (h->lock != NULL)
     PyThread_free_lock(h->lock);
+  if (h->live_lock != NULL)
+    PyThread_free_lock(h->live_lock);
   Py_CLEAR(h->log);
   Py_TYPE(self)->tp_free(self);
 }
@@ -267,11 +278,16 @@ static PyObject *handle_step(PyObject *self, PyObject *args) {
   return ec_step_new((handle *)self);
 }
 
-static PyObject *handle_lookup(PyObject *self, PyObject *items) {
+static PyObject *handle_lookup(PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames) {
+  PyObject *items;
+  int wait;
+  if (ec_lookup_args(args, nargs, kwnames, &items, &wait) < 0)
+    return NULL;
   PyObject *s = ec_step_new((handle *)self);
   if (s == NULL)
     return NULL;
-  PyObject *r = ec_step_lookup((step *)s, items);
+  PyObject *r = ec_step_lookup((step *)s, items, wait);
   if (r == NULL) {
     Py_DECREF(s);
     return NULL;
@@ -364,8 +380,10 @@ static PyObject *handle_closed(PyObject *self, void *closure) {
 }
 
 static PyMethodDef handle_methods[] = {
-    {"lookup", handle_lookup, METH_O,
-     "lookup(items) -> Step: opens a step and looks the items up."},
+    {"lookup", (PyCFunction)(void (*)(void))handle_lookup,
+     METH_FASTCALL | METH_KEYWORDS,
+     "lookup(items, wait=True) -> Step: opens a step and looks the items "
+     "up (wait=False: starts the lookup; Step.wait() collects it)."},
     {"step", handle_step, METH_NOARGS, "step() -> Step: an empty step."},
     {"flush", handle_flush, METH_NOARGS,
      "Waits until every queued publication is written or skipped."},

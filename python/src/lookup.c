@@ -3,6 +3,13 @@
  * lookup.c: Step.lookup(items): items to candidates, the library's lookup
  * with the GIL released, results to Result objects.
  *
+ * A lookup started with wait=False (encache_lookup_start) runs the same
+ * way on the library's lookup thread: its state (struct ec_lookup) then
+ * lives in the step until wait() collects it, through the same
+ * conversion to Results as the blocking lookup's (lk_finish), or until
+ * the step is closed (lk_abandon releases its hits).  Its allocator runs
+ * on that thread: it needs no GIL.
+ *
  * An item is a tuple (encache.Item, or a plain one): id, dtype, shape
  * (rows, cols) and, optionally, device.  dtype and device objects (torch,
  * numpy, strings) are resolved once by the package's functions and cached
@@ -18,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <structmember.h>
+#include <time.h>
 
 #define STACK_ITEMS 16
 
@@ -385,131 +393,348 @@ static PyObject *result_of(int output, PyObject *id, const dests *d,
   return o;
 }
 
-/* Copies the results' reasons (owned by the library's step, which another
- * thread may close once the lock is released); NULL when out of memory. */
-static void copy_whys(encache_result *res, Py_ssize_t n) {
+/* ------------------------------------------------------------- a lookup */
+
+/* What outcome a result has before the library writes it: a lookup that
+ * never ran (queued, then its step closed) leaves its results so. */
+#define OUTCOME_UNWRITTEN (-1)
+
+/*
+ * One lookup's state, from the parse of its items to its Results: the
+ * candidates (their ids point into the id objects held in ids), the
+ * results the library fills and the CUDA destinations.  A blocking lookup
+ * keeps it on the C stack; a started one (wait=False) on the heap, owned
+ * by its step (step.pending) until it is collected (wait) or its step is
+ * closed, since the library's lookup thread writes into it meanwhile.
+ * Arrays of up to STACK_ITEMS items live inside it.
+ */
+struct ec_lookup {
+  Py_ssize_t n;      /* items */
+  Py_ssize_t parsed; /* ids[0..parsed) are held */
+  PyObject **ids;
+  encache_candidate *c;
+  encache_result *res;
+  dests d;
+  int have_d;        /* d was made: dests_free() it */
+  int whys_copied;   /* res[].why are our copies (free them) */
+  int counted;       /* in h->pending_lookups (under h's lock) */
+  int waiting;       /* a wait() runs (with the GIL released): it frees */
+  int abandoned;     /* the step was closed during that wait */
+  int abandon_poisoned; /* ... and the handle was poisoned then */
+  PyObject *ids_stack[STACK_ITEMS];
+  encache_candidate c_stack[STACK_ITEMS];
+  encache_result r_stack[STACK_ITEMS];
+};
+
+/* Parses items into k (zeroed by the caller); 0, or -1 raised (lk_free()
+ * k either way). */
+static int lk_parse(ec_lookup *k, PyObject *items) {
+  /* A copy: the caller's code, run while items are parsed, cannot change
+   * what is being parsed. */
+  PyObject *seq = PyTuple_Check(items) ? Py_NewRef(items)
+                                       : PySequence_Tuple(items);
+  if (seq == NULL) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      ec_invalid("items must be a sequence of Item (or of tuples)");
+    }
+    return -1;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(seq);
+  int rc = -1;
+  k->ids = k->ids_stack;
+  k->c = k->c_stack;
+  k->res = k->r_stack;
+  if (n > STACK_ITEMS) {
+    k->ids = PyMem_Malloc(sizeof(*k->ids) * (size_t)n);
+    k->c = PyMem_Malloc(sizeof(*k->c) * (size_t)n);
+    k->res = PyMem_Malloc(sizeof(*k->res) * (size_t)n);
+    if (k->ids == NULL || k->c == NULL || k->res == NULL) {
+      PyErr_NoMemory();
+      goto done;
+    }
+  }
+  k->n = n;
+  for (; k->parsed < n; k->parsed++)
+    if (parse_item(PyTuple_GET_ITEM(seq, k->parsed), &k->c[k->parsed],
+                   &k->ids[k->parsed]) < 0) {
+      invalid_item(k->parsed);
+      goto done;
+    }
+  k->have_d = 1;
+  if (dests_make(&k->d, k->c, n) < 0)
+    goto done;
   for (Py_ssize_t i = 0; i < n; i++)
-    if (res[i].why != NULL)
-      res[i].why = strdup(res[i].why);
+    k->res[i] = (encache_result){.size = sizeof(encache_result),
+                                 .outcome = OUTCOME_UNWRITTEN};
+  rc = 0;
+done:
+  Py_DECREF(seq);
+  return rc;
 }
 
-/* Looks d's candidates up on s; the results in res (their reasons
- * copied: free them), or -1 raised.  CUDA hits are copied on the stream
- * current on their device (torch's allocator orders its memory there). */
-static int lookup_locked(step *s, handle *h, dests *d, encache_result *res) {
+/* Frees what k holds (not k itself); the hits' blocks are someone else's
+ * by now (Results, or released). */
+static void lk_free(ec_lookup *k) {
+  if (k->have_d)
+    dests_free(&k->d);
+  for (Py_ssize_t i = 0; k->whys_copied && i < k->n; i++)
+    free((char *)k->res[i].why);
+  for (Py_ssize_t i = 0; i < k->parsed; i++)
+    Py_DECREF(k->ids[i]);
+  if (k->ids != k->ids_stack)
+    PyMem_Free(k->ids);
+  if (k->c != k->c_stack)
+    PyMem_Free(k->c);
+  if (k->res != k->r_stack)
+    PyMem_Free(k->res);
+}
+
+/* Frees a lookup whose results nobody will see (its step was closed, or
+ * its Cache): the hits' host blocks are released and the CUDA
+ * destinations dropped, unless the handle was poisoned (a copy may still
+ * write into them).  A lookup that never ran left every result
+ * OUTCOME_UNWRITTEN; one that failed wrote no HIT. */
+static void lk_abandon(ec_lookup *k, int poisoned) {
+  k->d.poisoned = poisoned;
+  for (Py_ssize_t i = 0; !poisoned && i < k->n; i++)
+    if (k->res[i].outcome == ENCACHE_HIT)
+      dest_release(&k->d, (size_t)i, k->res[i].data, k->res[i].handle);
+  lk_free(k);
+}
+
+/* The allocator of k's destinations (host blocks from buffer.c, CUDA
+ * ones from k's dests: both need no GIL, so it may run on the library's
+ * lookup thread). */
+static encache_allocator lk_allocator(ec_lookup *k) {
   encache_allocator a = ENCACHE_ALLOCATOR_INIT;
-  a.ctx = d;
+  a.ctx = &k->d;
   a.alloc = dest_alloc;
   a.release = dest_release;
   a.headroom = ENCACHE_HEADER_SIZE; /* host blocks have it (buffer.c) */
-  res[0].size = sizeof(encache_result);
-  char msg[1024] = "";
-  int rc = 0;
-  EC_LOCKED(h, rc,
-            rc = s->st == NULL ? ENCACHE_ECLOSED : 0;
-            /* torch's 0 is the legacy default stream (NULL would be the
-             * handle's own). */
-            if (rc == 0 && d->obj != NULL)
-              rc = encache_step_set_stream(
-                  s->st, (void *)(d->stream ? d->stream : CUDA_STREAM_LEGACY));
-            if (rc == 0)
-              rc = encache_lookup(s->st, d->c, (size_t)d->n, &a, res);
-            if (rc >= 0) copy_whys(res, d->n);
-            if (rc < 0 && rc != ENCACHE_ECLOSED)
-              PyOS_snprintf(msg, sizeof(msg), "%s", encache_errmsg(h->ec)));
-  d->poisoned = rc == ENCACHE_EPOISONED;
-  if (rc == -ENODEV && d->failed >= 0) {
-    ec_invalid("item %zd: a hit on cuda:%d, but no CUDA tensor could be "
-               "made for it (torch is not imported, or "
-               "torch.cuda.is_available() is False)", d->failed,
-               d->c[d->failed].device_index);
-    return -1;
-  }
-  if (rc < 0) {
-    ec_raise(rc, rc == ENCACHE_ECLOSED ? "the step or its Cache is closed"
-                                       : msg);
-    return -1;
-  }
+  return a;
+}
+
+/* Under h's lock: prepares s's library step for k (CUDA hits are copied
+ * on the stream current on their device: torch's allocator orders its
+ * memory there); 0 or a code. */
+static int lk_prepare_locked(step *s, ec_lookup *k) {
+  if (s->st == NULL)
+    return ENCACHE_ECLOSED;
+  /* torch's 0 is the legacy default stream (NULL would be the handle's
+   * own). */
+  if (k->d.obj != NULL)
+    return encache_step_set_stream(
+        s->st, (void *)(k->d.stream ? k->d.stream : CUDA_STREAM_LEGACY));
   return 0;
 }
 
-/* The Results of res[0..n) as a new list; every hit's block is taken
- * over (or freed) whatever happens. */
-static PyObject *results_of(int output, PyObject **ids, const dests *d,
-                            encache_result *res) {
+/* Under h's lock, once the library has answered rc for k: copies the
+ * results' reasons (owned by the library's step, which another thread
+ * may close once the lock is released), or the handle's message. */
+static void lk_answered_locked(handle *h, ec_lookup *k, int rc, char *msg,
+                               size_t cap) {
+  if (rc >= 0) {
+    for (Py_ssize_t i = 0; i < k->n; i++)
+      if (k->res[i].why != NULL)
+        k->res[i].why = strdup(k->res[i].why); /* NULL: no memory */
+    k->whys_copied = 1;
+  } else if (rc != ENCACHE_ECLOSED)
+    PyOS_snprintf(msg, cap, "%s", encache_errmsg(h->ec));
+}
+
+/* The Results of k's answer rc (the library's, as encache_lookup()
+ * returns it), appended to s's: a new list of the new ones, or NULL
+ * raised.  Every hit's block is taken over (or freed) whatever happens;
+ * the blocking and the started lookup both end here. */
+static PyObject *lk_finish(step *s, handle *h, ec_lookup *k, int rc,
+                           const char *msg) {
+  dests *d = &k->d;
+  d->poisoned = rc == ENCACHE_EPOISONED;
+  if (rc == -ENODEV && d->failed >= 0)
+    return ec_invalid("item %zd: a hit on cuda:%d, but no CUDA tensor could "
+                      "be made for it (torch is not imported, or "
+                      "torch.cuda.is_available() is False)", d->failed,
+                      d->c[d->failed].device_index);
+  if (rc < 0)
+    return ec_raise(rc, rc == ENCACHE_ECLOSED
+                            ? "the step or its Cache is closed" : msg);
   Py_ssize_t n = d->n;
   PyObject *out = PyList_New(n);
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *r = out != NULL ? result_of(output, ids[i], d, i, &res[i])
-                              : NULL;
+    PyObject *r = out != NULL
+                      ? result_of(h->output, k->ids[i], d, i, &k->res[i])
+                      : NULL;
     if (r == NULL) {
-      if (res[i].outcome == ENCACHE_HIT && out == NULL)
-        dest_release((void *)d, (size_t)i, res[i].data, res[i].handle);
+      if (k->res[i].outcome == ENCACHE_HIT && out == NULL)
+        dest_release(d, (size_t)i, k->res[i].data, k->res[i].handle);
       Py_CLEAR(out);
       continue; /* the remaining hits' blocks are freed */
     }
     PyList_SET_ITEM(out, i, r);
   }
-  return out;
-}
-
-PyObject *ec_step_lookup(step *s, PyObject *items) {
-  if (ec_step_usable(s) < 0)
-    return NULL;
-  handle *h = (handle *)Py_NewRef(s->owner);
-  /* A copy: the caller's code, run while items are parsed, cannot change
-   * what is being parsed. */
-  PyObject *seq = PyTuple_Check(items) ? Py_NewRef(items)
-                                       : PySequence_Tuple(items);
-  if (seq == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
-    PyErr_Clear();
-    ec_invalid("items must be a sequence of Item (or of tuples)");
-  }
-  PyObject *out = NULL, *ids_stack[STACK_ITEMS], **ids = ids_stack;
-  encache_candidate c_stack[STACK_ITEMS], *c = c_stack;
-  encache_result r_stack[STACK_ITEMS], *res = r_stack;
-  Py_ssize_t n = seq != NULL ? PySequence_Fast_GET_SIZE(seq) : 0;
-  Py_ssize_t parsed = 0;
-  if (seq == NULL)
-    goto done;
-  if (n > STACK_ITEMS) {
-    ids = PyMem_Malloc(sizeof(*ids) * (size_t)n);
-    c = PyMem_Malloc(sizeof(*c) * (size_t)n);
-    res = PyMem_Malloc(sizeof(*res) * (size_t)n);
-    if (ids == NULL || c == NULL || res == NULL) {
-      PyErr_NoMemory();
-      goto done;
-    }
-  }
-  for (; parsed < n; parsed++)
-    if (parse_item(PySequence_Fast_GET_ITEM(seq, parsed), &c[parsed],
-                   &ids[parsed]) < 0) {
-      invalid_item(parsed);
-      goto done;
-    }
-  dests d;
-  if (dests_make(&d, c, n) < 0 || lookup_locked(s, h, &d, res) < 0) {
-    dests_free(&d);
-    goto done;
-  }
-  out = results_of(h->output, ids, &d, res);
-  dests_free(&d);
-  for (Py_ssize_t i = 0; i < n; i++)
-    free((char *)res[i].why);
   if (out != NULL) {
     Py_ssize_t at = PyList_GET_SIZE(s->results);
     if (PyList_SetSlice(s->results, at, at, out) < 0)
       Py_CLEAR(out);
   }
-done:
-  for (Py_ssize_t i = 0; i < parsed; i++)
-    Py_DECREF(ids[i]);
-  if (n > STACK_ITEMS) {
-    PyMem_Free(ids);
-    PyMem_Free(c);
-    PyMem_Free(res);
+  return out;
+}
+
+/* Starts k on s (k is then s's, until collected); NULL raised (k is then
+ * still the caller's), or a new reference to s. */
+static PyObject *lk_start(step *s, handle *h, ec_lookup *k) {
+  encache_allocator a = lk_allocator(k);
+  char msg[1024] = "";
+  int rc = 0;
+  EC_LOCKED(h, rc, rc = lk_prepare_locked(s, k);
+            if (rc == 0) rc = encache_lookup_start(s->st, k->c, (size_t)k->n,
+                                                   &a, k->res);
+            if (rc == 0) {
+              h->pending_lookups++;
+              k->counted = 1;
+            }
+            else lk_answered_locked(h, k, rc, msg, sizeof(msg)));
+  if (rc < 0)
+    return lk_finish(s, h, k, rc, msg); /* raises */
+  s->pending = k;
+  return Py_NewRef((PyObject *)s);
+}
+
+PyObject *ec_step_lookup(step *s, PyObject *items, int wait) {
+  if (ec_step_usable(s) < 0)
+    return NULL;
+  if (s->pending != NULL)
+    return ec_invalid("a lookup started with wait=False is pending on this "
+                      "step: wait() for it (or close the step) before "
+                      "another lookup");
+  handle *h = (handle *)Py_NewRef(s->owner);
+  PyObject *out = NULL;
+  if (!wait) {
+    ec_lookup *k = PyMem_Calloc(1, sizeof(*k));
+    if (k == NULL)
+      out = PyErr_NoMemory();
+    else if (lk_parse(k, items) < 0 || (out = lk_start(s, h, k)) == NULL) {
+      lk_free(k);
+      PyMem_Free(k);
+    }
+    Py_DECREF(h);
+    return out;
   }
-  Py_XDECREF(seq);
+  ec_lookup k;
+  memset(&k, 0, offsetof(ec_lookup, ids_stack));
+  if (lk_parse(&k, items) == 0) {
+    encache_allocator a = lk_allocator(&k);
+    char msg[1024] = "";
+    int rc = 0;
+    EC_LOCKED(h, rc, rc = lk_prepare_locked(s, &k);
+              if (rc == 0) rc = encache_lookup(s->st, k.c, (size_t)k.n, &a,
+                                               k.res);
+              lk_answered_locked(h, &k, rc, msg, sizeof(msg)));
+    out = lk_finish(s, h, &k, rc, msg);
+  }
+  lk_free(&k);
   Py_DECREF(h);
   return out;
+}
+
+/* Milliseconds since an arbitrary origin (the waits' clock). */
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The longest one wait holds the handle's lock and leaves signals
+ * unchecked (Ctrl-C interrupts an unbounded wait). */
+#define WAIT_SLICE_MS 100
+
+int ec_step_complete(step *s, double timeout_s) {
+  ec_lookup *k = s->pending;
+  if (k == NULL)
+    return 1;
+  if (ec_step_usable(s) < 0)
+    return -1;
+  if (k->waiting) {
+    ec_invalid("another thread waits for this step's lookup");
+    return -1;
+  }
+  handle *h = (handle *)Py_NewRef(s->owner);
+  double until = timeout_s < 0 ? 0 : now_ms() + timeout_s * 1e3;
+  char msg[1024] = "";
+  int rc = ENCACHE_EPENDING, out = -1;
+  k->waiting = 1;
+  for (;;) {
+    double left = timeout_s < 0 ? WAIT_SLICE_MS : until - now_ms();
+    int ms = left <= 0 ? 0 : left > WAIT_SLICE_MS ? WAIT_SLICE_MS
+                                                  : (int)(left + 0.999);
+    EC_LOCKED(h, rc, rc = s->st == NULL ? ENCACHE_ECLOSED
+                                        : encache_step_wait(s->st, ms);
+              if (rc != ENCACHE_EPENDING && rc != ENCACHE_ECLOSED) {
+                ec_lookup_collected_locked(h, k);
+                lk_answered_locked(h, k, rc, msg, sizeof(msg));
+              });
+    if (rc != ENCACHE_EPENDING || k->abandoned || ms == 0 ||
+        (timeout_s >= 0 && now_ms() >= until))
+      break;
+    if (PyErr_CheckSignals() < 0) {
+      k->waiting = 0;
+      if (k->abandoned) { /* a signal handler closed the step */
+        lk_abandon(k, k->abandon_poisoned);
+        PyMem_Free(k);
+      }
+      Py_DECREF(h);
+      return -1; /* still pending (or given up) */
+    }
+  }
+  k->waiting = 0;
+  if (rc == ENCACHE_EPENDING && !k->abandoned) {
+    Py_DECREF(h);
+    return 0;
+  }
+  /* Done with, one way or the other: k is ours to free. */
+  if (k->abandoned || rc == ENCACHE_ECLOSED) {
+    /* The step was closed meanwhile (it left k to us), or its Cache (which
+     * waited for a running lookup, and dropped a queued one). */
+    lk_abandon(k, k->abandoned ? k->abandon_poisoned : h->closed_poisoned);
+    if (s->pending == k)
+      s->pending = NULL;
+    PyMem_Free(k);
+    ec_raise(ENCACHE_ECLOSED, "the step or its Cache was closed while its "
+                              "lookup was waited for");
+    Py_DECREF(h);
+    return -1;
+  }
+  s->pending = NULL;
+  PyObject *results = lk_finish(s, h, k, rc, msg);
+  lk_free(k);
+  PyMem_Free(k);
+  if (results != NULL) {
+    Py_DECREF(results);
+    out = 1;
+  }
+  Py_DECREF(h);
+  return out;
+}
+
+void ec_lookup_collected_locked(handle *h, ec_lookup *k) {
+  if (k->counted)
+    h->pending_lookups--;
+  k->counted = 0;
+}
+
+int ec_handle_poisoned_locked(handle *h) {
+  encache_stats st = ENCACHE_STATS_INIT;
+  return encache_stats_get(h->ec, &st) < 0 || st.poisoned;
+}
+
+void ec_step_drop_pending(ec_lookup *k, int poisoned) {
+  if (k->waiting) {
+    /* A wait() on another thread holds k: it frees it. */
+    k->abandoned = 1;
+    k->abandon_poisoned = poisoned;
+    return;
+  }
+  lk_abandon(k, poisoned);
+  PyMem_Free(k);
 }

@@ -19,6 +19,8 @@ static PyObject *errors;      /* dict: library code -> exception class */
 static PyObject *error_base;  /* encache.Error */
 static PyObject *invalid_error, *closed_error, *fork_error;
 unsigned long ec_fork_gen;
+PyTypeObject *ec_step_class;
+_Thread_local handle *ec_calling_back;
 
 static void after_fork_in_child(void) { ec_fork_gen++; }
 
@@ -94,7 +96,7 @@ int ec_handle_usable(handle *h) {
     raise_as(closed_error, ENCACHE_ECLOSED, "the Cache is closed");
     return -1;
   }
-  if (h->locked_by == PyThread_get_thread_ident()) {
+  if (h->locked_by == PyThread_get_thread_ident() || ec_calling_back == h) {
     ec_invalid("the Cache was called from code it runs (its log callable, "
                "or a finalizer of a tensor it releases): not allowed");
     return -1;
@@ -105,6 +107,8 @@ int ec_handle_usable(handle *h) {
 void ec_log(void *ctx, const char *message) {
   handle *h = ctx;
   PyGILState_STATE g = PyGILState_Ensure();
+  handle *outer = ec_calling_back;
+  ec_calling_back = h;
   if (h->log != NULL) {
     /* An exception may be propagating (a close from a deallocation). */
     PyObject *type, *value, *tb;
@@ -117,6 +121,7 @@ void ec_log(void *ctx, const char *message) {
     Py_XDECREF(r);
     PyErr_Restore(type, value, tb);
   }
+  ec_calling_back = outer;
   PyGILState_Release(g);
 }
 
@@ -125,14 +130,21 @@ static PyObject *mod_init(PyObject *self, PyObject *args, PyObject *kw) {
   static const char *names[] = {"errors", "error_base", "invalid_error",
                           "closed_error", "fork_error", "outcomes", "skips",
                           "describe", "dtype_of", "device_of", "device_empty",
-                          NULL};
+                          "step_type", NULL};
   PyObject *v[11];
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOOO!O!OOOO:_init",
+  PyTypeObject *step_type = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOOO!O!OOOO|O!:_init",
                                    (char **)names, &PyDict_Type, &v[0], &v[1],
                                    &v[2], &v[3], &v[4], &PyTuple_Type, &v[5],
                                    &PyTuple_Type, &v[6], &v[7], &v[8], &v[9],
-                                   &v[10]))
+                                   &v[10], &PyType_Type, &step_type))
     return NULL;
+  if (step_type != NULL) {
+    if (!PyType_IsSubtype(step_type, &ec_step_type))
+      return ec_invalid("step_type must be a subclass of Step");
+    Py_INCREF(step_type);
+    Py_XSETREF(ec_step_class, step_type);
+  }
   PyObject **slots[] = {&errors,       &error_base,  &invalid_error,
                         &closed_error, &fork_error,  &ec_outcomes,
                         &ec_skips,     &ec_describe, &ec_dtype_of,

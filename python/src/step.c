@@ -11,20 +11,28 @@
  * storage, views charged once) keeps the device memory until the write
  * is reaped.  A storage's release drops the Python reference that kept
  * the memory alive; the library runs it on the thread that reaps
- * (lookup, publish, flush, close), never on its worker.
+ * (lookup, publish, flush, close, or the lookup thread for a lookup
+ * started with wait=False), never on its worker.
+ *
+ * A step's lookup started with wait=False (lookup.c) is pending until
+ * wait() collects it; whatever reads the results (results, hits, misses,
+ * len, iteration) and publish() collect it first, and closing the step
+ * gives it up.
  */
 #include "ext.h"
+
+#include <poll.h>
 
 /* ------------------------------------------------------------------ Step */
 
 PyObject *ec_step_new(handle *h) {
   if (ec_handle_usable(h) < 0)
     return NULL;
-  step *s = PyObject_GC_New(step, &ec_step_type);
+  /* The package's subclass (encache.Step: its asyncio part), once set. */
+  PyTypeObject *type = ec_step_class != NULL ? ec_step_class : &ec_step_type;
+  step *s = (step *)type->tp_alloc(type, 0); /* zeroed, tracked */
   if (s == NULL)
     return NULL;
-  s->owner = NULL;
-  s->st = NULL;
   s->results = PyList_New(0);
   if (s->results == NULL) {
     Py_DECREF(s);
@@ -42,7 +50,6 @@ PyObject *ec_step_new(handle *h) {
   }
   s->owner = (handle *)Py_NewRef(h);
   s->st = st;
-  PyObject_GC_Track(s);
   return (PyObject *)s;
 }
 
@@ -54,21 +61,40 @@ int ec_step_usable(step *s) {
   return ec_handle_usable(s->owner);
 }
 
+/* Closes s.  A pending lookup (wait=False) is given up: the library's
+ * close waits for it when it runs (with the GIL released) and drops it
+ * when it is queued; its hits are then released. */
 static void step_close_now(step *s) {
   handle *h = s->owner;
   if (h == NULL)
     return;
   s->owner = NULL;
-  int rc = 0;
+  ec_lookup *k = s->pending;
+  s->pending = NULL;
+  int rc = 0, poisoned = 1, closed = 0;
   /* A closed handle closed its steps; a handle of the parent process is
    * left alone in a child; a step freed by code the handle runs (a
    * collection inside its log callable) is left to the handle's close,
-   * since its lock is held. */
+   * since its lock is held, or, on the lookup thread, its turn. */
   if (h->fork_gen == ec_fork_gen &&
-      h->locked_by != PyThread_get_thread_ident())
-    EC_LOCKED(h, rc, encache_step_close(s->st); s->st = NULL);
-  (void)rc;
+      h->locked_by != PyThread_get_thread_ident() && ec_calling_back != h) {
+    EC_LOCKED(h, rc, encache_step_close(s->st); s->st = NULL;
+              if (k != NULL) {
+                ec_lookup_collected_locked(h, k);
+                poisoned = ec_handle_poisoned_locked(h);
+              });
+    closed = 1;
+    if (rc == ENCACHE_ECLOSED)
+      poisoned = h->closed_poisoned;
+  }
   s->st = NULL;
+  /* Not closed here (a child, or the handle's own code runs): the lookup
+   * may still write into k until the handle's close, so k is left as it
+   * is (a leak, in that rare case), never freed under it. */
+  if (k != NULL && closed)
+    ec_step_drop_pending(k, poisoned);
+  else if (k != NULL && h->fork_gen != ec_fork_gen)
+    ec_step_drop_pending(k, 1); /* no lookup thread in a child */
   Py_DECREF(h);
 }
 
@@ -91,7 +117,7 @@ static void step_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
   step_close_now((step *)self);
   Py_XDECREF(((step *)self)->results);
-  PyObject_GC_Del(self);
+  Py_TYPE(self)->tp_free(self);
 }
 
 static PyObject *step_close(PyObject *self, PyObject *args) {
@@ -179,7 +205,7 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
   unsigned long long data, base, nbytes, stream;
   int dtype, device, device_index;
   if (!PyArg_ParseTuple(args, "UO:publish", &id, &tensor) ||
-      ec_step_usable(s) < 0)
+      ec_step_usable(s) < 0 || ec_step_complete(s, -1) < 0)
     return NULL;
   handle *h = (handle *)Py_NewRef(s->owner);
   PyObject *d = PyObject_CallOneArg(ec_describe, tensor), *out = NULL;
@@ -241,18 +267,126 @@ done:
 
 /* ------------------------------------------------------------ the type */
 
-static PyObject *step_lookup(PyObject *self, PyObject *items) {
-  return ec_step_lookup((step *)self, items);
+/* lookup(items, wait=True), also Handle.lookup's: 0 or -1 raised. */
+int ec_lookup_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                   PyObject **items, int *wait) {
+  PyObject *w = nargs > 1 ? args[1] : NULL;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nkw; i++) {
+    PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+    if (!PyUnicode_Check(name) ||
+        PyUnicode_CompareWithASCIIString(name, "wait") != 0) {
+      PyErr_Format(PyExc_TypeError, "lookup() got an unexpected keyword "
+                   "argument %R", name);
+      return -1;
+    }
+    if (w != NULL) {
+      PyErr_SetString(PyExc_TypeError,
+                      "lookup() got multiple values for argument 'wait'");
+      return -1;
+    }
+    w = args[nargs + i];
+  }
+  if (nargs < 1 || nargs > 2) {
+    PyErr_Format(PyExc_TypeError, "lookup() takes items and, optionally, "
+                 "wait (%zd positional arguments given)", nargs);
+    return -1;
+  }
+  *items = args[0];
+  *wait = w == NULL ? 1 : PyObject_IsTrue(w);
+  return *wait < 0 ? -1 : 0;
+}
+
+static PyObject *step_lookup(PyObject *self, PyObject *const *args,
+                             Py_ssize_t nargs, PyObject *kwnames) {
+  PyObject *items;
+  int wait;
+  if (ec_lookup_args(args, nargs, kwnames, &items, &wait) < 0)
+    return NULL;
+  return ec_step_lookup((step *)self, items, wait);
+}
+
+/* wait(timeout=None) -> bool */
+static PyObject *step_wait(PyObject *self, PyObject *args, PyObject *kw) {
+  static const char *names[] = {"timeout", NULL};
+  PyObject *t = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:wait", (char **)names, &t))
+    return NULL;
+  double timeout = -1;
+  if (t != Py_None) {
+    timeout = PyFloat_AsDouble(t);
+    if (timeout == -1 && PyErr_Occurred())
+      return NULL;
+    if (!(timeout >= 0)) /* NaN too */
+      return ec_invalid("wait: timeout %g is not None or a number of "
+                        "seconds >= 0", timeout);
+  }
+  /* A closed step has nothing to wait for, but its lookup was given up:
+   * say so, rather than "complete". */
+  if (((step *)self)->owner == NULL)
+    return ec_raise(ENCACHE_ECLOSED, "the step is closed");
+  int rc = ec_step_complete((step *)self, timeout);
+  if (rc < 0)
+    return NULL;
+  return PyBool_FromLong(rc);
+}
+
+/* Under h's lock: the step's fd, or a negative code. */
+static int fd_locked(step *s) {
+  return s->st == NULL ? ENCACHE_ECLOSED : encache_step_fd(s->st);
+}
+
+static PyObject *step_fileno(PyObject *self, PyObject *args) {
+  (void)args;
+  step *s = (step *)self;
+  if (ec_step_usable(s) < 0)
+    return NULL;
+  int fd = 0;
+  EC_LOCKED(s->owner, fd, fd = fd_locked(s));
+  if (fd < 0)
+    return ec_raise(fd, "the step's file descriptor");
+  return PyLong_FromLong(fd);
+}
+
+/* Whether fd is readable now (a poll that waits for nothing). */
+static int readable(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1;
+}
+
+/* True when no lookup is pending or the pending one has completed (its
+ * fd is readable: a poll that consumes nothing). */
+static PyObject *step_done(PyObject *self, void *c) {
+  (void)c;
+  step *s = (step *)self;
+  if (s->pending == NULL)
+    Py_RETURN_TRUE;
+  if (ec_step_usable(s) < 0)
+    return NULL;
+  int rc = 0, ready = 0;
+  EC_LOCKED(s->owner, rc, rc = fd_locked(s);
+            if (rc >= 0) ready = readable(rc));
+  if (rc < 0)
+    return ec_raise(rc, "the step's file descriptor");
+  return PyBool_FromLong(ready);
+}
+
+/* The Results, once a pending lookup is complete (waited for here). */
+static PyObject *results_now(PyObject *self) {
+  if (ec_step_complete((step *)self, -1) < 0)
+    return NULL;
+  return ((step *)self)->results;
 }
 
 static PyObject *step_results(PyObject *self, void *c) {
   (void)c;
-  return PyList_GetSlice(((step *)self)->results, 0, PY_SSIZE_T_MAX);
+  PyObject *l = results_now(self);
+  return l != NULL ? PyList_GetSlice(l, 0, PY_SSIZE_T_MAX) : NULL;
 }
 
 static PyObject *step_hits(PyObject *self, void *c) {
   (void)c;
-  PyObject *l = ((step *)self)->results, *d = PyDict_New();
+  PyObject *l = results_now(self), *d = l != NULL ? PyDict_New() : NULL;
   for (Py_ssize_t i = 0; d != NULL && i < PyList_GET_SIZE(l); i++) {
     PyObject *r = PyList_GET_ITEM(l, i);
     PyObject *t = PyObject_GetAttrString(r, "tensor");
@@ -268,7 +402,7 @@ static PyObject *step_hits(PyObject *self, void *c) {
 
 static PyObject *step_misses(PyObject *self, void *c) {
   (void)c;
-  PyObject *l = ((step *)self)->results, *out = PyList_New(0);
+  PyObject *l = results_now(self), *out = l != NULL ? PyList_New(0) : NULL;
   for (Py_ssize_t i = 0; out != NULL && i < PyList_GET_SIZE(l); i++) {
     PyObject *r = PyList_GET_ITEM(l, i);
     PyObject *t = PyObject_GetAttrString(r, "tensor");
@@ -285,23 +419,37 @@ static PyObject *step_closed(PyObject *self, void *c) {
 }
 
 static Py_ssize_t step_len(PyObject *self) {
-  return PyList_GET_SIZE(((step *)self)->results);
+  PyObject *l = results_now(self);
+  return l != NULL ? PyList_GET_SIZE(l) : -1;
 }
 
 static PyObject *step_item(PyObject *self, Py_ssize_t i) {
-  return PySequence_GetItem(((step *)self)->results, i);
+  PyObject *l = results_now(self);
+  return l != NULL ? PySequence_GetItem(l, i) : NULL;
 }
 
 static PyObject *step_iter(PyObject *self) {
-  return PyObject_GetIter(((step *)self)->results);
+  PyObject *l = results_now(self);
+  return l != NULL ? PyObject_GetIter(l) : NULL;
 }
 
 static PySequenceMethods step_seq = {.sq_length = step_len,
                                      .sq_item = step_item};
 
 static PyMethodDef step_methods[] = {
-    {"lookup", step_lookup, METH_O,
-     "lookup(items) -> list[Result]: looks more items up on this step."},
+    {"lookup", (PyCFunction)(void (*)(void))step_lookup,
+     METH_FASTCALL | METH_KEYWORDS,
+     "lookup(items, wait=True) -> list[Result]: looks more items up on "
+     "this step; with wait=False, starts the lookup and returns the step "
+     "(wait() collects it)."},
+    {"wait", (PyCFunction)(void (*)(void))step_wait,
+     METH_VARARGS | METH_KEYWORDS,
+     "wait(timeout=None) -> bool: completes the pending lookup (waits at "
+     "most timeout seconds; None: without a bound, 0: a poll); False when "
+     "it is still pending."},
+    {"fileno", step_fileno, METH_NOARGS,
+     "fileno() -> int: a descriptor readable once the pending lookup is "
+     "complete (owned by the step)."},
     {"publish", step_publish, METH_VARARGS,
      "publish(id, tensor) -> Skip: queues tensor for publication under id "
      "(no copy; returns Skip.QUEUED or why it was skipped)."},
@@ -315,12 +463,15 @@ static PyGetSetDef step_getset[] = {
     {"hits", step_hits, NULL, "dict: id -> output, for the hits", NULL},
     {"misses", step_misses, NULL, "list[Result] that are not hits", NULL},
     {"closed", step_closed, NULL, "True once closed", NULL},
+    {"done", step_done, NULL,
+     "True when no lookup is pending, or the pending one is complete "
+     "(wait() then returns at once)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject ec_step_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Step",
     .tp_basicsize = sizeof(step),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
     .tp_traverse = step_traverse,
     .tp_clear = step_clear,
     .tp_doc = "A step: the items of one encoder step, their results and "

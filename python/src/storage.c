@@ -5,10 +5,13 @@
  * views of one storage once (docs/python.md, publish).
  *
  * Each handle lists the storages it made that are still alive (h->live),
- * under its lock.  A publication looks its memory up there: found, it
- * takes another reference (encache_storage_ref: safe, since a listed
+ * under its live_lock (a storage is released on the reaping thread: the
+ * caller's, or the lookup thread for a lookup started with wait=False).
+ * A publication looks its memory up there: found, it takes another
+ * reference (encache_storage_ref: safe, since a listed
  * storage's last reference can only go in a reap, and reaps run inside
- * library calls made under the same lock); not found, it makes one, whose
+ * library calls made under the handle's lock, or inside a started lookup:
+ * while one is pending nothing is shared); not found, it makes one, whose
  * release removes it from the list and drops the Python reference that
  * kept the memory (on the reaping thread, which takes the GIL for it).
  * The binding drops its own reference right after encache_publish(), so a
@@ -49,39 +52,53 @@ void ec_pub_discard(ec_pub *p) {
 static void pub_release(void *ctx) {
   ec_pub *p = ctx;
   handle *h = p->h;
+  PyThread_acquire_lock(h->live_lock, WAIT_LOCK);
   for (size_t i = 0; i < h->live_n; i++)
     if (h->live[i] == p) {
       h->live[i] = h->live[--h->live_n];
       break;
     }
+  PyThread_release_lock(h->live_lock);
   PyGILState_STATE g = PyGILState_Ensure();
+  handle *outer = ec_calling_back;
+  ec_calling_back = h; /* a finalizer that calls h is refused */
   Py_DECREF(p->keep);
+  ec_calling_back = outer;
   PyGILState_Release(g);
   PyMem_RawFree(p);
 }
 
 int ec_pub_acquire(handle *h, ec_pub **prep, encache_storage **out) {
   ec_pub *p = *prep;
-  for (size_t i = 0; i < h->live_n; i++)
+  int rc = 0;
+  PyThread_acquire_lock(h->live_lock, WAIT_LOCK);
+  /* While a started lookup may reap on the lookup thread, a listed
+   * storage's last reference may go at any moment: none is shared then
+   * (each publication charges its own storage). */
+  for (size_t i = 0; h->pending_lookups == 0 && i < h->live_n; i++)
     if (h->live[i]->base == p->base && h->live[i]->nbytes == p->nbytes) {
       encache_storage_ref(h->live[i]->s);
       *out = h->live[i]->s;
-      return 0; /* *prep stays the caller's, to discard */
+      goto done; /* *prep stays the caller's, to discard */
     }
   if (h->live_n == h->live_cap) {
     size_t cap = h->live_cap ? 2 * h->live_cap : 16;
     ec_pub **l = realloc(h->live, cap * sizeof(*l));
-    if (l == NULL)
-      return ENCACHE_ENOMEM;
+    if (l == NULL) {
+      rc = ENCACHE_ENOMEM;
+      goto done;
+    }
     h->live = l;
     h->live_cap = cap;
   }
-  int rc = encache_storage_new((const void *)p->base, p->nbytes, pub_release,
-                               p, &p->s);
+  rc = encache_storage_new((const void *)p->base, p->nbytes, pub_release, p,
+                           &p->s);
   if (rc < 0)
-    return rc;
+    goto done;
   h->live[h->live_n++] = p;
   *out = p->s;
   *prep = NULL; /* the storage's now */
-  return 0;
+done:
+  PyThread_release_lock(h->live_lock);
+  return rc;
 }

@@ -10,6 +10,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -223,6 +224,95 @@ def test_a_failed_device_copy_poisons(open_cache, fake):
     RT.cudaDeviceSynchronize()
     with pytest.raises(ectest.encache.PoisonedError):
         c.lookup([("p", F32, (8, 8))])
+
+
+def test_started_lookup_of_host_and_cuda_items(open_cache, fake):
+    """wait=False: the CUDA destinations are made at the call; the
+    Results are the blocking lookup's, bit for bit."""
+    c = open_cache()
+    outs = {f"k{i}": sample(4, 4, seed=i) for i in range(3)}
+    with c.lookup([(k, F32, (4, 4)) for k in outs]) as step:
+        for k, t in outs.items():
+            assert step.publish(k, t) == Skip.QUEUED
+    c.flush()
+    items = [("k0", F32, (4, 4), "cuda:0"), ("k1", F32, (4, 4)),
+             ("k0", F32, (4, 4), "cuda:0"), ("none", F32, (4, 4), "cuda:0"),
+             ("k2", F32, (2, 8), "cuda:0")]
+
+    def seen(step):
+        return [(r.id, r.outcome, r.why,
+                 None if r.tensor is None else
+                 (r.tensor.host() if isinstance(r.tensor, DeviceArray)
+                  else r.tensor.numpy()).tobytes()) for r in step]
+
+    with c.lookup(items) as step:
+        blocking = seen(step)
+    fake.clear()
+    step = c.lookup(items, wait=False)
+    assert len(fake) == 4  # one destination per CUDA item, at the call
+    assert step.wait(ectest.TIMEOUT)
+    assert seen(step) == blocking
+    assert [r.outcome for r in step] == [
+        Outcome.HIT, Outcome.HIT, Outcome.HIT, Outcome.MISS,
+        Outcome.INCOMPATIBLE]
+    assert step[0].address != step[2].address
+    assert {step[0].tensor.ptr, step[2].tensor.ptr} == \
+        {fake[0][0].ptr, fake[1][0].ptr}
+    step.close()
+
+
+def test_started_lookup_without_a_cuda_tensor_for_a_hit(open_cache,
+                                                        monkeypatch):
+    c = open_cache()
+    publish_one(c, "x", sample(2, 2))
+    monkeypatch.setattr(ectest.encache._tensors, "device_empty",
+                        lambda *a: None)
+    step = c.lookup([("absent", F32, (2, 2)), ("x", F32, (2, 2), "cuda:0")],
+                    wait=False)
+    with pytest.raises(ectest.encache.InvalidError,
+                       match="item 1: a hit on cuda:0.*no CUDA tensor"):
+        step.wait()
+    assert step.wait(0) and step.results == []
+    step.close()
+    assert ectest.lookup_one(c, "x", F32, (2, 2)).hit
+
+
+def test_closing_a_started_cuda_lookup_drops_its_destinations(open_cache,
+                                                              fake):
+    c = open_cache()
+    publish_one(c, "p", sample(8, 8))
+    RT.fake_cudart_delay_us(100000)  # the copy lags: still running
+    step = c.lookup([("p", F32, (8, 8), "cuda:0"),
+                     ("q", F32, (8, 8), "cuda:0")], wait=False)
+    alive = [weakref.ref(a) for a, _ in fake]
+    fake.clear()
+    step.close()  # waits for the copy, then gives the lookup up
+    gc.collect()
+    assert len(alive) == 2 and all(r() is None for r in alive), \
+        "destinations of a given-up lookup kept"
+    assert not c.stats().poisoned
+
+
+def test_started_lookup_reaps_on_the_lookup_thread(open_cache, shm, fault):
+    """A started lookup reaps finished publications on the library's
+    lookup thread: the reference that kept a CUDA output alive is dropped
+    there (with the GIL), and the Cache carries on."""
+    c = open_cache(shm(scheme="pyfault"))
+    out = DeviceArray.of(sample(4, 4, seed=2).numpy())
+    freed = []
+    weakref.finalize(out, lambda: freed.append(threading.get_ident()))
+    with c.lookup([("d", F32, (4, 4), "cuda:0")]) as step:
+        assert step.publish("d", out) == Skip.QUEUED
+    del out
+    assert fault.wait_finished(fault.WRITES)  # written, not yet reaped
+    gc.collect()
+    assert freed == []
+    step = c.lookup([("d", F32, (4, 4))], wait=False)
+    assert step.wait(ectest.TIMEOUT)
+    assert step[0].hit
+    assert len(freed) == 1 and freed[0] != threading.get_ident()
+    step.close()
+    assert c.stats().published_written == 1
 
 
 NO_RUNTIME = r"""
