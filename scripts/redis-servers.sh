@@ -60,6 +60,16 @@ start_server() {
     fi
     sleep 0.05
   done
+  # The PONG may come from another test's server that took the port first
+  # (ctest -j): the server must be the one whose pid file this run wrote.
+  own=$(cat "$dir/redis-$p.pid" 2>/dev/null || true)
+  got=$(env ${ping_auth:+"REDISCLI_AUTH=$ping_auth"} redis-cli -p "$p" info server 2>/dev/null |
+    sed -n 's/^process_id:\([0-9]*\).*/\1/p')
+  if [ -z "$own" ] || [ "$own" != "$got" ]; then
+    [ -n "$own" ] && kill "$own" 2>/dev/null
+    rm -f "$dir/redis-$p.pid"
+    return 1
+  fi
 }
 
 # start_any FIRST_PORT [args...]: starts a server on the first port from
@@ -98,8 +108,15 @@ start)
     p=$((p + 1))
   done
   # shellcheck disable=SC2086
-  redis-cli --cluster create $(for q in $ports; do printf '127.0.0.1:%s ' "$q"; done) \
-    --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1
+  # Bounded: a node that went away makes it wait for the join forever.
+  if ! timeout 60 redis-cli --cluster create \
+    $(for q in $ports; do printf '127.0.0.1:%s ' "$q"; done) \
+    --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1; then
+    echo "redis-servers.sh: the cluster on$ports was not made:" >&2
+    sed 's/^/  /' "$dir/cluster-create.log" >&2
+    stop_all
+    exit 1
+  fi
   for q in $ports; do
     i=0
     until redis-cli -p "$q" cluster info | grep -q 'cluster_state:ok'; do
