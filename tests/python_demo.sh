@@ -68,6 +68,7 @@ assert d["verification"]["passed"] is True, d["verification"]
 assert d["workload"]["images"] == 2 and d["workload"]["dtype"] == "bfloat16"
 assert d["encodes"] + d["encodes_avoided"] == d["images"] > 0, d
 assert d["bytes_read"] == d["hits"]["total"] * 50 * 384 * 2, d
+assert isinstance(d["store_wait_seconds"], float) and d["store_wait_seconds"] >= 0, d
 ' "$out" || fail "the JSON summary is not as expected"
 
 for bad in "--encoders 0" "--verify some" "--images no/such/dir" \

@@ -7,7 +7,7 @@ from ._demo_worker import OUTCOMES
 
 HEADER_BYTES = 24  # an object's header (docs/format.md), before the payload
 SUMMED = ("requests", "images", "hits", "hits_own", "hits_other", "encodes",
-          "encode_s", "bytes_read", "published_written", "published_present",
+          "encode_s", "store_wait_s", "bytes_read", "published_written", "published_present",
           "published_failed", "checked", "failed", "fresh_encodes")
 
 
@@ -92,6 +92,10 @@ def _table(c, b, f, out_bytes):
                                          f["hp99"]),
              "%-30s %9.3f / %.3f ms" % ("miss latency p50 / p99", f["mp50"],
                                          f["mp99"]),
+             _row("store time steps waited", "%.3fs" % c["store_wait_s"],
+                  " (%.3f ms a request; lookups started ahead, overlapping"
+                  " encodes)" % (c["store_wait_s"] * 1e3
+                                 / max(c["requests"], 1))),
              _row("bytes read", human_bytes(c["bytes_read"])),
              _row("bytes published", human_bytes(
                  c["published_written"] * (out_bytes + HEADER_BYTES)),
@@ -171,6 +175,7 @@ def as_json(run, c, b):
                            "p99": round(f["hp99"], 3)},
         "miss_latency_ms": {"p50": round(f["mp50"], 3),
                             "p99": round(f["mp99"], 3)},
+        "store_wait_seconds": round(c["store_wait_s"], 6),
         "bytes_read": c["bytes_read"],
         "publications": {"written": c["published_written"],
                          "already_present": c["published_present"],

@@ -101,7 +101,7 @@ class Worker:
         rep = {"requests": 0, "images": 0, "hits": 0, "hits_own": 0,
                "hits_other": 0, "encodes": 0, "encode_s": 0.0,
                "outcome": dict.fromkeys(OUTCOMES, 0), "hit_lat": [],
-               "miss_lat": [], "kept_s": 0.0}
+               "miss_lat": [], "kept_s": 0.0, "store_wait_s": 0.0}
         self.done[self.index] = 0
         if use_cache:
             self.kept.clear()
@@ -151,26 +151,46 @@ class Worker:
 
     def _run_cached(self, rep, cache):
         """The requests with the cache, until every publication is
-        written; its counters into rep."""
+        written; its counters into rep.  Each request's lookup is started
+        (lookup(wait=False)) before the previous request's misses are
+        encoded, so the Store's reads overlap the encoding (docs/python.md,
+        "Lookups that do not wait"); its outputs are published once all
+        are encoded (a publication waits for a lookup running)."""
         import encache
         shape = (self.cfg.spec.tokens, self.cfg.spec.hidden)
         published = set()
-        for picks in request_stream(self.cfg, self.index):
+
+        def start(picks):
             items = [encache.Item(id=self.cfg.images[p][0], dtype=self.dtype,
                                   shape=shape) for p in picks]
-            t0 = time.perf_counter()
-            step = cache.lookup(items)
-            t_lookup = time.perf_counter() - t0
+            step = cache.step()
+            step.lookup(items, wait=False)
+            return picks, step
+
+        stream = request_stream(self.cfg, self.index)
+        following = next(stream, None)
+        following = start(following) if following is not None else None
+        while following is not None:
+            picks, step = following
             with step:
+                t0 = time.perf_counter()
+                step.wait()
+                t_lookup = time.perf_counter() - t0  # what it still waited
+                rep["store_wait_s"] += t_lookup
+                following = next(stream, None)
+                if following is not None:
+                    following = start(following)
+                outs = []
                 for pick, r in zip(picks, step.results):
                     rep["outcome"][r.outcome.name.lower()] += 1
                     if r.hit:
                         self._on_hit(rep, pick, r.tensor, t_lookup,
                                      r.id in published)
                         continue
-                    out = self._encode(rep, pick, t_lookup)
-                    if step.publish(r.id, out) == encache.Skip.QUEUED:
-                        published.add(r.id)
+                    outs.append((r.id, self._encode(rep, pick, t_lookup)))
+                for id_, out in outs:
+                    if step.publish(id_, out) == encache.Skip.QUEUED:
+                        published.add(id_)
             self._request_done(rep)
         cache.flush()
         self._stats(rep, cache.stats())

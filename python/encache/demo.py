@@ -46,8 +46,11 @@ The summary has the rows of the C tool's `encache demo`.  Encoder time is
 the time spent encoding (summed over the encoders); throughput is the
 images served over the busy time of the slowest encoder (from its first
 request to its last publication written, less the time spent keeping and
-checking hits for verification).  Hit latency is the lookup of the hit's request;
-miss latency is that lookup plus the encode.  The encoders start, import
+checking hits for verification).  Each encoder starts a request's lookup
+(lookup(wait=False)) before it encodes the previous request's misses; hit
+latency is the time the hit's request still waited for its lookup, and
+"store time steps waited" their sum; miss latency is that wait plus the
+encode.  The encoders start, import
 torch and build the model before anything is timed.
 
 Exit status: 0 when both runs completed and verification passed; 1 when
