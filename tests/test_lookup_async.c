@@ -72,6 +72,25 @@ static encache *aenv_open(aenv *e) {
 
 static void aenv_done(aenv *e) { encache_store_close(e->raw); }
 
+/* Opens e's engine (model, with `extra` in its extra config) and raw
+ * handle on the Store at url (no fault wrapper). */
+static void aenv_open_url(aenv *e, const char *url, const char *model,
+                          const char *extra) {
+  char json[256];
+  snprintf(json, sizeof(json),
+           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
+           "true%s}}", extra);
+  memset(e, 0, sizeof(*e));
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = model;
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  if (encache_open(&o, &e->ec) != 0)
+    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
+  ASSERT_EQ_INT(encache_store_open(url, &e->raw), 0);
+}
+
 static encache_step *step_of(encache *ec) {
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
@@ -265,21 +284,12 @@ TEST(lookup_async_results_equal_blocking_lookups_redis) {
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
-  char url[64], json[256];
+  char url[64], extra[64];
   snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
-  snprintf(json, sizeof(json),
-           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
-           "true, \"store_read_buffer_bytes\": %d}}", READ_BUF);
+  snprintf(extra, sizeof(extra), ", \"store_read_buffer_bytes\": %d",
+           READ_BUF);
   aenv e;
-  memset(&e, 0, sizeof(e));
-  encache_options o = ENCACHE_OPTIONS_INIT;
-  o.ec_transfer_config = json;
-  o.model = "async/redis";
-  o.model_dtype = ENCACHE_FLOAT32;
-  o.store_url = url;
-  if (encache_open(&o, &e.ec) != 0)
-    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
-  ASSERT_EQ_INT(encache_store_open(url, &e.raw), 0);
+  aenv_open_url(&e, url, "async/redis", extra);
   property_run(&e, 60);
   ASSERT_EQ_INT(encache_close(e.ec), 0);
   aenv_done(&e);
@@ -657,21 +667,11 @@ TEST(lookup_async_stopped_store_waits_are_bounded) {
     return;
   int port = free_port();
   pid_t pid = spawn_redis(port, NULL);
-  char url[128], json[256];
+  char url[128];
   snprintf(url, sizeof(url),
            "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300", port);
-  snprintf(json, sizeof(json),
-           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true}}");
   aenv e;
-  memset(&e, 0, sizeof(e));
-  encache_options o = ENCACHE_OPTIONS_INIT;
-  o.ec_transfer_config = json;
-  o.model = "async/stopped";
-  o.model_dtype = ENCACHE_FLOAT32;
-  o.store_url = url;
-  if (encache_open(&o, &e.ec) != 0)
-    test__fail(__FILE__, __LINE__, "open: %s", encache_errmsg(NULL));
-  ASSERT_EQ_INT(encache_store_open(url, &e.raw), 0);
+  aenv_open_url(&e, url, "async/stopped", "");
   char ids[2][32];
   seed(&e, "st", 2, 8, ids);
   encache_candidate c[2] = {cand(ids[0], 8), cand(ids[1], 8)};
