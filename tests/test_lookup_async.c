@@ -589,6 +589,8 @@ TEST(lookup_async_waits_keep_the_order_of_starts) {
   /* Started and waited at once, with nothing before it: it may run here
    * or on the lookup thread, and gives the same answer. */
   log.n = 0;
+  free(ra.data);
+  ra.data = NULL;
   ASSERT_EQ_INT(encache_lookup_start(sa, &ca, 1, &a, &ra), 0);
   ASSERT_EQ_INT(encache_step_wait(sa, -1), 1);
   ASSERT_EQ_INT(log.n, 1);
