@@ -526,7 +526,13 @@ typedef struct encache_config encache_config;
      "encache's own (added in 1.3): how many writes the background "         \
      "publisher keeps in flight, 1 to 8; 0: the Store's choice (2 on a "     \
      "Store shared with other processes, 1 on one whose client waits by "    \
-     "polling a CPU, as Mooncake's does, and on a private one)")
+     "polling a CPU, as Mooncake's does, and on a private one)")              \
+  XX(STORE_READS_IN_FLIGHT, EXTRA, store_reads_in_flight, UINT, "0", ANY,    \
+     NULL,                                                                   \
+     "encache's own (added in 1.3): how many started lookups "               \
+     "(encache_lookup_start) read the Store at once, 1 to 8, each on a "     \
+     "lookup thread of its own, with its own staging buffer where reads "    \
+     "use one; 0: the Store's choice, as for store_writes_in_flight")
 
 typedef enum encache_option {
 #define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,

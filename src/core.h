@@ -11,10 +11,13 @@
  * (fleet.c, `fleet`).  Every other field belongs to the caller's thread
  * (steps, lookup, publish and close are not concurrent by contract),
  * except `poisoned` and the counters, atomics readable from any thread.
- * Since 1.3 a started lookup (lookup_async.c) runs on the handle's lookup
- * thread with that state: `run` is held by whoever uses it, the caller's
- * calls (encache__enter) and the lookup thread alike, so that they take
- * turns; the lookup thread's own state is behind `async`.
+ * Since 1.3 a started lookup (lookup_async.c) runs on one of the handle's
+ * lookup threads with that state: `run` is held by whoever uses it, the
+ * caller's calls (encache__enter) and the lookup threads alike, so that
+ * they take turns; a lookup thread gives the turn up only around its
+ * Store calls, while it touches nothing but its own plan and lane (so
+ * that several lookups read the Store at once, and the caller's calls go
+ * on meanwhile).  The lookup threads' own state is behind `async`.
  */
 #ifndef ENCACHE_CORE_H
 #define ENCACHE_CORE_H
@@ -28,6 +31,17 @@ struct encache__publisher;
 struct encache__device;
 struct encache__fleet;
 struct encache__async;
+
+/* The memory one lookup runs in, reused lookup to lookup: the plan's
+ * arrays, and the staging buffer (store_read_buffer_bytes, allocated at
+ * the first read that needs it, registered with the Store when it
+ * requires registered memory). */
+typedef struct encache__lane {
+  unsigned char *scratch;
+  size_t scratch_cap;
+  unsigned char *staging;
+  int staging_registered;
+} encache__lane;
 
 struct encache {
   int enabled;
@@ -50,12 +64,14 @@ struct encache {
   char errmsg[512]; /* the handle's one message (encache__fail) */
   int poisoned;     /* atomic */
 
-  /* Read path (lookup.c, lookup_read.c). */
+  /* Read path (lookup.c, lookup_read.c).  `lane` is the memory of the
+   * lookups that keep the turn from start to end: the caller's
+   * encache_lookup(), a wait that runs its own (lookup_async.c), and
+   * every lookup into CUDA destinations (the device state pins its
+   * staging buffer); each lookup thread has a lane of its own. */
   uint64_t read_buf_bytes;
-  unsigned char *staging;
-  int staging_registered;
-  unsigned char *scratch; /* the lookup plan's arrays, reused */
-  size_t scratch_cap;
+  unsigned reads_in_flight; /* store_reads_in_flight; 0: the Store's */
+  encache__lane lane;
   /* Open steps (step.c): slots of steps[], nsteps in use (NULL = free). */
   struct encache_step *steps[ENCACHE_MAX_STEPS];
   size_t nsteps;
@@ -84,11 +100,14 @@ struct encache {
   /* The caller-thread state's turn (see above): held by every engine call
    * of the caller and by the lookup thread while it runs a lookup. */
   pthread_mutex_t run;
-  /* The lookup thread (lookup_async.c), NULL until the first
-   * encache_lookup_start(); and its hook for a step that closes (set with
-   * it; NULL: none), so that step.c stands below the lookup thread. */
+  /* The lookup threads (lookup_async.c), NULL until the first
+   * encache_lookup_start(); and their hooks (set with them; NULL: none),
+   * so that step.c stands below them: for a step that closes, and for a
+   * call on a step whose started lookup may be reading the Store without
+   * the turn (encache__enter_step). */
   struct encache__async *async;
   void (*async_forget)(encache_step *step);
+  void (*async_hold)(encache_step *step);
 };
 
 /* Takes and gives back the handle's turn (`run`): every public call that
@@ -99,6 +118,15 @@ static inline void encache__enter(encache *ec) {
 }
 static inline void encache__leave(encache *ec) {
   pthread_mutex_unlock(&ec->run);
+}
+
+/* Takes the turn for a call on step: once it returns, no started lookup
+ * of step is running (one reading the Store without the turn completes
+ * first; lookup_async.c gives the turn up while it waits). */
+static inline void encache__enter_step(encache *ec, encache_step *step) {
+  encache__enter(ec);
+  if (ec->async_hold != NULL)
+    ec->async_hold(step);
 }
 
 /* Adds v to counter `field` of the handle (ec->live's). */

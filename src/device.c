@@ -261,7 +261,7 @@ int encache__device_pin_staging(encache *ec) {
                          "state)");
   if (d->staging_pinned)
     return 0;
-  int e = rt.host_register(ec->staging, (size_t)ec->read_buf_bytes, 0);
+  int e = rt.host_register(ec->lane.staging, (size_t)ec->read_buf_bytes, 0);
   if (e != CUDA_OK)
     return encache__fail(ec, ENCACHE_EUNAVAIL, "page-locking the %llu-byte "
                          "staging buffer for CUDA copies failed "
@@ -558,7 +558,7 @@ int encache__device_free(encache *ec) {
     return encache__poison(ec, "a copy from a CUDA device was never "
                            "confirmed: its page-locked buffer is kept");
   if (d->staging_pinned) {
-    int e = rt.host_unregister(ec->staging);
+    int e = rt.host_unregister(ec->lane.staging);
     if (e != CUDA_OK)
       return encache__poison(ec, "unpinning the staging buffer failed "
                              "(cudaHostUnregister: %s)", err_str(e));

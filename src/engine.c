@@ -115,6 +115,9 @@ static int configure(encache *ec, const encache_options *o) {
   ec->writes_in_flight = opt->store_writes_in_flight > ENCACHE__WRITES_MAX
                              ? ENCACHE__WRITES_MAX + 1
                              : (unsigned)opt->store_writes_in_flight;
+  ec->reads_in_flight = opt->store_reads_in_flight > ENCACHE__WRITES_MAX
+                            ? ENCACHE__WRITES_MAX + 1
+                            : (unsigned)opt->store_reads_in_flight;
 
   /* The namespace as vLLM writes it (encache_config_namespace): an
    * identity of "" or null gives "model:" or "model:None", with a warning
@@ -129,11 +132,17 @@ static int configure(encache *ec, const encache_options *o) {
     rc = encache__fail(ec, ENCACHE_EDTYPE,
                        "model_dtype: %d is not float32, float16 or bfloat16",
                        o->model_dtype);
-  else if (ec->writes_in_flight > ENCACHE__WRITES_MAX)
+  else if (ec->writes_in_flight > ENCACHE__WRITES_MAX ||
+           ec->reads_in_flight > ENCACHE__WRITES_MAX)
     rc = encache__fail(ec, ENCACHE_ECONFIG,
-                       "store_writes_in_flight: %" PRIu64 " is too many (at "
+                       "store_%s_in_flight: %" PRIu64 " is too many (at "
                        "most %d; 0: the Store's choice)",
-                       opt->store_writes_in_flight, ENCACHE__WRITES_MAX);
+                       ec->writes_in_flight > ENCACHE__WRITES_MAX ? "writes"
+                                                                  : "reads",
+                       ec->writes_in_flight > ENCACHE__WRITES_MAX
+                           ? opt->store_writes_in_flight
+                           : opt->store_reads_in_flight,
+                       ENCACHE__WRITES_MAX);
   else if (opt->single_flight_wait_ms > 3600000 ||
            opt->single_flight_ttl_ms > 3600000)
     rc = encache__fail(ec, ENCACHE_ECONFIG,
@@ -187,7 +196,7 @@ static void handle_free(encache *ec) {
   encache__steps_close_all(ec);
   encache__async_free(ec);
   fleet_leave(ec);
-  encache__lookup_free(ec);
+  encache__lookup_free(&ec->lane);
   encache__publisher_free(ec);
   encache__free(ec->ns);
   pthread_mutex_destroy(&ec->run);
@@ -301,8 +310,8 @@ int encache_close(encache *ec) {
   if (ec->enabled && ec->store != NULL) {
     encache__publisher_stop(ec);
     rc = encache__reap(ec);
-    if (rc == 0)
-      encache__staging_unregister(ec); /* poisons when it fails */
+    if (rc == 0 && encache__staging_unregister(ec, &ec->lane) == 0)
+      encache__async_unregister(ec); /* each poisons when it fails */
     if (!encache__is_poisoned(ec))
       encache__device_free(ec); /* poisons when a copy is unconfirmed */
     if (encache__is_poisoned(ec)) {
@@ -313,7 +322,7 @@ int encache_close(encache *ec) {
     /* Before the Store goes: the steps end the leases they still hold
      * (after the queued writes, which ended theirs). */
     encache__steps_close_all(ec);
-    encache__aligned_free(ec->staging);
+    encache__aligned_free(ec->lane.staging);
     encache_store_close(ec->store);
   } else if (encache__is_poisoned(ec)) {
     return bury(ec);

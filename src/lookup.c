@@ -24,7 +24,8 @@
  * The staging buffer is allocated and registered before the first chunk
  * that needs it (never when nothing is present or all are oversize; at
  * the first read when the existence check is skipped), kept for
- * every later lookup, and unregistered only at close.
+ * every later lookup of its lane (core.h), and unregistered only at close
+ * (the lane's lookup thread's end).
  *
  * Every Store answer is classified by encache_store_classify(): a count
  * equal to the slot is a read, a smaller one or "too large" is an
@@ -34,7 +35,7 @@
  * then kept forever.
  *
  * Scratch memory: every array of the plan is carved from one buffer of
- * the handle (reused step to step: no allocation per lookup once it has
+ * the lane (reused step to step: no allocation per lookup once it has
  * grown).  PLAN_ARRAYS lists them once; the size is computed from that
  * list and the carving walks the same list, with a bounds assertion.
  */
@@ -89,23 +90,23 @@ static void plan_carve(encache__plan *p, unsigned char *base, size_t cap) {
 #undef PLAN_CARVE_
 }
 
-void encache__lookup_free(encache *ec) {
-  encache__free(ec->scratch);
-  ec->scratch = NULL;
-  ec->scratch_cap = 0;
+void encache__lookup_free(encache__lane *lane) {
+  encache__free(lane->scratch);
+  lane->scratch = NULL;
+  lane->scratch_cap = 0;
 }
 
-/* Makes the handle's scratch hold at least need bytes (contents not kept). */
-static int reserve(encache *ec, size_t need) {
-  if (need <= ec->scratch_cap)
+/* Makes the lane's scratch hold at least need bytes (contents not kept). */
+static int reserve(encache__lane *lane, size_t need) {
+  if (need <= lane->scratch_cap)
     return 0;
   size_t size = need <= SIZE_MAX / 3 * 2 ? need + need / 2 : need;
   void *q = encache__malloc(size);
   if (q == NULL)
     return ENCACHE_ENOMEM;
-  encache__free(ec->scratch);
-  ec->scratch = q;
-  ec->scratch_cap = size;
+  encache__free(lane->scratch);
+  lane->scratch = q;
+  lane->scratch_cap = size;
   return 0;
 }
 
@@ -127,11 +128,13 @@ static int allocator_check(encache *ec, const encache_allocator *a,
  * candidates in. */
 static int plan_begin(encache__plan *p, encache_step *step,
                       const encache_candidate *c, size_t n,
-                      const encache_allocator *a) {
+                      const encache_allocator *a, encache__lane *lane) {
   encache *ec = step->ec;
   memset(p, 0, sizeof(*p));
   p->ec = ec;
   p->step = step;
+  p->lane = lane != NULL ? lane : &ec->lane;
+  p->yield = lane != NULL;
   p->caller_c = c;
   p->n = n;
   if (allocator_check(ec, a, &p->a, 0) < 0)
@@ -154,9 +157,9 @@ static int plan_begin(encache__plan *p, encache_step *step,
       return encache__fail(ec, ENCACHE_ENOMEM, "lookup: out of memory");
   }
   size_t total;
-  if (plan_size(p, &total) < 0 || reserve(ec, total) < 0)
+  if (plan_size(p, &total) < 0 || reserve(p->lane, total) < 0)
     return encache__fail(ec, ENCACHE_ENOMEM, "lookup: out of memory");
-  plan_carve(p, ec->scratch, ec->scratch_cap);
+  plan_carve(p, p->lane->scratch, p->lane->scratch_cap);
   for (size_t i = 0; i < n; i++) {
     encache__struct_in(&p->cand[i], sizeof(p->cand[i]), encache__plan_cand(p, i),
                        ENCACHE__CANDIDATE_MIN);
@@ -248,7 +251,9 @@ static int phase_dedupe(encache__plan *p) {
 /* Phase exists: one batched existence check.  1: stop (recoverable). */
 static int phase_exists(encache__plan *p) {
   encache_store *st = p->ec->store;
+  encache__plan_store_begin(p);
   int answer = st->ops->exists(st, p->keys, p->nu, p->present);
+  encache__plan_store_end(p);
   int rc = encache__plan_batch(p, answer, "the existence check");
   if (rc == 1)
     encache__plan_unavailable(p, 0, p->nu,
@@ -414,7 +419,8 @@ static int first_checks(encache *ec, const encache_candidate *c, size_t n,
 }
 
 static int lookup(encache_step *step, const encache_candidate *c, size_t n,
-                  const encache_allocator *a, encache_result *results) {
+                  const encache_allocator *a, encache_result *results,
+                  encache__lane *lane) {
   encache *ec = step->ec;
   int rc = first_checks(ec, c, n, results, 0);
   if (rc < 0)
@@ -434,7 +440,7 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
   if (rc < 0 || n == 0)
     return rc;
   encache__plan p;
-  if ((rc = plan_begin(&p, step, c, n, a)) < 0)
+  if ((rc = plan_begin(&p, step, c, n, a, lane)) < 0)
     return rc;
   rc = plan_run(&p);
   if (rc == 0) {
@@ -458,11 +464,11 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
 
 int encache__lookup_timed(encache_step *step, const encache_candidate *c,
                           size_t n, const encache_allocator *a,
-                          encache_result *results) {
+                          encache_result *results, encache__lane *lane) {
   encache *ec = step->ec;
   uint64_t t0 = encache__fleet_clock(ec->fleet);
   uint64_t counted = __atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED);
-  int rc = lookup(step, c, n, a, results);
+  int rc = lookup(step, c, n, a, results, lane);
   /* Only the calls `lookups` counts (not those refused at once). */
   if (__atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED) != counted)
     encache__fleet_observe(ec->fleet, ENCACHE__FLEET_LOOKUP, t0, 0);
@@ -480,13 +486,14 @@ int encache__lookup_check(encache_step *step, const encache_candidate *c,
   return rc;
 }
 
-/* Takes the handle's turn: a started lookup may be running on it. */
+/* Takes the handle's turn (a started lookup may be running on it), once
+ * the step's own started lookup is not running. */
 int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
                    const encache_allocator *a, encache_result *results) {
   if (step == NULL)
     return ENCACHE_EINVAL;
-  encache__enter(step->ec);
-  int rc = encache__lookup_timed(step, c, n, a, results);
+  encache__enter_step(step->ec, step);
+  int rc = encache__lookup_timed(step, c, n, a, results, NULL);
   encache__leave(step->ec);
   return rc;
 }

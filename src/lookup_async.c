@@ -3,29 +3,37 @@
  * lookup_async.c: lookups that do not wait (docs/engine.md, "Lookups that
  * do not wait").  encache_lookup_start() checks the arguments as
  * encache_lookup() does, copies the allocator into the step and queues
- * the step; the handle's lookup thread (one, started by the first start)
- * runs the queued lookups one at a time, in the order they were started
- * (a wait without a bound may run its own, when it is next: run_here),
- * with the very function encache_lookup() runs (encache__lookup_timed), so
- * that the results are the same for the same Store state.
+ * the step; the handle's lookup threads (store_reads_in_flight of them,
+ * started by the first start) take the queued lookups in the order they
+ * were started (a wait without a bound may run its own, when it is next:
+ * run_here), with the very function encache_lookup() runs
+ * (encache__lookup_timed), so that the results are the same for the same
+ * Store state.
  *
- * Locking.  The lookup uses the handle's caller-thread state (scratch,
- * staging buffer, steps, leases, message, device state): the thread holds
- * the handle's turn (`ec->run`, core.h) while it runs one, as every
- * caller's call does, so they take turns.  The queue and each step's
- * `async` fields (step.h) are under `mu`; the thread changes a step's
- * state only while it also has the turn, so that a caller with the turn
- * (step close) never sees a lookup running.  `done` is signalled at each
- * completion, `work` at each start and at stop.  Lock order: run, then
- * mu.  encache_step_wait() with a bound takes mu only: it never waits for
- * the turn; one without a bound takes the turn to run its lookup itself
- * when it has not begun and is next in line (run_here).
+ * Locking.  The lookup uses the handle's caller-thread state (steps,
+ * leases, message, device state): a thread holds the handle's turn
+ * (`ec->run`, core.h) while it runs one, as every caller's call does, so
+ * that they take turns, but gives it up around its Store calls (plan.h),
+ * where it touches only its plan, in its own lane (scratch and staging
+ * buffer), and the Store: so the reads of several steps' lookups are in
+ * flight at once, and the caller's calls go on meanwhile.  A call on the
+ * step of such a lookup (encache__enter_step: lookup, publish, stream,
+ * close) waits for it to complete (hold()).  The queue and each step's
+ * `async` fields (step.h) are under `mu`; a thread changes a step's state
+ * only while it also has the turn, so that a caller with the turn that
+ * sees a lookup running knows it is in a Store call.  `done` is
+ * signalled at each completion, `work` at each start and at stop.  Lock
+ * order: run, then mu.  encache_step_wait() with a bound takes mu only:
+ * it never waits for the turn; one without a bound takes the turn to run
+ * its lookup itself when it has not begun and is next in line (run_here,
+ * in the handle's lane, the turn kept throughout).
  *
  * A step's fd is an eventfd written once per completion and drained by
  * the wait that returns that completion's answer.
  */
 #include "lookup_async.h"
 #include "lookup.h"
+#include "lookup_read.h"
 #include "step.h"
 
 #include <errno.h>
@@ -34,13 +42,23 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The most lookup threads a handle has (store_reads_in_flight). */
+#define READERS_MAX ENCACHE__WRITES_MAX
+
+struct lookup_thread {
+  encache *ec;
+  pthread_t thread;
+  encache__lane lane;
+};
+
 struct encache__async {
   pthread_mutex_t mu;
   pthread_cond_t work, done; /* done: CLOCK_MONOTONIC (the waits' bound) */
-  pthread_t thread;
   int stopping;
   size_t queued;    /* steps of the handle in state QUEUED */
   uint64_t next_seq;
+  unsigned nthreads; /* started */
+  struct lookup_thread threads[READERS_MAX];
 };
 
 /* The oldest queued step of ec, or NULL (the caller has run and mu). */
@@ -72,12 +90,12 @@ static void fd_drain(encache_step *s) {
   }
 }
 
-/* Runs s's lookup (the caller has the turn and took s off the queue),
- * then makes its answer the wait's. */
-static void run_one(encache *ec, encache_step *s) {
+/* Runs s's lookup in lane (NULL: the handle's; the caller has the turn
+ * and took s off the queue), then makes its answer the wait's. */
+static void run_one(encache *ec, encache_step *s, encache__lane *lane) {
   struct encache__async *as = ec->async;
   int rc = encache__lookup_timed(s, s->async.c, s->async.n, &s->async.a,
-                                 s->async.results);
+                                 s->async.results, lane);
   pthread_mutex_lock(&as->mu);
   s->async.rc = rc;
   s->async.state = ENCACHE__ASYNC_DONE;
@@ -103,7 +121,8 @@ static encache_step *take(encache *ec, encache_step *s) {
 }
 
 static void *thread_main(void *arg) {
-  encache *ec = arg;
+  struct lookup_thread *me = arg;
+  encache *ec = me->ec;
   struct encache__async *as = ec->async;
   for (;;) {
     pthread_mutex_lock(&as->mu);
@@ -116,7 +135,7 @@ static void *thread_main(void *arg) {
     encache__enter(ec);
     encache_step *s = take(ec, NULL);
     if (s != NULL)
-      run_one(ec, s);
+      run_one(ec, s, &me->lane);
     encache__leave(ec);
   }
 }
@@ -135,12 +154,32 @@ static void run_here(encache_step *step) {
     return;
   encache__enter(ec);
   if (take(ec, step) != NULL)
-    run_one(ec, step);
+    run_one(ec, step, NULL);
   encache__leave(ec);
 }
 
-/* step.c's hook: s closes (the caller has the turn, so no lookup of it
- * is running). */
+/* core.h's async_hold: returns once s has no lookup running.  The caller
+ * has the turn, so one running is in a Store call, without the turn: the
+ * turn is given up while it completes. */
+static void hold(encache_step *s) {
+  encache *ec = s->ec;
+  struct encache__async *as = ec->async;
+  pthread_mutex_lock(&as->mu);
+  while (s->async.state == ENCACHE__ASYNC_RUNNING) {
+    pthread_mutex_unlock(&as->mu); /* the lock order: run, then mu */
+    encache__leave(ec);
+    pthread_mutex_lock(&as->mu);
+    while (s->async.state == ENCACHE__ASYNC_RUNNING)
+      pthread_cond_wait(&as->done, &as->mu);
+    pthread_mutex_unlock(&as->mu);
+    encache__enter(ec);
+    pthread_mutex_lock(&as->mu);
+  }
+  pthread_mutex_unlock(&as->mu);
+}
+
+/* step.c's hook: s closes (the caller has the turn and held s: no
+ * lookup of it is running). */
 static void forget(encache_step *s) {
   struct encache__async *as = s->ec->async;
   pthread_mutex_lock(&as->mu);
@@ -154,7 +193,17 @@ static void forget(encache_step *s) {
   s->async.has_fd = 0;
 }
 
-/* Starts the lookup thread (the caller has the turn). */
+/* How many lookup threads: store_reads_in_flight, else the Store's
+ * choice (its profile's: src/store/base.c). */
+static unsigned readers(const encache *ec) {
+  if (ec->reads_in_flight > 0)
+    return ec->reads_in_flight;
+  return encache__store_profile_of(ec->store)->reads_in_flight;
+}
+
+/* Starts the lookup threads (the caller has the turn).  One that cannot
+ * start leaves fewer reads in flight, nothing else; none at all fails
+ * the start. */
 static int async_start(encache *ec) {
   struct encache__async *as = encache__calloc(1, sizeof(*as));
   if (as == NULL)
@@ -168,8 +217,16 @@ static int async_start(encache *ec) {
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&as->work, NULL);
   ec->async = as;
-  int rc = pthread_create(&as->thread, NULL, thread_main, ec);
-  if (rc != 0) {
+  unsigned want = readers(ec);
+  int rc = 0;
+  while (as->nthreads < want && as->nthreads < READERS_MAX) {
+    struct lookup_thread *t = &as->threads[as->nthreads];
+    t->ec = ec;
+    if ((rc = pthread_create(&t->thread, NULL, thread_main, t)) != 0)
+      break;
+    as->nthreads++;
+  }
+  if (as->nthreads == 0) {
     ec->async = NULL;
     pthread_mutex_destroy(&as->mu);
     pthread_cond_destroy(&as->work);
@@ -179,6 +236,7 @@ static int async_start(encache *ec) {
                          "lookup thread: %s", encache_strerror(-rc));
   }
   ec->async_forget = forget;
+  ec->async_hold = hold;
   return 0;
 }
 
@@ -326,7 +384,16 @@ void encache__async_stop(encache *ec) {
   as->stopping = 1;
   pthread_cond_broadcast(&as->work);
   pthread_mutex_unlock(&as->mu);
-  pthread_join(as->thread, NULL);
+  for (unsigned k = 0; k < as->nthreads; k++)
+    pthread_join(as->threads[k].thread, NULL);
+}
+
+int encache__async_unregister(encache *ec) {
+  struct encache__async *as = ec->async;
+  int rc = 0;
+  for (unsigned k = 0; as != NULL && k < as->nthreads && rc == 0; k++)
+    rc = encache__staging_unregister(ec, &as->threads[k].lane);
+  return rc;
 }
 
 void encache__async_free(encache *ec) {
@@ -335,7 +402,12 @@ void encache__async_free(encache *ec) {
     return;
   ENCACHE_ASSERT(as->stopping);
   ec->async_forget = NULL;
+  ec->async_hold = NULL;
   ec->async = NULL;
+  for (unsigned k = 0; k < as->nthreads; k++) {
+    encache__lookup_free(&as->threads[k].lane);
+    encache__aligned_free(as->threads[k].lane.staging);
+  }
   pthread_mutex_destroy(&as->mu);
   pthread_cond_destroy(&as->work);
   pthread_cond_destroy(&as->done);

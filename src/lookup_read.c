@@ -13,30 +13,39 @@
 
 int (*encache__copy_hook)(void *dst, const void *src, size_t n);
 
-/* Allocates (and registers, when the Store needs it) the staging buffer. */
-static int staging_ensure(encache *ec) {
-  if (ec->staging != NULL)
+/* The lane whose staging buffer p reads into: its own, but the handle's
+ * for CUDA destinations (the device state pins that one; such a plan
+ * keeps the turn: choose_path()). */
+static encache__lane *stage_of(const encache__plan *p) {
+  return p->device ? &p->ec->lane : p->lane;
+}
+
+/* Allocates (and registers, when the Store needs it) p's staging buffer. */
+static int staging_ensure(encache__plan *p) {
+  encache *ec = p->ec;
+  encache__lane *lane = stage_of(p);
+  if (lane->staging != NULL)
     return 0;
   size_t size = (size_t)ec->read_buf_bytes;
-  void *p = encache__aligned_alloc(4096, size);
-  if (p == NULL)
+  void *b = encache__aligned_alloc(4096, size);
+  if (b == NULL)
     return encache__fail(ec, ENCACHE_ENOMEM,
                          "out of memory: cannot allocate the %zu-byte "
                          "staging buffer", size);
   if (encache__store_profile_of(ec->store)->registered) {
-    int rc = ec->store->ops->register_buffer(ec->store, p, size);
+    int rc = ec->store->ops->register_buffer(ec->store, b, size);
     if (encache_store_classify(rc) != ENCACHE_ANSWER_OK) {
       /* Nothing is kept: the next step tries again. */
-      encache__aligned_free(p);
+      encache__aligned_free(b);
       return encache__fail(ec, ENCACHE_EUNAVAIL,
                            "registering the staging buffer failed: %s",
                            encache_store_errmsg(ec->store));
     }
-    ec->staging_registered = 1;
+    lane->staging_registered = 1;
   }
-  ec->staging = p;
+  lane->staging = b;
   ENCACHE__COUNT(ec, staging_allocations, 1);
-  __atomic_store_n(&ec->live->staging_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+  ENCACHE__COUNT(ec, staging_bytes, (uint64_t)size);
   return 0;
 }
 
@@ -116,7 +125,7 @@ static int phase_read(encache__plan *p, size_t from, size_t to) {
       p->bufs[u] = p->whole ? p->heads[u] : data;
       p->caps[u] = (size_t)(p->whole ? it->osize : it->nbytes);
     } else {
-      p->heads[u] = p->bufs[u] = ec->staging + it->off;
+      p->heads[u] = p->bufs[u] = stage_of(p)->staging + it->off;
       p->caps[u] = (size_t)it->osize;
     }
   }
@@ -124,12 +133,14 @@ static int phase_read(encache__plan *p, size_t from, size_t to) {
   const encache__store_ops *ops = ec->store->ops;
   const char **keys = p->keys + from;
   int64_t *answers = p->answers + from;
+  encache__plan_store_begin(p);
   rc = p->direct && !p->whole
                  ? ops->read_split(ec->store, keys, to - from,
                                    ENCACHE_HEADER_SIZE, p->heads + from,
                                    p->bufs + from, p->caps + from, answers)
                  : ops->read(ec->store, keys, to - from, p->bufs + from,
                              p->caps + from, answers);
+  encache__plan_store_end(p);
   int answer = rc;
   rc = encache__plan_batch(p, rc, "a batched read");
   if (rc == 1) {
@@ -266,7 +277,8 @@ static int phase_deliver(encache__plan *p, size_t from, size_t to) {
       continue;
     if (!(p->direct && i == it->first)) {
       const void *src = p->direct ? p->res[it->first].data
-                                  : p->ec->staging + it->off + ENCACHE_HEADER_SIZE;
+                                  : stage_of(p)->staging + it->off +
+                                        ENCACHE_HEADER_SIZE;
       if ((rc = copy_out(p, i, src, (size_t)it->nbytes)) < 0)
         return rc;
     }
@@ -297,6 +309,8 @@ static void choose_path(encache__plan *p) {
   for (size_t i = 0; i < p->n; i++) /* CUDA hits go through the staging */
     if (p->unique_of[i] < p->np && p->cand[i].device == ENCACHE_DEVICE_CUDA)
       p->device = 1;
+  if (p->device) /* the handle's staging buffer and device state */
+    p->yield = 0;
   p->direct =
       (encache__store_profile_of(p->ec->store)->read_direct && !p->device) ||
       p->whole;
@@ -306,7 +320,7 @@ int encache__plan_read(encache__plan *p) {
   choose_path(p);
   if (p->np == 0)
     return 0;
-  int rc = p->direct ? 0 : staging_ensure(p->ec);
+  int rc = p->direct ? 0 : staging_ensure(p);
   if (rc == 0 && p->device)
     rc = encache__device_pin_staging(p->ec);
   if (rc == ENCACHE_EUNAVAIL) { /* registration failed: encode all */
@@ -329,13 +343,13 @@ int encache__plan_read(encache__plan *p) {
   return rc;
 }
 
-int encache__staging_unregister(encache *ec) {
-  if (!ec->staging_registered || encache__is_poisoned(ec))
+int encache__staging_unregister(encache *ec, encache__lane *lane) {
+  if (!lane->staging_registered || encache__is_poisoned(ec))
     return encache__is_poisoned(ec) ? ENCACHE_EPOISONED : 0;
-  int u = ec->store->ops->unregister_buffer(ec->store, ec->staging);
+  int u = ec->store->ops->unregister_buffer(ec->store, lane->staging);
   if (encache_store_classify(u) != ENCACHE_ANSWER_OK)
     return encache__poison(ec, "unregistering the staging buffer failed: %s",
                            encache_strerror(u));
-  ec->staging_registered = 0;
+  lane->staging_registered = 0;
   return 0;
 }

@@ -25,9 +25,9 @@ int encache__plan_read(encache__plan *p);
  * same (docs/performance.md, "Figures behind the engine's constants"). */
 #define ENCACHE__WHOLE_MIN_BYTES (1u << 20)
 void encache__plan_whole(encache__plan *p);
-/* Close: unregisters the staging buffer (when registered); 0, or the
- * handle poisoned (the Store may still write into it). */
-int encache__staging_unregister(encache *ec);
+/* Close: unregisters the lane's staging buffer (when registered); 0, or
+ * the handle poisoned (the Store may still write into it). */
+int encache__staging_unregister(encache *ec, encache__lane *lane);
 
 /* Test hook: replaces the copy of a payload into a destination (a device
  * copy may fail; a host copy cannot).  Non-zero return = failed copy. */

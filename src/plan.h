@@ -3,7 +3,8 @@
  * plan.h: the plan of one lookup (plan.c holds the helpers every phase
  * shares).  lookup.c runs the plan and its phases up to the chunks;
  * lease.c (single flight) and lookup_read.c (the chunks: read, validate,
- * deliver) are phases that stand on it.  Caller's thread only.
+ * deliver) are phases that stand on it.  Run by whoever has the handle's
+ * turn (core.h).
  */
 #ifndef ENCACHE_PLAN_H
 #define ENCACHE_PLAN_H
@@ -51,6 +52,11 @@ typedef unsigned char encache__header_buf[ENCACHE_HEADER_SIZE];
 typedef struct encache__plan {
   encache *ec;
   encache_step *step;
+  /* The lane it runs in (its scratch; its staging buffer, but for CUDA
+   * destinations: the handle's), and whether it gives the handle's turn
+   * up around its Store calls (a lookup thread's lane: see core.h). */
+  encache__lane *lane;
+  int yield;
   const encache_candidate *caller_c; /* strided by caller_c->size */
   encache_allocator a;
   size_t n, text;
@@ -70,6 +76,18 @@ typedef struct encache__plan {
 static inline const encache_candidate *
 encache__plan_cand(const encache__plan *p, size_t i) {
   return ENCACHE__AT(const encache_candidate, p->caller_c, i);
+}
+
+/* Around a Store call of the plan: gives the handle's turn up when the
+ * plan may (p->yield), and takes it back.  Between the two the plan
+ * touches only itself, its lane and the Store. */
+static inline void encache__plan_store_begin(encache__plan *p) {
+  if (p->yield)
+    encache__leave(p->ec);
+}
+static inline void encache__plan_store_end(encache__plan *p) {
+  if (p->yield)
+    encache__enter(p->ec);
 }
 
 /* A whole batch's answer: 0 done, 1 certainly not done (the caller marks

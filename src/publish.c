@@ -74,12 +74,13 @@ static int publish_view(encache *ec, const char *id,
 static int publish(encache_step *step, const char *id,
                    const encache_tensor *given, encache_storage *storage);
 
-/* Takes the handle's turn: a started lookup may be running on it. */
+/* Takes the handle's turn (a started lookup may be running on it), once
+ * the step's own started lookup is not running. */
 int encache_publish(encache_step *step, const char *id,
                     const encache_tensor *given, encache_storage *storage) {
   if (step == NULL)
     return ENCACHE_EINVAL;
-  encache__enter(step->ec);
+  encache__enter_step(step->ec, step);
   int rc = publish(step, id, given, storage);
   encache__leave(step->ec);
   return rc;

@@ -73,9 +73,10 @@ static int step_open(encache *ec, encache_step **out) {
   return 0;
 }
 
-/* Closes s; the caller has the handle's turn, so no started lookup is
- * running: one still queued is forgotten (it never runs; it took
- * nothing), one done is dropped with its answer. */
+/* Closes s; the caller has the handle's turn and held s
+ * (encache__enter_step), so no started lookup of it is running: one
+ * still queued is forgotten (it never runs; it took nothing), one done
+ * is dropped with its answer. */
 static void step_free(encache_step *s) {
   encache *ec = s->ec;
   if (ec->async_forget != NULL)
@@ -102,7 +103,7 @@ void encache_step_close(encache_step *s) {
   if (s == NULL)
     return;
   encache *ec = s->ec;
-  encache__enter(ec); /* waits for a started lookup that is running */
+  encache__enter_step(ec, s); /* waits for its lookup that is running */
   step_free(s);
   encache__leave(ec);
 }
@@ -237,7 +238,7 @@ void encache__step_add(encache_step *s, const encache_candidate *c,
 int encache_step_set_stream(encache_step *step, void *stream) {
   if (step == NULL)
     return ENCACHE_EINVAL;
-  encache__enter(step->ec);
+  encache__enter_step(step->ec, step);
   step->stream = stream;
   encache__leave(step->ec);
   return 0;

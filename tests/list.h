@@ -161,7 +161,9 @@
   XX(lookup_async_handle_close_in_flight_is_safe)                            \
   XX(lookup_async_unconfirmed_read_poisons_at_the_wait)                      \
   XX(lookup_async_waits_keep_the_order_of_starts)                            \
-  XX(lookup_async_many_steps_read_one_at_a_time)                             \
+  XX(lookup_async_many_steps_read_as_many_at_a_time_as_configured)           \
+  XX(lookup_async_reads_of_several_steps_in_flight_at_once)                  \
+  XX(lookup_async_reads_in_flight_is_checked_at_open)                        \
   XX(lookup_async_stopped_store_waits_are_bounded)                           \
   XX(lookup_async_process_killed_mid_lookup)                                 \
   XX(redis_url_errors)                                                       \

@@ -303,6 +303,7 @@ TEST(config_json_and_setters_give_the_same_values) {
       {ENCACHE_OPT_STATS_SEGMENT, "\"off\"", S, .s = "off"},
       {ENCACHE_OPT_ENCODER_NAME, "\"enc-1\"", S, .s = "enc-1"},
       {ENCACHE_OPT_STORE_WRITES_IN_FLIGHT, "3", U, .u = 3},
+      {ENCACHE_OPT_STORE_READS_IN_FLIGHT, "2", U, .u = 2},
   };
   /* Every option but the derived hostname has a case. */
   int covered[ENCACHE_OPT_COUNT] = {0};

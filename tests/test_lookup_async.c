@@ -27,6 +27,10 @@
 
 /* ------------------------------------------------------------- fixtures */
 
+/* store_reads_in_flight of the engines aenv_open() opens (0: the Store's
+ * choice, which is one for the fault wrapper). */
+static int aenv_readers;
+
 typedef struct aenv {
   fault_ctl ctl;
   encache *ec;
@@ -39,8 +43,9 @@ static encache_options aenv_options(aenv *e, char *json, size_t size) {
   snprintf(json, size,
            "{\"ec_connector\": \"ECMooncakeStorageConnector\", "
            "\"ec_role\": \"ec_producer\", \"ec_connector_extra_config\": {"
-           "\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %d}}",
-           READ_BUF);
+           "\"cross_encoder_cache\": true, \"store_read_buffer_bytes\": %d, "
+           "\"store_reads_in_flight\": %d}}",
+           READ_BUF, aenv_readers);
   encache_options o = ENCACHE_OPTIONS_INIT;
   o.ec_transfer_config = json;
   o.model = "shared/model";
@@ -245,21 +250,29 @@ static void property_run(aenv *e, int iters) {
         kinds[STATES]++;
       }
     }
-    encache_result x[10], y[10];
+    encache_result x[10], y[10], z[10];
     memset(x, 0, sizeof(x));
     memset(y, 0xa5, sizeof(y)); /* what the lookup does not write shows */
-    x[0].size = y[0].size = sizeof(encache_result);
-    encache_step *sx = step_of(ec), *sy = step_of(ec);
+    memset(z, 0xa5, sizeof(z));
+    x[0].size = y[0].size = z[0].size = sizeof(encache_result);
+    encache_step *sx = step_of(ec), *sy = step_of(ec), *sz = step_of(ec);
     int want = encache_lookup(sx, c, n, &a, x);
     ASSERT(want >= 0);
+    /* Two started at once (in flight together, with two lookup threads),
+     * the later waited for first. */
     ASSERT_EQ_INT(encache_lookup_start(sy, c, n, &a, y), 0);
+    ASSERT_EQ_INT(encache_lookup_start(sz, c, n, &a, z), 0);
+    ASSERT_EQ_INT(encache_step_wait(sz, -1), want);
     ASSERT_EQ_INT(encache_step_wait(sy, -1), want);
     same_results(c, x, y, n);
+    same_results(c, x, z, n);
     hits_total += want;
     free_hits(x, n);
     free_hits(y, n);
+    free_hits(z, n);
     encache_step_close(sx);
     encache_step_close(sy);
+    encache_step_close(sz);
   }
   ASSERT(hits_total > 0);
   for (int s = 0; s <= STATES; s++)
@@ -267,12 +280,14 @@ static void property_run(aenv *e, int iters) {
   encache_stats st = {.size = sizeof(st)};
   ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
   ASSERT(st.incompatible > 0 && st.oversize > 0 && st.misses > 0);
-  ASSERT_EQ_INT(t.allocs - t.releases, 2 * hits_total);
+  ASSERT_EQ_INT(t.allocs - t.releases, 3 * hits_total);
 }
 
 TEST(lookup_async_results_equal_blocking_lookups) {
   aenv e;
+  aenv_readers = 2;
   aenv_open(&e);
+  aenv_readers = 0;
   property_run(&e, 200);
   ASSERT_EQ_INT(encache_close(e.ec), 0);
   aenv_done(&e);
@@ -607,53 +622,159 @@ TEST(lookup_async_waits_keep_the_order_of_starts) {
 
 /* --------------------------------------------------------------- budgets */
 
-/* Started lookups take turns on the handle's one lookup thread: however
- * many steps have one started, one is read at a time, into the one
- * staging buffer (store_read_buffer_bytes); those queued hold nothing. */
-TEST(lookup_async_many_steps_read_one_at_a_time) {
+/* Whether n reads (or existence checks) are held within ms. */
+static int reads_held_within(fault_ctl *ctl, int n, int ms) {
+  struct timespec d = {0, 1000000L};
+  for (int k = 0; k < ms; k++) {
+    pthread_mutex_lock(&ctl->mu);
+    int waiting = ctl->reads_waiting;
+    pthread_mutex_unlock(&ctl->mu);
+    if (waiting >= n)
+      return 1;
+    nanosleep(&d, NULL);
+  }
+  return 0;
+}
+
+static int reads_held_now(fault_ctl *ctl) {
+  pthread_mutex_lock(&ctl->mu);
+  int waiting = ctl->reads_waiting;
+  pthread_mutex_unlock(&ctl->mu);
+  return waiting;
+}
+
+/* However many steps have a lookup started, store_reads_in_flight of them
+ * read the Store at once, each into its own lane (at most that many
+ * staging buffers of store_read_buffer_bytes); those queued hold
+ * nothing. */
+TEST(lookup_async_many_steps_read_as_many_at_a_time_as_configured) {
+  static const int readers[] = {1, 3};
+  for (int rk = 0; rk < 2; rk++) {
+    aenv e;
+    aenv_readers = readers[rk];
+    encache *ec = aenv_open(&e);
+    aenv_readers = 0;
+    char ids[4][32];
+    seed(&e, "bu", 4, 32, ids); /* 512 bytes each: one chunk of 4 */
+    encache_candidate c[4] = {cand(ids[0], 32), cand(ids[1], 32),
+                              cand(ids[2], 32), cand(ids[3], 32)};
+    enum { STEPS = ENCACHE_MAX_STEPS };
+    static encache_result r[STEPS][4];
+    static encache_step *steps[STEPS];
+    talloc t = {0};
+    encache_allocator a = allocator(&t);
+    for (int k = 0; k < STEPS; k++)
+      steps[k] = step_of(ec);
+    e.ctl.hold_reads = 1;
+    for (int k = 0; k < STEPS; k++) {
+      r[k][0].size = sizeof(r[k][0]);
+      ASSERT_EQ_INT(encache_lookup_start(steps[k], c, 4, &a, r[k]), 0);
+    }
+    ASSERT(reads_held_within(&e.ctl, readers[rk], 10000));
+    /* Time for one more lookup to reach the Store, were one to run. */
+    struct timespec d = {0, 50 * 1000000L};
+    nanosleep(&d, NULL);
+    ASSERT_EQ_INT(reads_held_now(&e.ctl), readers[rk]);
+    ASSERT(__atomic_load_n(&t.allocs, __ATOMIC_RELAXED) <= 4 * readers[rk]);
+    fault_release_reads(&e.ctl);
+    for (int k = 0; k < STEPS; k++) {
+      ASSERT_EQ_INT(encache_step_wait(steps[k], -1), 4);
+      same_results(c, r[0], r[k], 4);
+    }
+    encache_stats st = {.size = sizeof(st)};
+    ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+    ASSERT(st.staging_allocations <= (uint64_t)readers[rk]);
+    ASSERT(st.staging_bytes <= (uint64_t)readers[rk] * READ_BUF);
+    ASSERT_EQ_U64(st.lookups, STEPS);
+    ASSERT_EQ_U64(st.hits, 4 * STEPS);
+    for (int k = 0; k < STEPS; k++) {
+      free_hits(r[k], 4);
+      encache_step_close(steps[k]);
+    }
+    ASSERT_EQ_INT(t.allocs, 4 * STEPS);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    aenv_done(&e);
+  }
+}
+
+/* store_reads_in_flight: 1 to 8, or 0 (the Store's choice). */
+TEST(lookup_async_reads_in_flight_is_checked_at_open) {
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = "{\"ec_connector_extra_config\": {"
+                         "\"cross_encoder_cache\": true, "
+                         "\"store_reads_in_flight\": 9}}";
+  o.model = "async/option";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = "shm://never-opened"; /* refused before the Store opens */
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), ENCACHE_ECONFIG);
+  ASSERT(ec == NULL);
+  ASSERT_CONTAINS(encache_errmsg(NULL),
+                  "store_reads_in_flight: 9 is too many (at most 8");
+}
+
+/* While started lookups read the Store (held there), the caller's calls
+ * go on: a publish, a step opened and closed, a poll; the reads of two
+ * steps are in flight at once, a third waits its turn; then all three
+ * give the blocking lookup's results. */
+TEST(lookup_async_reads_of_several_steps_in_flight_at_once) {
   aenv e;
+  aenv_readers = 2;
   encache *ec = aenv_open(&e);
-  char ids[4][32];
-  seed(&e, "bu", 4, 32, ids); /* 512 bytes each: one chunk of 4 */
-  encache_candidate c[4] = {cand(ids[0], 32), cand(ids[1], 32),
-                            cand(ids[2], 32), cand(ids[3], 32)};
-  enum { STEPS = ENCACHE_MAX_STEPS };
-  static encache_result r[STEPS][4];
-  static encache_step *steps[STEPS];
+  aenv_readers = 0;
+  char ids[3][32];
+  seed(&e, "fl", 3, 16, ids);
+  encache_candidate c[4] = {cand(ids[0], 16), cand(ids[1], 16),
+                            cand(ids[2], 16), cand("fl-absent", 16)};
+  static encache_result want[4], r[3][4];
   talloc t = {0};
   encache_allocator a = allocator(&t);
-  for (int k = 0; k < STEPS; k++) /* before: an open waits for a lookup */
-    steps[k] = step_of(ec);
+  encache_step *sp = step_of(ec), *s[3] = {step_of(ec), step_of(ec),
+                                           step_of(ec)};
+  /* sp's candidate, a miss, is published while the reads are held. */
+  encache_candidate pc = cand("fl-published", 2);
+  static encache_result pr = ENCACHE_RESULT_INIT;
+  ASSERT_EQ_INT(encache_lookup(sp, &pc, 1, &a, &pr), 0);
+  want[0].size = sizeof(want[0]);
+  ASSERT_EQ_INT(encache_lookup(sp, c, 4, &a, want), 3);
   e.ctl.hold_reads = 1;
-  for (int k = 0; k < STEPS; k++) {
+  for (int k = 0; k < 3; k++) {
     r[k][0].size = sizeof(r[k][0]);
-    ASSERT_EQ_INT(encache_lookup_start(steps[k], c, 4, &a, r[k]), 0);
+    ASSERT_EQ_INT(encache_lookup_start(s[k], c, 4, &a, r[k]), 0);
   }
-  fault_wait_reads_held(&e.ctl, 1);
-  /* Time for a second lookup to reach the Store, were one to run. */
+  ASSERT(reads_held_within(&e.ctl, 2, 10000));
   struct timespec d = {0, 50 * 1000000L};
   nanosleep(&d, NULL);
-  pthread_mutex_lock(&e.ctl.mu);
-  int waiting = e.ctl.reads_waiting;
-  pthread_mutex_unlock(&e.ctl.mu);
-  ASSERT_EQ_INT(waiting, 1);
-  ASSERT(__atomic_load_n(&t.allocs, __ATOMIC_RELAXED) <= 4);
-  fault_release_reads(&e.ctl);
-  for (int k = 0; k < STEPS; k++) {
-    ASSERT_EQ_INT(encache_step_wait(steps[k], -1), 4);
-    same_results(c, r[0], r[k], 4);
-  }
-  encache_stats st = {.size = sizeof(st)};
-  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
-  ASSERT(st.staging_allocations <= 1); /* made once, or never (shm) */
-  ASSERT(st.staging_bytes <= READ_BUF);
-  ASSERT_EQ_U64(st.lookups, STEPS);
-  ASSERT_EQ_U64(st.hits, 4 * STEPS);
-  for (int k = 0; k < STEPS; k++) {
+  ASSERT_EQ_INT(reads_held_now(&e.ctl), 2); /* the third is queued */
+  float out[2 * COLS];
+  payload_of("fl-published", 2, out);
+  int64_t shape[2] = {2, COLS};
+  encache_tensor view = {sizeof view, out, ENCACHE_FLOAT32, 2, shape, NULL,
+                         ENCACHE_DEVICE_HOST, 0, NULL};
+  encache_storage *storage = NULL;
+  ASSERT_EQ_INT(encache_storage_new(out, sizeof(out), NULL, NULL, &storage),
+                0);
+  ASSERT_EQ_INT(encache_publish(sp, "fl-published", &view, storage),
+                ENCACHE_QUEUED);
+  encache_storage_unref(storage);
+  encache_step *extra = step_of(ec);
+  encache_step_close(extra);
+  ASSERT_EQ_INT(encache_step_wait(s[2], 0), ENCACHE_EPENDING);
+  fault_release_reads(&e.ctl); /* (the publisher's existence check too) */
+  for (int k = 2; k >= 0; k--) {
+    ASSERT_EQ_INT(encache_step_wait(s[k], -1), 3);
+    same_results(c, want, r[k], 4);
     free_hits(r[k], 4);
-    encache_step_close(steps[k]);
   }
-  ASSERT_EQ_INT(t.allocs, 4 * STEPS);
+  free_hits(want, 4);
+  ASSERT_EQ_INT(encache_flush(ec), 0);
+  static encache_result back = ENCACHE_RESULT_INIT;
+  ASSERT_EQ_INT(encache_lookup(s[0], &pc, 1, &a, &back), 1);
+  same_results(&pc, &back, &back, 1); /* the bytes published */
+  free_hits(&back, 1);
+  encache_step_close(sp);
+  for (int k = 0; k < 3; k++)
+    encache_step_close(s[k]);
   ASSERT_EQ_INT(encache_close(ec), 0);
   aenv_done(&e);
 }

@@ -124,6 +124,7 @@ void encache__store_profile_set(encache_store *st) {
                                 !(caps & ENCACHE_STORE_CAP_BUSY_WAIT)
                             ? ENCACHE__WRITERS
                             : 1;
+  p->reads_in_flight = p->writes_in_flight; /* a read waits the same way */
 }
 
 int encache_store_classify(int64_t rc) {

@@ -61,6 +61,10 @@ typedef struct encache__store_profile {
    * store_writes_in_flight does not say: ENCACHE__WRITERS on a Store
    * shared with other processes whose calls do not poll, else 1. */
   unsigned writes_in_flight;
+  /* How many started lookups read at once when store_reads_in_flight
+   * does not say (the handle's lookup threads): as many, for the same
+   * reason. */
+  unsigned reads_in_flight;
 } encache__store_profile;
 
 /* The common head of every handle: a built-in backend's handle starts
