@@ -30,6 +30,8 @@
 /* store_reads_in_flight of the engines aenv_open() opens (0: the Store's
  * choice, which is one for the fault wrapper). */
 static int aenv_readers;
+/* Whether the fault wrapper asks for registered memory (as Mooncake). */
+static int aenv_registration;
 
 typedef struct aenv {
   fault_ctl ctl;
@@ -64,6 +66,7 @@ static encache *aenv_open(aenv *e) {
   snprintf(e->revision, sizeof(e->revision), "la%d-%lld%09ld-%d",
            (int)getpid(), (long long)ts.tv_sec, ts.tv_nsec, count++);
   fault_ctl_init(&e->ctl);
+  e->ctl.registration = aenv_registration;
   encache_store *inner = ts_open("32MiB");
   e->raw = ts_reopen();
   char json[512];
@@ -645,15 +648,16 @@ static int reads_held_now(fault_ctl *ctl) {
 
 /* However many steps have a lookup started, store_reads_in_flight of them
  * read the Store at once, each into its own lane (at most that many
- * staging buffers of store_read_buffer_bytes); those queued hold
- * nothing. */
+ * staging buffers of store_read_buffer_bytes, registered with a Store that
+ * needs it and unregistered at close); those queued hold nothing. */
 TEST(lookup_async_many_steps_read_as_many_at_a_time_as_configured) {
-  static const int readers[] = {1, 3};
-  for (int rk = 0; rk < 2; rk++) {
+  static const int readers[] = {1, 3, 1, 3};
+  for (int rk = 0; rk < 4; rk++) {
     aenv e;
     aenv_readers = readers[rk];
+    aenv_registration = rk >= 2; /* reads into registered staging buffers */
     encache *ec = aenv_open(&e);
-    aenv_readers = 0;
+    aenv_readers = aenv_registration = 0;
     char ids[4][32];
     seed(&e, "bu", 4, 32, ids); /* 512 bytes each: one chunk of 4 */
     encache_candidate c[4] = {cand(ids[0], 32), cand(ids[1], 32),
@@ -685,6 +689,10 @@ TEST(lookup_async_many_steps_read_as_many_at_a_time_as_configured) {
     ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
     ASSERT(st.staging_allocations <= (uint64_t)readers[rk]);
     ASSERT(st.staging_bytes <= (uint64_t)readers[rk] * READ_BUF);
+    if (rk >= 2) { /* every lane read while the others did: one each */
+      ASSERT_EQ_U64(st.staging_allocations, (uint64_t)readers[rk]);
+      ASSERT_EQ_INT(e.ctl.registered, readers[rk]);
+    }
     ASSERT_EQ_U64(st.lookups, STEPS);
     ASSERT_EQ_U64(st.hits, 4 * STEPS);
     for (int k = 0; k < STEPS; k++) {
@@ -693,6 +701,7 @@ TEST(lookup_async_many_steps_read_as_many_at_a_time_as_configured) {
     }
     ASSERT_EQ_INT(t.allocs, 4 * STEPS);
     ASSERT_EQ_INT(encache_close(ec), 0);
+    ASSERT_EQ_INT(e.ctl.registered, 0); /* each unregistered at close */
     aenv_done(&e);
   }
 }
