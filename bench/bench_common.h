@@ -418,7 +418,8 @@ static inline int bench_steps_blocking(bench_hits *h, const bench_overlap *o,
 
 /* BENCH_OVERLAP_STEPS steps of the overlapped loop: m[0] each step's
  * time, m[1] its time in encache_step_wait(), m[2] its encoding's, m[3]
- * its step open and encache_lookup_start()'s (NULL: untimed).  The step before the first is looked up untimed (the
+ * its step open and encache_lookup_start()'s (NULL: untimed).  The step
+ * before the first is looked up untimed (the
  * pipeline's fill).  Two steps are open at once, each with its results
  * (h->r and r2); their hits share h's destinations, which nothing reads
  * here.  0, or 1 after a message. */
@@ -571,9 +572,63 @@ static inline void bench_overlap_print(const char *label, const bench_overlap *o
          a <= 1.05 ? "<=1.05" : ">1.05!", o->handoff * 1e6);
 }
 
+/* Two steps' lookups, each of its own objects (h[0] and h[1]): looked up
+ * one after another (blocking), or both started, then both waited for,
+ * their reads in flight at once (store_reads_in_flight lookup threads). */
+typedef struct bench_two {
+  bench_hits *h[2];
+} bench_two;
+
+/* measure_fn: the two lookups one after another. */
+static inline int bench_two_blocking(void *ctx) {
+  bench_two *t = ctx;
+  return bench_hits_lookup(t->h[0]) || bench_hits_lookup(t->h[1]);
+}
+
+/* measure_fn: both started, then both waited for. */
+static inline int bench_two_started(void *ctx) {
+  bench_two *t = ctx;
+  encache_step *s[2] = {NULL, NULL};
+  int rc = 0;
+  for (int k = 0; k < 2 && rc == 0; k++)
+    rc = bench_hits_start(t->h[k], &s[k], t->h[k]->n, t->h[k]->r);
+  for (int k = 0; k < 2; k++) {
+    if (s[k] == NULL)
+      continue;
+    int hits = encache_step_wait(s[k], -1);
+    if (rc == 0)
+      rc = bench_hits_check(t->h[k], hits);
+    encache_step_close(s[k]);
+  }
+  return rc;
+}
+
+/* Prints the two steps' lookups, started together against one after
+ * another (p50s of iters each, alternating).  0, or nonzero on a
+ * failure. */
+static inline int bench_two_print(const char *label, bench_hits *h0,
+                                  bench_hits *h1, int iters) {
+  bench_two t = {{h0, h1}};
+  measure a, b;
+  int rc = measure_init(&a, iters) < 0 || measure_init(&b, iters) < 0 ? -1 : 0;
+  if (rc == 0)
+    rc = measure_pair(&a, bench_two_blocking, &b, bench_two_started, &t, 2,
+                      iters);
+  if (rc == 0) {
+    double x = measure_pct(&a, 50), y = measure_pct(&b, 50);
+    printf("%-8s started together %8.3fms, one after another %8.3fms: "
+           "%.3f\n", label, y * 1e3, x * 1e3, x > 0 ? y / x : 0);
+  }
+  measure_free(&a);
+  measure_free(&b);
+  return rc;
+}
+
 /* The benchmark programs' section `section` (its letter): 4 hits of
  * 1 MiB, then of 8 MiB (ids PREFIX-SIZE-K), in the overlap measurement
- * with C = 0.5, 1 and 2 x R, printed.  0, or nonzero on a failure. */
+ * with C = 0.5, 1 and 2 x R, printed; then two steps' lookups of 4 hits
+ * each started together against one after another.  0, or nonzero on a
+ * failure. */
 static inline int bench_overlap_table(encache *ec, encache_store *st,
                                       const char *section, const char *prefix,
                                       int iters, int flags) {
@@ -594,6 +649,26 @@ static inline int bench_overlap_table(encache *ec, encache_store *st,
     if (rc == 0)
       bench_overlap_print(label, &o);
     bench_hits_drop(&h);
+  }
+  static const size_t two_sizes[] = {16u << 10, 1u << 20, 8u << 20};
+  printf("two steps' lookups of 4 hits each, each of its own objects "
+         "(store_reads_in_flight lookup threads), p50s of %d, alternating\n",
+         iters);
+  for (int s = 0; s < 3 && rc == 0; s++) {
+    bench_hits h[2];
+    char p2[64], label[16];
+    for (int k = 0; k < 2 && rc == 0; k++) {
+      snprintf(p2, sizeof(p2), "%s-two%d", prefix, k);
+      if ((rc = bench_hits_make(&h[k], ec, st, p2, 4, two_sizes[s])) != 0 &&
+          k == 1)
+        bench_hits_drop(&h[0]);
+    }
+    if (rc != 0)
+      break;
+    measure_size_label(label, sizeof(label), two_sizes[s]);
+    rc = bench_two_print(label, &h[0], &h[1], iters);
+    bench_hits_drop(&h[1]);
+    bench_hits_drop(&h[0]);
   }
   return rc;
 }

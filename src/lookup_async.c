@@ -56,6 +56,7 @@ struct encache__async {
   pthread_cond_t work, done; /* done: CLOCK_MONOTONIC (the waits' bound) */
   int stopping;
   size_t queued;    /* steps of the handle in state QUEUED */
+  size_t running;   /* ... in state RUNNING */
   uint64_t next_seq;
   unsigned nthreads; /* started */
   struct lookup_thread threads[READERS_MAX];
@@ -99,6 +100,7 @@ static void run_one(encache *ec, encache_step *s, encache__lane *lane) {
   pthread_mutex_lock(&as->mu);
   s->async.rc = rc;
   s->async.state = ENCACHE__ASYNC_DONE;
+  as->running--;
   fd_signal(s);
   pthread_cond_broadcast(&as->done);
   pthread_mutex_unlock(&as->mu);
@@ -115,6 +117,7 @@ static encache_step *take(encache *ec, encache_step *s) {
   if (oldest != NULL) {
     oldest->async.state = ENCACHE__ASYNC_RUNNING;
     as->queued--;
+    as->running++;
   }
   pthread_mutex_unlock(&as->mu);
   return oldest;
@@ -140,17 +143,21 @@ static void *thread_main(void *arg) {
   }
 }
 
-/* A wait without a bound on a lookup that has not begun and is the next
- * to run runs it on the waiting thread: a lookup started and waited for
- * at once costs what encache_lookup() does, with no hand-over to the
- * lookup thread and back.  The order of the lookups is kept. */
+/* A wait without a bound on a lookup that has not begun, with no other
+ * lookup of the handle started (queued or running), runs it on the
+ * waiting thread: a lookup started and waited for at once costs what
+ * encache_lookup() does, with no hand-over to a lookup thread and back.
+ * With others started it is left to the lookup threads, whose reads are
+ * in flight together (this one would keep the turn throughout).  The
+ * order of the lookups is kept. */
 static void run_here(encache_step *step) {
   encache *ec = step->ec;
   struct encache__async *as = ec->async;
   pthread_mutex_lock(&as->mu);
-  int queued = step->async.state == ENCACHE__ASYNC_QUEUED;
+  int alone = step->async.state == ENCACHE__ASYNC_QUEUED && as->queued == 1 &&
+              as->running == 0;
   pthread_mutex_unlock(&as->mu);
-  if (!queued)
+  if (!alone)
     return;
   encache__enter(ec);
   if (take(ec, step) != NULL)
