@@ -1203,14 +1203,14 @@ ENCACHE_EXTERN int encache_shm_destroy(const char *name);
  * Threading: the calls on one handle and its steps (step open and close,
  * lookup, publish, flush, close) must not run at the same time (an encoder
  * step is one thread; serialise them if not).  The publisher's worker
- * thread is internal: it only writes to the Store.  The lookup thread
- * (1.3) runs started lookups and takes turns with those calls
- * (encache_lookup_start()).  encache_stats_get()
+ * thread is internal: it only writes to the Store.  The lookup threads
+ * (1.3) run started lookups and take turns with those calls, but for
+ * their Store calls (encache_lookup_start()).  encache_stats_get()
  * may be called from any thread; encache_errmsg(ec) from the thread that
  * makes the calls (its message changes with each of them).  Caller callbacks
  * (allocator, storage release) always run on the thread that called
  * lookup, publish, flush or close, never on the worker; for a started
- * lookup (1.3), on the lookup thread.
+ * lookup (1.3), on a lookup thread.
  *
  * Caller-allocated structs (options, candidates, results, allocator,
  * stats, tensors) start with `size_t size`: set it to sizeof the struct (the
@@ -1465,33 +1465,38 @@ ENCACHE_EXTERN int encache_lookup(encache_step *step,
 /*
  * Added in 1.3: lookups that do not wait (docs/engine.md, "Lookups that
  * do not wait").  encache_lookup_start() checks its arguments and returns
- * at once; the same lookup as encache_lookup() then runs on the handle's
- * lookup thread (one per handle, started by the first start, joined by
- * encache_close()), and encache_step_wait() gives what encache_lookup()
- * would have returned, results[] filled.
+ * at once; the same lookup as encache_lookup() then runs on one of the
+ * handle's lookup threads (store_reads_in_flight of them, started by the
+ * first start, joined by encache_close()), and encache_step_wait() gives
+ * what encache_lookup() would have returned, results[] filled.
  *
  * Lifetime: c[0..n) (and the ids they point to) and results[0..n) are the
  * caller's and must stay valid and untouched until the lookup completes
  * (encache_step_wait() returned something else than ENCACHE_EPENDING, or
  * the step was closed); *alloc is copied, but its ctx and callbacks must
- * stay usable as long.  The allocator's callbacks run on the lookup
- * thread.
+ * stay usable as long.  The allocator's callbacks run on a lookup
+ * thread, or on the thread of a wait without a bound (below): make them
+ * thread-safe.
  *
  * Serialisation: the lookup uses the handle's caller-thread state, so
- * while a started lookup runs, every other call on its handle or its
- * steps (encache_lookup, encache_publish, encache_flush,
- * encache_step_open, encache_step_close, encache_step_set_stream,
- * encache_close; and encache_lookup_start when its arguments are bad, to
- * record the message) waits for it.  What overlaps the Store's reads is
- * the caller's own work (its encoder), not other encache calls.  A start
- * with good arguments never waits: it queues the lookup.
- * encache_step_fd() and encache_step_wait() with a bound (timeout_ms >= 0)
- * never wait for the handle (a wait without a bound may run the lookup
- * itself, taking its turn), and may be called from another thread than
- * the one that started the lookup (not at the same time as
- * encache_step_close() of that step).
- * Lookups started on several steps run one after another, in the order
- * they were started.
+ * the calls on its handle and steps (encache_lookup, encache_publish,
+ * encache_flush, encache_step_open, encache_step_close,
+ * encache_step_set_stream, encache_close; and encache_lookup_start when
+ * its arguments are bad, to record the message) take turns with it,
+ * except while it is in a Store call (its existence check, its reads):
+ * then they go on, and the lookups of other steps too, up to
+ * store_reads_in_flight of them reading the Store at once.  A call on
+ * the step of a lookup that is reading (encache_lookup, encache_publish,
+ * encache_step_set_stream, encache_step_close) waits until it completes.
+ * Lookups into CUDA destinations keep their turn throughout, as do the
+ * single-flight phase's Store calls.  A start with good arguments never
+ * waits: it queues the lookup.  encache_step_fd() and encache_step_wait()
+ * with a bound (timeout_ms >= 0) never wait for the handle (a wait
+ * without a bound may run the lookup itself, taking its turn, when no
+ * other lookup of the handle is started), and may be called from another
+ * thread than the one that started the lookup (not at the same time as
+ * encache_step_close() of that step).  Lookups started on several steps
+ * begin in the order they were started.
  *
  * Returns 0 (started), or at once what encache_lookup() returns for bad
  * arguments before any Store call: ENCACHE_EINVAL (step NULL, c or results
