@@ -233,6 +233,40 @@ def test_gil_released_during_wait(open_cache, shm, fault):
     step.close()
 
 
+def test_two_lookups_read_at_once_and_the_cache_stays_usable(
+        open_cache, shm, fault):
+    """With store_reads_in_flight 2, two steps' started lookups read the
+    Store at the same time (both reads held at once), and meanwhile the
+    Cache takes other calls: a step opened, another step's publish."""
+    c = open_cache(shm(scheme="pyfault"),
+                   ec_transfer_config=ectest.config(store_reads_in_flight=2))
+    t, u = sample(64, 64), sample(8, 8, seed=3)
+    publish_one(c, "h", t)
+    publish_one(c, "g", u)
+    other = c.step()
+    assert other.lookup([("fresh", F32, (4, 4))])[0].outcome == Outcome.MISS
+    fault.hold(fault.READS)
+    a = c.lookup([("h", F32, (64, 64))], wait=False)
+    b = c.lookup([("g", F32, (8, 8)), ("nope", F32, (8, 8))], wait=False)
+    assert fault.wait_held(fault.READS, 2)  # both in the Store at once
+    t0 = time.monotonic()
+    extra = c.step()
+    assert other.publish("fresh", sample(4, 4, seed=9)) == encache.Skip.QUEUED
+    assert time.monotonic() - t0 < 5  # neither waited for the reads
+    assert not a.done and not b.done
+    extra.close()
+    fault.hold(fault.READS, False)
+    assert b.wait(TIMEOUT) and a.wait(TIMEOUT)
+    assert ectest.torch_bits_equal(a.results[0].tensor, t)
+    g, nope = b.results
+    assert g.hit and ectest.torch_bits_equal(g.tensor, u)
+    assert nope.outcome == Outcome.MISS
+    c.flush()
+    assert ectest.lookup_one(c, "fresh", F32, (4, 4)).hit
+    for s in (a, b, other):
+        s.close()
+
+
 def test_asyncio_two_steps_and_a_running_loop(open_cache, shm, fault):
     c, t = _held(open_cache, shm, fault)
     publish_one(c, "g", sample(8, 8, seed=5))
@@ -240,8 +274,9 @@ def test_asyncio_two_steps_and_a_running_loop(open_cache, shm, fault):
 
     async def main():
         ticks = []
-        # Steps are opened first: opening one waits for a running lookup of
-        # the Cache (its turn), a start does not.
+        # Steps are opened first: opening one may wait for a running
+        # lookup of the Cache (its turn, outside its Store calls), a start
+        # does not.
         a, b = c.step(), c.step()
         assert a.lookup([("h", F32, (64, 64))], wait=False) is a
         assert b.lookup([("g", F32, (8, 8)), ("nope", F32, (8, 8))],
