@@ -5,7 +5,7 @@
  *
  *   ENCACHE_TEST_MOONCAKE=1 ENCACHE_MOONCAKE_LIBRARY=.../libmooncake_store.so \
  *   MOONCAKE_CONFIG_PATH=mooncake.json bench_mooncake [--iterations N]
- *   [--overlap] [--sleep] [--pin]
+ *   [--overlap] [--sleep] [--pin] [--reads-in-flight N]
  *
  * (a) 4 hits of 16 KiB, 1 MiB and 8 MiB: Mooncake's batch_is_exist then
  *     batch_get_into of the 4 whole objects into registered buffers of a
@@ -26,7 +26,10 @@
  *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
  *     <= 1.05).  --overlap runs only (c); --sleep: the compute sleeps
  *     instead of spinning (its core left free); --pin: this thread on
- *     one CPU, the handle's threads on the others (measure_pin_threads()).
+ *     one CPU, the handle's threads on the others (measure_pin_threads());
+ *     then two steps' lookups started together against one after another
+ *     (the handle's store_reads_in_flight: 1 on Mooncake unless
+ *     --reads-in-flight says).
  *
  * The library is loaded as src/store/mooncake.c loads it (dlopen of
  * $ENCACHE_MOONCAKE_LIBRARY, the prototypes of store_c.h in our own
@@ -41,11 +44,13 @@
 
 static const char usage[] =
     "usage: ENCACHE_TEST_MOONCAKE=1 bench_mooncake [--iterations N] "
-    "[--overlap] [--sleep] [--pin]\n";
+    "[--overlap] [--sleep] [--pin] [--reads-in-flight N]\n";
 
-static const char json[] =
+/* The engine's options (%s: store_reads_in_flight's value). */
+static const char json_fmt[] =
     "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
-    "\"store_max_pending_items\": 64, \"store_max_pending_bytes\": 4294967296}}";
+    "\"store_max_pending_items\": 64, \"store_max_pending_bytes\": 4294967296, "
+    "\"store_reads_in_flight\": %s}}";
 
 /* Mooncake's store C ABI, the calls used here. */
 typedef struct raw_abi {
@@ -267,6 +272,16 @@ int main(int argc, char **argv) {
   int iters = 20;
   int only_overlap = measure_take_flag(&argc, argv, "--overlap");
   int flags = bench_overlap_flags(&argc, argv);
+  const char *readers = "0";
+  if (measure_take_value(&argc, argv, "--reads-in-flight", &readers) < 0 ||
+      strspn(readers, "0123456789") != strlen(readers) || !*readers ||
+      strlen(readers) > 2) {
+    fprintf(stderr, "bench_mooncake: --reads-in-flight takes 0 to 8\n%s",
+            usage);
+    return 2;
+  }
+  char json[512];
+  snprintf(json, sizeof(json), json_fmt, readers);
   int rc = measure_options(argc, argv, usage, 0, &url, &iters, 5);
   if (rc >= 0)
     return rc;

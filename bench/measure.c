@@ -219,6 +219,21 @@ int measure_take_flag(int *argc, char **argv, const char *flag) {
   return found;
 }
 
+int measure_take_value(int *argc, char **argv, const char *flag,
+                       const char **value) {
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], flag) != 0)
+      continue;
+    if (i + 1 >= *argc)
+      return -1;
+    *value = argv[i + 1];
+    memmove(&argv[i], &argv[i + 2], (size_t)(*argc - i - 1) * sizeof(*argv));
+    *argc -= 2;
+    return 1;
+  }
+  return 0;
+}
+
 void measure_url_shown(const char *url, char *buf, size_t size) {
   if (encache_store_url_redact(url, buf, size) < 0)
     snprintf(buf, size, "%.*s:...", (int)strcspn(url, ":"), url);

@@ -90,5 +90,9 @@ int measure_options(int argc, char **argv, const char *usage, int url_arg,
  * measure_options(), for a program's own sections); returns 1 when there
  * was one, else 0. */
 int measure_take_flag(int *argc, char **argv, const char *flag);
+/* Takes `flag VALUE` out of argv: 1 (*value set), 0 (absent), or -1 (no
+ * value after it). */
+int measure_take_value(int *argc, char **argv, const char *flag,
+                       const char **value);
 
 #endif

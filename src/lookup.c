@@ -128,13 +128,14 @@ static int allocator_check(encache *ec, const encache_allocator *a,
  * candidates in. */
 static int plan_begin(encache__plan *p, encache_step *step,
                       const encache_candidate *c, size_t n,
-                      const encache_allocator *a, encache__lane *lane) {
+                      const encache_allocator *a, encache__lane *lane,
+                      int yield) {
   encache *ec = step->ec;
   memset(p, 0, sizeof(*p));
   p->ec = ec;
   p->step = step;
   p->lane = lane != NULL ? lane : &ec->lane;
-  p->yield = lane != NULL;
+  p->yield = yield;
   p->caller_c = c;
   p->n = n;
   if (allocator_check(ec, a, &p->a, 0) < 0)
@@ -420,7 +421,7 @@ static int first_checks(encache *ec, const encache_candidate *c, size_t n,
 
 static int lookup(encache_step *step, const encache_candidate *c, size_t n,
                   const encache_allocator *a, encache_result *results,
-                  encache__lane *lane) {
+                  encache__lane *lane, int yield) {
   encache *ec = step->ec;
   int rc = first_checks(ec, c, n, results, 0);
   if (rc < 0)
@@ -440,7 +441,7 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
   if (rc < 0 || n == 0)
     return rc;
   encache__plan p;
-  if ((rc = plan_begin(&p, step, c, n, a, lane)) < 0)
+  if ((rc = plan_begin(&p, step, c, n, a, lane, yield)) < 0)
     return rc;
   rc = plan_run(&p);
   if (rc == 0) {
@@ -464,11 +465,12 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
 
 int encache__lookup_timed(encache_step *step, const encache_candidate *c,
                           size_t n, const encache_allocator *a,
-                          encache_result *results, encache__lane *lane) {
+                          encache_result *results, encache__lane *lane,
+                          int yield) {
   encache *ec = step->ec;
   uint64_t t0 = encache__fleet_clock(ec->fleet);
   uint64_t counted = __atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED);
-  int rc = lookup(step, c, n, a, results, lane);
+  int rc = lookup(step, c, n, a, results, lane, yield);
   /* Only the calls `lookups` counts (not those refused at once). */
   if (__atomic_load_n(&ec->live->lookups, __ATOMIC_RELAXED) != counted)
     encache__fleet_observe(ec->fleet, ENCACHE__FLEET_LOOKUP, t0, 0);
@@ -493,7 +495,7 @@ int encache_lookup(encache_step *step, const encache_candidate *c, size_t n,
   if (step == NULL)
     return ENCACHE_EINVAL;
   encache__enter_step(step->ec, step);
-  int rc = encache__lookup_timed(step, c, n, a, results, NULL);
+  int rc = encache__lookup_timed(step, c, n, a, results, NULL, 0);
   encache__leave(step->ec);
   return rc;
 }

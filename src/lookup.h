@@ -12,12 +12,13 @@
 void encache__lookup_free(encache__lane *lane);
 
 /* encache_lookup() without taking the handle's turn (its caller has it),
- * timed for the lookup histogram.  lane NULL: in the handle's lane, with
- * the turn kept throughout; else in that lane (a lookup thread's own),
- * the turn given up around the Store calls (plan.h). */
+ * timed for the lookup histogram, in lane (NULL: the handle's own,
+ * ec->lane), giving the turn up around its Store calls when yield (a
+ * lookup thread in its own lane; plan.h). */
 int encache__lookup_timed(encache_step *step, const encache_candidate *c,
                           size_t n, const encache_allocator *a,
-                          encache_result *results, encache__lane *lane);
+                          encache_result *results, encache__lane *lane,
+                          int yield);
 /* The checks encache_lookup() makes before any Store call, in its order,
  * without counting the call: 0, ENCACHE_EINVAL (the handle's message says
  * which, unless quiet: then it is not written, and the caller need not

@@ -25,8 +25,8 @@
  * signalled at each completion, `work` at each start and at stop.  Lock
  * order: run, then mu.  encache_step_wait() with a bound takes mu only:
  * it never waits for the turn; one without a bound takes the turn to run
- * its lookup itself when it has not begun and is next in line (run_here,
- * in the handle's lane, the turn kept throughout).
+ * its lookup itself when it has not begun and no other is started
+ * (run_here, in the first thread's lane, the turn kept throughout).
  *
  * A step's fd is an eventfd written once per completion and drained by
  * the wait that returns that completion's answer.
@@ -91,12 +91,14 @@ static void fd_drain(encache_step *s) {
   }
 }
 
-/* Runs s's lookup in lane (NULL: the handle's; the caller has the turn
- * and took s off the queue), then makes its answer the wait's. */
-static void run_one(encache *ec, encache_step *s, encache__lane *lane) {
+/* Runs s's lookup in lane (the caller has the turn and took s off the
+ * queue), giving the turn up around its Store calls when yield, then
+ * makes its answer the wait's. */
+static void run_one(encache *ec, encache_step *s, encache__lane *lane,
+                    int yield) {
   struct encache__async *as = ec->async;
   int rc = encache__lookup_timed(s, s->async.c, s->async.n, &s->async.a,
-                                 s->async.results, lane);
+                                 s->async.results, lane, yield);
   pthread_mutex_lock(&as->mu);
   s->async.rc = rc;
   s->async.state = ENCACHE__ASYNC_DONE;
@@ -138,7 +140,7 @@ static void *thread_main(void *arg) {
     encache__enter(ec);
     encache_step *s = take(ec, NULL);
     if (s != NULL)
-      run_one(ec, s, &me->lane);
+      run_one(ec, s, &me->lane, 1);
     encache__leave(ec);
   }
 }
@@ -160,8 +162,16 @@ static void run_here(encache_step *step) {
   if (!alone)
     return;
   encache__enter(ec);
-  if (take(ec, step) != NULL)
-    run_one(ec, step, NULL);
+  if (take(ec, step) != NULL) {
+    /* No other lookup runs (the threads' take the turn first, and would
+     * have taken this one, the oldest), nor can one begin while this
+     * keeps the turn: the first thread's lane is free, and its staging
+     * buffer serves (no second one for the same reads). */
+    pthread_mutex_lock(&as->mu);
+    int only = as->running == 1;
+    pthread_mutex_unlock(&as->mu);
+    run_one(ec, step, only ? &as->threads[0].lane : NULL, 0);
+  }
   encache__leave(ec);
 }
 
