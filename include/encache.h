@@ -532,7 +532,8 @@ typedef struct encache_config encache_config;
      "encache's own (added in 1.3): how many started lookups "               \
      "(encache_lookup_start) read the Store at once, 1 to 8, each on a "     \
      "lookup thread of its own, with its own staging buffer where reads "    \
-     "use one; 0: the Store's choice, as for store_writes_in_flight")
+     "use one (store_read_buffer_bytes each, besides the handle's own); "    \
+     "0: the Store's choice, as for store_writes_in_flight")
 
 typedef enum encache_option {
 #define ENCACHE_OPT_ENUM_(id, ...) ENCACHE_OPT_##id,
