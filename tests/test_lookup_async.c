@@ -435,52 +435,62 @@ static void releaser_start(releaser *r, fault_ctl *ctl) {
 }
 
 TEST(lookup_async_step_close_in_flight_is_safe) {
-  aenv e;
-  encache *ec = aenv_open(&e);
-  char ids[4][32];
-  seed(&e, "sc", 4, 8, ids);
-  encache_candidate c[5] = {cand(ids[0], 8), cand(ids[1], 8), cand(ids[2], 8),
-                            cand(ids[3], 8), cand("sc-absent", 8)};
-  static encache_result r[5] = {ENCACHE_RESULT_INIT};
-  static encache_result q[5];
-  for (int i = 0; i < 5; i++)
-    q[i] = (encache_result){.size = sizeof(q[i]), .outcome = -1};
-  talloc t = {0};
-  encache_allocator a = allocator(&t);
-  encache_step *step = step_of(ec), *queued = step_of(ec);
-  (void)encache_step_fd(step); /* its fd is closed with it */
-  e.ctl.hold_reads = 1;
-  ASSERT_EQ_INT(encache_lookup_start(step, c, 5, &a, r), 0);
-  ASSERT_EQ_INT(encache_lookup_start(queued, c, 5, &a, q), 0);
-  fault_wait_reads_held(&e.ctl, 1);
-  /* A wait with a bound returns while the Store is held. */
-  ASSERT_EQ_INT(encache_step_wait(step, 50), ENCACHE_EPENDING);
-  ASSERT_EQ_INT(encache_step_wait(queued, 10), ENCACHE_EPENDING);
-  releaser rel;
-  releaser_start(&rel, &e.ctl);
-  encache_step_close(step); /* waits for its lookup, then closes */
-  ASSERT_EQ_INT(pthread_join(rel.thread, NULL), 0);
-  /* Completed: its hits are the caller's, as encache_lookup()'s are. */
-  for (int i = 0; i < 4; i++)
-    ASSERT_EQ_INT(r[i].outcome, ENCACHE_HIT);
-  ASSERT_EQ_INT(r[4].outcome, ENCACHE_MISS);
-  free_hits(r, 5);
-  /* The queued one either ran (then its answer waits) or is dropped with
-   * its step, unrun: both are safe. */
-  encache_step_close(queued);
-  int ran = q[0].outcome == ENCACHE_HIT;
-  if (ran)
-    free_hits(q, 5);
-  ASSERT_EQ_INT(t.allocs, 4 + 4 * ran);
-  ASSERT_EQ_INT(t.releases, 0);
-  ASSERT_EQ_INT(encache_close(ec), 0);
-  aenv_done(&e);
+  /* One lookup thread (the second lookup queued), then two (both read). */
+  for (int readers = 1; readers <= 2; readers++) {
+    aenv e;
+    aenv_readers = readers;
+    encache *ec = aenv_open(&e);
+    aenv_readers = 0;
+    char ids[4][32];
+    seed(&e, "sc", 4, 8, ids);
+    encache_candidate c[5] = {cand(ids[0], 8), cand(ids[1], 8),
+                              cand(ids[2], 8), cand(ids[3], 8),
+                              cand("sc-absent", 8)};
+    static encache_result r[5] = {ENCACHE_RESULT_INIT};
+    static encache_result q[5];
+    for (int i = 0; i < 5; i++)
+      q[i] = (encache_result){.size = sizeof(q[i]), .outcome = -1};
+    talloc t = {0};
+    encache_allocator a = allocator(&t);
+    encache_step *step = step_of(ec), *queued = step_of(ec);
+    (void)encache_step_fd(step); /* its fd is closed with it */
+    e.ctl.hold_reads = 1;
+    ASSERT_EQ_INT(encache_lookup_start(step, c, 5, &a, r), 0);
+    ASSERT_EQ_INT(encache_lookup_start(queued, c, 5, &a, q), 0);
+    fault_wait_reads_held(&e.ctl, 1);
+    /* A wait with a bound returns while the Store is held. */
+    ASSERT_EQ_INT(encache_step_wait(step, 50), ENCACHE_EPENDING);
+    ASSERT_EQ_INT(encache_step_wait(queued, 10), ENCACHE_EPENDING);
+    releaser rel;
+    releaser_start(&rel, &e.ctl);
+    encache_step_close(step); /* waits for its lookup, then closes */
+    ASSERT_EQ_INT(pthread_join(rel.thread, NULL), 0);
+    /* Completed: its hits are the caller's, as encache_lookup()'s are. */
+    for (int i = 0; i < 4; i++)
+      ASSERT_EQ_INT(r[i].outcome, ENCACHE_HIT);
+    ASSERT_EQ_INT(r[4].outcome, ENCACHE_MISS);
+    free_hits(r, 5);
+    /* The queued one either ran (then its answer waits) or is dropped with
+     * its step, unrun: both are safe. */
+    encache_step_close(queued);
+    int ran = q[0].outcome == ENCACHE_HIT;
+    if (ran)
+      free_hits(q, 5);
+    ASSERT_EQ_INT(t.allocs, 4 + 4 * ran);
+    ASSERT_EQ_INT(t.releases, 0);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    aenv_done(&e);
+  }
 }
 
 TEST(lookup_async_handle_close_in_flight_is_safe) {
-  for (int with_step_open = 0; with_step_open < 2; with_step_open++) {
+  /* With one lookup thread, then two (both lookups read at the close). */
+  for (int run = 0; run < 4; run++) {
+    int with_step_open = run & 1;
     aenv e;
+    aenv_readers = 1 + run / 2;
     encache *ec = aenv_open(&e);
+    aenv_readers = 0;
     char ids[3][32];
     seed(&e, "hc", 3, 64, ids);
     encache_candidate c[3] = {cand(ids[0], 64), cand(ids[1], 64),
