@@ -8,6 +8,7 @@ fault_store.c) for outages and unconfirmed I/O."""
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -428,7 +429,6 @@ def test_scheduler_prefetch_warms_the_hosts_tier(engines, shm):
     lib = _core.ConnectorConfig.from_ec_transfer_config(cfg).library_config
     with encache.Cache(lib, store=local,
                        **ecc.namespace_fields(b.config)) as host:
-        import time
         deadline = time.monotonic() + ectest.TIMEOUT
         while True:
             with host.lookup([(img, torch.float32, (4, 8))]) as step:
@@ -440,17 +440,34 @@ def test_scheduler_prefetch_warms_the_hosts_tier(engines, shm):
             time.sleep(0.05)
 
 
-def test_scheduler_prefetch_is_off_by_default_and_bounded(engines, shm):
+def test_scheduler_prefetch_is_off_by_default_and_bounded(engines, shm,
+                                                          fault):
     e = engines(vf.vllm_config(shm()))
     assert e.scheduler.core.prefetcher is None
     with pytest.raises(encache.ConfigError, match="scheduler_prefetch"):
         _core.ConnectorConfig.from_ec_transfer_config(
             {"ec_connector_extra_config": {"scheduler_prefetch": 1}})
-    p = engines(vf.vllm_config(shm(), scheduler_prefetch=True))
+    p = engines(vf.vllm_config(shm(scheme="pyfault"),
+                               scheduler_prefetch=True))
     pf = p.scheduler.core.prefetcher
-    pf.close()  # its thread gone, nothing takes from the queue: a full
-    # queue drops the step rather than wait
-    for _ in range(8):
-        assert pf.submit([("x", torch.float32, (4, 8))]) is True
-    assert pf.submit([("x", torch.float32, (4, 8))]) is False
-    assert pf.dropped == 1
+    imgs = [ectest.unique("pf") for _ in range(11)]
+    p.step([vf.request("r0", imgs)])  # encoded and published: all present
+    p.worker.shutdown()
+    pf.wait()  # the step's own prefetch (of 11 misses, then)
+    base, dropped = pf.prefetched, pf.dropped
+    # The reads held: eight steps' lookups pending, a ninth is dropped
+    # rather than wait; submitting never waits for the Store.
+    fault.hold(fault.READS)
+    t0 = time.monotonic()
+    for k in range(8):
+        assert pf.submit([(imgs[k], torch.float32, (4, 8))]) is True
+    assert pf.submit([(imgs[8], torch.float32, (4, 8))]) is False
+    assert time.monotonic() - t0 < ectest.TIMEOUT / 2
+    assert pf.dropped == dropped + 1 and pf.prefetched == base
+    fault.hold(fault.READS, False)
+    pf.wait()
+    assert pf.prefetched == base + 8 and pf.failed == 0
+    assert pf.submit([(imgs[9], torch.float32, (4, 8))]) is True
+    pf.close()
+    assert pf.prefetched == base + 9
+    assert pf.submit([(imgs[10], torch.float32, (4, 8))]) is False  # closed

@@ -199,63 +199,72 @@ def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
 
 
 class Prefetcher:
-    """scheduler_prefetch: the scheduler process reads the step's
-    candidates as soon as it has planned them, on a thread of its own,
-    and drops what it read.  The outputs cannot reach the worker's encoder
-    cache from there (another process), but a tier Store promotes each
-    remote hit into the host's shm, so that the worker's own lookup a
-    moment later is a local hit.  Bounded: at most `depth` steps wait;
-    a step that finds the queue full is not prefetched (counted).  A
-    Store operation that cannot be confirmed ends prefetching for the
-    process (the worker's lookups are not affected: another handle)."""
+    """scheduler_prefetch: the scheduler process starts the lookup of the
+    step's candidates as soon as it has planned them (lookup(wait=False):
+    the reads run on the library's lookup threads, several steps' at once,
+    without a Python thread or the GIL) and drops what it read.  The
+    outputs cannot reach the worker's encoder cache from there (another
+    process), but a tier Store promotes each remote hit into the host's
+    shm, so that the worker's own lookup a moment later is a local hit.
+    Bounded: at most `depth` steps' lookups are pending; a step that finds
+    them all pending is not prefetched (counted).  A Store operation that
+    cannot be confirmed ends prefetching for the process (the worker's
+    lookups are not affected: another handle)."""
 
     def __init__(self, cache, depth: int = 8):
-        import queue
-        import threading
+        import collections
         self.cache = cache
+        self.depth = depth
         self.prefetched = self.dropped = self.failed = 0
-        self._queue = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="encache-prefetch")
-        self._thread.start()
+        self._pending = collections.deque()  # (step, items), oldest first
+        self._stopped = False
 
-    def submit(self, items) -> bool:
-        import queue
-        try:
-            self._queue.put_nowait(items)
-            return True
-        except queue.Full:
-            self.dropped += 1
-            return False
-
-    def _run(self):
-        while True:
-            items = self._queue.get()
+    def _collect(self, block: bool) -> None:
+        """Closes the completed lookups, oldest first (all with block)."""
+        pending = self._pending
+        while pending and (block or pending[0][0].done):
+            step, n = pending.popleft()
             try:
-                if items is None:
-                    return
-                with self.cache.lookup(items):
-                    pass
-                self.prefetched += len(items)
+                step.wait()
+                self.prefetched += n
             except encache.PoisonedError as e:
-                logger.warning("encache: scheduler prefetch stopped: %s", e)
-                self.failed += 1
-                return
+                self._stop(e)
             except encache.Error as e:
                 self.failed += 1
                 logger.debug("encache: prefetch failed: %s", e)
             finally:
-                self._queue.task_done()
+                step.close()
+
+    def _stop(self, e) -> None:
+        if not self._stopped:
+            logger.warning("encache: scheduler prefetch stopped: %s", e)
+        self._stopped = True
+        self.failed += 1
+
+    def submit(self, items) -> bool:
+        self._collect(block=False)
+        if self._stopped or len(self._pending) >= self.depth:
+            self.dropped += 1
+            return False
+        try:
+            step = self.cache.lookup(items, wait=False)
+        except encache.PoisonedError as e:
+            self._stop(e)
+            return False
+        except encache.Error as e:
+            self.failed += 1
+            logger.debug("encache: prefetch failed: %s", e)
+            return False
+        self._pending.append((step, len(items)))
+        return True
 
     def wait(self) -> None:
         """Until every submitted step is read (tests, shutdown)."""
-        if self._thread.is_alive():
-            self._queue.join()
+        self._collect(block=True)
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        self._stopped = True
+        self._collect(block=True)
         try:
             self.cache.close()
         except encache.Error as e:
