@@ -1642,8 +1642,9 @@ typedef struct encache_stats {
   uint64_t published_skipped[ENCACHE_SKIP_COUNT_]; /* by reason */
   uint64_t pending_items;      /* queued or in flight, not yet reaped */
   uint64_t pending_bytes;      /* charged bytes (per backing storage) */
-  uint64_t staging_allocations;/* times the staging buffer was allocated */
-  uint64_t staging_bytes;      /* its current size (0 = none) */
+  uint64_t staging_allocations;/* staging buffers allocated (1.3: the
+                                * handle's and its lookup threads') */
+  uint64_t staging_bytes;      /* their current size (0 = none) */
   uint64_t steps_open;         /* steps open now (at most ENCACHE_MAX_STEPS) */
   int poisoned;
   /* Added in 1.2: single flight (all 0 when it is off). */
