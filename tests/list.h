@@ -259,7 +259,6 @@
   XX(tier_url_shown_redacted_and_caps_of_both_tiers)                         \
   XX(tier_local_hit_never_asks_the_remote)                                   \
   XX(tier_remote_hit_is_promoted_then_local)                                 \
-  XX(tier_promote_copy_max_from_the_url)                                     \
   XX(tier_remote_outage_keeps_local_hits)                                    \
   XX(tier_remote_outage_seen_by_an_engine)                                   \
   XX(tier_incompatible_remote_object_never_promoted)                         \

@@ -137,43 +137,6 @@ TEST(tier_remote_hit_is_promoted_then_local) {
   ASSERT_EQ_MEM(back, big, BIG);
   s = stats_of(w.tier);
   ASSERT_EQ_U64(s.tier_promotions_done, 3);
-  /* With promote_copy_max above its size (a lookup whose own time does
-   * not matter, as a scheduler's prefetch), the lookup's copy is
-   * promoted: the remote is read once. */
-  ((tier_store *)w.tier)->copy_max = BIG;
-  key_of(k2, "big-copied");
-  ASSERT_EQ_INT(encache_store_write(w.remote, k2, NULL, 0, big, BIG), 0);
-  r0 = w.ctl.read_calls;
-  ASSERT_EQ_INT(encache_store_read(w.tier, &kk, 1, bb, bc, res), 0);
-  ASSERT_EQ_INT(res[0], BIG);
-  encache__tier_drain(w.tier);
-  ASSERT_EQ_INT(w.ctl.read_calls, r0 + 1); /* the lookup's alone */
-  memset(back, 0, BIG);
-  ASSERT_EQ_INT(encache_store_read(w.local, &kk, 1, bb, bc, res), 0);
-  ASSERT_EQ_INT(res[0], BIG);
-  ASSERT_EQ_MEM(back, big, BIG);
-  world_stop(&w);
-}
-
-/* promote_copy_max in a tier URL reaches the handle (default 256KiB). */
-TEST(tier_promote_copy_max_from_the_url) {
-  world w;
-  if (world_start(&w, "4MiB", 0, 0) < 0)
-    return;
-  char url[512];
-  static const struct {
-    const char *opt;
-    uint64_t want;
-  } cases[] = {{"", TIER_COPY_MAX}, {"&promote_copy_max=16MiB", 16u << 20},
-               {"&promote_copy_max=0", 0}};
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    snprintf(url, sizeof(url), "tier:%s%s+%s", w.local_url, cases[i].opt,
-             w.remote_url);
-    encache_store *st = NULL;
-    ASSERT_EQ_INT(encache_store_open(url, &st), 0);
-    ASSERT_EQ_U64(((tier_store *)st)->copy_max, cases[i].want);
-    encache_store_close(st);
-  }
   world_stop(&w);
 }
 

@@ -42,8 +42,6 @@ TEST(tier_url_errors_name_what_is_wrong) {
        "promote_queue_bytes=lots: must be a size of at least 64KiB"},
       {"tier:shm://x?promote_queue_bytes=1KiB+redis://u:secret@h:1",
        "promote_queue_bytes=1KiB: must be a size of at least 64KiB"},
-      {"tier:shm://x?promote_copy_max=big+redis://u:secret@h:1",
-       "promote_copy_max=big: must be a size"},
       {"tier:shm://x?size=1MiB&bogus=1+redis://u:secret@h:1", "unknown option 'bogus'"},
       {"tier:shm://x?size=1MiB&(=1+redis://u:secret@h:1", "the local tier"},
       {"tier:shm://bad name+redis://u:secret@h:1", "the local tier"},

@@ -584,7 +584,6 @@ int encache__tier_wrap(encache_store *local, encache_store *remote,
   t->remote = remote;
   t->max_items = max_items ? max_items : TIER_QUEUE_ITEMS;
   t->max_bytes = max_bytes ? max_bytes : TIER_QUEUE_BYTES;
-  t->copy_max = TIER_COPY_MAX;
   make_ops(t);
   encache__store_profile_set(&t->base);
   pthread_mutex_init(&t->mu, NULL);

@@ -3,8 +3,7 @@
  * tier.h: the tiered Store (src/store/tier.c, tier_promote.c): a
  * host-local shm tier in front of a distributed Store, opened from
  *
- *   tier:shm://NAME?size=SIZE[&promote_queue_items=N&promote_queue_bytes=SIZE]
- *        [&promote_copy_max=SIZE]+REMOTE_URL
+ *   tier:shm://NAME?size=SIZE[&promote_queue_items=N&promote_queue_bytes=SIZE]+REMOTE_URL
  *
  * The local part ends at the first '+' of the URL: an shm URL never holds
  * one (its names are A-Z a-z 0-9 . _ -, its option values numbers, sizes
@@ -25,10 +24,9 @@
  * never fit the queue. */
 #define TIER_QUEUE_BYTES_MIN (64ull << 10)
 
-/* Objects up to this size (promote_copy_max's default) are copied by the
- * lookup that found them; a larger one is read again from the remote
- * tier by the promotion thread, so that the lookup never pays for copying
- * it (tier_promote.c). */
+/* Objects up to this size are copied by the lookup that found them; a
+ * larger one is read again from the remote tier by the promotion thread,
+ * so that the lookup never pays for copying it (tier_promote.c). */
 #define TIER_COPY_MAX (256u << 10)
 
 /* One remote hit waiting to be written into the local tier. */
@@ -65,7 +63,6 @@ typedef struct tier_store {
   tier_promo *cur; /* the promotion being written (the thread's) */
   size_t qitems, max_items;
   uint64_t qbytes, max_bytes;
-  uint64_t copy_max; /* promote_copy_max: TIER_COPY_MAX unless the URL says */
   int stop, thread_started, busy;
   pthread_t thread;
   /* The promotion thread's own: the buffer objects are read again into;

@@ -48,11 +48,10 @@ static int starts(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-/* The options of the tier in the local part's query, into *items,
- * *bytes and *copy_max (left as they are when absent); the other pairs
- * are copied to shm (the local URL to open). */
+/* The options of the tier in the local part's query, into *items and
+ * *bytes; the other pairs are copied to shm (the local URL to open). */
 static int take_options(const char *local, char *shm, size_t size,
-                        size_t *items, uint64_t *bytes, uint64_t *copy_max) {
+                        size_t *items, uint64_t *bytes) {
   const char *q = strchr(local, '?');
   size_t base = q ? (size_t)(q - local) : strlen(local);
   if (base >= size)
@@ -78,12 +77,6 @@ static int take_options(const char *local, char *shm, size_t size,
         return encache_store_fail(NULL, ENCACHE_EURL, "tier: "
                                   "promote_queue_bytes=%s: must be a size "
                                   "of at least 64KiB (default 64MiB)", v);
-    } else if (strcmp(k, "promote_copy_max") == 0) {
-      if (encache_parse_size(v, copy_max) < 0)
-        return encache_store_fail(NULL, ENCACHE_EURL, "tier: "
-                                  "promote_copy_max=%s: must be a size "
-                                  "(default 256KiB; 0: read every "
-                                  "promotion again)", v);
     } else {
       size_t len = strlen(shm);
       if (snprintf(shm + len, size - len, "%c%s=%s", sep, k, v) >=
@@ -159,12 +152,12 @@ int encache__tier_open(const char *url, encache_store **out) {
   char local[512], shm[512];
   const char *remote = NULL;
   size_t items = 0;
-  uint64_t bytes = 0, copy_max = TIER_COPY_MAX;
+  uint64_t bytes = 0;
   if (!starts(url, "tier:"))
     return encache_store_fail(NULL, ENCACHE_EURL, "not a tier: URL");
   int rc = split(url + 5, local, sizeof(local), &remote);
   if (rc == 0)
-    rc = take_options(local, shm, sizeof(shm), &items, &bytes, &copy_max);
+    rc = take_options(local, shm, sizeof(shm), &items, &bytes);
   if (rc < 0)
     return rc;
   /* The remote first: a remote URL that does not open (unknown scheme,
@@ -188,7 +181,5 @@ int encache__tier_open(const char *url, encache_store **out) {
   }
   rc = encache__tier_wrap(l, r, name, items, bytes, out);
   encache__free(name);
-  if (rc == 0)
-    ((tier_store *)*out)->copy_max = copy_max;
   return rc;
 }

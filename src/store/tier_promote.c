@@ -4,8 +4,7 @@
  *
  * A lookup that finds an object only in the remote tier queues it in a
  * bounded queue (items and bytes, tier.h) and returns at once: a small
- * object (promote_copy_max, TIER_COPY_MAX by default) as a copy, a
- * larger one as its key only, read
+ * object (TIER_COPY_MAX) as a copy, a larger one as its key only, read
  * again from the remote tier by the promotion thread (a copy of a large
  * object would cost the lookup a large share of a remote read:
  * docs/performance.md, "Two tiers"; a Store that needs registered
@@ -91,7 +90,7 @@ void encache__tier_promote(tier_store *t, uint64_t gen, const char *key,
     return;
   }
   int fetch =
-      len > t->copy_max && !encache__store_profile_of(t->remote)->registered;
+      len > TIER_COPY_MAX && !encache__store_profile_of(t->remote)->registered;
   size_t data = fetch ? 0 : len;
   tier_promo *p = encache__malloc(sizeof(*p) + data + klen + 1);
   if (p == NULL) {

@@ -440,20 +440,6 @@ def test_scheduler_prefetch_warms_the_hosts_tier(engines, shm):
             time.sleep(0.05)
 
 
-def test_scheduler_prefetch_copies_its_promotions():
-    # On a tier the prefetch's remote hits are promoted from its own read
-    # (the remote is read once); any other Store URL is left as it is.
-    f = _core.prefetch_store
-    assert f("tier:shm://h?size=1GiB+redis://r:1") == \
-        "tier:shm://h?size=1GiB&promote_copy_max=1GiB+redis://r:1"
-    assert f("tier:shm://h+redis://u:p+w@r:1") == \
-        "tier:shm://h?promote_copy_max=1GiB+redis://u:p+w@r:1"
-    assert f("tier:shm://h?promote_copy_max=0+redis://r:1") == \
-        "tier:shm://h?promote_copy_max=0+redis://r:1"
-    for url in (None, "redis://r:1", "shm://h?size=1GiB", "mooncake:"):
-        assert f(url) == url
-
-
 def test_scheduler_prefetch_is_off_by_default_and_bounded(engines, shm,
                                                           fault):
     e = engines(vf.vllm_config(shm()))

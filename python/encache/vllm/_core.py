@@ -184,20 +184,6 @@ class ConnectorConfig:
         return None
 
 
-def prefetch_store(url: str | None) -> str | None:
-    """The scheduler prefetch's Store URL: on a tier, its remote hits are
-    promoted from the prefetch's own read (promote_copy_max, docs/stores.md),
-    not read again by the tier's promotion thread, so that the remote is
-    read once per object (the prefetch's own time does not matter)."""
-    if not url or not url.startswith("tier:") or "+" not in url:
-        return url
-    local, remote = url.split("+", 1)
-    if "promote_copy_max=" in local:
-        return url
-    sep = "&" if "?" in local else "?"
-    return f"{local}{sep}promote_copy_max=1GiB+{remote}"
-
-
 def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
     """Refuses what the reference refuses at start-up: with reuse on and
     the processor cache off, an encoder-only instance names images with
@@ -307,8 +293,8 @@ class SchedulerCore:
             if encoder_name and "encoder_name" not in extra:
                 extra["encoder_name"] = encoder_name
             self.prefetcher = Prefetcher(encache.Cache(
-                cfg, store=prefetch_store(config.resolved_store()),
-                log=logger.warning, **namespace))
+                cfg, store=config.resolved_store(), log=logger.warning,
+                **namespace))
 
     def note_request(self, req_id: str,
                      features: typing.Iterable[tuple[str, int, str]]) -> None:
