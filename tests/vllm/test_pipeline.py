@@ -7,6 +7,7 @@ fault_store.c) for outages and unconfirmed I/O."""
 
 import multiprocessing
 import os
+import pickle
 import threading
 import time
 
@@ -471,3 +472,134 @@ def test_scheduler_prefetch_is_off_by_default_and_bounded(engines, shm,
     pf.close()
     assert pf.prefetched == base + 9
     assert pf.submit([(imgs[10], torch.float32, (4, 8))]) is False  # closed
+
+
+def _plan(engine, req):
+    """The scheduler half plans req's images (its prefetch starts); the
+    SchedulerOutput the worker half then runs, as vf.Engine.step makes
+    it."""
+    out = vf.SchedulerOutput(
+        [vf.NewRequestData(req.request_id, req.mm_features)],
+        {req.request_id: list(range(len(req.mm_features)))}, set())
+    out.ec_connector_metadata = pickle.loads(pickle.dumps(
+        engine.scheduler.build_connector_meta(out)))
+    return out
+
+
+def test_scheduler_prefetch_hands_its_hits_to_the_worker_of_its_process(
+        engines, shm, fault):
+    # vLLM's single-GPU executor runs the worker in the engine core's
+    # process, on the scheduler's thread (vllm/v1/executor/
+    # uniproc_executor.py at 01e4fce07423dafcc832600ba05159fb28dc1126):
+    # the worker's step takes the hits its scheduler half read when it
+    # planned the step, and reads nothing from the Store itself.
+    url = shm(scheme="pyfault")
+    imgs = [ectest.unique("ho") for _ in range(3)]
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", imgs)])
+    a.worker.shutdown()  # its publications written
+    b = engines(vf.vllm_config(url, scheduler_prefetch=True))
+    pf, w = b.scheduler.core.prefetcher, b.worker.core
+    req = vf.request("r2", imgs)
+    out = _plan(b, req)
+    pf.wait()
+    reads, hits = fault.calls(fault.READS), w.cache.stats().hits
+    b.run_worker(out, [req])
+    assert fault.calls(fault.READS) == reads  # the worker read nothing
+    assert w.cache.stats().hits == hits
+    assert w.counters.prefetched == 3 and w.counters.loaded == 3
+    assert pf.handed == 3 and pf.prefetched == 3
+    for i in imgs:
+        assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
+    # Each output is handed once: the same images in a later step (the
+    # encoder cache emptied) are the worker's own lookups, hits again.
+    b.encoder_cache.clear()
+    req = vf.request("r3", imgs)
+    out = _plan(b, req)
+    pf.wait()
+    pf._held.clear()  # as if the worker ran after they were dropped
+    pf._held_total = 0
+    b.run_worker(out, [req])
+    assert w.counters.prefetched == 3 and w.cache.stats().hits == hits + 3
+    for i in imgs:
+        assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
+
+
+def test_a_worker_step_waits_for_the_prefetch_of_its_images(engines, shm,
+                                                             fault):
+    # The worker runs while its scheduler half's prefetch is still reading:
+    # it waits for that read rather than read the same objects again.
+    url = shm(scheme="pyfault")
+    imgs = [ectest.unique("hw") for _ in range(2)]
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", imgs)])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url, scheduler_prefetch=True))
+    pf, w = b.scheduler.core.prefetcher, b.worker.core
+    hits = w.cache.stats().hits
+    fault.hold(fault.READS)
+    req = vf.request("r2", imgs)
+    out = _plan(b, req)
+    assert fault.wait_held(fault.READS)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (b.run_worker(out, [req]),
+                                         done.set()))
+    t.start()
+    assert not done.wait(0.2)  # waiting for the prefetch's read
+    fault.hold(fault.READS, False)
+    t.join(ectest.TIMEOUT)
+    assert done.is_set()
+    assert w.counters.prefetched == 2 and w.cache.stats().hits == hits
+    for i in imgs:
+        assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
+
+
+def test_prefetched_hits_are_bounded_and_follow_the_namespace(engines, shm):
+    url = shm()
+    imgs = [ectest.unique("hb") for _ in range(3)]
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", imgs)])
+    a.worker.shutdown()
+    with pytest.raises(encache.ConfigError, match="scheduler_prefetch_bytes"):
+        _core.ConnectorConfig.from_ec_transfer_config(
+            {"ec_connector_extra_config": {"scheduler_prefetch_bytes": -1}})
+    with pytest.raises(encache.ConfigError, match="scheduler_prefetch_bytes"):
+        _core.ConnectorConfig.from_ec_transfer_config(
+            {"ec_connector_extra_config": {"scheduler_prefetch_bytes": "1"}})
+    # 0: nothing is kept for the worker, nothing registered.
+    z = engines(vf.vllm_config(url, scheduler_prefetch=True,
+                               scheduler_prefetch_bytes=0))
+    assert z.scheduler.core.prefetcher.key is None
+    z.step([vf.request("r2", imgs)])
+    assert z.worker.core.counters.prefetched == 0
+    assert z.worker.core.counters.loaded == 3  # its own lookup's hits
+    z.shutdown()
+    # Room for two of the three outputs (4 x hidden float32 each): the
+    # oldest is dropped, the worker reads it itself.
+    one = 4 * a.config.model_config.get_hidden_size() * 4
+    b = engines(vf.vllm_config(url, scheduler_prefetch=True,
+                               scheduler_prefetch_bytes=2 * one))
+    pf, w = b.scheduler.core.prefetcher, b.worker.core
+    req = vf.request("r3", imgs)
+    out = _plan(b, req)
+    pf.wait()
+    assert pf.evicted == 1 and pf._held_total == 2 * one
+    b.run_worker(out, [req])
+    assert w.counters.prefetched == 2 and w.counters.loaded == 3
+    for i in imgs:
+        assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
+    # A new namespace on the worker (new weights): what the scheduler half
+    # read under the old one is never handed over; the step misses and
+    # encodes.
+    b.encoder_cache.clear()
+    w.switch_namespace(embedding_model_identity="epoch-2")
+    req = vf.request("r4", imgs)
+    out = _plan(b, req)
+    pf.wait()
+    held = pf._held_total
+    b.run_worker(out, [req])
+    assert w.counters.prefetched == 2 and w.counters.loaded == 3
+    assert pf._held_total == held > 0
+    # Closed: nothing is left registered.
+    b.shutdown()
+    assert _core._HANDOFFS.get(pf.key) is None

@@ -32,10 +32,12 @@ it:
 The lookup is synchronous, in begin_step, as the reference's is: vLLM's
 V2 runner calls start_save_caches right after binding the step's
 metadata and decides what to encode from the encoder cache right after
-that, so a read started at bind time would gain nothing on the worker;
-the scheduler runs in another process, where outputs read from the Store
-could not reach the encoder cache (scheduler_prefetch, Prefetcher below,
-only warms a tier's host shm).
+that, so a read started at bind time would gain nothing on the worker.
+What can start earlier is the scheduler half's (scheduler_prefetch,
+Prefetcher below): where the worker shares its process (vLLM's
+single-GPU executor), the worker's step takes the hits the scheduler
+half read when it planned the step; elsewhere a tier keeps them in the
+host's shm.
 
 Failures follow the reference (vLLM's cross-encoder reuse, docs "Shared
 Encoder output Store", Failure semantics): every outcome but a hit means
@@ -54,6 +56,8 @@ import dataclasses
 import json
 import logging
 import os
+import threading
+import time
 import typing
 
 import encache
@@ -74,6 +78,7 @@ OWN_OPTIONS = {
     "inner_ec_connector_module_path": (str, None),
     "encoder_output_width": (int, None),
     "scheduler_prefetch": (bool, False),
+    "scheduler_prefetch_bytes": (int, 256 << 20),
 }
 
 # The modalities looked up: the reference covers images only, other
@@ -127,6 +132,7 @@ class ConnectorConfig:
     encoder_output_width: int | None
     library_config: dict
     scheduler_prefetch: bool = False
+    scheduler_prefetch_bytes: int = 256 << 20
 
     @classmethod
     def from_ec_transfer_config(cls, cfg: dict) -> ConnectorConfig:
@@ -151,6 +157,10 @@ class ConnectorConfig:
         if own["encoder_output_width"] is not None and \
                 own["encoder_output_width"] <= 0:
             raise encache.ConfigError("encoder_output_width: must be positive")
+        if own["scheduler_prefetch_bytes"] < 0:
+            raise encache.ConfigError(
+                "scheduler_prefetch_bytes: must be 0 (hand no prefetched "
+                "output to the worker) or more")
         enabled = extra.get("cross_encoder_cache", False)
         if not isinstance(enabled, bool):
             # The library refuses it too, naming it; say it here as well,
@@ -167,7 +177,8 @@ class ConnectorConfig:
                    inner_module_path=own["inner_ec_connector_module_path"],
                    encoder_output_width=own["encoder_output_width"],
                    library_config=library,
-                   scheduler_prefetch=own["scheduler_prefetch"])
+                   scheduler_prefetch=own["scheduler_prefetch"],
+                   scheduler_prefetch_bytes=own["scheduler_prefetch_bytes"])
 
     @property
     def is_producer(self) -> bool:
@@ -198,35 +209,79 @@ def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
             "counters that collide across encoders")
 
 
+# Prefetchers that hand their hits to a worker half of the same process,
+# by (Store URL, namespace).  With vLLM's UniProcExecutor (one GPU: the
+# "uni" backend) the engine core builds its one worker in its own process
+# and runs execute_model on the scheduler's thread (vllm-project/vllm,
+# vllm/v1/executor/uniproc_executor.py at
+# 01e4fce07423dafcc832600ba05159fb28dc1126: driver_worker, collective_rpc),
+# so both halves of a connector live there.
+_HANDOFFS: dict = {}
+_HANDOFFS_LOCK = threading.Lock()
+
+# How long a prefetched hit is kept for the worker half (seconds): the
+# worker runs a step within milliseconds of its plan; an output never
+# taken (the worker found it in its encoder cache already) is dropped.
+PREFETCH_HOLD_SECONDS = 10.0
+
+
+def handoff_key(store_url: str | None, namespace: str) -> tuple:
+    return (store_url or os.environ.get("ENCACHE_STORE") or "", namespace)
+
+
 class Prefetcher:
-    """scheduler_prefetch: the scheduler process starts the lookup of the
+    """scheduler_prefetch: the scheduler half starts the lookup of the
     step's candidates as soon as it has planned them (lookup(wait=False):
     the reads run on the library's lookup threads, several steps' at once,
-    without a Python thread or the GIL) and drops what it read.  The
-    outputs cannot reach the worker's encoder cache from there (another
-    process), but a tier Store promotes each remote hit into the host's
-    shm, so that the worker's own lookup a moment later is a local hit.
+    without a Python thread or the GIL).
+
+    Where the worker half lives in the same process (key: the Store URL
+    and namespace both halves open), the hits are kept for it, at most
+    hold_bytes of them for at most PREFETCH_HOLD_SECONDS, and take() hands
+    each to the one worker step that asks for it: the step then reads
+    nothing; a candidate whose prefetch is still reading is waited for, not
+    read a second time.  Elsewhere (the worker in another process: vLLM's
+    multiprocessing or Ray executors) the hits are dropped, and only a tier
+    Store keeps them: it promotes each remote hit into the host's shm, so
+    that the worker's own lookup a moment later is a local hit.
+
     Bounded: at most `depth` steps' lookups are pending; a step that finds
     them all pending is not prefetched (counted).  A Store operation that
     cannot be confirmed ends prefetching for the process (the worker's
-    lookups are not affected: another handle)."""
+    lookups are not affected: another handle).  Its calls take a lock: the
+    scheduler and the worker may call from different threads."""
 
-    def __init__(self, cache, depth: int = 8):
+    def __init__(self, cache, depth: int = 8, hold_bytes: int = 0,
+                 key: tuple | None = None):
         import collections
         self.cache = cache
         self.depth = depth
+        self.hold_bytes = hold_bytes
         self.prefetched = self.dropped = self.failed = 0
+        self.handed = self.evicted = 0
         self._pending = collections.deque()  # (step, items), oldest first
+        # item -> (tensor, bytes, monotonic time kept), oldest first
+        self._held = collections.OrderedDict()
+        self._held_total = 0
+        self._lock = threading.Lock()
         self._stopped = False
+        self.key = key if hold_bytes > 0 else None
+        if self.key is not None:
+            with _HANDOFFS_LOCK:
+                _HANDOFFS[self.key] = self
 
-    def _collect(self, block: bool) -> None:
-        """Closes the completed lookups, oldest first (all with block)."""
+    def _collect(self, block: int) -> None:
+        """Closes the completed lookups, oldest first, waiting for the
+        first `block` of them (-1: all); keeps their hits.  Lock held."""
         pending = self._pending
-        while pending and (block or pending[0][0].done):
-            step, n = pending.popleft()
+        while pending and (block != 0 or pending[0][0].done):
+            block -= block > 0
+            step, items = pending.popleft()
             try:
                 step.wait()
-                self.prefetched += n
+                self.prefetched += len(items)
+                if self.key is not None:
+                    self._keep(items, step.results)
             except encache.PoisonedError as e:
                 self._stop(e)
             except encache.Error as e:
@@ -235,6 +290,31 @@ class Prefetcher:
             finally:
                 step.close()
 
+    def _keep(self, items, results) -> None:
+        by_id = {i[0]: i for i in items}
+        now = time.monotonic()
+        held = self._held
+        for r in results:
+            if not r.hit:
+                continue
+            t = r.tensor
+            n = t.numel() * t.element_size()
+            old = held.pop(by_id[r.id], None)
+            if old is not None:
+                self._held_total -= old[1]
+            held[by_id[r.id]] = (t, n, now)
+            self._held_total += n
+        while held and self._held_total > self.hold_bytes:
+            self._drop_oldest()
+        while held and next(iter(held.values()))[2] < \
+                now - PREFETCH_HOLD_SECONDS:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, (_, n, _) = self._held.popitem(last=False)
+        self._held_total -= n
+        self.evicted += 1
+
     def _stop(self, e) -> None:
         if not self._stopped:
             logger.warning("encache: scheduler prefetch stopped: %s", e)
@@ -242,29 +322,63 @@ class Prefetcher:
         self.failed += 1
 
     def submit(self, items) -> bool:
-        self._collect(block=False)
-        if self._stopped or len(self._pending) >= self.depth:
-            self.dropped += 1
-            return False
-        try:
-            step = self.cache.lookup(items, wait=False)
-        except encache.PoisonedError as e:
-            self._stop(e)
-            return False
-        except encache.Error as e:
-            self.failed += 1
-            logger.debug("encache: prefetch failed: %s", e)
-            return False
-        self._pending.append((step, len(items)))
-        return True
+        with self._lock:
+            self._collect(0)
+            if self._stopped or len(self._pending) >= self.depth:
+                self.dropped += 1
+                return False
+            try:
+                step = self.cache.lookup(items, wait=False)
+            except encache.PoisonedError as e:
+                self._stop(e)
+                return False
+            except encache.Error as e:
+                self.failed += 1
+                logger.debug("encache: prefetch failed: %s", e)
+                return False
+            self._pending.append((step, items))
+            return True
+
+    def take(self, items) -> tuple[list, list]:
+        """The worker half's step: (hits, rest).  hits: (identifier,
+        tensor) of the items prefetched, each handed to this call alone;
+        rest: the items the step must look up itself.  Waits for a pending
+        prefetch of one of the items (never longer than its own read)."""
+        with self._lock:
+            wanted = set(items)
+            last = 0
+            for k, (_, pending_items) in enumerate(self._pending, 1):
+                if not wanted.isdisjoint(pending_items):
+                    last = k
+            self._collect(last)
+            held = self._held
+            if not held:
+                return [], items
+            hits, rest = [], []
+            for item in items:
+                got = held.pop(item, None)
+                if got is None:
+                    rest.append(item)
+                else:
+                    self._held_total -= got[1]
+                    hits.append((item[0], got[0]))
+            self.handed += len(hits)
+            return hits, rest
 
     def wait(self) -> None:
         """Until every submitted step is read (tests, shutdown)."""
-        self._collect(block=True)
+        with self._lock:
+            self._collect(-1)
 
     def close(self) -> None:
-        self._stopped = True
-        self._collect(block=True)
+        with _HANDOFFS_LOCK:
+            if self.key is not None and _HANDOFFS.get(self.key) is self:
+                del _HANDOFFS[self.key]
+        with self._lock:
+            self._stopped = True
+            self._collect(-1)
+            self._held.clear()
+            self._held_total = 0
         try:
             self.cache.close()
         except encache.Error as e:
@@ -292,9 +406,11 @@ class SchedulerCore:
             extra = cfg.setdefault("ec_connector_extra_config", {})
             if encoder_name and "encoder_name" not in extra:
                 extra["encoder_name"] = encoder_name
-            self.prefetcher = Prefetcher(encache.Cache(
-                cfg, store=config.resolved_store(), log=logger.warning,
-                **namespace))
+            cache = encache.Cache(cfg, store=config.resolved_store(),
+                                  log=logger.warning, **namespace)
+            self.prefetcher = Prefetcher(
+                cache, hold_bytes=config.scheduler_prefetch_bytes,
+                key=handoff_key(config.resolved_store(), cache.namespace))
 
     def note_request(self, req_id: str,
                      features: typing.Iterable[tuple[str, int, str]]) -> None:
@@ -349,6 +465,7 @@ class WorkerCounters:
     publish_skipped: int = 0
     unplanned: int = 0
     lookup_errors: int = 0
+    prefetched: int = 0
 
 
 class WorkerCore:
@@ -375,6 +492,7 @@ class WorkerCore:
         self._device = None if device == "cpu" else device
         self._begun = False
         self._warned_mismatch = False
+        self._handoff_key = None
         self.cache = self._open(config.library_config) \
             if config.enabled and config.is_producer else None
 
@@ -385,6 +503,8 @@ class WorkerCore:
             extra["encoder_name"] = self._encoder_name
         cache = encache.Cache(cfg, store=self.config.resolved_store(),
                               log=logger.warning, **self._namespace)
+        self._handoff_key = handoff_key(self.config.resolved_store(),
+                                        cache.namespace)
         url = self.config.resolved_store() or os.environ.get("ENCACHE_STORE")
         logger.info("encache: cross-encoder reuse on %s, namespace %s",
                     encache.url_redact(url) if url else
@@ -426,15 +546,24 @@ class WorkerCore:
             todo = [i for i in items if i[0] not in encoder_cache]
             counters.already_local += len(items) - len(todo)
             items = todo
+        loaded = 0
+        if items and _HANDOFFS:
+            prefetcher = _HANDOFFS.get(self._handoff_key)
+            if prefetcher is not None:
+                hits, items = prefetcher.take(items)
+                for ident, tensor in hits:
+                    encoder_cache[ident] = tensor if self._device is None \
+                        else tensor.to(self._current_device())
+                loaded = len(hits)
+                counters.prefetched += loaded
+                counters.loaded += loaded
         if not items:
             if self._step is None:
                 self._step = cache.step()
-            return 0
+            return loaded
         device = self._device
         if device is not None:
-            if device == "cuda":  # the worker's current GPU, at each step
-                import torch
-                device = f"cuda:{torch.cuda.current_device()}"
+            device = self._current_device()
             items = [(i, d, s, device) for i, d, s in items]
         counters.looked_up += len(items)
         try:
@@ -451,15 +580,21 @@ class WorkerCore:
             # back on a rejected lookup.
             counters.lookup_errors += 1
             logger.warning("encache: lookup failed, encoding instead: %s", e)
-            return 0
+            return loaded
         self._looked.append((plan, items))
-        loaded = 0
+        found = 0
         for r in results:
             if r.hit:
                 encoder_cache[r.id] = r.tensor
-                loaded += 1
-        counters.loaded += loaded
-        return loaded
+                found += 1
+        counters.loaded += found
+        return loaded + found
+
+    def _current_device(self) -> str:
+        if self._device == "cuda":  # the worker's current GPU, at each step
+            import torch
+            return f"cuda:{torch.cuda.current_device()}"
+        return self._device
 
     def _planned_now(self) -> dict:
         """The candidates this step looked up, by identifier (made on

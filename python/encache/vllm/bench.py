@@ -11,12 +11,15 @@ one Cache, for 4 hits of 16 KiB and of 1 MiB (float32 rows x 1024):
              encoder cache (the 4 hits land there), clear_connector_metadata;
 and, apart, the scheduler half's build_connector_meta for the same step.
 Goal (issue 31): the connector's step under 5 % above the bare lookup.
---prefetch adds scheduler_prefetch on a tier (tier:shm+redis, 4 new
-objects per step, in Redis alone, so that every read starts remote): the scheduler half
-plans the step (its prefetch thread starts reading), a gap passes (what
+--prefetch adds scheduler_prefetch (4 new objects per step, in Redis
+alone, so that every read starts remote) on plain Redis and on a tier
+(tier:shm+redis), with the worker half in the scheduler half's process
+(vLLM's single-GPU executor: the prefetched hits are handed over) and, on
+the tier, as if it were not (the tier's host shm keeps them): the
+scheduler half plans the step (its lookup starts), a gap passes (what
 vLLM does before the worker runs the step: --gap-ms), then the worker's
-step is timed, against the same step without prefetch and the same step
-on the host's shm alone (the floor).  Goal: under 10 % of the read waited.
+step is timed, against the same step without prefetch (and, on the tier
+of two processes, the same step on the host's shm alone: the floor).  Goal: under 10 % of the read waited.
 Rounds of both sides alternate, so that both see the same machine.
 Figures, not a pass/fail: the exit status is 0 unless something failed.
 Runs without vLLM (the connector binds to its stand-in base).
@@ -207,67 +210,96 @@ def _step_meta(sched, ids, rows, tag):
     return sched.build_connector_meta(so)
 
 
+# The shapes of deployment --prefetch times: (name, Store, whether the
+# worker half shares the scheduler half's process).  vLLM's single-GPU
+# executor runs the worker in the engine core's process (the prefetched
+# hits are handed over); with its multiprocessing or Ray executors the
+# worker is another process, where only a tier keeps what the prefetch
+# read (scheduler_prefetch_bytes 0 times that here).
+PREFETCH_MODES = [("redis, one process", "redis", True),
+                  ("tier, one process", "tier", True),
+                  ("tier, two processes", "tier", False)]
+
+
 def bench_prefetch(redis: str, rounds: int, gaps_ms) -> list[dict]:
     """The part of the Store read a step still waits for with
-    scheduler_prefetch on a tier (tier:shm+redis), against the same step
-    without prefetch, for 4 hits of 1 MiB and 8 MiB, per gap.  One worker
-    and two scheduler halves (prefetch on, off) live for the whole run, as
-    in vLLM; every step is of 4 new objects, written to Redis alone before
-    it, so that every read starts remote.  After each prefetched step the
-    same step again is the floor: the 4 objects in the host's shm."""
+    scheduler_prefetch, per deployment shape of PREFETCH_MODES, against
+    the same step without prefetch, for 4 hits of 1 MiB and 8 MiB, per
+    gap.  A worker and two scheduler halves (prefetch on, off) per shape
+    live for the whole run, as in vLLM; every step is of 4 new objects,
+    written to Redis alone before it, so that every read starts remote.
+    On a tier of two processes, after each prefetched step the same step
+    again is the floor: the 4 objects in the host's shm."""
     import torch
-    local = f"encache-vllmbench-tier-{os.getpid()}"
-    tier = f"tier:shm://{local}?size=512MiB+{redis}"
     remote = ecc.EncacheECConnector(_vllm_config(redis),
                                     ecc.ECConnectorRole.WORKER)
-    worker = ecc.EncacheECConnector(_vllm_config(tier),
-                                    ecc.ECConnectorRole.WORKER)
-    sched_off = ecc.EncacheECConnector(_vllm_config(tier),
-                                       ecc.ECConnectorRole.SCHEDULER)
-    on = _vllm_config(tier)
-    on.ec_transfer_config.ec_connector_extra_config[
-        "scheduler_prefetch"] = True
-    sched_on = ecc.EncacheECConnector(on, ecc.ECConnectorRole.SCHEDULER)
-    out = []
+    made, segments, out = [remote], [], []
     k = 0
     try:
         cache = remote.core.cache
-        for size, label in PREFETCH_SIZES:
-            rows = size // (4 * COLS)
-            for gap_ms in gaps_ms:
-                off_t, on_t, floor = [], [], []
-                for r in range(2 * rounds):  # alternate: the same machine
-                    k += 1
-                    ids = [f"vbench-pf-{os.getpid()}-{k}-{i}"
-                           for i in range(NOBJ)]
-                    items = [encache.Item(i, "float32", (rows, COLS))
-                             for i in ids]
-                    with cache.lookup(items) as s:
-                        for n, i in enumerate(ids):
-                            s.publish(i, torch.full((rows, COLS), float(n)))
-                    cache.flush()
-                    sched = sched_on if r % 2 else sched_off
-                    meta = _step_meta(sched, ids, rows, f"t{k}")
-                    time.sleep(gap_ms / 1e3)
-                    t = _worker_step(worker, meta, NOBJ)
-                    (on_t if r % 2 else off_t).append(t)
-                    if r % 2:
-                        sched_on.core.prefetcher.wait()
-                        time.sleep(0.05)  # the promotions written
-                        floor.append(_worker_step(worker, meta, NOBJ))
-                o50, p50 = statistics.median(off_t), statistics.median(on_t)
-                f50 = statistics.median(floor)
-                out.append({"size": label, "gap_ms": gap_ms,
-                            "read_p50_us": o50 * 1e6,
-                            "prefetched_p50_us": p50 * 1e6,
-                            "local_p50_us": f50 * 1e6,
-                            "waited_pct": p50 / o50 * 100,
-                            "waited_over_local_pct":
-                                (p50 - f50) / (o50 - f50) * 100})
+        for mode, kind, handoff in PREFETCH_MODES:
+            url = redis
+            if kind == "tier":
+                local = f"encache-vllmbench-tier-{os.getpid()}-{len(segments)}"
+                segments.append(local)
+                url = f"tier:shm://{local}?size=512MiB+{redis}"
+            worker = ecc.EncacheECConnector(_vllm_config(url),
+                                            ecc.ECConnectorRole.WORKER)
+            made.append(worker)
+            sched_off = ecc.EncacheECConnector(_vllm_config(url),
+                                               ecc.ECConnectorRole.SCHEDULER)
+            made.append(sched_off)
+            on = _vllm_config(url)
+            extra = on.ec_transfer_config.ec_connector_extra_config
+            extra["scheduler_prefetch"] = True
+            if not handoff:
+                extra["scheduler_prefetch_bytes"] = 0
+            sched_on = ecc.EncacheECConnector(on,
+                                              ecc.ECConnectorRole.SCHEDULER)
+            made.append(sched_on)
+            for size, label in PREFETCH_SIZES:
+                rows = size // (4 * COLS)
+                for gap_ms in gaps_ms:
+                    off_t, on_t, floor = [], [], []
+                    for r in range(2 * rounds):  # alternate: one machine
+                        k += 1
+                        ids = [f"vbench-pf-{os.getpid()}-{k}-{i}"
+                               for i in range(NOBJ)]
+                        items = [encache.Item(i, "float32", (rows, COLS))
+                                 for i in ids]
+                        with cache.lookup(items) as s:
+                            for n, i in enumerate(ids):
+                                s.publish(i, torch.full((rows, COLS),
+                                                        float(n)))
+                        cache.flush()
+                        sched = sched_on if r % 2 else sched_off
+                        meta = _step_meta(sched, ids, rows, f"t{k}")
+                        time.sleep(gap_ms / 1e3)
+                        t = _worker_step(worker, meta, NOBJ)
+                        (on_t if r % 2 else off_t).append(t)
+                        if r % 2:
+                            sched_on.core.prefetcher.wait()
+                            if kind == "tier" and not handoff:
+                                time.sleep(0.05)  # the promotions written
+                                floor.append(_worker_step(worker, meta,
+                                                          NOBJ))
+                    o50 = statistics.median(off_t)
+                    p50 = statistics.median(on_t)
+                    f50 = statistics.median(floor) if floor else None
+                    out.append({
+                        "mode": mode, "size": label, "gap_ms": gap_ms,
+                        "read_p50_us": o50 * 1e6,
+                        "prefetched_p50_us": p50 * 1e6,
+                        "local_p50_us": f50 * 1e6 if floor else None,
+                        "waited_pct": p50 / o50 * 100,
+                        "waited_over_local_pct":
+                            (p50 - f50) / (o50 - f50) * 100 if floor
+                            else None})
     finally:
-        for c in (worker, sched_on, sched_off, remote):
+        for c in reversed(made):
             c.shutdown()
-        encache.shm_destroy(local)
+        for local in segments:
+            encache.shm_destroy(local)
     return out
 
 
@@ -281,8 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--json", action="store_true")
     p.add_argument("--prefetch", action="store_true",
-                   help="also time scheduler_prefetch on a tier in front "
-                   "of Redis (--redis, else $ENCACHE_REDIS_URL, else a "
+                   help="also time scheduler_prefetch on Redis and on a "
+                   "tier in front of it (--redis, else $ENCACHE_REDIS_URL, else a "
                    "private redis-server)")
     p.add_argument("--redis", help="the Redis URL of --prefetch")
     p.add_argument("--rounds", type=int, default=15,
@@ -332,19 +364,25 @@ def main(argv=None) -> int:
               f"{r['added_pct']:>8.1f} {r['scheduler_p50_us']:>9.1f}")
     print("    goal: added under 5 % of the bare lookup")
     if pf:
-        print(f"scheduler_prefetch on tier:shm+{encache.url_redact(redis)}"
+        print(f"scheduler_prefetch in front of {encache.url_redact(redis)}"
               f" (4 objects new to the host per step), worker's step p50")
-        print(f"{'size':>8} {'gap ms':>7} {'no prefetch us':>15} "
-              f"{'prefetch us':>12} {'local us':>9} {'waited %':>9} "
-              f"{'over local %':>13}")
+        print(f"{'shape':>20} {'size':>6} {'gap ms':>6} "
+              f"{'no prefetch us':>14} {'prefetch us':>11} {'local us':>8}"
+              f" {'waited %':>8} {'over local %':>12}")
         for r in pf:
-            print(f"{r['size']:>8} {r['gap_ms']:>7g} {r['read_p50_us']:>15.0f}"
-                  f" {r['prefetched_p50_us']:>12.0f} {r['local_p50_us']:>9.0f}"
-                  f" {r['waited_pct']:>9.1f}"
-                  f" {r['waited_over_local_pct']:>13.1f}")
-        print("    local: the same step with the objects in the host's shm"
-              " alone; over local: (prefetch - local) / (no prefetch - "
-              "local)")
+            local = "-" if r["local_p50_us"] is None \
+                else f"{r['local_p50_us']:.0f}"
+            over = "-" if r["waited_over_local_pct"] is None \
+                else f"{r['waited_over_local_pct']:.1f}"
+            print(f"{r['mode']:>20} {r['size']:>6} {r['gap_ms']:>6g} "
+                  f"{r['read_p50_us']:>14.0f} {r['prefetched_p50_us']:>11.0f}"
+                  f" {local:>8} {r['waited_pct']:>8.1f} {over:>12}")
+        print("    one process: the worker shares the scheduler's process "
+              "(vLLM's single-GPU executor) and takes the prefetched hits;")
+        print("    two processes: it does not (scheduler_prefetch_bytes 0),"
+              " and the tier's host shm keeps them; local: that step again")
+        print("    with the objects in the host's shm; over local: "
+              "(prefetch - local) / (no prefetch - local)")
         print("    goal: waited under 10 % of the read")
     return 0
 
