@@ -736,9 +736,11 @@ class WorkerCore:
         try:
             s = cache.stats()
             logger.info(
-                "encache: %d steps, %d looked up, %d loaded, %d published "
-                "(%d written), %d unavailable", self.counters.steps,
+                "encache: %d steps, %d looked up, %d loaded (%d from the "
+                "scheduler's prefetch), %d published (%d written), %d "
+                "unavailable", self.counters.steps,
                 self.counters.looked_up, self.counters.loaded,
+                self.counters.prefetched,
                 self.counters.published, s.published_written, s.unavailable)
         except encache.Error:
             pass
