@@ -554,6 +554,26 @@ def test_a_worker_step_waits_for_the_prefetch_of_its_images(engines, shm,
         assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
 
 
+def test_a_prefetched_hit_kept_too_long_is_read_again(engines, shm,
+                                                      monkeypatch):
+    url = shm()
+    imgs = [ectest.unique("hs") for _ in range(2)]
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", imgs)])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url, scheduler_prefetch=True))
+    pf, w = b.scheduler.core.prefetcher, b.worker.core
+    req = vf.request("r2", imgs)
+    out = _plan(b, req)
+    pf.wait()
+    monkeypatch.setattr(_core, "PREFETCH_HOLD_SECONDS", 0.0)
+    b.run_worker(out, [req])
+    assert w.counters.prefetched == 0 and w.counters.loaded == 2
+    assert pf.evicted == 2 and pf._held_total == 0
+    for i in imgs:
+        assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
+
+
 def test_prefetched_hits_are_bounded_and_follow_the_namespace(engines, shm):
     url = shm()
     imgs = [ectest.unique("hb") for _ in range(3)]

@@ -355,12 +355,17 @@ class Prefetcher:
             if not held:
                 return [], items
             hits, rest = [], []
+            stale = time.monotonic() - PREFETCH_HOLD_SECONDS
             for item in items:
                 got = held.pop(item, None)
+                if got is not None:
+                    self._held_total -= got[1]
+                    if got[2] < stale:  # kept too long: read it again
+                        self.evicted += 1
+                        got = None
                 if got is None:
                     rest.append(item)
                 else:
-                    self._held_total -= got[1]
                     hits.append((item[0], got[0]))
             self.handed += len(hits)
             return hits, rest
