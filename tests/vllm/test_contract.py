@@ -85,6 +85,37 @@ def test_the_stand_in_base_has_vllms_abstract_methods():
     assert set(_shim.ECConnectorBase.__abstractmethods__) <= set(ABSTRACT)
 
 
+def check_bind_and_clear_only_set_the_metadata(base):
+    """The connector sets _connector_metadata itself in its bind and clear
+    hooks, without super(): right only while the base class's two methods
+    do nothing but that assignment (vllm/distributed/ec_transfer/
+    ec_connector/base.py at 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6)."""
+    import types
+    obj, m = types.SimpleNamespace(_connector_metadata=None), object()
+    base.bind_connector_metadata(obj, m)
+    assert vars(obj) == {"_connector_metadata": m}, \
+        "ECConnectorBase.bind_connector_metadata does more than set it"
+    base.clear_connector_metadata(obj)
+    assert vars(obj) == {"_connector_metadata": None}, \
+        "ECConnectorBase.clear_connector_metadata does more than clear it"
+
+
+def test_bind_and_clear_set_the_metadata_as_the_base_class_does(shm):
+    import vllm_fakes as vf
+    from encache.vllm import _core
+    check_bind_and_clear_only_set_the_metadata(ecc.ECConnectorBase)
+    w = ecc.EncacheECConnector(vf.vllm_config(shm()),
+                               ecc.ECConnectorRole.WORKER)
+    try:
+        m = ecc.EncacheECConnectorMetadata(_core.StepPlan())
+        w.bind_connector_metadata(m)
+        assert w._get_connector_metadata() is m
+        w.clear_connector_metadata()
+        assert w._connector_metadata is None
+    finally:
+        w.shutdown()
+
+
 def test_metadata_is_vllms_kind_and_pickles():
     import pickle
     from encache.vllm import _core

@@ -45,6 +45,11 @@ def test_vllms_base_has_every_method_of_the_lists():
             test_contract.ABSTRACT[name], f"{name} changed in vLLM"
 
 
+def test_vllms_bind_and_clear_only_set_the_metadata():
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorBase
+    test_contract.check_bind_and_clear_only_set_the_metadata(ECConnectorBase)
+
+
 def test_the_plugin_registers_with_vllms_factory():
     from vllm.distributed.ec_transfer.ec_connector.factory import (
         ECConnectorFactory)

@@ -575,9 +575,9 @@ class WorkerCore:
             step = self._step
             if step is None:  # one call: open the step and look up
                 self._step = step = cache.lookup(items)
-                results = step.results
-            else:
-                results = step.lookup(items)
+                hits = step.hits  # id -> tensor, made in C
+            else:  # a step opened before: only this lookup's hits
+                hits = {r.id: r.tensor for r in step.lookup(items) if r.hit}
         except encache.PoisonedError:
             raise  # unconfirmed I/O: the worker fails, as the reference's
         except encache.Error as e:
@@ -587,13 +587,9 @@ class WorkerCore:
             logger.warning("encache: lookup failed, encoding instead: %s", e)
             return loaded
         self._looked.append((plan, items))
-        found = 0
-        for r in results:
-            if r.hit:
-                encoder_cache[r.id] = r.tensor
-                found += 1
-        counters.loaded += found
-        return loaded + found
+        encoder_cache.update(hits)
+        counters.loaded += len(hits)
+        return loaded + len(hits)
 
     def _current_device(self) -> str:
         if self._device == "cuda":  # the worker's current GPU, at each step

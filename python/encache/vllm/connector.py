@@ -259,8 +259,16 @@ class EncacheECConnector(ECConnectorBase):
 
     # ============================================================ worker
 
+    # bind_connector_metadata and clear_connector_metadata set the base
+    # class's _connector_metadata themselves: that assignment is the whole
+    # of ECConnectorBase's two methods (vllm/distributed/ec_transfer/
+    # ec_connector/base.py at 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6), and
+    # the two super() calls were a tenth of what the connector adds to a
+    # step (docs/vllm.md, Cost).  tests/vllm/test_contract.py checks that
+    # the base's methods still do only that.
+
     def bind_connector_metadata(self, connector_metadata) -> None:
-        super().bind_connector_metadata(connector_metadata)
+        self._connector_metadata = connector_metadata
         worker = self._worker
         if worker is not None and (worker._begun or
                                    worker._step is not None):
@@ -271,9 +279,11 @@ class EncacheECConnector(ECConnectorBase):
                 self._inner.bind_connector_metadata(inner)
 
     def clear_connector_metadata(self) -> None:
-        super().clear_connector_metadata()
-        if self._worker is not None:
-            self._worker.end_step()
+        self._connector_metadata = None
+        worker = self._worker
+        if worker is not None and (worker._begun or
+                                   worker._step is not None):
+            worker.end_step()
         if self._inner is not None:
             self._forward("clear_connector_metadata")
 
