@@ -11,12 +11,15 @@
  *     raw hiredis pipelined GETRANGE windows of 1 MiB (every window of the
  *     4 objects in one pipeline, each copied into its place in a
  *     destination), the naive client of issue 30 (naive_redis.h: each
- *     object in 1 MiB windows, 8 at a time, no checks), and an encache
+ *     object in 1 MiB windows, 8 at a time, no checks), the server's
+ *     ceiling (direct_redis.h: GETs, then the naive client's windows, on
+ *     a socket read without hiredis, received in place), and an encache
  *     lookup of the same 4 hits through the Redis Store (its URL options
  *     apply: window, window_threshold, window_depth); p50 throughput and
  *     the ratios of issue 30: lookup / naive (goal >= 1.0 at 8 and
  *     30 MiB) and lookup / plain GET (goal >= 3 where plain GET falls off
- *     a cliff);
+ *     a cliff), and lookup / the direct windows (what share of the most
+ *     any windowed client gets from this server);
  * (b) writes of one object of 1, 8 and 30 MiB: raw hiredis SET against the
  *     Store's write (SET NX from the caller's buffers, or windows above
  *     window_threshold); ratio write / SET (target >= 3 where SET falls
@@ -40,6 +43,7 @@
  * (measure_pin_threads()).
  */
 #include "bench_common.h"
+#include "direct_redis.h"
 #include "naive_redis.h"
 
 #include <hiredis/hiredis.h>
@@ -52,8 +56,10 @@
 #define NOBJ 4
 #define RAW_WINDOW (1u << 20)
 
-/* The raw hiredis connection, the baseline. */
+/* The raw hiredis connection, the baseline; a second connection whose
+ * socket direct_redis.h reads without hiredis. */
 static redisContext *raw_redis;
+static direct_conn direct;
 
 static const char usage[] =
     "usage: bench_redis redis://HOST:PORT[?options] [--iterations N] "
@@ -118,6 +124,25 @@ static int naive_windows(void *ctx) {
   return 0;
 }
 
+/* measure_fn: direct_redis.h's GETs, and its windows. */
+static int direct_gets(void *ctx) {
+  bench_hits *h = ctx;
+  if (direct_get(&direct, h->keys, h->raw, h->n, h->nbytes + 24) != 0) {
+    fprintf(stderr, "bench_redis: direct GET failed\n");
+    return 1;
+  }
+  return 0;
+}
+
+static int direct_wins(void *ctx) {
+  bench_hits *h = ctx;
+  if (direct_windows(&direct, h->keys, h->raw, h->n, h->nbytes + 24) != 0) {
+    fprintf(stderr, "bench_redis: direct GETRANGE failed\n");
+    return 1;
+  }
+  return 0;
+}
+
 typedef int (*bench_fn)(void *ctx);
 
 /* Times the functions in turn, iters times after one warm-up. */
@@ -134,35 +159,42 @@ static int time_all(bench_fn *fns, measure *m, int nfns, void *ctx,
   return 0;
 }
 
+#define NREADERS 6
+
 static int bench_reads(encache *ec, encache_store *st, int iters) {
-  bench_fn fns[4] = {raw_gets, raw_windows, naive_windows, bench_hits_lookup};
-  measure m[4];
-  for (int f = 0; f < 4; f++)
+  bench_fn fns[NREADERS] = {raw_gets,      direct_gets, raw_windows,
+                            naive_windows, direct_wins, bench_hits_lookup};
+  measure m[NREADERS];
+  for (int f = 0; f < NREADERS; f++)
     if (measure_init(&m[f], iters) < 0)
       return 1;
   printf("(a) reads of 4 objects, rounds alternating, p50 of %d (GB/s)\n",
          iters);
-  printf("%-8s %10s %10s %10s %10s %10s %10s\n", "object", "plain GET",
-         "raw win", "naive", "encache", "enc/naive", "enc/GET");
+  printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "object", "plain GET",
+         "GET dir", "raw win", "naive", "win dir", "encache", "enc/naive",
+         "enc/GET", "enc/windir");
   int rc = 0;
   for (int s = 0; s < NSIZES && rc == 0; s++) {
     bench_hits h;
     if ((rc = bench_hits_make(&h, ec, st, "r", NOBJ, sizes[s])) != 0)
       break;
-    for (int f = 0; f < 4; f++)
+    for (int f = 0; f < NREADERS; f++)
       measure_clear(&m[f]);
-    rc = time_all(fns, m, 4, &h, iters);
-    double bytes = (double)NOBJ * (double)h.nbytes, g[4];
-    for (int f = 0; f < 4; f++)
+    rc = time_all(fns, m, NREADERS, &h, iters);
+    double bytes = (double)NOBJ * (double)h.nbytes, g[NREADERS];
+    for (int f = 0; f < NREADERS; f++)
       g[f] = measure_gbs(bytes, measure_pct(&m[f], 50));
     char label[16];
     measure_size_label(label, sizeof(label), sizes[s]);
     if (rc == 0)
-      printf("%-8s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n", label, g[0],
-             g[1], g[2], g[3], g[3] / g[2], g[3] / g[0]);
+      printf("%-8s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
+             label, g[0], g[1], g[2], g[3], g[4], g[5], g[5] / g[3],
+             g[5] / g[0], g[5] / g[4]);
     bench_hits_drop(&h);
   }
-  for (int f = 0; f < 4; f++)
+  printf("    GET dir, win dir: direct_redis.h, the server's ceiling (no "
+         "hiredis, received in place, nothing checked)\n");
+  for (int f = 0; f < NREADERS; f++)
     measure_free(&m[f]);
   return rc;
 }
@@ -308,16 +340,22 @@ int main(int argc, char **argv) {
   }
   struct timeval tv = {5, 0};
   redisContext *raw = raw_redis = redisConnectWithTimeout(host, port, tv);
-  if (raw == NULL || raw->err) {
-    fprintf(stderr, "bench_redis: %s\n", raw ? raw->errstr : "connect");
+  redisContext *dc = redisConnectWithTimeout(host, port, tv);
+  if (raw == NULL || raw->err || dc == NULL || dc->err) {
+    redisContext *bad = raw == NULL || raw->err ? raw : dc;
+    fprintf(stderr, "bench_redis: %s\n", bad ? bad->errstr : "connect");
+    redisFree(raw);
+    redisFree(dc);
     return 1;
   }
+  direct.fd = dc->fd; /* hiredis never reads this one */
   encache *ec;
   encache_store *st;
   if (bench_open("bench_redis", url,
                  "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": "
                  "true}}", &ec, &st) != 0) {
     redisFree(raw);
+    redisFree(dc);
     return 1;
   }
   printf("store: %s\n\n", encache_store_url(st));
@@ -331,5 +369,6 @@ int main(int argc, char **argv) {
   encache_close(ec);
   encache_store_close(st);
   redisFree(raw);
+  redisFree(dc);
   return rc != 0;
 }
