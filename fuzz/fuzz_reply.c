@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzzes the Redis Store's reply reader (src/store/redis/io.c) on the
- * path of windowed reads: the input, after two bytes that size the
- * destinations and choose the summing, is what a server answers to a
- * pipeline of four items (the windows) on a socket, read by
+ * paths of windowed reads and of whole values (GETs, their check
+ * verified): the input, after two bytes that size the destinations and
+ * choose the summing or the check, is what a server answers to a
+ * pipeline of four items (windows, or values) on a socket, read by
  * encache__redis_exchange() with the pipe direct (values received into
  * place by recv, not through the hiredis reader) or not.  Whatever the
  * bytes, nothing is written outside the destinations (ASan), no reply
  * says it holds more than its destination, and a value received directly
- * is the same, bytes and length, as the same value through the reader. */
+ * is the same, bytes, length and check, as the same value through the
+ * reader. */
 #include "redis/redis.h"
 
 #include <stdint.h>
@@ -31,7 +33,7 @@ typedef struct run {
 
 /* Reads the answers in (len bytes) to NITEMS items with pipe p's shape. */
 static void one(const uint8_t *in, size_t len, size_t cap, size_t nhashed,
-                int direct, run *o) {
+                int whole, int direct, run *o) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
     return;
@@ -49,9 +51,11 @@ static void one(const uint8_t *in, size_t len, size_t cap, size_t nhashed,
     caps[k] = cap;
     heads[k] = bufs[k] = o->dst[k];
   }
+  static const uint64_t seeds[NITEMS] = {1, 0x9e3779b97f4a7c15ull, 3, 4};
   memset(o, 0, sizeof(*o));
   rpipe p = {o->r, 0,     NITEMS, item, 0,       heads, bufs, caps,
-             NULL, NULL,  nhashed ? &o->sum : NULL, nhashed, 0, direct};
+             NULL, whole ? seeds : NULL,
+             !whole && nhashed ? &o->sum : NULL, nhashed, 0, direct};
   char cmd[] = "PING\r\n", why[256];
   struct iovec iov = {cmd, sizeof(cmd) - 1};
   xtime t = {now_ms() + 1000, 1000};
@@ -73,9 +77,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
    * 16 KiB read are received by recv() into place. */
   size_t cap = ((size_t)data[0] << 8) % 65537;
   size_t nhashed = data[1] % (NITEMS + 1);
+  int whole = (data[1] & 0x80) != 0; /* GETs: values checked, not summed */
   static run a, b;
-  one(data + 2, size - 2, cap, nhashed, 1, &a);
-  one(data + 2, size - 2, cap, nhashed, 0, &b);
+  one(data + 2, size - 2, cap, nhashed, whole, 1, &a);
+  one(data + 2, size - 2, cap, nhashed, whole, 0, &b);
   /* The replies both took agree (the direct one may take a value the
    * reader refuses only by failing where the reader failed too). */
   if (a.x == XR_OK && b.x == XR_OK) {
@@ -83,13 +88,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       __builtin_trap();
     for (size_t k = 0; k < a.got; k++) {
       if (a.r[k].type != b.r[k].type || a.r[k].len != b.r[k].len ||
-          a.r[k].too_large != b.r[k].too_large)
+          a.r[k].too_large != b.r[k].too_large ||
+          a.r[k].check != b.r[k].check)
         __builtin_trap();
       if (a.r[k].type == REDIS_REPLY_STRING && k != 2 && !a.r[k].too_large &&
           memcmp(a.dst[k], b.dst[k], (size_t)a.r[k].len) != 0)
         __builtin_trap();
     }
-    if (nhashed && encache__shm_sum_final(&a.sum) !=
+    if (!whole && nhashed && encache__shm_sum_final(&a.sum) !=
                        encache__shm_sum_final(&b.sum))
       __builtin_trap();
   }

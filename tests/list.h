@@ -206,6 +206,7 @@
   XX(redis_check_flipped_bytes_are_never_hits)                             \
   XX(redis_check_object_copied_under_another_key_is_not_a_hit)             \
   XX(redis_check_objects_written_without_it_are_still_served)              \
+  XX(redis_check_values_received_in_place_are_checked)                     \
   XX(redis_check_vector)                                                   \
   XX(redis_check_window_edges)                                             \
   XX(redis_check_objects_rewritten_between_windows_are_misses)              \

@@ -26,8 +26,14 @@
 #include <unistd.h>
 
 #define ROWS 4
-#define COLS 300 /* float32: a 4800-byte payload */
-#define NBYTES ((size_t)ROWS * COLS * 4)
+/* float32 columns: 300 (a 4800-byte payload, received whole by the
+ * hiredis reader) unless a test sets more (a value longer than the reader's
+ * first read: received in place, io.c's recv_direct). */
+static int64_t check_cols = 300;
+#define COLS check_cols
+#define MAX_COLS 65536
+#define NBYTES ((size_t)ROWS * (size_t)COLS * 4)
+#define MAX_NBYTES ((size_t)ROWS * MAX_COLS * 4)
 #define NFLIPS 200
 /* R1's digest (docs/format.md): mix64(sum(O1) ^ XXH3-64(K2)), in
  * little-endian order. */
@@ -170,7 +176,8 @@ static int look_one(encache *ec, const char *id, float **hit) {
 
 /* Whether id's lookup is a hit with id's own payload (0: not a hit). */
 static int hit_is_right(encache *ec, const char *id) {
-  float *got, want[NBYTES / 4];
+  static float want[MAX_NBYTES / 4];
+  float *got;
   if (look_one(ec, id, &got) != ENCACHE_HIT)
     return 0;
   payload_of(id, want);
@@ -185,7 +192,7 @@ static void key_of(encache *ec, const char *id, char *key, size_t size) {
 
 /* Writes id's object through the Store at url (with the check). */
 static void store_put(const char *url, const char *key, const char *id) {
-  static unsigned char obj[24 + NBYTES];
+  static unsigned char obj[24 + MAX_NBYTES];
   object_of(id, obj);
   encache_store *st = NULL;
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
@@ -314,11 +321,11 @@ static int old_object_served(const char *url, const char *id) {
   encache *ec = open_engine(url);
   char key[512];
   key_of(ec, id, key, sizeof(key));
-  static unsigned char obj[24 + NBYTES];
+  static unsigned char obj[24 + MAX_NBYTES];
   object_of(id, obj);
   raw r;
   raw_open(&r, url);
-  raw_set(&r, key, obj, sizeof(obj));
+  raw_set(&r, key, obj, 24 + NBYTES);
   raw_close(&r);
   int right = hit_is_right(ec, id);
   ASSERT_EQ_INT(encache_close(ec), 0);
@@ -359,6 +366,29 @@ TEST(redis_check_objects_written_without_it_are_still_served) {
   store_put(url, key, "req");
   ASSERT_EQ_INT(hit_is_right(ec, "req"), 1);
   ASSERT_EQ_INT(encache_close(ec), 0);
+  kill_wait(pid, SIGKILL);
+}
+
+/* The same three, for values of 64 KiB and 1 MiB read by one GET each (below
+ * window_threshold): longer than the reader's first read, they are received
+ * straight into their destinations (io.c, recv_direct) and checked there. */
+TEST(redis_check_values_received_in_place_are_checked) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[160];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  static const int64_t sizes[] = {4096, MAX_COLS};
+  int served = 0;
+  for (int k = 0; k < 2; k++) {
+    check_cols = sizes[k];
+    served += flip_campaign(url, k ? "flip-1m" : "flip-64k", 64);
+    served += copies_served(url, 1);
+    ASSERT_EQ_INT(old_object_served(url, k ? "old-1m" : "old-64k"), 1);
+  }
+  check_cols = 300;
+  ASSERT_EQ_INT(served, 0);
   kill_wait(pid, SIGKILL);
 }
 

@@ -301,18 +301,23 @@ static size_t take_buffered(redisReader *rd, unsigned char *dst, size_t n,
  * buffers without the hiredis reader: once the reader has taken the '$'
  * of a top-level bulk string whose length line is buffered and whose
  * value fits, the bytes already buffered are moved to their place and
- * the rest is received straight into it by recv(), fed to the pipe's sum
- * as it lands (while it is in cache); the reader is left as after a
- * whole reply.  Anything else (a nil, a value that does not fit, a line
- * not complete yet, an item without a buffer) goes through the reader.
- * Returns 1 when a reply was taken, 0 when not, or XR_FAIL.
+ * the rest is received straight into it by recv(), fed to a sum as it
+ * lands (while it is in cache); the reader is left as after a whole
+ * reply.  A window is fed to the pipe's sum (sum_of()); a whole value
+ * (the pipe has seeds: a GET) that carries a check is fed to a sum of its
+ * own, its object alone received into place and its check into a buffer
+ * here, then verified, as encache__redis_check_value() does on the
+ * reader's path.  Anything else (a nil, a value that does not fit, a
+ * line or header not buffered yet, an item without a buffer) goes
+ * through the reader.  Returns 1 when a reply was taken, 0 when not, or
+ * XR_FAIL.
  */
 static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
                        uint64_t *received, char *why, size_t whysize) {
   redisReader *rd = c->reader;
   if (rd->ridx != 0 || rd->rstack[0].type != REDIS_REPLY_STRING ||
       p->next >= p->cap || p->bufs == NULL || p->item == NULL ||
-      p->seeds != NULL || p->item[p->next] == SIZE_MAX)
+      p->item[p->next] == SIZE_MAX)
     return 0;
   size_t item = p->item[p->next], buffered = rd->len - rd->pos;
   const char *h = rd->buf + rd->pos, *cr = memchr(h, '\r', buffered);
@@ -324,43 +329,52 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
     else
       len = len * 10 + (uint64_t)(*d - '0');
   if (cr == NULL || cr + 1 >= h + buffered || cr[1] != '\n' || digits == 0 ||
-      (digits > 1 && h[0] == '0') || /* the reader refuses those */
-      len > sat_add(p->split, p->caps[item]))
+      (digits > 1 && h[0] == '0')) /* the reader refuses those */
     return 0;
-  /* A first window summed or not by its header (sum_of): the header must
-   * be buffered. */
-  int first = p->hash != NULL && item >= p->nhashed;
-  size_t need = (size_t)(cr + 2 - h) +
-                (first ? (len < ENCACHE_HEADER_SIZE ? (size_t)len
-                                                    : ENCACHE_HEADER_SIZE)
-                       : 0);
-  if (need > buffered)
+  /* A whole value's check, and a first window's sum (sum_of), are decided
+   * by the value's header: it must be buffered. */
+  int whole = p->seeds != NULL;
+  int first = !whole && p->hash != NULL && item >= p->nhashed;
+  size_t line = (size_t)(cr + 2 - h);
+  size_t hb = len < ENCACHE_HEADER_SIZE ? (size_t)len : ENCACHE_HEADER_SIZE;
+  if (line + (whole || first ? hb : 0) > buffered)
     return 0;
-  rd->pos += (size_t)(cr + 2 - h);
+  uint64_t obj =
+      whole ? encache__redis_check_objlen((const unsigned char *)h + line, hb,
+                                          len)
+            : len;
+  if (obj > sat_add(p->split, p->caps[item]))
+    return 0;
+  rd->pos += line;
   rreply *r = &p->replies[p->next++];
   memset(r, 0, sizeof(*r));
   r->type = REDIS_REPLY_STRING;
-  r->len = (int64_t)len;
-  sum_state *st =
-      first ? sum_of(p, item, r, rd->buf + rd->pos, (size_t)len) : p->hash;
-  size_t hn = len < p->split ? (size_t)len : p->split;
-  unsigned char *part[2] = {p->heads[item], p->bufs[item]};
-  size_t plen[2] = {hn, (size_t)len - hn};
-  for (int k = 0; k < 2; k++) {
-    size_t m = take_buffered(rd, part[k], plen[k], st);
-    if (recv_into(c->fd, part[k] + m, plen[k] - m, st, deadline, received,
+  r->len = (int64_t)obj;
+  sum_state own = {0}, *st = p->hash;
+  if (whole)
+    st = obj != len ? &own : NULL;
+  else if (first)
+    st = sum_of(p, item, r, rd->buf + rd->pos, (size_t)len);
+  size_t hn = obj < p->split ? (size_t)obj : p->split;
+  unsigned char tail[CHECK_BYTES], crlf[2];
+  unsigned char *part[4] = {p->heads[item], p->bufs[item], tail, crlf};
+  size_t plen[4] = {hn, (size_t)obj - hn, (size_t)(len - obj), 2};
+  for (int k = 0; k < 4; k++) {
+    sum_state *sk = k < 2 ? st : NULL;
+    size_t m = take_buffered(rd, part[k], plen[k], sk);
+    if (recv_into(c->fd, part[k] + m, plen[k] - m, sk, deadline, received,
                   why, whysize) != 0)
       return XR_FAIL;
   }
-  unsigned char crlf[2];
-  size_t m = take_buffered(rd, crlf, 2, NULL);
-  if (recv_into(c->fd, crlf + m, 2 - m, NULL, deadline, received, why,
-                whysize) != 0)
-    return XR_FAIL;
   if (crlf[0] != '\r' || crlf[1] != '\n') {
     snprintf(why, whysize, "protocol error: a value not ended by CRLF");
     return XR_FAIL;
   }
+  if (whole && obj != len)
+    r->check = encache__redis_check_holds(
+                   tail, encache__redis_check_digest(&own, p->seeds[item]))
+                   ? CHECK_OK
+                   : CHECK_BAD;
   rd->ridx = -1; /* as after a whole reply: the next one starts afresh */
   return 1;
 }

@@ -184,7 +184,7 @@ static void batch_node(batch_run *b, size_t first) {
              b->item_of, b->split, values ? b->heads : NULL,
              b->bufs,    b->caps,  NULL,
              b->seeds,   NULL,     0,
-             0,          0};
+             0,          b->op == OP_GET}; /* GETs received in place */
   char xwhy[256];
   struct iovec iov = {o.p, o.len};
   int x = o.oom ? XR_FAIL

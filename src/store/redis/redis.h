@@ -65,7 +65,9 @@
  * Replies.  Every pooled context reads with our own hiredis reply
  * functions: a bulk string is copied from hiredis's read buffer straight
  * into the caller's buffer (header and payload split when asked), or
- * refused as too large, with no reply object and no other copy.  Writes
+ * refused as too large, with no reply object and no other copy; a GET's
+ * value or a window longer than what the reader has buffered is received
+ * by recv() straight into place instead (io.c, recv_direct).  Writes
  * send SET key value NX [EX ttl] from the caller's header and payload, so
  * the value is not copied either.  Commands that answer arrays (CLUSTER
  * SLOTS, SCAN) use a short-lived context with hiredis's ordinary replies.
