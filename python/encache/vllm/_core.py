@@ -306,6 +306,12 @@ class Prefetcher:
             self._held_total += n
         while held and self._held_total > self.hold_bytes:
             self._drop_oldest()
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        """Drops the hits kept longer than PREFETCH_HOLD_SECONDS (the
+        oldest first: _held is in the order they were kept)."""
+        held = self._held
         while held and next(iter(held.values()))[2] < \
                 now - PREFETCH_HOLD_SECONDS:
             self._drop_oldest()
@@ -354,18 +360,14 @@ class Prefetcher:
             held = self._held
             if not held:
                 return [], items
+            self._expire(time.monotonic())  # kept too long: read again
             hits, rest = [], []
-            stale = time.monotonic() - PREFETCH_HOLD_SECONDS
             for item in items:
                 got = held.pop(item, None)
-                if got is not None:
-                    self._held_total -= got[1]
-                    if got[2] < stale:  # kept too long: read it again
-                        self.evicted += 1
-                        got = None
                 if got is None:
                     rest.append(item)
                 else:
+                    self._held_total -= got[1]
                     hits.append((item[0], got[0]))
             self.handed += len(hits)
             return hits, rest
