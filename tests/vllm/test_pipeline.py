@@ -486,6 +486,16 @@ def _plan(engine, req):
     return out
 
 
+def _published(engines, url, tag, n):
+    """n images encoded and published on url by an encoder of their own
+    (shut down: its publications written); returns (images, encoder)."""
+    imgs = [ectest.unique(tag) for _ in range(n)]
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", imgs)])
+    a.worker.shutdown()
+    return imgs, a
+
+
 def test_scheduler_prefetch_hands_its_hits_to_the_worker_of_its_process(
         engines, shm, fault):
     # vLLM's single-GPU executor runs the worker in the engine core's
@@ -494,10 +504,7 @@ def test_scheduler_prefetch_hands_its_hits_to_the_worker_of_its_process(
     # the worker's step takes the hits its scheduler half read when it
     # planned the step, and reads nothing from the Store itself.
     url = shm(scheme="pyfault")
-    imgs = [ectest.unique("ho") for _ in range(3)]
-    a = engines(vf.vllm_config(url))
-    a.step([vf.request("r1", imgs)])
-    a.worker.shutdown()  # its publications written
+    imgs, a = _published(engines, url, "ho", 3)
     b = engines(vf.vllm_config(url, scheduler_prefetch=True))
     pf, w = b.scheduler.core.prefetcher, b.worker.core
     req = vf.request("r2", imgs)
@@ -530,10 +537,7 @@ def test_a_worker_step_waits_for_the_prefetch_of_its_images(engines, shm,
     # The worker runs while its scheduler half's prefetch is still reading:
     # it waits for that read rather than read the same objects again.
     url = shm(scheme="pyfault")
-    imgs = [ectest.unique("hw") for _ in range(2)]
-    a = engines(vf.vllm_config(url))
-    a.step([vf.request("r1", imgs)])
-    a.worker.shutdown()
+    imgs, a = _published(engines, url, "hw", 2)
     b = engines(vf.vllm_config(url, scheduler_prefetch=True))
     pf, w = b.scheduler.core.prefetcher, b.worker.core
     hits = w.cache.stats().hits
@@ -557,10 +561,7 @@ def test_a_worker_step_waits_for_the_prefetch_of_its_images(engines, shm,
 def test_a_prefetched_hit_kept_too_long_is_read_again(engines, shm,
                                                       monkeypatch):
     url = shm()
-    imgs = [ectest.unique("hs") for _ in range(2)]
-    a = engines(vf.vllm_config(url))
-    a.step([vf.request("r1", imgs)])
-    a.worker.shutdown()
+    imgs, a = _published(engines, url, "hs", 2)
     b = engines(vf.vllm_config(url, scheduler_prefetch=True))
     pf, w = b.scheduler.core.prefetcher, b.worker.core
     req = vf.request("r2", imgs)
@@ -576,10 +577,7 @@ def test_a_prefetched_hit_kept_too_long_is_read_again(engines, shm,
 
 def test_prefetched_hits_are_bounded_and_follow_the_namespace(engines, shm):
     url = shm()
-    imgs = [ectest.unique("hb") for _ in range(3)]
-    a = engines(vf.vllm_config(url))
-    a.step([vf.request("r1", imgs)])
-    a.worker.shutdown()
+    imgs, a = _published(engines, url, "hb", 3)
     with pytest.raises(encache.ConfigError, match="scheduler_prefetch_bytes"):
         _core.ConnectorConfig.from_ec_transfer_config(
             {"ec_connector_extra_config": {"scheduler_prefetch_bytes": -1}})

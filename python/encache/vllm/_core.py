@@ -229,6 +229,18 @@ def handoff_key(store_url: str | None, namespace: str) -> tuple:
     return (store_url or os.environ.get("ENCACHE_STORE") or "", namespace)
 
 
+def open_cache(config: ConnectorConfig, library_config: dict,
+               namespace: dict, encoder_name: str | None):
+    """A half's Cache on the connector's Store: library_config (copied),
+    labelled encoder_name unless it names a label of its own."""
+    cfg = json.loads(json.dumps(library_config))
+    extra = cfg.setdefault("ec_connector_extra_config", {})
+    if encoder_name and "encoder_name" not in extra:
+        extra["encoder_name"] = encoder_name
+    return encache.Cache(cfg, store=config.resolved_store(),
+                         log=logger.warning, **namespace)
+
+
 class Prefetcher:
     """scheduler_prefetch: the scheduler half starts the lookup of the
     step's candidates as soon as it has planned them (lookup(wait=False):
@@ -409,12 +421,8 @@ class SchedulerCore:
         self.prefetcher = None
         if config.enabled and config.is_producer and \
                 config.scheduler_prefetch and namespace is not None:
-            cfg = json.loads(json.dumps(config.library_config))
-            extra = cfg.setdefault("ec_connector_extra_config", {})
-            if encoder_name and "encoder_name" not in extra:
-                extra["encoder_name"] = encoder_name
-            cache = encache.Cache(cfg, store=config.resolved_store(),
-                                  log=logger.warning, **namespace)
+            cache = open_cache(config, config.library_config, namespace,
+                               encoder_name)
             self.prefetcher = Prefetcher(
                 cache, hold_bytes=config.scheduler_prefetch_bytes,
                 key=handoff_key(config.resolved_store(), cache.namespace))
@@ -504,15 +512,10 @@ class WorkerCore:
             if config.enabled and config.is_producer else None
 
     def _open(self, library_config: dict):
-        cfg = json.loads(json.dumps(library_config))
-        extra = cfg.setdefault("ec_connector_extra_config", {})
-        if self._encoder_name and "encoder_name" not in extra:
-            extra["encoder_name"] = self._encoder_name
-        cache = encache.Cache(cfg, store=self.config.resolved_store(),
-                              log=logger.warning, **self._namespace)
-        self._handoff_key = handoff_key(self.config.resolved_store(),
-                                        cache.namespace)
+        cache = open_cache(self.config, library_config, self._namespace,
+                           self._encoder_name)
         url = self.config.resolved_store() or os.environ.get("ENCACHE_STORE")
+        self._handoff_key = handoff_key(url, cache.namespace)
         logger.info("encache: cross-encoder reuse on %s, namespace %s",
                     encache.url_redact(url) if url else
                     "the default shm Store", cache.namespace)
