@@ -33,7 +33,7 @@ typedef struct run {
 
 /* Reads the answers in (len bytes) to NITEMS items with pipe p's shape. */
 static void one(const uint8_t *in, size_t len, size_t cap, size_t nhashed,
-                int whole, int direct, run *o) {
+                int whole, int first, int direct, run *o) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
     return;
@@ -53,9 +53,15 @@ static void one(const uint8_t *in, size_t len, size_t cap, size_t nhashed,
   }
   static const uint64_t seeds[NITEMS] = {1, 0x9e3779b97f4a7c15ull, 3, 4};
   memset(o, 0, sizeof(*o));
-  rpipe p = {o->r, 0,     NITEMS, item, 0,       heads, bufs, caps,
-             NULL, whole ? seeds : NULL,
-             !whole && nhashed ? &o->sum : NULL, nhashed, 0, direct};
+  /* Items below nhashed are summed; with first, item 1 is a first window
+   * whose STRLEN is reply 0 (summed only when its header says checked). */
+  sum_state *sums[NITEMS];
+  size_t strlen_of[NITEMS] = {0, first ? 1 : 0, 0, 0};
+  for (size_t k = 0; k < NITEMS; k++)
+    sums[k] = !whole && k < nhashed ? &o->sum : NULL;
+  rpipe p = {.replies = o->r, .cap = NITEMS, .item = item, .heads = heads,
+             .bufs = bufs, .caps = caps, .seeds = whole ? seeds : NULL,
+             .sums = sums, .strlen_of = strlen_of, .direct = direct};
   char cmd[] = "PING\r\n", why[256];
   struct iovec iov = {cmd, sizeof(cmd) - 1};
   xtime t = {now_ms() + 1000, 1000};
@@ -78,9 +84,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t cap = ((size_t)data[0] << 8) % 65537;
   size_t nhashed = data[1] % (NITEMS + 1);
   int whole = (data[1] & 0x80) != 0; /* GETs: values checked, not summed */
+  int first = (data[1] & 0x40) != 0;
   static run a, b;
-  one(data + 2, size - 2, cap, nhashed, whole, 1, &a);
-  one(data + 2, size - 2, cap, nhashed, whole, 0, &b);
+  one(data + 2, size - 2, cap, nhashed, whole, first, 1, &a);
+  one(data + 2, size - 2, cap, nhashed, whole, first, 0, &b);
   /* The replies both took agree (the direct one may take a value the
    * reader refuses only by failing where the reader failed too). */
   if (a.x == XR_OK && b.x == XR_OK) {

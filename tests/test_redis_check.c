@@ -650,6 +650,100 @@ TEST(redis_check_large_windows_received_in_place) {
   kill_wait(pid, SIGKILL);
 }
 
+/* The key the stream hook rewrites (at its first call for that key). */
+static const char *sh_key;
+
+static void sh_hook(const char *key, uint64_t done) {
+  if (done == 0 || strcmp(key, sh_key) != 0 || tw_calls++ != 0)
+    return;
+  static unsigned char obj[24 + (80u << 10)];
+  size_t len = tw_object(obj, tw_cols, tw_seed);
+  encache_store_remove(tw_store, key);
+  ASSERT_EQ_INT(encache_store_write(tw_store, key, obj, 24, obj + 24, len - 24),
+                0);
+}
+
+/*
+ * The windowed keys of one read go as one stream (wread.c, issue 30):
+ * windows of 4 KiB, 2 in flight, nine keys of every kind in one
+ * encache_store_read(): checked objects of one window, two and sixteen;
+ * a missing key; an object without a check (the older guard, after the
+ * stream); an empty value; an object larger than its buffer; one with a
+ * byte flipped; and one rewritten while its windows are in flight (the
+ * hook, called as its second window is asked).  Each key gets its own
+ * answer, every hit its own bytes, and the rewritten key, then read
+ * undisturbed, is the object now there.
+ */
+TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[200], offurl[240];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?window=4096&"
+           "window_depth=2&window_threshold=0", port);
+  snprintf(offurl, sizeof(offurl), "%s&checksum=off", url);
+  encache_store *st = NULL, *off = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(offurl, &off), 0);
+  raw r;
+  raw_open(&r, url);
+  enum { NK = 9 };
+  static const char *const keys[NK] = {"s0", "s1", "s2", "s3", "s4",
+                                       "s5", "s6", "s7", "s8"};
+  /* columns (0: none written), the writer (1: without the check) */
+  static const int64_t cols[NK] = {16384, 0, 10240, 0, 16384,
+                                   1536,  700, 16384, 16384};
+  static const int plain[NK] = {0, 0, 1, 0, 0, 0, 0, 0, 0};
+  static unsigned char obj[NK][24 + (64u << 10)], out[NK][24 + (64u << 10)];
+  size_t len[NK];
+  for (int k = 0; k < NK; k++) {
+    len[k] = cols[k] ? tw_object(obj[k], cols[k], 10u + (unsigned)k) : 0;
+    if (cols[k])
+      ASSERT_EQ_INT(encache_store_write(plain[k] ? off : st, keys[k], obj[k],
+                                        24, obj[k] + 24, len[k] - 24), 0);
+  }
+  raw_set(&r, "s3", "", 0);
+  raw_setrange(&r, "s7", 30000, (unsigned char)(obj[7][30000] ^ 1));
+  void *bufs[NK];
+  size_t caps[NK];
+  int64_t res[NK];
+  for (int k = 0; k < NK; k++) {
+    bufs[k] = out[k];
+    caps[k] = k == 4 ? 32u << 10 : sizeof(out[k]);
+  }
+  tw_store = st;
+  tw_cols = cols[8];
+  tw_seed = 99;
+  tw_calls = 0;
+  sh_key = "s8";
+  encache__redis_window_hook = sh_hook;
+  memset(out, 0, sizeof(out));
+  ASSERT_EQ_INT(encache_store_read(st, keys, NK, bufs, caps, res), 0);
+  encache__redis_window_hook = NULL;
+  ASSERT(tw_calls >= 1); /* its own rewrite, windowed, calls it too */
+  static const int64_t miss = ENCACHE_ENOENT;
+  const int64_t want[NK] = {(int64_t)len[0], miss, (int64_t)len[2], 0,
+                            ENCACHE_ETOOLARGE, (int64_t)len[5],
+                            (int64_t)len[6], miss, miss};
+  for (int k = 0; k < NK; k++) {
+    printf("# %s: %lld\n", keys[k], (long long)res[k]);
+    ASSERT_EQ_INT(res[k], want[k]);
+    if (want[k] > 0)
+      ASSERT_EQ_MEM(out[k], obj[k], len[k]);
+  }
+  /* Undisturbed, the object now at s8 is read whole. */
+  size_t l8 = tw_object(obj[8], cols[8], 99);
+  ASSERT_EQ_INT(encache_store_read(st, keys, NK, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[8], (int64_t)l8);
+  ASSERT_EQ_MEM(out[8], obj[8], l8);
+  ASSERT_EQ_INT(res[0], (int64_t)len[0]);
+  raw_close(&r);
+  encache_store_close(st);
+  encache_store_close(off);
+  kill_wait(pid, SIGKILL);
+}
+
 /*
  * A tier in front of Redis: a damaged remote object (one payload byte
  * flipped), small (copied into the promotion queue) or large (read again

@@ -229,8 +229,7 @@ int encache__redis_command(redis_store *s, const char *key, int argc,
     encache__redis_cmd(&b, argc, argv, lens);
     rreply r[2];
     size_t nrep = ask ? 2 : 1;
-    rpipe p = {r,    0,    nrep, NULL, 0, NULL,
-               NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
+    rpipe p = {.replies = r, .cap = nrep};
     struct iovec iov = {b.p, b.len};
     int x = b.oom ? XR_FAIL
                   : encache__redis_run_on(s, set, node, &iov, 1, nrep, &p,

@@ -90,8 +90,7 @@ static int handshake(const redis_store *s, redisContext *c, char *why,
     snprintf(why, whysize, "out of memory");
   if (nrep > 0 && !bad) {
     rreply r[2];
-    rpipe p = {r,    0,    nrep, NULL, 0, NULL,
-               NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
+    rpipe p = {.replies = r, .cap = nrep};
     struct iovec iov = {b.p, b.len};
     char xwhy[256];
     if (encache__redis_exchange(c, &iov, 1, nrep, &p, NULL,

@@ -41,22 +41,21 @@ static void copy_value(const rpipe *p, size_t item, rreply *r,
   encache__shm_copy_sum(p->bufs[item], v + h, len - h, st);
 }
 
-/* The sum item's bytes go to as they are copied: the pipe's for items
- * below nhashed, and for the first window of a value whose STRLEN came
- * before it when the window is a checked object's (r->check records it);
- * NULL: none. */
+/* The sum item's bytes go to as they are copied (NULL: none): the
+ * item's; for the first window of a value (strlen_of), only when its
+ * header says the value carries a check and the window ends within the
+ * object (r->check records it). */
 static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
                          const char *str, size_t len) {
   /* str: at least the first min(len, ENCACHE_HEADER_SIZE) bytes (all of
    * them from rf_string, the header from recv_direct) */
-  if (p->hash == NULL)
+  if (p->sums == NULL || p->sums[item] == NULL)
     return NULL;
-  if (item < p->nhashed)
-    return p->hash;
-  const rreply *l = p->len_reply > 0 && p->len_reply < p->next
-                        ? &p->replies[p->len_reply - 1]
-                        : NULL;
-  if (item != 0 || l == NULL || l->type != REDIS_REPLY_INTEGER ||
+  size_t sl = p->strlen_of != NULL ? p->strlen_of[item] : 0;
+  if (sl == 0)
+    return p->sums[item];
+  const rreply *l = sl < p->next ? &p->replies[sl - 1] : NULL;
+  if (l == NULL || l->type != REDIS_REPLY_INTEGER ||
       l->integer < (long long)(ENCACHE_HEADER_SIZE + CHECK_BYTES))
     return NULL;
   uint64_t vlen = (uint64_t)l->integer;
@@ -65,7 +64,7 @@ static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
   if (obj == vlen || len > obj)
     return NULL; /* no check, or the window runs into it */
   r->check = CHECK_SUMMED;
-  return p->hash;
+  return p->sums[item];
 }
 
 static void *rf_string(const redisReadTask *task, char *str, size_t len) {
@@ -303,7 +302,7 @@ static size_t take_buffered(redisReader *rd, unsigned char *dst, size_t n,
  * value fits, the bytes already buffered are moved to their place and
  * the rest is received straight into it by recv(), fed to a sum as it
  * lands (while it is in cache); the reader is left as after a whole
- * reply.  A window is fed to the pipe's sum (sum_of()); a whole value
+ * reply.  A window is fed to its item's sum (sum_of()); a whole value
  * (the pipe has seeds: a GET) that carries a check is fed to a sum of its
  * own, its object alone received into place and its check into a buffer
  * here, then verified, as encache__redis_check_value() does on the
@@ -334,7 +333,8 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
   /* A whole value's check, and a first window's sum (sum_of), are decided
    * by the value's header: it must be buffered. */
   int whole = p->seeds != NULL;
-  int first = !whole && p->hash != NULL && item >= p->nhashed;
+  int first = !whole && p->sums != NULL && p->sums[item] != NULL &&
+              p->strlen_of != NULL && p->strlen_of[item] != 0;
   size_t line = (size_t)(cr + 2 - h);
   size_t hb = len < ENCACHE_HEADER_SIZE ? (size_t)len : ENCACHE_HEADER_SIZE;
   if (line + (whole || first ? hb : 0) > buffered)
@@ -350,10 +350,10 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
   memset(r, 0, sizeof(*r));
   r->type = REDIS_REPLY_STRING;
   r->len = (int64_t)obj;
-  sum_state own = {0}, *st = p->hash;
+  sum_state own = {0}, *st;
   if (whole)
     st = obj != len ? &own : NULL;
-  else if (first)
+  else
     st = sum_of(p, item, r, rd->buf + rd->pos, (size_t)len);
   size_t hn = obj < p->split ? (size_t)obj : p->split;
   unsigned char tail[CHECK_BYTES], crlf[2];
@@ -379,8 +379,27 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
   return 1;
 }
 
+/* Sends what a stream's more() appended since the last call. */
+static int send_more(int fd, rpipe *p, xtime deadline, char *why,
+                     size_t whysize) {
+  if (p->out->oom) {
+    snprintf(why, whysize, "out of memory");
+    return -1;
+  }
+  if (p->out_sent == p->out->len)
+    return 0;
+  struct iovec iov = {p->out->p + p->out_sent, p->out->len - p->out_sent};
+  p->out_sent = p->out->len;
+  if (send_all(fd, &iov, 1, deadline) == 0)
+    return 0;
+  snprintf(why, whysize, "%s",
+           errno == ETIMEDOUT ? "timed out sending" : strerror(errno));
+  return -1;
+}
+
 /* Reads nrep replies (ordinary ones into out when out is not NULL) before
- * the deadline. */
+ * the deadline.  A stream's more() is called after each reply, and what
+ * it appends is sent. */
 static int recv_replies(redisContext *c, rpipe *p, void **out,
                         size_t nrep, xtime deadline, char *why,
                         size_t whysize) {
@@ -394,17 +413,21 @@ static int recv_replies(redisContext *c, rpipe *p, void **out,
                p->bad ? p->bad : rd->errstr);
       return XR_FAIL;
     }
+    int d = 0;
     if (reply != NULL) {
       if (out != NULL)
         out[got] = reply;
-      got++;
-      continue;
+      d = 1;
+    } else if (p != NULL && p->direct && out == NULL) {
+      d = recv_direct(c, p, deadline, &received, why, whysize);
     }
-    int d = p != NULL && p->direct && out == NULL
-                ? recv_direct(c, p, deadline, &received, why, whysize)
-                : 0;
     if (d == 1) {
       got++;
+      if (p != NULL && p->more != NULL) {
+        nrep = p->more(p);
+        if (send_more(c->fd, p, deadline, why, whysize) != 0)
+          return XR_FAIL;
+      }
       continue;
     }
     if (d != 0)
@@ -448,12 +471,26 @@ static int recv_replies(redisContext *c, rpipe *p, void **out,
 }
 
 /* Sends iov (modified) on c and reads nrep replies: ours into p, or
- * ordinary ones into out (NULLs on failure).  Returns an XR_ code; why
- * says what failed. */
+ * ordinary ones into out (NULLs on failure); a stream's (p->more) come
+ * from more() instead.  Returns an XR_ code; why says what failed. */
 int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
                             size_t nrep, rpipe *p, void **out, xtime deadline,
                             char *why, size_t whysize) {
   int x;
+  struct iovec first;
+  if (p != NULL && p->more != NULL) { /* a stream: its first commands */
+    p->out_sent = 0;
+    nrep = p->more(p);
+    if (p->out->oom) {
+      snprintf(why, whysize, "out of memory");
+      return XR_FAIL;
+    }
+    first.iov_base = p->out->p;
+    first.iov_len = p->out->len;
+    iov = &first;
+    cnt = 1;
+    p->out_sent = p->out->len;
+  }
   if (send_all(c->fd, iov, cnt, deadline) < 0) {
     int e = errno;
     snprintf(why, whysize, "%s",

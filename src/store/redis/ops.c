@@ -180,11 +180,10 @@ static void batch_node(batch_run *b, size_t first) {
   uint64_t want;
   size_t nrep = batch_commands(b, m, &o, &want);
   int values = b->op == OP_GET || b->op == OP_HEAD;
-  rpipe p = {b->replies, 0,        nrep,
-             b->item_of, b->split, values ? b->heads : NULL,
-             b->bufs,    b->caps,  NULL,
-             b->seeds,   NULL,     0,
-             0,          b->op == OP_GET}; /* GETs received in place */
+  rpipe p = {.replies = b->replies, .cap = nrep, .item = b->item_of,
+             .split = b->split, .heads = values ? b->heads : NULL,
+             .bufs = b->bufs, .caps = b->caps, .seeds = b->seeds,
+             .direct = b->op == OP_GET}; /* GETs received in place */
   char xwhy[256];
   struct iovec iov = {o.p, o.len};
   int x = o.oom ? XR_FAIL
@@ -239,19 +238,43 @@ static int wgroup_has(const wgroup *g, size_t ng, size_t k, size_t i) {
   return 1;
 }
 
-/* Reads group k's keys in windows (wread.c). */
+/* Reads group k's keys in windows (wread.c): one stream per node. */
 static void wgroup_read(wgroup *g, size_t ng, size_t k) {
   batch_run *b = g[k].b;
-  for (size_t i = 0; i < b->n; i++) {
-    if (!windowed(b, i) || !wgroup_has(g, ng, k, i))
-      continue;
-    char why[256];
-    b->results[i] = encache__redis_wread(b->s, g[k].set, b->keys[i],
-                                         b->split, b->heads[i], b->bufs[i],
-                                         b->caps[i], why, sizeof(why));
-    if (b->results[i] < 0 && why[0] != '\0') /* a plain miss says nothing */
-      snprintf(g[k].why, sizeof(g[k].why), "%s", why);
+  size_t m = 0;
+  for (size_t i = 0; i < b->n; i++)
+    m += windowed(b, i) && wgroup_has(g, ng, k, i);
+  if (m == 0)
+    return;
+  const char **keys = encache__calloc(m, sizeof(*keys));
+  void **heads = encache__calloc(m, sizeof(*heads));
+  void **bufs = encache__calloc(m, sizeof(*bufs));
+  size_t *caps = encache__calloc(m, sizeof(*caps)),
+         *idx = encache__calloc(m, sizeof(*idx));
+  int64_t *res = encache__calloc(m, sizeof(*res));
+  if (keys && heads && bufs && caps && idx && res) {
+    m = 0;
+    for (size_t i = 0; i < b->n; i++)
+      if (windowed(b, i) && wgroup_has(g, ng, k, i)) {
+        keys[m] = b->keys[i], heads[m] = b->heads[i], bufs[m] = b->bufs[i];
+        caps[m] = b->caps[i], idx[m++] = i;
+      }
+    encache__redis_wread(b->s, g[k].set, m, keys, b->split, heads, bufs, caps,
+                         res, g[k].why, sizeof(g[k].why));
+    for (size_t j = 0; j < m; j++)
+      b->results[idx[j]] = res[j];
+  } else {
+    for (size_t i = 0; i < b->n; i++)
+      if (windowed(b, i) && wgroup_has(g, ng, k, i))
+        b->results[i] = ENCACHE_ENOMEM;
+    snprintf(g[k].why, sizeof(g[k].why), "windowed reads: out of memory");
   }
+  encache__free(keys);
+  encache__free(heads);
+  encache__free(bufs);
+  encache__free(caps);
+  encache__free(idx);
+  encache__free(res);
 }
 
 typedef struct wthread {
@@ -432,8 +455,7 @@ static int set_once(redis_store *s, rset *set, size_t node, int ask_first,
                          {post, (size_t)tl}};
   rreply r[2];
   size_t nrep = ask_first ? 2 : 1;
-  rpipe p = {r,    0,    nrep, NULL, 0, NULL,
-             NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
+  rpipe p = {.replies = r, .cap = nrep};
   if (encache__redis_run_on(s, set, node, iov, 7, nrep, &p,
                             encache__redis_deadline(s, hl + len), why,
                             sizeof(why)) != XR_OK)

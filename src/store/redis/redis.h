@@ -79,17 +79,18 @@
  *
  * Windows.  A read whose destination (split + buffer) is larger than
  * window_threshold, and a write of more than window_threshold bytes, move
- * the object as a pipeline of windows of `window` bytes, window_depth
- * windows per exchange, rather than one GET or SET: large single replies
- * and requests are slow on some machines (issue 14), and a window lands
- * straight in the caller's buffer (received there by recv(), io.c's
- * recv_direct, not through the hiredis reader).  A read asks EXISTS,
- * STRLEN and the first window in one exchange, then the other windows
- * with GETRANGE, window_depth per exchange.  A value with a check
- * (Integrity, below) needs nothing more: its windows are summed as they
- * land and the last exchange reads the check, which windows of two
- * objects fail (a miss).  A value without one (an older writer's, or
- * checksum=off) has no such guard: each of its exchanges ends with
+ * the object as a pipeline of windows of `window` bytes rather than one
+ * GET or SET: large single replies and requests are slow on some machines
+ * (issue 14), and a window lands straight in the caller's buffer
+ * (received there by recv(), io.c's recv_direct, not through the hiredis
+ * reader).  The windowed keys of a read on one node go as one stream,
+ * window_depth windows in flight, a new one asked as each comes in: a key
+ * asks EXISTS, STRLEN and its first window, then its other windows with
+ * GETRANGE.  A value with a check (Integrity, below) needs nothing more:
+ * its windows are summed as they land and its last GETRANGE reads the
+ * check, which windows of two objects fail (a miss).  A value without
+ * one (an older writer's, or checksum=off) has no such guard: its other
+ * windows go window_depth per exchange, each exchange ends with
  * STRLEN, the last one reads the head and the tails of up to 64 windows
  * again, and any difference (length, head, tails, a short window) makes
  * the key a miss, never a hit of mixed bytes: objects are never changed
@@ -214,6 +215,13 @@ typedef struct rreply {
 /* rreply.check */
 enum { CHECK_NONE, CHECK_OK, CHECK_BAD, CHECK_SUMMED };
 
+/* A growing buffer of RESP commands; oom is sticky. */
+typedef struct obuf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} obuf;
+
 /* The pipeline being read: where each string reply goes. */
 typedef struct rpipe {
   rreply *replies;
@@ -226,20 +234,29 @@ typedef struct rpipe {
   const char *bad; /* why a reply function stopped the reader */
   /* Integrity (check.c).  seeds (NULL: none): per item, the seed of its
    * key: a whole value (GET) that carries a check is verified as it is
-   * copied, its len is the object's, and its check is not copied.  hash
-   * (NULL: none): the bytes of items [0, nhashed) are fed to it as they
-   * are copied (the windows of a read, in order). */
+   * copied, its len is the object's, and its check is not copied.  sums
+   * (NULL: none): per item, the sum its bytes are fed to as they are
+   * copied (NULL: none; the windows of a read, in order). */
   const uint64_t *seeds;
-  sum_state *hash;
-  size_t nhashed;
-  /* 1 + the index of a STRLEN reply earlier in the pipeline (0: none):
-   * item 0, the first window of that value, is summed into hash too when
-   * its header says the value carries a check and the window ends within
-   * the object (its reply's check is then CHECK_SUMMED). */
-  size_t len_reply;
+  sum_state *const *sums;
+  /* Per item (NULL: none), 1 + the index of a STRLEN reply earlier in
+   * the pipeline (0: none): the item is the first window of that value,
+   * fed to its sum only when its header says the value carries a check
+   * and the window ends within the object (its reply's check is then
+   * CHECK_SUMMED). */
+  const size_t *strlen_of;
   /* The string replies of items are received straight into their buffers
    * (io.c, recv_direct), not through the hiredis reader. */
   int direct;
+  /* A stream (NULL: none): called once before anything is sent and after
+   * each reply, more() may append commands to *out (their replies and
+   * items described in the pipe, whose arrays it may move and grow) and
+   * returns how many replies have been asked in all; the exchange ends
+   * when all of them are in.  out is sent as it grows. */
+  size_t (*more)(struct rpipe *p);
+  obuf *out;
+  size_t out_sent;
+  void *ctx;
 } rpipe;
 
 /* The outcome of an exchange. */
@@ -257,13 +274,6 @@ typedef struct xtime {
   uint64_t deadline;
   unsigned idle_ms;
 } xtime;
-
-/* A growing buffer of RESP commands; oom is sticky. */
-typedef struct obuf {
-  char *p;
-  size_t len, cap;
-  int oom;
-} obuf;
 
 static inline uint64_t now_ms(void) {
   struct timespec ts;
@@ -296,8 +306,8 @@ redisReplyObjectFunctions *encache__redis_replies(int plain);
 /* The bounds of an exchange that may move `bytes` bytes. */
 xtime encache__redis_deadline(const redis_store *s, uint64_t bytes);
 /* Sends iov (modified) on c and reads nrep replies: ours into p, or
- * ordinary ones into out (NULLs on failure).  Returns an XR_ code; why
- * says what failed. */
+ * ordinary ones into out (NULLs on failure); a stream's (p->more) come
+ * from more() instead.  Returns an XR_ code; why says what failed. */
 int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
                             size_t nrep, rpipe *p, void **out, xtime deadline,
                             char *why, size_t whysize);
@@ -416,13 +426,17 @@ uint64_t encache__redis_check_digest(sum_state *st, uint64_t seed);
 
 /* ------------------------------------------------------ wread.c, wwrite.c */
 
-/* Reads key in windows into head (its first split bytes) and buf (cap
- * bytes), its check verified as the windows arrive; returns the object's
+/* Reads the n keys in windows, key i into heads[i] (its first split
+ * bytes) and bufs[i] (caps[i] bytes), those of one node as one stream,
+ * each check verified as the windows arrive; results[i] gets the object's
  * length (without its check) or ENCACHE_ENOENT (also: a check that
- * fails) / ENCACHE_ETOOLARGE / ENCACHE_EUNAVAIL (why says what failed). */
-int64_t encache__redis_wread(redis_store *s, rset *set, const char *key,
-                             size_t split, void *head, void *buf, size_t cap,
-                             char *why, size_t whysize);
+ * fails) / ENCACHE_ETOOLARGE / ENCACHE_EUNAVAIL / ENCACHE_ENOMEM; why says
+ * what failed (the last key that says something; a plain miss does not). */
+void encache__redis_wread(redis_store *s, rset *set, size_t n,
+                          const char *const *keys, size_t split,
+                          void *const *heads, void *const *bufs,
+                          const size_t *caps, int64_t *results, char *why,
+                          size_t whysize);
 /* Writes hdr + payload (+ the check ck, ckl bytes: 0 or CHECK_BYTES)
  * under key in windows (a temporary, RENAMENX); returns 0,
  * ENCACHE_EEXIST or ENCACHE_EUNAVAIL with the message set. */

@@ -127,8 +127,7 @@ static int wrun(wwrite *w, wxch *x, uint64_t bytes) {
                                            : x->o.p + x->seg[i].off);
     iov[i].iov_len = x->seg[i].len;
   }
-  rpipe p = {x->r, 0,    x->nrep, NULL, 0, NULL,
-             NULL, NULL, NULL,    NULL, NULL, 0, 0, 0};
+  rpipe p = {.replies = x->r, .cap = x->nrep};
   char xwhy[200];
   int xr = x->o.oom ? XR_FAIL
                     : encache__redis_run_on(
