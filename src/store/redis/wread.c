@@ -647,9 +647,11 @@ static size_t smore(rpipe *p) {
  * then WS_DONE. */
 static void sread(redis_store *s, rset *set, wread **w, size_t n) {
   wstream ws = {.s = s, .w = w, .n = n};
-  uint64_t bytes = 0;
+  uint64_t bytes = 0; /* the most it may move: its deadline */
   for (size_t k = 0; k < n; k++)
     bytes = sat_add(bytes, sat_add(w[k]->split, w[k]->cap));
+  if (bytes > (1ull << 40))
+    bytes = 1ull << 40; /* a deadline days away: idle_ms still bounds it */
   ws.p = (rpipe){.split = w[0]->split, .direct = 1, .more = smore,
                  .out = &ws.o, .ctx = &ws};
   char xwhy[256];
