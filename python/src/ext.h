@@ -176,6 +176,8 @@ int ec_step_usable(step *s);
  * returns a new reference to s, whose pending lookup ec_step_complete()
  * collects. */
 PyObject *ec_step_lookup(step *s, PyObject *items, int wait);
+/* r (a Result) is a hit: its id and output, borrowed; else NULL. */
+PyObject *ec_result_hit(PyObject *r, PyObject **id);
 /* Waits at most timeout_s seconds (< 0: without a bound, 0: a poll) for
  * s's pending lookup, with the GIL released, and appends its Results to
  * s's: 1 when none is pending (any more), 0 when it still is, -1 raised

@@ -92,6 +92,15 @@ static PyObject *result_found(PyObject *self, void *c) {
                        (unsigned long long)r->found.cols);
 }
 
+PyObject *ec_result_hit(PyObject *r, PyObject **id) {
+  result *res = (result *)r;
+  *id = res->id;
+  return res->outcome == ENCACHE_HIT && res->id != NULL &&
+                 res->tensor != NULL && res->tensor != Py_None
+             ? res->tensor
+             : NULL;
+}
+
 static PyObject *result_address(PyObject *self, void *c) {
   (void)c;
   result *r = (result *)self;

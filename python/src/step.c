@@ -384,18 +384,15 @@ static PyObject *step_results(PyObject *self, void *c) {
   return l != NULL ? PyList_GetSlice(l, 0, PY_SSIZE_T_MAX) : NULL;
 }
 
+/* The hits of the step's results (their fields read as they are, not
+ * through attribute lookups: a step's hits are on the encoder's path). */
 static PyObject *step_hits(PyObject *self, void *c) {
   (void)c;
   PyObject *l = results_now(self), *d = l != NULL ? PyDict_New() : NULL;
   for (Py_ssize_t i = 0; d != NULL && i < PyList_GET_SIZE(l); i++) {
-    PyObject *r = PyList_GET_ITEM(l, i);
-    PyObject *t = PyObject_GetAttrString(r, "tensor");
-    PyObject *id = PyObject_GetAttrString(r, "id");
-    if (t == NULL || id == NULL ||
-        (t != Py_None && PyDict_SetItem(d, id, t) < 0))
+    PyObject *id, *t = ec_result_hit(PyList_GET_ITEM(l, i), &id);
+    if (t != NULL && PyDict_SetItem(d, id, t) < 0)
       Py_CLEAR(d);
-    Py_XDECREF(t);
-    Py_XDECREF(id);
   }
   return d;
 }
@@ -404,11 +401,9 @@ static PyObject *step_misses(PyObject *self, void *c) {
   (void)c;
   PyObject *l = results_now(self), *out = l != NULL ? PyList_New(0) : NULL;
   for (Py_ssize_t i = 0; out != NULL && i < PyList_GET_SIZE(l); i++) {
-    PyObject *r = PyList_GET_ITEM(l, i);
-    PyObject *t = PyObject_GetAttrString(r, "tensor");
-    if (t == NULL || (t == Py_None && PyList_Append(out, r) < 0))
+    PyObject *id, *r = PyList_GET_ITEM(l, i);
+    if (ec_result_hit(r, &id) == NULL && PyList_Append(out, r) < 0)
       Py_CLEAR(out);
-    Py_XDECREF(t);
   }
   return out;
 }

@@ -101,12 +101,15 @@ class StepPlan:
     """The scheduler half's part of a step's metadata.  items: the
     candidates as the library's lookup takes them, (id, dtype, (rows,
     cols)), made once where the plan is made (and pickled with it), so
-    that the worker's step hands them to Cache.lookup as they are."""
+    that the worker's step hands them to Cache.lookup as they are; ids:
+    their identifiers, to test the encoder cache for them in one call."""
     candidates: tuple[Candidate, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "items", tuple([
             (c.mm_hash, c.dtype, (c.rows, c.cols)) for c in self.candidates]))
+        object.__setattr__(self, "ids", tuple([
+            c.mm_hash for c in self.candidates]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,7 +498,10 @@ class WorkerCore:
                  device: str = "cpu", encoder_name: str | None = None):
         self.config = config
         self.device = device
-        self.counters = WorkerCounters()
+        self._counters = WorkerCounters()
+        # the per-step counters, kept apart (one attribute each, on the
+        # step's path) and put in counters when it is read
+        self._steps = self._looked_up = self._loaded = 0
         self._namespace = dict(namespace)
         self._encoder_name = encoder_name
         self._step = None
@@ -506,6 +512,9 @@ class WorkerCore:
         self._planned: dict[str, Candidate | None] = {}
         self._device = None if device == "cpu" else device
         self._begun = False
+        # A step is begun or open (_begun, or _step set): what the hooks
+        # that end a step test, one attribute.
+        self.open = False
         self._warned_mismatch = False
         self._handoff_key = None
         self.cache = self._open(config.library_config) \
@@ -525,12 +534,19 @@ class WorkerCore:
     def namespace(self) -> str | None:
         return self.cache.namespace if self.cache is not None else None
 
+    @property
+    def counters(self) -> WorkerCounters:
+        c = self._counters
+        c.steps, c.looked_up, c.loaded = \
+            self._steps, self._looked_up, self._loaded
+        return c
+
     # ----------------------------------------------------------- a step
 
     def bind(self) -> None:
         """A new step's metadata is bound: a step the runner left open
         (no clear_connector_metadata after an error) is closed first."""
-        if self._begun or self._step is not None:
+        if self.open:
             self.end_step()
 
     def begin_step(self, plan: StepPlan | None,
@@ -538,26 +554,49 @@ class WorkerCore:
         """Looks the plan's candidates up; each hit is put in
         encoder_cache under its identifier.  Returns the number loaded.
         Called once per step (a second call, e.g. start_load_caches after
-        start_save_caches on ec_both, does nothing).  The per-step path:
-        the plan's items go to the lookup as they are (no per-item Python
-        when the encoder cache holds none of them and hits go to the
-        host); the candidates publish() needs are found only when it is
-        called (a step of hits publishes nothing)."""
+        start_save_caches on ec_both, does nothing).  The per-step path,
+        kept short (docs/vllm.md, Cost): the plan's items go to the lookup
+        as they are (no per-item Python when the encoder cache holds none
+        of them and hits go to the host), the hits come from the step as
+        one dict made in C, and the candidates publish() needs are found
+        only when it is called (a step of hits publishes nothing)."""
         if self._begun or encoder_cache is None:
             return 0  # done, or nowhere to put hits (yet)
-        self._begun = True
-        counters = self.counters
-        counters.steps += 1
+        self._begun = self.open = True
+        self._steps += 1
         cache = self.cache
-        if cache is None:
+        if cache is None or plan is None or not plan.items:
             return 0
-        items = plan.items if plan is not None else ()
-        if items and encoder_cache:
+        items = plan.items
+        if self._step is not None or _HANDOFFS or self._device is not None \
+                or (encoder_cache and
+                    not encoder_cache.keys().isdisjoint(plan.ids)):
+            return self._begin_with(plan, items, encoder_cache)
+        # The common step: a host worker, none of the items local, no
+        # prefetched hits to take: one call looks up and opens the step.
+        try:
+            self._step = step = cache.lookup(items)
+        except encache.PoisonedError:
+            raise  # unconfirmed I/O: the worker fails, as the reference's
+        except encache.Error as e:
+            return self._lookup_failed(e)
+        hits = step.hits  # id -> tensor, made in C
+        encoder_cache.update(hits)
+        self._looked.append((plan, items))
+        self._looked_up += len(items)
+        self._loaded += len(hits)
+        return len(hits)
+
+    def _begin_with(self, plan: StepPlan, items, encoder_cache: dict) -> int:
+        """begin_step's other cases: some items already local, prefetched
+        hits to take, hits for a device, a step opened before."""
+        counters = self.counters
+        loaded = 0
+        if encoder_cache:
             todo = [i for i in items if i[0] not in encoder_cache]
             counters.already_local += len(items) - len(todo)
             items = todo
-        loaded = 0
-        if items and _HANDOFFS:
+        if _HANDOFFS and items:
             prefetcher = _HANDOFFS.get(self._handoff_key)
             if prefetcher is not None:
                 hits, items = prefetcher.take(items)
@@ -566,35 +605,35 @@ class WorkerCore:
                         else tensor.to(self._current_device())
                 loaded = len(hits)
                 counters.prefetched += loaded
-                counters.loaded += loaded
+                self._loaded += loaded
         if not items:
-            if self._step is None:
-                self._step = cache.step()
             return loaded
-        device = self._device
-        if device is not None:
+        if self._device is not None:
             device = self._current_device()
             items = [(i, d, s, device) for i, d, s in items]
-        counters.looked_up += len(items)
+        self._looked_up += len(items)
         try:
             step = self._step
             if step is None:  # one call: open the step and look up
-                self._step = step = cache.lookup(items)
-                hits = step.hits  # id -> tensor, made in C
+                self._step = step = self.cache.lookup(items)
+                hits = step.hits
             else:  # a step opened before: only this lookup's hits
                 hits = {r.id: r.tensor for r in step.lookup(items) if r.hit}
         except encache.PoisonedError:
-            raise  # unconfirmed I/O: the worker fails, as the reference's
+            raise
         except encache.Error as e:
-            # Bad input, memory: encode instead, as the reference falls
-            # back on a rejected lookup.
-            counters.lookup_errors += 1
-            logger.warning("encache: lookup failed, encoding instead: %s", e)
-            return loaded
+            return loaded + self._lookup_failed(e)
         self._looked.append((plan, items))
         encoder_cache.update(hits)
-        counters.loaded += len(hits)
+        self._loaded += len(hits)
         return loaded + len(hits)
+
+    def _lookup_failed(self, e) -> int:
+        # Bad input, memory: encode instead, as the reference falls back
+        # on a rejected lookup.
+        self.counters.lookup_errors += 1
+        logger.warning("encache: lookup failed, encoding instead: %s", e)
+        return 0
 
     def _current_device(self) -> str:
         if self._device == "cuda":  # the worker's current GPU, at each step
@@ -625,6 +664,7 @@ class WorkerCore:
             return None
         if self._step is None:
             self._step = self.cache.step()
+            self.open = True
         planned = self._planned_now() if self._looked else self._planned
         if mm_hash not in planned:
             # No plan named it: make it a candidate of this step with the
@@ -681,7 +721,7 @@ class WorkerCore:
 
     def end_step(self) -> None:
         """Closes the step (its queued publications go on)."""
-        self._begun = False
+        self._begun = self.open = False
         if self._planned:
             self._planned.clear()
         if self._looked:

@@ -270,9 +270,8 @@ class EncacheECConnector(ECConnectorBase):
     def bind_connector_metadata(self, connector_metadata) -> None:
         self._connector_metadata = connector_metadata
         worker = self._worker
-        if worker is not None and (worker._begun or
-                                   worker._step is not None):
-            worker.bind()
+        if worker is not None and worker.open:
+            worker.end_step()  # a step the runner left open
         if self._inner is not None:
             inner = getattr(connector_metadata, "inner", connector_metadata)
             if inner is not None:
@@ -281,8 +280,7 @@ class EncacheECConnector(ECConnectorBase):
     def clear_connector_metadata(self) -> None:
         self._connector_metadata = None
         worker = self._worker
-        if worker is not None and (worker._begun or
-                                   worker._step is not None):
+        if worker is not None and worker.open:
             worker.end_step()
         if self._inner is not None:
             self._forward("clear_connector_metadata")
@@ -292,7 +290,10 @@ class EncacheECConnector(ECConnectorBase):
 
     def _plan(self):
         meta = self._connector_metadata
-        return getattr(meta, "plan", None)
+        try:
+            return meta.plan  # bound by vLLM: ours, from build_connector_meta
+        except AttributeError:
+            return None  # none bound, or not ours
 
     def start_save_caches(self, encoder_cache=None, **kwargs) -> None:
         """A producer's step begins (ActiveECConnector.maybe_get_output):
@@ -300,9 +301,11 @@ class EncacheECConnector(ECConnectorBase):
         starts delivering what is there."""
         producer = self._producer
         if producer is not None:
-            producer.begin_step(
-                getattr(self._connector_metadata, "plan", None),
-                encoder_cache)
+            try:
+                plan = self._connector_metadata.plan
+            except AttributeError:
+                plan = None  # none bound, or not ours
+            producer.begin_step(plan, encoder_cache)
         if self._inner is not None:
             self._forward("start_save_caches", encoder_cache=encoder_cache,
                           **kwargs)
