@@ -180,6 +180,10 @@ static void serve(int fd, resp_mode mode) {
     case RESP_CLOSE_MID:
       out_str(fd, "$100\r\nabc");
       return;
+    case RESP_MOVED:
+      if (out_str(fd, "-MOVED 1234 127.0.0.1:1\r\n") < 0)
+        return;
+      break;
     case RESP_STALE:
       if (ncmd >= 1)
         return; /* closed without an answer */

@@ -25,8 +25,10 @@ typedef enum resp_mode {
                         (FIN), then resets: the client's send fails EPIPE */
   RESP_SCAN_ENDLESS, /* SCAN: 1000 new keys and a cursor that never is 0;
                         DBSIZE 10 */
-  RESP_SCAN_BADKEYS  /* SCAN: cursor 0 and keys that are an integer, a nil,
+  RESP_SCAN_BADKEYS, /* SCAN: cursor 0 and keys that are an integer, a nil,
                         an array and one string */
+  RESP_MOVED         /* any command: -MOVED 1234 127.0.0.1:1, as a cluster's
+                        node would answer a key of another's slot */
 } resp_mode;
 
 /* Starts the server; sets *port; returns its pid (stop with

@@ -738,6 +738,18 @@ TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
   ASSERT_EQ_INT(res[8], (int64_t)l8);
   ASSERT_EQ_MEM(out[8], obj[8], l8);
   ASSERT_EQ_INT(res[0], (int64_t)len[0]);
+  /* With checksum=required the empty value, which has no check, and the
+   * object without one are misses; the checked ones are still hits. */
+  char requrl[240];
+  snprintf(requrl, sizeof(requrl), "%s&checksum=required", url);
+  encache_store *req = NULL;
+  ASSERT_EQ_INT(encache_store_open(requrl, &req), 0);
+  ASSERT_EQ_INT(encache_store_read(req, keys, NK, bufs, caps, res), 0);
+  ASSERT_EQ_INT(res[3], ENCACHE_ENOENT);
+  ASSERT_EQ_INT(res[2], ENCACHE_ENOENT);
+  ASSERT_EQ_INT(res[0], (int64_t)len[0]);
+  ASSERT_EQ_INT(res[5], (int64_t)len[5]);
+  encache_store_close(req);
   raw_close(&r);
   encache_store_close(st);
   encache_store_close(off);

@@ -136,6 +136,36 @@ TEST(redis_fake_malformed_and_cut_replies_are_unavailable) {
   }
 }
 
+/* A single-node Store answered MOVED (a cluster's node behind a
+ * redis:// URL, or a hostile server) follows no redirection: a whole
+ * value, windows, an existence check and a write are UNAVAILABLE, the
+ * message says why, and nothing is dialled at the address named (before,
+ * the redirection wrote into the slot table a single node does not have:
+ * found by fuzz_wread). */
+TEST(redis_fake_moved_to_a_single_node_store_is_unavailable) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_MOVED, &port);
+  for (int windows = 0; windows < 2; windows++) {
+    char url[160];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=1000%s", port,
+             windows ? "&window=64&window_threshold=0" : "");
+    encache_store *st = NULL;
+    ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+    char buf[4096];
+    ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
+    if (windows)
+      ASSERT_CONTAINS(encache_store_errmsg(st), "a redirection not followed");
+    const char *keys[1] = {"k"};
+    int present[1];
+    ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
+    ASSERT_EQ_INT(present[0], ENCACHE_EUNAVAIL);
+    ASSERT_EQ_INT(encache_store_write(st, "k", NULL, 0, "v", 1),
+                  ENCACHE_EUNAVAIL);
+    encache_store_close(st);
+  }
+  ASSERT_EQ_INT(resp_fake_stop(srv) >= 1, 1);
+}
+
 TEST(redis_fake_scan_that_never_ends_is_bounded) {
   int port;
   pid_t srv = resp_fake_start(RESP_SCAN_ENDLESS, &port);

@@ -142,12 +142,16 @@ size_t encache__redis_locate(redis_store *s, const char *key) {
   return node;
 }
 
-/* Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..."; returns the node. */
+/* Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..."; returns the node.  A
+ * single-node Store follows none (NO_NODE): it has no slot table, and a
+ * server it was not told is a cluster's does not choose its nodes. */
 size_t encache__redis_redirect(redis_store *s, const char *text, int *ask) {
   unsigned slot;
   char host[256];
   int port;
   *ask = strncmp(text, "ASK ", 4) == 0;
+  if (!s->cluster || s->slots == NULL)
+    return NO_NODE;
   const char *p = strchr(text, ' ');
   if (p == NULL || sscanf(p + 1, "%u %255[^ ]", &slot, host) != 2)
     return NO_NODE;

@@ -359,7 +359,8 @@ size_t encache__redis_locate(redis_store *s, const char *key);
 int encache__redis_ensure_slots(redis_store *s);
 /* Redis Cluster's slot of key, hash tags included. */
 unsigned encache__redis_key_slot(const char *key);
-/* Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..."; returns the node. */
+/* Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..."; returns the node, or
+ * NO_NODE (unparsable, or a single-node Store: it follows none). */
 size_t encache__redis_redirect(redis_store *s, const char *text, int *ask);
 /* The distinct nodes that own slots (single node: node 0) into out. */
 int encache__redis_masters(redis_store *s, size_t *out, size_t *m);

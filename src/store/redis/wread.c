@@ -130,7 +130,12 @@ static void wcmd(wread *w, wpipe *p, const char *verb, uint64_t a, uint64_t b,
 static int wanswer(wread *w, const rreply *r) {
   if (is_redirect(r)) {
     w->node = encache__redis_redirect(w->s, r->text, &w->ask);
-    return WX_REDIRECTED;
+    if (w->node < MAX_NODES)
+      return WX_REDIRECTED;
+    snprintf(w->why, w->whysize, "GETRANGE %s: a redirection not followed "
+             "(%s)%s", w->key, r->text,
+             w->s->cluster ? "" : ": a cluster's node, for a single-node URL");
+    return ENCACHE_EUNAVAIL;
   }
   if (r->type == REDIS_REPLY_ERROR) {
     snprintf(w->why, w->whysize, "GETRANGE %s: %s", w->key, r->text);
@@ -624,6 +629,8 @@ static size_t smore(rpipe *p) {
     for (size_t k = 0; k < ws->n; k++) {
       ws->w[k]->state = WS_NEW;
       ws->w[k]->follow = WF_NONE;
+      ws->w[k]->whybuf[0] = '\0'; /* a plain miss says nothing */
+      ws->w[k]->checked = 0;
       memset(&ws->w[k]->hash, 0, sizeof(ws->w[k]->hash));
     }
   }
@@ -728,8 +735,8 @@ void encache__redis_wread(redis_store *s, rset *set, size_t n,
       w->rounds++;
       if (w->follow == WF_LEGACY && (rc = wlegacy(w)) == 0)
         rc = wverdict(w);
-      else if (w->follow == WF_EMPTY)
-        rc = wempty(w);
+      else if (w->follow == WF_EMPTY && (rc = wempty(w)) == 0)
+        rc = wverdict(w); /* no check: a miss when one is required */
       if (rc == WX_REDIRECTED)
         w->follow = WF_REDIRECT;
       else if (w->follow == WF_LEGACY || w->follow == WF_EMPTY)
