@@ -53,15 +53,16 @@ static void one(const uint8_t *in, size_t len, size_t cap, size_t nhashed,
   }
   static const uint64_t seeds[NITEMS] = {1, 0x9e3779b97f4a7c15ull, 3, 4};
   memset(o, 0, sizeof(*o));
-  /* Items below nhashed are summed; with first, item 1 is a first window
-   * whose STRLEN is reply 0 (summed only when its header says checked). */
+  /* Items below nhashed are summed; with first, item 1 is the first
+   * window of a value of first bytes (summed only when its header says
+   * that value carries a check). */
   sum_state *sums[NITEMS];
-  size_t strlen_of[NITEMS] = {0, first ? 1 : 0, 0, 0};
+  uint64_t vlens[NITEMS] = {0, first, 0, 0};
   for (size_t k = 0; k < NITEMS; k++)
     sums[k] = !whole && k < nhashed ? &o->sum : NULL;
   rpipe p = {.replies = o->r, .cap = NITEMS, .item = item, .heads = heads,
              .bufs = bufs, .caps = caps, .seeds = whole ? seeds : NULL,
-             .sums = sums, .strlen_of = strlen_of, .direct = direct};
+             .sums = sums, .vlens = vlens, .direct = direct};
   char cmd[] = "PING\r\n", why[256];
   struct iovec iov = {cmd, sizeof(cmd) - 1};
   xtime t = {now_ms() + 1000, 1000};
@@ -84,7 +85,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t cap = ((size_t)data[0] << 8) % 65537;
   size_t nhashed = data[1] % (NITEMS + 1);
   int whole = (data[1] & 0x80) != 0; /* GETs: values checked, not summed */
-  int first = (data[1] & 0x40) != 0;
+  /* a first window's value length: the objects of 1 to 32 KiB */
+  int first = (data[1] & 0x40) != 0 ? 24 + CHECK_BYTES + 1024 * (data[0] & 31)
+                                    : 0;
   static run a, b;
   one(data + 2, size - 2, cap, nhashed, whole, first, 1, &a);
   one(data + 2, size - 2, cap, nhashed, whole, first, 0, &b);

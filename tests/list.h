@@ -213,6 +213,7 @@
   XX(redis_check_objects_rewritten_between_windows_are_misses)              \
   XX(redis_check_large_windows_received_in_place)                          \
   XX(redis_check_windowed_keys_of_one_read_in_one_stream)                   \
+  XX(redis_check_long_stream_of_small_windows)                              \
   XX(redis_check_tier_never_promotes_a_damaged_object)                     \
   XX(redis_check_on_the_url_under_test)                                    \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \

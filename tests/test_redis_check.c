@@ -757,6 +757,61 @@ TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
 }
 
 /*
+ * A long stream: three checked objects of 96 KiB in windows of 64 bytes,
+ * 16 in flight, read in one call (4611 replies: the stream's arrays are
+ * shifted down as replies are taken, wread.c's scompact), each object's
+ * header to a buffer of its own as the engine reads; every byte read
+ * back, and a miss once one byte of the middle object is flipped.
+ */
+TEST(redis_check_long_stream_of_small_windows) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[200];
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?window=64&"
+           "window_depth=16&window_threshold=0", port);
+  encache_store *st = NULL;
+  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  enum { NK = 3, LCOLS = 24576 }; /* 96 KiB of float32 */
+  static const char *const keys[NK] = {"l0", "l1", "l2"};
+  static unsigned char obj[NK][24 + LCOLS * 4], body[NK][LCOLS * 4],
+      head[NK][24];
+  size_t len = 0;
+  for (int k = 0; k < NK; k++) {
+    len = tw_object(obj[k], LCOLS, 20u + (unsigned)k);
+    ASSERT_EQ_INT(encache_store_write(st, keys[k], obj[k], 24, obj[k] + 24,
+                                      len - 24), 0);
+  }
+  void *heads[NK] = {head[0], head[1], head[2]};
+  void *bufs[NK] = {body[0], body[1], body[2]};
+  size_t caps[NK] = {LCOLS * 4, LCOLS * 4, LCOLS * 4};
+  int64_t res[NK];
+  for (int flip = 0; flip < 2; flip++) {
+    if (flip) {
+      raw r;
+      raw_open(&r, url);
+      raw_setrange(&r, "l1", 50000, (unsigned char)(obj[1][50000] ^ 1));
+      raw_close(&r);
+    }
+    memset(body, 0, sizeof(body));
+    ASSERT_EQ_INT(st->ops->read_split(st, keys, NK, 24, heads, bufs, caps,
+                                      res), 0);
+    for (int k = 0; k < NK; k++) {
+      if (flip && k == 1) {
+        ASSERT_EQ_INT(res[k], ENCACHE_ENOENT);
+        continue;
+      }
+      ASSERT_EQ_INT(res[k], (int64_t)len);
+      ASSERT_EQ_MEM(head[k], obj[k], 24);
+      ASSERT_EQ_MEM(body[k], obj[k] + 24, len - 24);
+    }
+  }
+  encache_store_close(st);
+  kill_wait(pid, SIGKILL);
+}
+
+/*
  * A tier in front of Redis: a damaged remote object (one payload byte
  * flipped), small (copied into the promotion queue) or large (read again
  * by the promotion thread), is not read and not promoted; an undamaged

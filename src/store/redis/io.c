@@ -26,23 +26,29 @@ static rreply *next_reply(const redisReadTask *task) {
   return r;
 }
 
+/* The bytes of item's value that go to its head. */
+static size_t split_of(const rpipe *p, size_t item) {
+  return p->splits != NULL ? p->splits[item] : p->split;
+}
+
 /* Copies the first len bytes of a value into item's buffers (its first
  * split bytes to its head), fed to st as they are copied (NULL: none),
  * or sets too_large when they do not fit. */
 static void copy_value(const rpipe *p, size_t item, rreply *r,
                        const char *str, size_t len, sum_state *st) {
-  if (len > p->split && len - p->split > p->caps[item]) {
+  size_t split = split_of(p, item);
+  if (len > split && len - split > p->caps[item]) {
     r->too_large = 1;
     return;
   }
-  size_t h = len < p->split ? len : p->split;
+  size_t h = len < split ? len : split;
   const unsigned char *v = (const unsigned char *)str;
   encache__shm_copy_sum(p->heads[item], v, h, st);
   encache__shm_copy_sum(p->bufs[item], v + h, len - h, st);
 }
 
 /* The sum item's bytes go to as they are copied (NULL: none): the
- * item's; for the first window of a value (strlen_of), only when its
+ * item's; for the first window of a value (vlens), only when its
  * header says the value carries a check and the window ends within the
  * object (r->check records it). */
 static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
@@ -51,14 +57,11 @@ static sum_state *sum_of(const rpipe *p, size_t item, rreply *r,
    * them from rf_string, the header from recv_direct) */
   if (p->sums == NULL || p->sums[item] == NULL)
     return NULL;
-  size_t sl = p->strlen_of != NULL ? p->strlen_of[item] : 0;
-  if (sl == 0)
+  uint64_t vlen = p->vlens != NULL ? p->vlens[item] : 0;
+  if (vlen == 0)
     return p->sums[item];
-  const rreply *l = sl < p->next ? &p->replies[sl - 1] : NULL;
-  if (l == NULL || l->type != REDIS_REPLY_INTEGER ||
-      l->integer < (long long)(ENCACHE_HEADER_SIZE + CHECK_BYTES))
+  if (vlen < ENCACHE_HEADER_SIZE + CHECK_BYTES)
     return NULL;
-  uint64_t vlen = (uint64_t)l->integer;
   uint64_t obj =
       encache__redis_check_objlen((const unsigned char *)str, len, vlen);
   if (obj == vlen || len > obj)
@@ -78,7 +81,7 @@ static void *rf_string(const redisReadTask *task, char *str, size_t len) {
     if (p->bufs != NULL && item != SIZE_MAX) {
       if (p->seeds != NULL) { /* a whole value, its check verified */
         r->len = encache__redis_check_value(
-            (const unsigned char *)str, len, p->split, p->heads[item],
+            (const unsigned char *)str, len, split_of(p, item), p->heads[item],
             p->bufs[item], p->caps[item], p->seeds[item], &r->check);
         r->too_large = r->len < 0;
       } else {
@@ -240,7 +243,8 @@ static int check_bounds(redisReader *rd, const rpipe *p, int plain, char *why,
       if (!plain && rd->rstack[rd->ridx].parent == NULL && p->bufs != NULL &&
           p->item != NULL && p->next < p->cap &&
           (item = p->item[p->next]) != SIZE_MAX)
-        limit = sat_add(sat_add(p->split, p->caps[item]), SLACK_BYTES);
+        limit = sat_add(sat_add(split_of(p, item), p->caps[item]),
+                        SLACK_BYTES);
       if (digits > 0 && len > limit) {
         snprintf(why, whysize,
                  "a %" PRIu64 "-byte value where at most %" PRIu64
@@ -334,7 +338,8 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
    * by the value's header: it must be buffered. */
   int whole = p->seeds != NULL;
   int first = !whole && p->sums != NULL && p->sums[item] != NULL &&
-              p->strlen_of != NULL && p->strlen_of[item] != 0;
+              p->vlens != NULL && p->vlens[item] != 0;
+  size_t split = split_of(p, item);
   size_t line = (size_t)(cr + 2 - h);
   size_t hb = len < ENCACHE_HEADER_SIZE ? (size_t)len : ENCACHE_HEADER_SIZE;
   if (line + (whole || first ? hb : 0) > buffered)
@@ -343,7 +348,7 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
       whole ? encache__redis_check_objlen((const unsigned char *)h + line, hb,
                                           len)
             : len;
-  if (obj > sat_add(p->split, p->caps[item]))
+  if (obj > sat_add(split, p->caps[item]))
     return 0;
   rd->pos += line;
   rreply *r = &p->replies[p->next++];
@@ -355,7 +360,7 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
     st = obj != len ? &own : NULL;
   else
     st = sum_of(p, item, r, rd->buf + rd->pos, (size_t)len);
-  size_t hn = obj < p->split ? (size_t)obj : p->split;
+  size_t hn = obj < split ? (size_t)obj : split;
   unsigned char tail[CHECK_BYTES], crlf[2];
   unsigned char *part[4] = {p->heads[item], p->bufs[item], tail, crlf};
   size_t plen[4] = {hn, (size_t)obj - hn, (size_t)(len - obj), 2};
@@ -480,7 +485,9 @@ int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
   struct iovec first;
   if (p != NULL && p->more != NULL) { /* a stream: its first commands */
     p->out_sent = 0;
+    p->restart = 1;
     nrep = p->more(p);
+    p->restart = 0;
     if (p->out->oom) {
       snprintf(why, whysize, "out of memory");
       return XR_FAIL;

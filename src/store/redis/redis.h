@@ -239,23 +239,30 @@ typedef struct rpipe {
    * copied (NULL: none; the windows of a read, in order). */
   const uint64_t *seeds;
   sum_state *const *sums;
-  /* Per item (NULL: none), 1 + the index of a STRLEN reply earlier in
-   * the pipeline (0: none): the item is the first window of that value,
-   * fed to its sum only when its header says the value carries a check
-   * and the window ends within the object (its reply's check is then
-   * CHECK_SUMMED). */
-  const size_t *strlen_of;
+  /* Per item (NULL: none), for the first window of a value, the value's
+   * length (its STRLEN; 0: not a first window, or not known): such an
+   * item is fed to its sum only when its header says the value carries a
+   * check and the window ends within the object (its reply's check is
+   * then CHECK_SUMMED). */
+  const uint64_t *vlens;
+  /* Per item (NULL: split for every item), the bytes of its value that go
+   * to its head; the rest go to its buf, at most caps[item] bytes. */
+  const size_t *splits;
   /* The string replies of items are received straight into their buffers
    * (io.c, recv_direct), not through the hiredis reader. */
   int direct;
-  /* A stream (NULL: none): called once before anything is sent and after
+  /* A stream (NULL: none): called once before anything is sent (with
+   * restart set: a start, or a start again on a new connection) and after
    * each reply, more() may append commands to *out (their replies and
-   * items described in the pipe, whose arrays it may move and grow) and
-   * returns how many replies have been asked in all; the exchange ends
-   * when all of them are in.  out is sent as it grows. */
+   * items described in the pipe, whose arrays it may move, grow, and
+   * shift down, next and cap with them, once their first replies are
+   * taken) and returns how many replies have been asked in all; the
+   * exchange ends when all of them are in.  out is sent as it grows (and
+   * may be emptied once sent: out_sent with it). */
   size_t (*more)(struct rpipe *p);
   obuf *out;
   size_t out_sent;
+  int restart;
   void *ctx;
 } rpipe;
 

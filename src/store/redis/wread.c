@@ -394,20 +394,25 @@ typedef struct wstream {
   size_t done;       /* replies looked at */
   obuf o;
   int oom;
-  /* per reply */
+  uint64_t asked; /* replies asked since the start */
+  /* per reply, from the first not taken (done) on */
   rreply *r;
   size_t *item_of;
   uint32_t *rkey;
   unsigned char *role;
   size_t nrep, rcap;
-  /* per item */
+  /* per item, from the first whose reply is not taken on */
   void **heads, **bufs;
-  size_t *caps;
+  size_t *caps, *splits;
   sum_state **sums;
-  size_t *strlen_of;
+  uint64_t *vlens;
   size_t nitems, icap;
   rpipe p;
 } wstream;
+
+/* Replies taken before the arrays are shifted down: so that a stream of
+ * any length holds about what is in flight, not all it asked. */
+#define STREAM_COMPACT 1024
 
 /* Moves the n-element array *a (of size-byte elements) to one of cap. */
 static int grow(void *a, size_t cap, size_t size) {
@@ -434,8 +439,9 @@ static int room(wstream *ws) {
     if (grow(&ws->heads, c, sizeof(*ws->heads)) ||
         grow(&ws->bufs, c, sizeof(*ws->bufs)) ||
         grow(&ws->caps, c, sizeof(*ws->caps)) ||
+        grow(&ws->splits, c, sizeof(*ws->splits)) ||
         grow(&ws->sums, c, sizeof(*ws->sums)) ||
-        grow(&ws->strlen_of, c, sizeof(*ws->strlen_of)))
+        grow(&ws->vlens, c, sizeof(*ws->vlens)))
       return -1;
     ws->icap = c;
   }
@@ -443,38 +449,39 @@ static int room(wstream *ws) {
 }
 
 /* Asks "VERB key [a b]" of key kx (ASKING first when it is asked); a
- * string reply goes to dst (len bytes, the pipe's split of them to dst
- * first; NULL: none), fed to sum (NULL: none).  Returns the index of its
- * reply. */
-static size_t sask(wstream *ws, size_t kx, int role, const char *verb,
-                   uint64_t a, uint64_t b, char *dst, size_t len,
-                   sum_state *sum, size_t strlen_of) {
+ * string reply goes to dst (len bytes; NULL: none; the first window: to
+ * the key's head and buffer), fed to sum (NULL: none). */
+static void sask(wstream *ws, size_t kx, int role, const char *verb,
+                 uint64_t a, uint64_t b, char *dst, size_t len,
+                 sum_state *sum) {
   wread *w = ws->w[kx];
   if (ws->oom || room(ws) != 0) {
     ws->oom = 1;
-    return 0;
+    return;
   }
   if (w->ask) {
     put_asking(&ws->o);
     ws->item_of[ws->nrep] = SIZE_MAX;
     ws->rkey[ws->nrep] = (uint32_t)kx;
     ws->role[ws->nrep++] = R_ASKING;
+    ws->asked++;
   }
   put_cmd(&ws->o, verb, w->key, a, b);
   size_t item = SIZE_MAX;
   if (dst != NULL) {
     item = ws->nitems++;
-    size_t h = len < w->split ? len : w->split;
-    ws->heads[item] = role == R_FIRST ? w->head : dst;
-    ws->bufs[item] = role == R_FIRST ? w->buf : dst + h;
-    ws->caps[item] = role == R_FIRST ? w->cap : len - h;
+    int first = role == R_FIRST; /* its head is the key's, split apart */
+    ws->heads[item] = first ? w->head : dst;
+    ws->bufs[item] = first ? w->buf : dst;
+    ws->caps[item] = first ? w->cap : len;
+    ws->splits[item] = first ? w->split : 0;
     ws->sums[item] = sum;
-    ws->strlen_of[item] = strlen_of;
+    ws->vlens[item] = 0; /* a first window's: once its STRLEN is in */
   }
   ws->item_of[ws->nrep] = item;
   ws->rkey[ws->nrep] = (uint32_t)kx;
-  ws->role[ws->nrep] = (unsigned char)role;
-  return ws->nrep++;
+  ws->role[ws->nrep++] = (unsigned char)role;
+  ws->asked++;
 }
 
 /* Starts key kx: EXISTS, STRLEN and its first window. */
@@ -486,10 +493,9 @@ static void sstart(wstream *ws, size_t kx) {
   if (w->first == 0)
     w->first = 1;
   w->state = WS_FIRST;
-  sask(ws, kx, R_EXISTS, "EXISTS", 0, 0, NULL, 0, NULL, 0);
-  size_t sl = sask(ws, kx, R_STRLEN, "STRLEN", 0, 0, NULL, 0, NULL, 0);
-  sask(ws, kx, R_FIRST, "GETRANGE", 0, w->first - 1, w->head, 0, &w->hash,
-       sl + 1);
+  sask(ws, kx, R_EXISTS, "EXISTS", 0, 0, NULL, 0, NULL);
+  sask(ws, kx, R_STRLEN, "STRLEN", 0, 0, NULL, 0, NULL);
+  sask(ws, kx, R_FIRST, "GETRANGE", 0, w->first - 1, w->head, 0, &w->hash);
   w->asked = 1;
   ws->inflight++;
 }
@@ -517,11 +523,11 @@ static void sfill(wstream *ws) {
         if (encache__redis_window_hook != NULL)
           encache__redis_window_hook(w->key, a);
         sask(ws, kx, R_WINDOW, "GETRANGE", a, e - 1,
-             w->buf + (a - w->split), (size_t)(e - a), &w->hash, 0);
+             w->buf + (a - w->split), (size_t)(e - a), &w->hash);
         ws->inflight++;
       } else { /* all its windows asked: its check */
         sask(ws, kx, R_CHECK, "GETRANGE", w->objend, w->len - 1,
-             (char *)w->ck, CHECK_BYTES, NULL, 0);
+             (char *)w->ck, CHECK_BYTES, NULL);
       }
       w->asked++;
     } else if (ws->started < ws->n) {
@@ -569,6 +575,9 @@ static void stake(wstream *ws, size_t j) {
     if (r->type != REDIS_REPLY_INTEGER)
       break;
     w->len = (uint64_t)r->integer;
+    /* its first window, asked right after it, is summed by this length
+     * (io.c, sum_of) */
+    ws->vlens[ws->item_of[j + (w->ask ? 2 : 1)]] = w->len;
     if (w->len == 0) {
       w->follow = WF_EMPTY;
       sfinish(w, ENCACHE_EUNAVAIL);
@@ -619,13 +628,38 @@ static void stake(wstream *ws, size_t j) {
   sfinish(w, ENCACHE_EUNAVAIL);
 }
 
+/* Drops the replies taken and the items of none to come: the arrays
+ * start again at the first reply not taken (p->next with them). */
+static void scompact(wstream *ws, rpipe *p) {
+  size_t k = ws->done, ib = ws->nitems;
+  for (size_t j = k; j < ws->nrep && ib == ws->nitems; j++)
+    if (ws->item_of[j] != SIZE_MAX)
+      ib = ws->item_of[j]; /* items go in the order of their replies */
+  size_t nr = ws->nrep - k, ni = ws->nitems - ib;
+  memmove(ws->r, ws->r + k, nr * sizeof(*ws->r));
+  memmove(ws->item_of, ws->item_of + k, nr * sizeof(*ws->item_of));
+  memmove(ws->rkey, ws->rkey + k, nr * sizeof(*ws->rkey));
+  memmove(ws->role, ws->role + k, nr * sizeof(*ws->role));
+  for (size_t j = 0; j < nr; j++)
+    if (ws->item_of[j] != SIZE_MAX)
+      ws->item_of[j] -= ib;
+  memmove(ws->heads, ws->heads + ib, ni * sizeof(*ws->heads));
+  memmove(ws->bufs, ws->bufs + ib, ni * sizeof(*ws->bufs));
+  memmove(ws->caps, ws->caps + ib, ni * sizeof(*ws->caps));
+  memmove(ws->splits, ws->splits + ib, ni * sizeof(*ws->splits));
+  memmove(ws->sums, ws->sums + ib, ni * sizeof(*ws->sums));
+  memmove(ws->vlens, ws->vlens + ib, ni * sizeof(*ws->vlens));
+  ws->nrep = nr, ws->nitems = ni, ws->done = 0;
+  p->next -= k;
+}
+
 /* rpipe.more: looks at the replies come in, asks what can be asked. */
 static size_t smore(rpipe *p) {
   wstream *ws = p->ctx;
-  if (p->next == 0) { /* the start, or a start again on a new connection */
+  if (p->restart) { /* the start, or a start again on a new connection */
     ws->o.len = 0;
     ws->nrep = ws->nitems = ws->done = ws->started = ws->cursor = 0;
-    ws->inflight = 0;
+    ws->inflight = ws->asked = 0;
     for (size_t k = 0; k < ws->n; k++) {
       ws->w[k]->state = WS_NEW;
       ws->w[k]->follow = WF_NONE;
@@ -636,6 +670,10 @@ static size_t smore(rpipe *p) {
   }
   for (; ws->done < p->next; ws->done++)
     stake(ws, ws->done);
+  if (ws->done >= STREAM_COMPACT && 2 * ws->done >= ws->nrep)
+    scompact(ws, p);
+  if (p->out_sent == ws->o.len)
+    ws->o.len = p->out_sent = 0; /* all sent: the buffer starts again */
   sfill(ws);
   if (ws->oom)
     ws->o.oom = 1; /* the exchange fails: out of memory */
@@ -645,9 +683,10 @@ static size_t smore(rpipe *p) {
   p->heads = ws->heads;
   p->bufs = ws->bufs;
   p->caps = ws->caps;
+  p->splits = ws->splits;
   p->sums = ws->sums;
-  p->strlen_of = ws->strlen_of;
-  return ws->nrep;
+  p->vlens = ws->vlens;
+  return (size_t)ws->asked;
 }
 
 /* Reads the n keys of w, all on w[0]'s node, as one stream; every key is
@@ -682,8 +721,9 @@ static void sread(redis_store *s, rset *set, wread **w, size_t n) {
   encache__free(ws.heads);
   encache__free(ws.bufs);
   encache__free(ws.caps);
+  encache__free(ws.splits);
   encache__free(ws.sums);
-  encache__free(ws.strlen_of);
+  encache__free(ws.vlens);
 }
 
 void encache__redis_wread(redis_store *s, rset *set, size_t n,
