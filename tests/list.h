@@ -185,6 +185,7 @@
   XX(redis_fake_oversized_bulk_is_refused_unread)                            \
   XX(redis_fake_malformed_and_cut_replies_are_unavailable)                   \
   XX(redis_fake_moved_to_a_single_node_store_is_unavailable)                 \
+  XX(redis_fake_bytes_after_the_last_reply_are_refused)                      \
   XX(redis_fake_scan_that_never_ends_is_bounded)                             \
   XX(redis_fake_scan_with_non_string_keys_is_refused)                        \
   XX(redis_large_value_into_small_buffer_is_refused_unread)                  \

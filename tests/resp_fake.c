@@ -180,6 +180,13 @@ static void serve(int fd, resp_mode mode) {
     case RESP_CLOSE_MID:
       out_str(fd, "$100\r\nabc");
       return;
+    case RESP_EXTRA: {
+      char both[64];
+      snprintf(both, sizeof(both), "%s:7\r\n", normal_answer(verb));
+      if (out_str(fd, both) < 0)
+        return;
+      break;
+    }
     case RESP_MOVED:
       if (out_str(fd, "-MOVED 1234 127.0.0.1:1\r\n") < 0)
         return;

@@ -27,8 +27,10 @@ typedef enum resp_mode {
                         DBSIZE 10 */
   RESP_SCAN_BADKEYS, /* SCAN: cursor 0 and keys that are an integer, a nil,
                         an array and one string */
-  RESP_MOVED         /* any command: -MOVED 1234 127.0.0.1:1, as a cluster's
+  RESP_MOVED,        /* any command: -MOVED 1234 127.0.0.1:1, as a cluster's
                         node would answer a key of another's slot */
+  RESP_EXTRA         /* any command: its normal answer, then :7 that answers
+                        nothing asked */
 } resp_mode;
 
 /* Starts the server; sets *port; returns its pid (stop with

@@ -166,6 +166,30 @@ TEST(redis_fake_moved_to_a_single_node_store_is_unavailable) {
   ASSERT_EQ_INT(resp_fake_stop(srv) >= 1, 1);
 }
 
+/* A server that sends a reply more than was asked (:7 after each
+ * answer): the exchange fails UNAVAILABLE and its connection is dropped,
+ * so that no later command takes the stray bytes for its own reply
+ * (before, the EXISTS after a GET answered 7's "present"). */
+TEST(redis_fake_bytes_after_the_last_reply_are_refused) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_EXTRA, &port);
+  encache_store *st = open_fake(port, 1000);
+  char buf[4096];
+  for (int round = 0; round < 3; round++) {
+    ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
+    ASSERT_CONTAINS(encache_store_errmsg(st), "after the last reply");
+    usleep(300 * 1000); /* past the node's backoff: a new connection */
+    const char *keys[1] = {"k"};
+    int present[1];
+    ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
+    ASSERT_EQ_INT(present[0], ENCACHE_EUNAVAIL);
+    ASSERT_CONTAINS(encache_store_errmsg(st), "after the last reply");
+    usleep(300 * 1000);
+  }
+  encache_store_close(st);
+  ASSERT(resp_fake_stop(srv) >= 6); /* a connection for each exchange */
+}
+
 TEST(redis_fake_scan_that_never_ends_is_bounded) {
   int port;
   pid_t srv = resp_fake_start(RESP_SCAN_ENDLESS, &port);

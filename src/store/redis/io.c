@@ -507,6 +507,18 @@ int encache__redis_exchange(redisContext *c, struct iovec *iov, int cnt,
     c->reader->privdata = p;
     x = recv_replies(c, p, out, nrep, deadline, why, whysize);
     c->reader->privdata = NULL;
+    size_t extra = c->reader->len - c->reader->pos;
+    if (x == XR_OK && extra > 0) {
+      /* Bytes after the last reply answer nothing we asked: the next
+       * exchange on this connection would take them for its replies,
+       * and the replies before them may be as misplaced.  None is
+       * taken (p->next: 0), the exchange fails, the connection goes. */
+      snprintf(why, whysize,
+               "protocol error: %zu bytes after the last reply asked", extra);
+      x = XR_FAIL;
+      if (p != NULL)
+        p->next = 0;
+    }
   }
   for (size_t k = 0; x != XR_OK && out != NULL && k < nrep; k++)
     if (out[k] != NULL) {
