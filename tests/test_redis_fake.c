@@ -38,6 +38,17 @@ static encache_store *open_fake(int port, unsigned timeout_ms) {
   return st;
 }
 
+/* An existence check and a write of key "k" through st are UNAVAILABLE
+ * (after a read that was). */
+static void exists_and_write_unavailable(encache_store *st) {
+  const char *keys[1] = {"k"};
+  int present[1];
+  ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
+  ASSERT_EQ_INT(present[0], ENCACHE_EUNAVAIL);
+  ASSERT_EQ_INT(encache_store_write(st, "k", NULL, 0, "v", 1),
+                ENCACHE_EUNAVAIL);
+}
+
 TEST(redis_fake_connection_closed_unanswered_is_retried_once) {
   int port;
   pid_t srv = resp_fake_start(RESP_STALE, &port);
@@ -124,12 +135,7 @@ TEST(redis_fake_malformed_and_cut_replies_are_unavailable) {
     char buf[4096];
     double t0 = now_s();
     ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
-    const char *keys[1] = {"k"};
-    int present[1];
-    ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
-    ASSERT_EQ_INT(present[0], ENCACHE_EUNAVAIL);
-    ASSERT_EQ_INT(encache_store_write(st, "k", NULL, 0, "v", 1),
-                  ENCACHE_EUNAVAIL);
+    exists_and_write_unavailable(st);
     ASSERT(now_s() - t0 < 5.0);
     encache_store_close(st);
     resp_fake_stop(srv);
@@ -155,12 +161,7 @@ TEST(redis_fake_moved_to_a_single_node_store_is_unavailable) {
     ASSERT_EQ_INT(ts_read_one(st, "k", buf, sizeof(buf)), ENCACHE_EUNAVAIL);
     if (windows)
       ASSERT_CONTAINS(encache_store_errmsg(st), "a redirection not followed");
-    const char *keys[1] = {"k"};
-    int present[1];
-    ASSERT_EQ_INT(encache_store_exists(st, keys, 1, present), 0);
-    ASSERT_EQ_INT(present[0], ENCACHE_EUNAVAIL);
-    ASSERT_EQ_INT(encache_store_write(st, "k", NULL, 0, "v", 1),
-                  ENCACHE_EUNAVAIL);
+    exists_and_write_unavailable(st);
     encache_store_close(st);
   }
   ASSERT_EQ_INT(resp_fake_stop(srv) >= 1, 1);

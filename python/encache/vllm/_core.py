@@ -543,12 +543,6 @@ class WorkerCore:
 
     # ----------------------------------------------------------- a step
 
-    def bind(self) -> None:
-        """A new step's metadata is bound: a step the runner left open
-        (no clear_connector_metadata after an error) is closed first."""
-        if self.open:
-            self.end_step()
-
     def begin_step(self, plan: StepPlan | None,
                    encoder_cache: dict | None) -> int:
         """Looks the plan's candidates up; each hit is put in

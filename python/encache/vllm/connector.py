@@ -301,11 +301,7 @@ class EncacheECConnector(ECConnectorBase):
         starts delivering what is there."""
         producer = self._producer
         if producer is not None:
-            try:
-                plan = self._connector_metadata.plan
-            except AttributeError:
-                plan = None  # none bound, or not ours
-            producer.begin_step(plan, encoder_cache)
+            producer.begin_step(self._plan(), encoder_cache)
         if self._inner is not None:
             self._forward("start_save_caches", encoder_cache=encoder_cache,
                           **kwargs)
