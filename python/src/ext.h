@@ -102,6 +102,9 @@ const char *ec_key_text(PyObject *s, const char *what);
 /* A str of the library's text, which may quote bytes that are not UTF-8
  * (keys, Store replies): those are replaced, never an error. */
 PyObject *ec_text(const char *s);
+/* The exception class of library code `code` (encache.Error for 0 or a
+ * code without a class of its own); borrowed. */
+PyObject *ec_error_class(int code);
 /* Raises the exception of library code `code` with `detail` (may be NULL
  * or ""); returns NULL. */
 PyObject *ec_raise(int code, const char *detail);
@@ -170,6 +173,8 @@ int ec_lookup_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                    PyObject **items, int *wait);
 /* 0 when s can be used now; else raises (ClosedError, ForkError), -1. */
 int ec_step_usable(step *s);
+/* Closes s (Step.close()); idempotent. */
+void ec_step_close(step *s);
 
 /* lookup.c.  Looks items up on s: with wait, the new Results (a list, also
  * appended to s's); without, starts the lookup (encache_lookup_start) and
@@ -192,6 +197,10 @@ int ec_handle_poisoned_locked(handle *h);
  * dropped, unless `poisoned`.  A wait() running on another thread frees
  * it instead. */
 void ec_step_drop_pending(ec_lookup *k, int poisoned);
+/* worker.c: WorkerStep, the step state of encache.vllm's worker half. */
+extern PyTypeObject ec_worker_step_type, ec_connector_hooks_type;
+/* Readies the types; 0 or -1 raised. */
+int ec_worker_step_init(void);
 /* bench.c */
 PyObject *ec_bench_c_lookup(PyObject *self, PyObject *args);
 PyObject *ec_bench_c_publish(PyObject *self, PyObject *args);

@@ -42,6 +42,13 @@ static PyObject *raise_as(PyObject *cls, int code, const char *msg) {
   return NULL;
 }
 
+PyObject *ec_error_class(int code) {
+  PyObject *key = code != 0 ? PyLong_FromLong(code) : NULL;
+  PyObject *cls = key != NULL ? PyDict_GetItem(errors, key) : NULL;
+  Py_XDECREF(key);
+  return cls != NULL ? cls : error_base;
+}
+
 PyObject *ec_raise(int code, const char *detail) {
   if (code == ENCACHE_ENOMEM && (detail == NULL || detail[0] == '\0'))
     return PyErr_NoMemory();
@@ -369,6 +376,11 @@ PyMODINIT_FUNC PyInit__encache(void) {
       PyModule_AddObjectRef(m, "Step", (PyObject *)&ec_step_type) < 0 ||
       PyModule_AddObjectRef(m, "Result", (PyObject *)&ec_result_type) < 0 ||
       PyModule_AddObjectRef(m, "Buffer", (PyObject *)&ec_buffer_type) < 0 ||
+      ec_worker_step_init() < 0 ||
+      PyModule_AddObjectRef(m, "WorkerStep",
+                            (PyObject *)&ec_worker_step_type) < 0 ||
+      PyModule_AddObjectRef(m, "ConnectorHooks",
+                            (PyObject *)&ec_connector_hooks_type) < 0 ||
       PyModule_AddIntConstant(m, "MAX_STEPS", ENCACHE_MAX_STEPS) < 0 ||
       PyModule_AddStringConstant(m, "VERSION", ENCACHE_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "FLOAT32", ENCACHE_FLOAT32) < 0 ||

@@ -64,7 +64,7 @@ int ec_step_usable(step *s) {
 /* Closes s.  A pending lookup (wait=False) is given up: the library's
  * close waits for it when it runs (with the GIL released) and drops it
  * when it is queued; its hits are then released. */
-static void step_close_now(step *s) {
+void ec_step_close(step *s) {
   handle *h = s->owner;
   if (h == NULL)
     return;
@@ -109,20 +109,20 @@ static int step_traverse(PyObject *self, visitproc visit, void *arg) {
  * closed when the cycle is collected; the results' own clear breaks the
  * cycle, so the step keeps its list (its methods still work). */
 static int step_clear(PyObject *self) {
-  step_close_now((step *)self);
+  ec_step_close((step *)self);
   return 0;
 }
 
 static void step_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
-  step_close_now((step *)self);
+  ec_step_close((step *)self);
   Py_XDECREF(((step *)self)->results);
   Py_TYPE(self)->tp_free(self);
 }
 
 static PyObject *step_close(PyObject *self, PyObject *args) {
   (void)args;
-  step_close_now((step *)self);
+  ec_step_close((step *)self);
   Py_RETURN_NONE;
 }
 
@@ -133,7 +133,7 @@ static PyObject *step_enter(PyObject *self, PyObject *args) {
 
 static PyObject *step_exit(PyObject *self, PyObject *args) {
   (void)args;
-  step_close_now((step *)self);
+  ec_step_close((step *)self);
   Py_RETURN_FALSE;
 }
 

@@ -499,26 +499,20 @@ class WorkerCore:
         self.config = config
         self.device = device
         self._counters = WorkerCounters()
-        # the per-step counters, kept apart (one attribute each, on the
-        # step's path) and put in counters when it is read
-        self._steps = self._looked_up = self._loaded = 0
         self._namespace = dict(namespace)
         self._encoder_name = encoder_name
-        self._step = None
-        # The candidates looked up this step: (plan, items) per lookup,
-        # turned into _planned (identifier -> Candidate, or None for an
-        # output no plan named) when publish() needs them.
-        self._looked: list = []
-        self._planned: dict[str, Candidate | None] = {}
         self._device = None if device == "cpu" else device
-        self._begun = False
-        # A step is begun or open (_begun, or _step set): what the hooks
-        # that end a step test, one attribute.
-        self.open = False
         self._warned_mismatch = False
         self._handoff_key = None
-        self.cache = self._open(config.library_config) \
+        cache = self._open(config.library_config) \
             if config.enabled and config.is_producer else None
+        # The step's state and its per-step calls, in C (python/src/
+        # worker.c): the open step, the plan bound, what was looked up
+        # for publish(), the per-step counters; begin() calls _begin_with
+        # for the rare cases and _lookup_failed on a rejected lookup.
+        self.state = encache._encache.WorkerStep(
+            cache, self._begin_with, self._lookup_failed, _HANDOFFS,
+            self._device is not None)
 
     def _open(self, library_config: dict):
         cache = open_cache(self.config, library_config, self._namespace,
@@ -531,14 +525,24 @@ class WorkerCore:
         return cache
 
     @property
+    def cache(self):
+        """The encache.Cache (None when reuse is off)."""
+        return self.state.cache
+
+    @property
+    def open(self) -> bool:
+        """A step is begun or open (end_step has something to do)."""
+        return self.state.open
+
+    @property
     def namespace(self) -> str | None:
-        return self.cache.namespace if self.cache is not None else None
+        cache = self.state.cache
+        return cache.namespace if cache is not None else None
 
     @property
     def counters(self) -> WorkerCounters:
-        c = self._counters
-        c.steps, c.looked_up, c.loaded = \
-            self._steps, self._looked_up, self._loaded
+        c, st = self._counters, self.state
+        c.steps, c.looked_up, c.loaded = st.steps, st.looked_up, st.loaded
         return c
 
     # ----------------------------------------------------------- a step
@@ -548,43 +552,17 @@ class WorkerCore:
         """Looks the plan's candidates up; each hit is put in
         encoder_cache under its identifier.  Returns the number loaded.
         Called once per step (a second call, e.g. start_load_caches after
-        start_save_caches on ec_both, does nothing).  The per-step path,
-        kept short (docs/vllm.md, Cost): the plan's items go to the lookup
-        as they are (no per-item Python when the encoder cache holds none
-        of them and hits go to the host), the hits come from the step as
-        one dict made in C, and the candidates publish() needs are found
-        only when it is called (a step of hits publishes nothing)."""
-        if self._begun or encoder_cache is None:
-            return 0  # done, or nowhere to put hits (yet)
-        self._begun = self.open = True
-        self._steps += 1
-        cache = self.cache
-        if cache is None or plan is None or not plan.items:
-            return 0
-        items = plan.items
-        if self._step is not None or _HANDOFFS or self._device is not None \
-                or (encoder_cache and
-                    not encoder_cache.keys().isdisjoint(plan.ids)):
-            return self._begin_with(plan, items, encoder_cache)
-        # The common step: a host worker, none of the items local, no
-        # prefetched hits to take: one call looks up and opens the step.
-        try:
-            self._step = step = cache.lookup(items)
-        except encache.PoisonedError:
-            raise  # unconfirmed I/O: the worker fails, as the reference's
-        except encache.Error as e:
-            return self._lookup_failed(e)
-        hits = step.hits  # id -> tensor, made in C
-        encoder_cache.update(hits)
-        self._looked.append((plan, items))
-        self._looked_up += len(items)
-        self._loaded += len(hits)
-        return len(hits)
+        start_save_caches on ec_both, does nothing).  The connector's
+        hooks call self.state.begin(encoder_cache) with the plan bound
+        (bind_connector_metadata); the common step (a host worker, none of
+        the items in encoder_cache, no prefetched hit to take) is done in
+        C, the others in _begin_with (docs/vllm.md, Cost)."""
+        return self.state.begin(encoder_cache, plan)
 
-    def _begin_with(self, plan: StepPlan, items, encoder_cache: dict) -> int:
+    def _begin_with(self, plan: StepPlan, items, encoder_cache) -> int:
         """begin_step's other cases: some items already local, prefetched
         hits to take, hits for a device, a step opened before."""
-        counters = self.counters
+        counters, st = self.counters, self.state
         loaded = 0
         if encoder_cache:
             todo = [i for i in items if i[0] not in encoder_cache]
@@ -599,17 +577,17 @@ class WorkerCore:
                         else tensor.to(self._current_device())
                 loaded = len(hits)
                 counters.prefetched += loaded
-                self._loaded += loaded
+                st.loaded += loaded
         if not items:
             return loaded
         if self._device is not None:
             device = self._current_device()
             items = [(i, d, s, device) for i, d, s in items]
-        self._looked_up += len(items)
+        st.looked_up += len(items)
         try:
-            step = self._step
+            step = st.step
             if step is None:  # one call: open the step and look up
-                self._step = step = self.cache.lookup(items)
+                st.step = step = st.cache.lookup(items)
                 hits = step.hits
             else:  # a step opened before: only this lookup's hits
                 hits = {r.id: r.tensor for r in step.lookup(items) if r.hit}
@@ -617,9 +595,9 @@ class WorkerCore:
             raise
         except encache.Error as e:
             return loaded + self._lookup_failed(e)
-        self._looked.append((plan, items))
+        st.looked.append((plan, items))
         encoder_cache.update(hits)
-        self._loaded += len(hits)
+        st.loaded += len(hits)
         return loaded + len(hits)
 
     def _lookup_failed(self, e) -> int:
@@ -638,28 +616,31 @@ class WorkerCore:
     def _planned_now(self) -> dict:
         """The candidates this step looked up, by identifier (made on
         publish()'s first call of the step)."""
-        planned = self._planned
-        for plan, items in self._looked:
+        st = self.state
+        planned = st.planned
+        for plan, items in st.looked:
             looked = {i[0] for i in items}
             for c in plan.candidates:
                 if c.mm_hash in looked:
                     planned[c.mm_hash] = c
-        self._looked.clear()
+        st.looked.clear()
         return planned
 
     def publish(self, encoder_cache: dict, mm_hash: str):
         """Queues encoder_cache[mm_hash], just encoded, for publication.
         Returns the encache.Skip, or None when reuse is off or the output
         is not there."""
-        if self.cache is None:
+        st = self.state
+        if st.cache is None:
             return None
         tensor = encoder_cache.get(mm_hash) if encoder_cache else None
         if tensor is None:
             return None
-        if self._step is None:
-            self._step = self.cache.step()
-            self.open = True
-        planned = self._planned_now() if self._looked else self._planned
+        if st.step is None:
+            st.step = st.cache.step()
+            st.open = True
+        step = st.step
+        planned = self._planned_now() if st.looked else st.planned
         if mm_hash not in planned:
             # No plan named it: make it a candidate of this step with the
             # output's own contract (a hit here means another encoder
@@ -669,7 +650,7 @@ class WorkerCore:
                 self.counters.publish_skipped += 1
                 return encache.Skip.NOT_MATRIX
             try:
-                [r] = self._step.lookup([encache.Item(
+                [r] = step.lookup([encache.Item(
                     mm_hash, tensor.dtype, tuple(tensor.shape), "cpu")])
             except encache.PoisonedError:
                 raise
@@ -682,7 +663,7 @@ class WorkerCore:
                 self.counters.publish_skipped += 1
                 return encache.Skip.PENDING
         try:
-            skip = self._step.publish(mm_hash, tensor)
+            skip = step.publish(mm_hash, tensor)
         except encache.PoisonedError:
             raise
         except encache.Error as e:
@@ -715,15 +696,7 @@ class WorkerCore:
 
     def end_step(self) -> None:
         """Closes the step (its queued publications go on)."""
-        self._begun = self.open = False
-        if self._planned:
-            self._planned.clear()
-        if self._looked:
-            self._looked.clear()
-        step = self._step
-        if step is not None:
-            self._step = None
-            step.close()
+        self.state.end()
 
     # ------------------------------------------------------- run time
 
@@ -755,7 +728,7 @@ class WorkerCore:
             self._namespace = old_namespace
             raise
         self.end_step()
-        old, self.cache = self.cache, new
+        old, self.state.cache = self.state.cache, new
         self.config = dataclasses.replace(self.config, library_config=cfg)
         old.close()
         return new.namespace
@@ -770,7 +743,7 @@ class WorkerCore:
             self.end_step()
         except encache.Error:
             pass  # a poisoned step: close below reports it
-        cache, self.cache = self.cache, None
+        cache, self.state.cache = self.state.cache, None
         if cache is None:
             return
         try:

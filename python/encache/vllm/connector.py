@@ -71,6 +71,8 @@ import importlib
 import logging
 import typing
 
+import encache
+
 from . import _core
 
 try:  # inside vLLM
@@ -203,7 +205,7 @@ def _make_inner(vllm_config, role, config: _core.ConnectorConfig):
     return cls(inner_config, role)
 
 
-class EncacheECConnector(ECConnectorBase):
+class EncacheECConnector(encache._encache.ConnectorHooks, ECConnectorBase):
     """vLLM's EC connector interface over encache (see the module's
     docstring); configured by ec_connector_extra_config (docs/vllm.md)."""
 
@@ -230,19 +232,14 @@ class EncacheECConnector(ECConnectorBase):
                 encoder_name=_encoder_name(vllm_config, "worker"))
         else:
             raise ValueError(f"Unknown EC connector role: {role}")
-        # The worker half that looks up (a producer's), decided once: the
-        # per-step hooks test one attribute.
+        # The worker half that looks up (a producer's), decided once, and
+        # its step's calls in C (python/src/worker.c), taken once: the
+        # per-step hooks make one call each.  Elsewhere a state without a
+        # Cache, whose calls do nothing.
         self._producer = self._worker if self.is_producer else None
+        self._set_hooks(self._producer.state if self._producer else None,
+                        self._inner)
         self._closed = False
-
-    # Hooks of the inner connector this class does not define (they vary
-    # between vLLM versions: start_worker_services,
-    # take_unavailable_requests, update_state_after_free, ...).
-    def __getattr__(self, name):
-        inner = self.__dict__.get("_inner")
-        if inner is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def _forward(self, name, *args, default=None, **kwargs):
         f = getattr(self._inner, name, None) if self._inner else None
@@ -259,58 +256,30 @@ class EncacheECConnector(ECConnectorBase):
 
     # ============================================================ worker
 
-    # bind_connector_metadata and clear_connector_metadata set the base
-    # class's _connector_metadata themselves: that assignment is the whole
-    # of ECConnectorBase's two methods (vllm/distributed/ec_transfer/
-    # ec_connector/base.py at 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6), and
-    # the two super() calls were a tenth of what the connector adds to a
-    # step (docs/vllm.md, Cost).  tests/vllm/test_contract.py checks that
-    # the base's methods still do only that.
-
-    def bind_connector_metadata(self, connector_metadata) -> None:
-        self._connector_metadata = connector_metadata
-        worker = self._worker
-        if worker is not None and worker.open:
-            worker.end_step()  # a step the runner left open
-        if self._inner is not None:
-            inner = getattr(connector_metadata, "inner", connector_metadata)
-            if inner is not None:
-                self._inner.bind_connector_metadata(inner)
-
-    def clear_connector_metadata(self) -> None:
-        self._connector_metadata = None
-        worker = self._worker
-        if worker is not None and worker.open:
-            worker.end_step()
-        if self._inner is not None:
-            self._forward("clear_connector_metadata")
+    # The three hooks of a step (bind_connector_metadata,
+    # start_save_caches, clear_connector_metadata) are ConnectorHooks',
+    # in C (python/src/worker.c), and so is the delegation of the inner
+    # connector's hooks that this class does not define (they vary between
+    # vLLM versions: start_worker_services, take_unavailable_requests,
+    # update_state_after_free, ...): an attribute this class lacks is the
+    # inner connector's.  bind and clear set the base class's
+    # _connector_metadata themselves, as ECConnectorBase's two methods do
+    # and nothing else (vllm/distributed/ec_transfer/ec_connector/base.py
+    # at 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6; tests/vllm/
+    # test_contract.py checks that they still do only that), then call the
+    # producer's WorkerStep and the inner connector's hook of the same
+    # name.  In Python, the three frames and a __getattr__ were most of
+    # what the connector added to a step of small hits (docs/vllm.md,
+    # Cost).
 
     def register_caches(self, ec_caches) -> None:
         self._forward("register_caches", ec_caches)
-
-    def _plan(self):
-        meta = self._connector_metadata
-        try:
-            return meta.plan  # bound by vLLM: ours, from build_connector_meta
-        except AttributeError:
-            return None  # none bound, or not ours
-
-    def start_save_caches(self, encoder_cache=None, **kwargs) -> None:
-        """A producer's step begins (ActiveECConnector.maybe_get_output):
-        the plan's hits land in encoder_cache, then the inner connector
-        starts delivering what is there."""
-        producer = self._producer
-        if producer is not None:
-            producer.begin_step(self._plan(), encoder_cache)
-        if self._inner is not None:
-            self._forward("start_save_caches", encoder_cache=encoder_cache,
-                          **kwargs)
 
     def start_load_caches(self, encoder_cache, **kwargs) -> None:
         """Called on consumers (ec_both included): an ec_both instance
         whose runner never calls start_save_caches looks up here."""
         if self._producer is not None:
-            self._producer.begin_step(self._plan(), encoder_cache)
+            self._producer.state.begin(encoder_cache)  # the plan bound
         self._forward("start_load_caches", encoder_cache, **kwargs)
 
     def save_caches(self, encoder_cache, mm_hash, **kwargs) -> None:
