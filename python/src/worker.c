@@ -225,10 +225,13 @@ static PyObject *ws_begin(PyObject *self, PyObject *const *args,
   w->steps++;
   if (w->cache == Py_None || plan == Py_None)
     return PyLong_FromLong(0);
-  PyObject *items = PyObject_GetAttr(plan, str_items);
-  if (items == NULL)
+  /* Held: the lookup releases the GIL, and `other` runs Python. */
+  Py_INCREF(plan);
+  PyObject *out = NULL, *items = PyObject_GetAttr(plan, str_items);
+  if (items == NULL) {
+    Py_DECREF(plan);
     return NULL;
-  PyObject *out = NULL;
+  }
   int common;
   if (!PyTuple_Check(items) || PyTuple_GET_SIZE(items) == 0) {
     out = PyLong_FromLong(0);
@@ -274,6 +277,7 @@ static PyObject *ws_begin(PyObject *self, PyObject *const *args,
   out = PyLong_FromSsize_t(hits);
 done:
   Py_DECREF(items);
+  Py_DECREF(plan);
   return out;
 }
 
