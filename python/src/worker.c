@@ -36,6 +36,7 @@ typedef struct wstep {
   PyObject *handoffs; /* dict: while it holds anything, begin calls other */
   char device;        /* hits go to a device: begin calls other */
   char begun, open;   /* begun this step; a step is begun or open */
+  char ready;         /* initialised, and not cleared by the GC */
   Py_ssize_t steps, looked_up, loaded;
 } wstep;
 
@@ -57,6 +58,7 @@ static int ws_traverse(PyObject *self, visitproc visit, void *arg) {
 
 static int ws_clear(PyObject *self) {
   wstep *w = (wstep *)self;
+  w->ready = 0;
   Py_CLEAR(w->cache);
   Py_CLEAR(w->step);
   Py_CLEAR(w->plan);
@@ -82,14 +84,16 @@ static int ws_init(PyObject *self, PyObject *args, PyObject *kw) {
   static const char *names[] = {"cache",    "other",  "failed",
                                 "handoffs", "device", NULL};
   wstep *w = (wstep *)self;
-  PyObject *cache, *other = Py_None, *failed = Py_None, *handoffs = NULL;
+  PyObject *cache, *other = Py_None, *failed = Py_None, *handoffs = Py_None;
   int device = 0;
   if (w->looked != NULL)
     return ec_invalid("WorkerStep is initialised once"), -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO!p:WorkerStep",
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOp:WorkerStep",
                                    (char **)names, &cache, &other, &failed,
-                                   &PyDict_Type, &handoffs, &device))
+                                   &handoffs, &device))
     return -1;
+  if (handoffs != Py_None && !PyDict_Check(handoffs))
+    return ec_invalid("WorkerStep: handoffs must be a dict or None"), -1;
   if (!is_cache(cache))
     return ec_invalid("WorkerStep: cache must be a Cache or None"), -1;
   if (cache != Py_None && (!PyCallable_Check(other) ||
@@ -104,32 +108,44 @@ static int ws_init(PyObject *self, PyObject *args, PyObject *kw) {
   w->plan = Py_NewRef(Py_None);
   w->other = Py_NewRef(other);
   w->failed = Py_NewRef(failed);
-  w->handoffs = Py_XNewRef(handoffs);
+  w->handoffs = handoffs != Py_None ? Py_NewRef(handoffs) : NULL;
   w->device = (char)device;
+  w->ready = 1;
   return 0;
+}
+
+/* 0, or -1 raised: a WorkerStep not initialised (WorkerStep.__new__) or
+ * cleared by the GC has no state to work on. */
+static int ws_ready(wstep *w) {
+  if (w->ready)
+    return 0;
+  PyErr_SetString(PyExc_RuntimeError, "WorkerStep: not initialised");
+  return -1;
 }
 
 /* Closes the open step, if any, and forgets what it looked up. */
 static int ws_end_now(wstep *w) {
+  if (ws_ready(w) < 0)
+    return -1;
   w->begun = w->open = 0;
+  int rc = 0;
+  if (w->step != Py_None) { /* the step first: nothing below stops it */
+    PyObject *s = w->step;
+    w->step = Py_NewRef(Py_None);
+    if (Py_IS_TYPE(s, &ec_step_type) || Py_TYPE(s) == ec_step_class)
+      ec_step_close((step *)s);
+    else { /* something else Python set: its own close */
+      PyObject *r = PyObject_CallMethod(s, "close", NULL);
+      rc = r != NULL ? 0 : -1;
+      Py_XDECREF(r);
+    }
+    Py_DECREF(s);
+  }
   if (PyDict_GET_SIZE(w->planned) > 0)
     PyDict_Clear(w->planned);
   if (PyList_GET_SIZE(w->looked) > 0 &&
       PyList_SetSlice(w->looked, 0, PY_SSIZE_T_MAX, NULL) < 0)
-    return -1;
-  if (w->step == Py_None)
-    return 0;
-  PyObject *s = w->step;
-  w->step = Py_NewRef(Py_None);
-  int rc = 0;
-  if (Py_IS_TYPE(s, &ec_step_type) || Py_TYPE(s) == ec_step_class)
-    ec_step_close((step *)s);
-  else { /* something else Python set: its own close */
-    PyObject *r = PyObject_CallMethod(s, "close", NULL);
-    rc = r != NULL ? 0 : -1;
-    Py_XDECREF(r);
-  }
-  Py_DECREF(s);
+    rc = -1;
   return rc;
 }
 
@@ -153,7 +169,8 @@ static PyObject *plan_of(PyObject *meta) {
 
 static PyObject *ws_bind(PyObject *self, PyObject *meta) {
   wstep *w = (wstep *)self;
-  if (w->open && ws_end_now(w) < 0) /* a step the runner left open */
+  if (ws_ready(w) < 0 ||
+      (w->open && ws_end_now(w) < 0)) /* a step the runner left open */
     return NULL;
   PyObject *plan = plan_of(meta);
   if (plan == NULL)
@@ -165,6 +182,8 @@ static PyObject *ws_bind(PyObject *self, PyObject *meta) {
 static PyObject *ws_clear_plan(PyObject *self, PyObject *args) {
   (void)args;
   wstep *w = (wstep *)self;
+  if (ws_ready(w) < 0)
+    return NULL;
   Py_SETREF(w->plan, Py_NewRef(Py_None));
   return ws_end(self, NULL);
 }
@@ -201,6 +220,8 @@ static PyObject *lookup_failed(wstep *w) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != NULL)
+    PyException_SetTraceback(value, tb);
   Py_XDECREF(type);
   Py_XDECREF(tb);
   PyObject *r = PyObject_CallOneArg(w->failed, value);
@@ -208,7 +229,7 @@ static PyObject *lookup_failed(wstep *w) {
   return r;
 }
 
-/* begin(encoder_cache, plan=<the plan bound>) -> int: looks the plan's
+/* begin(encoder_cache[, plan: the plan bound]) -> int: looks the plan's
  * items up and puts each hit in encoder_cache under its identifier; the
  * number loaded.  Once per step (a second call, or one with no encoder
  * cache, does nothing). */
@@ -218,6 +239,8 @@ static PyObject *ws_begin(PyObject *self, PyObject *const *args,
   if (nargs < 1 || nargs > 2)
     return PyErr_Format(PyExc_TypeError,
                         "begin() takes 1 or 2 arguments (%zd given)", nargs);
+  if (ws_ready(w) < 0)
+    return NULL;
   PyObject *encoder_cache = args[0], *plan = nargs > 1 ? args[1] : w->plan;
   if (w->begun || encoder_cache == Py_None)
     return PyLong_FromLong(0);
@@ -225,19 +248,22 @@ static PyObject *ws_begin(PyObject *self, PyObject *const *args,
   w->steps++;
   if (w->cache == Py_None || plan == Py_None)
     return PyLong_FromLong(0);
-  /* Held: the lookup releases the GIL, and `other` runs Python. */
+  /* Held: the lookup releases the GIL, and `other` and plan.items run
+   * Python, which may drop or replace them (WorkerCore.close()). */
   Py_INCREF(plan);
+  PyObject *cache = Py_NewRef(w->cache);
   PyObject *out = NULL, *items = PyObject_GetAttr(plan, str_items);
   if (items == NULL) {
+    Py_DECREF(cache);
     Py_DECREF(plan);
     return NULL;
   }
   int common;
-  if (!PyTuple_Check(items) || PyTuple_GET_SIZE(items) == 0) {
+  if (PyTuple_Check(items) && PyTuple_GET_SIZE(items) == 0) {
     out = PyLong_FromLong(0);
     goto done;
   }
-  common = common_step(w, items, encoder_cache);
+  common = PyTuple_Check(items) ? common_step(w, items, encoder_cache) : 0;
   if (common < 0)
     goto done;
   if (common == 0) {
@@ -246,7 +272,7 @@ static PyObject *ws_begin(PyObject *self, PyObject *const *args,
     goto done;
   }
   /* The common step: one call opens it and looks the items up. */
-  PyObject *s = ec_step_new((handle *)w->cache);
+  PyObject *s = ec_step_new((handle *)cache);
   PyObject *results = s != NULL ? ec_step_lookup((step *)s, items, 1) : NULL;
   if (results == NULL) {
     Py_XDECREF(s);
@@ -277,17 +303,21 @@ static PyObject *ws_begin(PyObject *self, PyObject *const *args,
   out = PyLong_FromSsize_t(hits);
 done:
   Py_DECREF(items);
+  Py_DECREF(cache);
   Py_DECREF(plan);
   return out;
 }
 
 static PyObject *ws_get_cache(PyObject *self, void *c) {
   (void)c;
-  return Py_NewRef(((wstep *)self)->cache);
+  return ws_ready((wstep *)self) < 0 ? NULL
+                                     : Py_NewRef(((wstep *)self)->cache);
 }
 
 static int ws_set_cache(PyObject *self, PyObject *v, void *c) {
   (void)c;
+  if (ws_ready((wstep *)self) < 0)
+    return -1;
   if (v == NULL || !is_cache(v))
     return ec_invalid("WorkerStep.cache must be a Cache or None"), -1;
   Py_SETREF(((wstep *)self)->cache, Py_NewRef(v));
@@ -296,11 +326,14 @@ static int ws_set_cache(PyObject *self, PyObject *v, void *c) {
 
 static PyObject *ws_get_step(PyObject *self, void *c) {
   (void)c;
-  return Py_NewRef(((wstep *)self)->step);
+  return ws_ready((wstep *)self) < 0 ? NULL
+                                     : Py_NewRef(((wstep *)self)->step);
 }
 
 static int ws_set_step(PyObject *self, PyObject *v, void *c) {
   (void)c;
+  if (ws_ready((wstep *)self) < 0)
+    return -1;
   if (v == NULL || (v != Py_None && !PyObject_TypeCheck(v, &ec_step_type)))
     return ec_invalid("WorkerStep.step must be a Step or None"), -1;
   Py_SETREF(((wstep *)self)->step, Py_NewRef(v));
@@ -334,7 +367,8 @@ static PyMethodDef ws_methods[] = {
      "bind(metadata): ends a step left open; the plan is metadata.plan "
      "(None when it has none)."},
     {"begin", (PyCFunction)(void (*)(void))ws_begin, METH_FASTCALL,
-     "begin(encoder_cache, plan=<bound>) -> int: looks the plan's items "
+     "begin(encoder_cache[, plan]) -> int: looks the plan's (default: the "
+     "bound plan's) items "
      "up, each hit put in encoder_cache; once per step."},
     {"end", ws_end, METH_NOARGS, "end(): closes the step (idempotent)."},
     {"clear", ws_clear_plan, METH_NOARGS,
@@ -426,9 +460,24 @@ static int forward(PyObject *inner, PyObject *name, PyObject *args,
   return r != NULL ? 0 : -1;
 }
 
-static PyObject *hk_bind(PyObject *self, PyObject *const *args,
-                         Py_ssize_t nargs, PyObject *kwnames) {
-  hooks *h = (hooks *)self;
+/* A hook's own references to what it calls: Python it runs (the inner
+ * connector's hook, plan.items, a finalizer) may call _set_hooks. */
+typedef struct held {
+  PyObject *state, *inner;
+} held;
+
+static held hold(hooks *h) {
+  return (held){Py_XNewRef(h->state), Py_XNewRef(h->inner)};
+}
+
+static PyObject *unhold(held *k, PyObject *r) {
+  Py_XDECREF(k->state);
+  Py_XDECREF(k->inner);
+  return r;
+}
+
+static PyObject *hk_bind_held(PyObject *self, held *h, PyObject *const *args,
+                              Py_ssize_t nargs, PyObject *kwnames) {
   PyObject *meta;
   if (one_arg(args, nargs, kwnames, str_metadata, "bind_connector_metadata",
               &meta) < 0 ||
@@ -459,9 +508,16 @@ static PyObject *hk_bind(PyObject *self, PyObject *const *args,
   Py_RETURN_NONE;
 }
 
-static PyObject *hk_start_save(PyObject *self, PyObject *const *args,
-                               Py_ssize_t nargs, PyObject *kwnames) {
-  hooks *h = (hooks *)self;
+static PyObject *hk_bind(PyObject *self, PyObject *const *args,
+                         Py_ssize_t nargs, PyObject *kwnames) {
+  held k = hold((hooks *)self);
+  return unhold(&k, hk_bind_held(self, &k, args, nargs, kwnames));
+}
+
+static PyObject *hk_start_save_held(PyObject *self, held *h,
+                                    PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames) {
+  (void)self;
   Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
   if (nargs > 1)
     return PyErr_Format(PyExc_TypeError,
@@ -499,9 +555,13 @@ static PyObject *hk_start_save(PyObject *self, PyObject *const *args,
   Py_RETURN_NONE;
 }
 
-static PyObject *hk_clear_meta(PyObject *self, PyObject *args) {
-  (void)args;
-  hooks *h = (hooks *)self;
+static PyObject *hk_start_save(PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames) {
+  held k = hold((hooks *)self);
+  return unhold(&k, hk_start_save_held(self, &k, args, nargs, kwnames));
+}
+
+static PyObject *hk_clear_meta_held(PyObject *self, held *h) {
   if (PyObject_SetAttr(self, str_metadata_attr, Py_None) < 0)
     return NULL;
   if (h->state != NULL) {
@@ -520,6 +580,12 @@ static PyObject *hk_clear_meta(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *hk_clear_meta(PyObject *self, PyObject *args) {
+  (void)args;
+  held k = hold((hooks *)self);
+  return unhold(&k, hk_clear_meta_held(self, &k));
+}
+
 /* _set_hooks(state, inner): what the hooks call (None: nothing). */
 static PyObject *hk_set(PyObject *self, PyObject *args) {
   hooks *h = (hooks *)self;
@@ -528,6 +594,8 @@ static PyObject *hk_set(PyObject *self, PyObject *args) {
     return NULL;
   if (state != Py_None && !Py_IS_TYPE(state, &ec_worker_step_type))
     return ec_invalid("_set_hooks: state must be a WorkerStep or None");
+  if (inner == self)
+    return ec_invalid("_set_hooks: a connector cannot be its own inner");
   Py_XSETREF(h->state, state != Py_None ? Py_NewRef(state) : NULL);
   Py_XSETREF(h->inner, inner != Py_None ? Py_NewRef(inner) : NULL);
   Py_RETURN_NONE;
@@ -546,7 +614,15 @@ static PyObject *hk_getattro(PyObject *self, PyObject *name) {
       PyUnicode_READ_CHAR(name, 1) == '_')
     return NULL;
   PyErr_Clear();
-  return PyObject_GetAttr(h->inner, name);
+  /* Bounded: inner connectors that delegate to each other in a ring
+   * raise RecursionError instead of exhausting the C stack. */
+  if (Py_EnterRecursiveCall(" in the inner connector's attribute lookup"))
+    return NULL;
+  PyObject *inner = Py_NewRef(h->inner);
+  r = PyObject_GetAttr(inner, name);
+  Py_DECREF(inner);
+  Py_LeaveRecursiveCall();
+  return r;
 }
 
 static PyMethodDef hk_methods[] = {
@@ -579,7 +655,8 @@ PyTypeObject ec_connector_hooks_type = {
     .tp_traverse = hk_traverse,
     .tp_clear = hk_clear,
     .tp_dealloc = hk_dealloc,
-    .tp_new = PyType_GenericNew,
+    /* object's (set at init): with a Python ABC among the subclass's
+     * bases, an abstract method left undefined still refuses the class. */
     .tp_getattro = hk_getattro,
     .tp_methods = hk_methods,
 };
@@ -596,6 +673,7 @@ int ec_worker_step_init(void) {
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL)
       return -1;
+  ec_connector_hooks_type.tp_new = PyBaseObject_Type.tp_new;
   return PyType_Ready(&ec_worker_step_type) < 0 ||
                  PyType_Ready(&ec_connector_hooks_type) < 0
              ? -1

@@ -4,9 +4,11 @@ and WorkerStep): the arguments vLLM's model runner passes them, what they
 forward to the inner connector, the rare cases they hand to Python, bad
 input, and no reference left behind by a step."""
 
+import abc
 import gc
 import pickle
 import sys
+import weakref
 
 import pytest
 import torch
@@ -232,6 +234,82 @@ def test_worker_step_refuses_bad_state():
     assert st.begin({}) == 0 and st.open and st.begin({}) == 0
     st.end()
     assert not st.open and st.steps == 1
+
+
+def test_an_uninitialised_worker_step_raises():
+    # WorkerStep.__new__ without __init__ (or one cleared by the GC) has no
+    # state: each call raises instead of reading a NULL.
+    st = encache._encache.WorkerStep.__new__(encache._encache.WorkerStep)
+    for call in (st.end, st.clear, lambda: st.bind(None),
+                 lambda: st.begin({}), lambda: st.cache,
+                 lambda: setattr(st, "step", None)):
+        with pytest.raises(RuntimeError, match="not initialised"):
+            call()
+    # handoffs=None is accepted, as documented; anything else not a dict
+    # is refused.
+    encache._encache.WorkerStep(None, handoffs=None)
+    with pytest.raises(encache.InvalidError, match="dict or None"):
+        encache._encache.WorkerStep(None, handoffs=[])
+
+
+def test_a_worker_dropped_unclosed_frees_its_core_at_once(shm):
+    # The WorkerStep calls back into its WorkerCore through a weak proxy:
+    # no cycle, so without shutdown() and with the cyclic GC off the core
+    # (and its Cache: shm mapping, publisher) goes with its last reference.
+    s, w = _pair(shm)
+    core = weakref.ref(w.core)
+    gc.collect()
+    gc.disable()
+    try:
+        del w
+        assert core() is None
+    finally:
+        gc.enable()
+        s.shutdown()
+
+
+def test_a_plan_whose_items_are_not_a_tuple_takes_pythons_path(shm):
+    s, w = _pair(shm)
+    try:
+        _publish(w, ["A", "B"])
+        plan = _meta(s, ["A", "B"]).plan
+        object.__setattr__(plan, "items", list(plan.items))
+        cache = {}
+        assert w.core.state.begin(cache, plan) == 2
+        assert set(cache) == {"A", "B"}
+        w.core.state.end()
+    finally:
+        w.shutdown()
+        s.shutdown()
+
+
+def test_an_abstract_method_left_undefined_still_refuses_the_class():
+    # ConnectorHooks takes object's tp_new, so that vLLM's ABC
+    # (ECConnectorBase) still refuses a connector missing a method a newer
+    # vLLM made abstract.
+    class Base(abc.ABC):
+        @abc.abstractmethod
+        def new_in_vllm(self): ...
+
+    class Connector(encache._encache.ConnectorHooks, Base):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Connector()
+
+
+def test_inner_connectors_in_a_ring_raise_instead_of_crashing():
+    a, b = encache._encache.ConnectorHooks(), encache._encache.ConnectorHooks()
+    with pytest.raises(encache.InvalidError, match="its own inner"):
+        a._set_hooks(None, a)
+    a._set_hooks(None, b)
+    b._set_hooks(None, a)
+    try:
+        with pytest.raises(RecursionError):
+            a.no_such_hook
+    finally:
+        a._set_hooks(None, None)
+        b._set_hooks(None, None)
 
 
 def test_no_reference_is_left_behind_by_a_step(shm):

@@ -53,12 +53,14 @@ connector does; its Cache serialises its own calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
 import threading
 import time
 import typing
+import weakref
 
 import encache
 
@@ -509,9 +511,13 @@ class WorkerCore:
         # The step's state and its per-step calls, in C (python/src/
         # worker.c): the open step, the plan bound, what was looked up
         # for publish(), the per-step counters; begin() calls _begin_with
-        # for the rare cases and _lookup_failed on a rejected lookup.
+        # for the rare cases and _lookup_failed on a rejected lookup,
+        # through a weak proxy: the state holds no cycle back to this
+        # core, so a core dropped unclosed frees its Cache at once.
+        me = weakref.proxy(self)
         self.state = encache._encache.WorkerStep(
-            cache, self._begin_with, self._lookup_failed, _HANDOFFS,
+            cache, functools.partial(WorkerCore._begin_with, me),
+            functools.partial(WorkerCore._lookup_failed, me), _HANDOFFS,
             self._device is not None)
 
     def _open(self, library_config: dict):
