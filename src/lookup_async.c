@@ -47,6 +47,7 @@
 
 struct lookup_thread {
   encache *ec;
+  struct encache__async *as;
   pthread_t thread;
   encache__lane lane;
 };
@@ -128,7 +129,7 @@ static encache_step *take(encache *ec, encache_step *s) {
 static void *thread_main(void *arg) {
   struct lookup_thread *me = arg;
   encache *ec = me->ec;
-  struct encache__async *as = ec->async;
+  struct encache__async *as = me->as; /* ec->async is set once all run */
   for (;;) {
     pthread_mutex_lock(&as->mu);
     while (!as->stopping && as->queued == 0)
@@ -233,18 +234,17 @@ static int async_start(encache *ec) {
   pthread_cond_init(&as->done, &ca);
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&as->work, NULL);
-  ec->async = as;
   unsigned want = readers(ec);
   int rc = 0;
   while (as->nthreads < want && as->nthreads < READERS_MAX) {
     struct lookup_thread *t = &as->threads[as->nthreads];
     t->ec = ec;
+    t->as = as;
     if ((rc = pthread_create(&t->thread, NULL, thread_main, t)) != 0)
       break;
     as->nthreads++;
   }
   if (as->nthreads == 0) {
-    ec->async = NULL;
     pthread_mutex_destroy(&as->mu);
     pthread_cond_destroy(&as->work);
     pthread_cond_destroy(&as->done);
@@ -254,20 +254,32 @@ static int async_start(encache *ec) {
   }
   ec->async_forget = forget;
   ec->async_hold = hold;
+  /* Published last, whole: a start or an fd on another thread that sees
+   * it uses it without the turn. */
+  __atomic_store_n(&ec->async, as, __ATOMIC_RELEASE);
   return 0;
 }
 
-/* Starts the lookup thread of step's handle unless it runs: 0, or a
- * negative code (ENCACHE_EINVAL: step is NULL).  When it does not run,
- * no lookup does: the turn is free (a short wait). */
+/* The handle's lookup threads, or NULL before the first start (read
+ * without the turn: async_start publishes them). */
+static struct encache__async *async_of(const encache *ec) {
+  return __atomic_load_n(&ec->async, __ATOMIC_ACQUIRE);
+}
+
+/* Starts the lookup threads of step's handle unless they run: 0, or a
+ * negative code (ENCACHE_EINVAL: step is NULL).  Decided once, under the
+ * turn: the first start and the first fd may come at once from two
+ * threads (an encoder's, an event loop's), and only one may start them.
+ * When they do not run, no lookup does: the turn is free (a short wait). */
 static int started(encache_step *step) {
   if (step == NULL)
     return ENCACHE_EINVAL;
   encache *ec = step->ec;
   int rc = 0;
-  if (ec->async == NULL) {
+  if (async_of(ec) == NULL) {
     encache__enter(ec);
-    rc = async_start(ec);
+    if (ec->async == NULL)
+      rc = async_start(ec);
     encache__leave(ec);
   }
   return rc;
@@ -277,7 +289,7 @@ static int started(encache_step *step) {
  * waited for.  Under mu only: a start never waits for the turn. */
 static int enqueue(encache_step *step, const encache_candidate *c, size_t n,
                    const encache_allocator *a, encache_result *results) {
-  struct encache__async *as = step->ec->async;
+  struct encache__async *as = async_of(step->ec);
   pthread_mutex_lock(&as->mu);
   if (step->async.state != ENCACHE__ASYNC_NONE) {
     pthread_mutex_unlock(&as->mu);
@@ -303,7 +315,7 @@ static int enqueue(encache_step *step, const encache_candidate *c, size_t n,
 
 /* Whether step has a started lookup not yet waited for. */
 static int busy(encache_step *step) {
-  struct encache__async *as = step->ec->async;
+  struct encache__async *as = async_of(step->ec);
   pthread_mutex_lock(&as->mu);
   int state = step->async.state;
   pthread_mutex_unlock(&as->mu);
@@ -313,8 +325,8 @@ static int busy(encache_step *step) {
 /* A start with good arguments does not wait for the turn (the lookup the
  * thread runs may be another step's): its checks read only what no
  * lookup changes but the poison, an atomic.  A failing one takes the turn
- * to record its message.  ec->async is made and freed only on the
- * caller's thread, with the turn, before any lookup runs. */
+ * to record its message.  ec->async is made (once: started()) and freed
+ * only with the turn, before any lookup runs and after the last. */
 int encache_lookup_start(encache_step *step, const encache_candidate *c,
                          size_t n, const encache_allocator *a,
                          encache_result *results) {
@@ -338,7 +350,7 @@ int encache_lookup_start(encache_step *step, const encache_candidate *c,
 int encache_step_wait(encache_step *step, int timeout_ms) {
   if (step == NULL)
     return ENCACHE_EINVAL;
-  struct encache__async *as = step->ec->async;
+  struct encache__async *as = async_of(step->ec);
   if (as == NULL) /* nothing was ever started on the handle */
     return ENCACHE_EINVAL;
   if (timeout_ms < 0)
@@ -374,7 +386,7 @@ int encache_step_fd(encache_step *step) {
   int rc = started(step);
   if (rc < 0)
     return rc;
-  struct encache__async *as = step->ec->async;
+  struct encache__async *as = async_of(step->ec);
   pthread_mutex_lock(&as->mu);
   if (!step->async.has_fd) {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

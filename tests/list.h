@@ -158,6 +158,7 @@
   XX(lookup_async_fd_readable_once_per_lookup)                               \
   XX(lookup_async_refuses_bad_arguments_at_once)                             \
   XX(lookup_async_step_close_in_flight_is_safe)                              \
+  XX(lookup_async_first_fd_and_first_start_race_start_once)               \
   XX(lookup_async_handle_close_in_flight_is_safe)                            \
   XX(lookup_async_unconfirmed_read_poisons_at_the_wait)                      \
   XX(lookup_async_waits_keep_the_order_of_starts)                            \

@@ -373,6 +373,66 @@ TEST(lookup_async_fd_readable_once_per_lookup) {
   aenv_done(&e);
 }
 
+/* The first encache_step_fd() (an event loop's thread) and the first
+ * encache_lookup_start() (the encoder's) race to start the lookup
+ * threads: they are started once.  Before the fix both started a set;
+ * the first was never joined: its lookup never ran (the bounded wait
+ * answered ENCACHE_EPENDING) and its threads read the handle after
+ * encache_close() (a crash, a use-after-free under ASan). */
+typedef struct fd_racer {
+  encache_step *step;
+  int ready, go, fd;
+  unsigned delay; /* spins after the go: the rounds sweep the offset */
+} fd_racer;
+
+static void spin(unsigned n) {
+  for (volatile unsigned k = 0; k < n; k++)
+    ;
+}
+
+static void *fd_racer_main(void *arg) {
+  fd_racer *r = arg;
+  __atomic_store_n(&r->ready, 1, __ATOMIC_RELEASE);
+  while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
+    ;
+  spin(r->delay);
+  r->fd = encache_step_fd(r->step);
+  return NULL;
+}
+
+TEST(lookup_async_first_fd_and_first_start_race_start_once) {
+  for (int round = 0; round < 300; round++) {
+    aenv e;
+    aenv_readers = 2;
+    encache *ec = aenv_open(&e);
+    aenv_readers = 0;
+    char ids[1][32];
+    seed(&e, "race", 1, 2, ids);
+    encache_step *evloop = step_of(ec), *encoder = step_of(ec);
+    fd_racer r = {evloop, 0, 0, -1, round % 2 ? (unsigned)(round * 7 % 300) : 0};
+    pthread_t t;
+    ASSERT_EQ_INT(pthread_create(&t, NULL, fd_racer_main, &r), 0);
+    encache_candidate c[1] = {cand(ids[0], 2)};
+    encache_result res[1] = {ENCACHE_RESULT_INIT};
+    talloc ta = {0};
+    encache_allocator a = allocator(&ta);
+    while (!__atomic_load_n(&r.ready, __ATOMIC_ACQUIRE))
+      ;
+    __atomic_store_n(&r.go, 1, __ATOMIC_RELEASE);
+    spin(round % 2 ? 0 : (unsigned)(round * 7 % 300));
+    ASSERT_EQ_INT(encache_lookup_start(encoder, c, 1, &a, res), 0);
+    pthread_join(t, NULL);
+    ASSERT(r.fd >= 0);
+    ASSERT_EQ_INT(encache_step_wait(encoder, 20000), 1); /* not lost */
+    ASSERT_EQ_INT(res[0].outcome, ENCACHE_HIT);
+    free_hits(res, 1);
+    encache_step_close(evloop);
+    encache_step_close(encoder);
+    ASSERT_EQ_INT(encache_close(ec), 0);
+    aenv_done(&e);
+  }
+}
+
 TEST(lookup_async_refuses_bad_arguments_at_once) {
   aenv e;
   encache *ec = aenv_open(&e);

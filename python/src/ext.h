@@ -192,10 +192,13 @@ int ec_step_complete(step *s, double timeout_s);
 void ec_lookup_collected_locked(handle *h, ec_lookup *k);
 /* Under h's lock: whether h is poisoned (or its state unknown). */
 int ec_handle_poisoned_locked(handle *h);
-/* Frees k, s's pending lookup taken off s, whose library step is closed
- * (or its handle): its hits are released and its CUDA destinations
- * dropped, unless `poisoned`.  A wait() running on another thread frees
- * it instead. */
+/* With the GIL, k just taken off its closing step: 1 when a wait() on
+ * another thread runs on it (k is then that wait's to free, once it sees
+ * the step closed), 0 when k is the caller's. */
+int ec_lookup_hand_to_waiter(ec_lookup *k);
+/* Frees k, the caller's (ec_lookup_hand_to_waiter() said so), whose
+ * library step is closed (or its handle): its hits are released and its
+ * CUDA destinations dropped, unless `poisoned`. */
 void ec_step_drop_pending(ec_lookup *k, int poisoned);
 /* worker.c: WorkerStep, the step state of encache.vllm's worker half. */
 extern PyTypeObject ec_worker_step_type, ec_connector_hooks_type;

@@ -429,7 +429,6 @@ struct ec_lookup {
   int counted;       /* in h->pending_lookups (under h's lock) */
   int waiting;       /* a wait() runs (with the GIL released): it frees */
   int abandoned;     /* the step was closed during that wait */
-  int abandon_poisoned; /* ... and the handle was poisoned then */
   PyObject *ids_stack[STACK_ITEMS];
   encache_candidate c_stack[STACK_ITEMS];
   encache_result r_stack[STACK_ITEMS];
@@ -510,6 +509,19 @@ static void lk_abandon(ec_lookup *k, int poisoned) {
     if (k->res[i].outcome == ENCACHE_HIT)
       dest_release(&k->d, (size_t)i, k->res[i].data, k->res[i].handle);
   lk_free(k);
+}
+
+/* Frees k, which its waiter found given up (its step or its Cache was
+ * closed meanwhile): no longer counted, its hits released unless the
+ * handle is poisoned. */
+static void lk_give_up(handle *h, ec_lookup *k) {
+  int rc = 0, poisoned = 1;
+  EC_LOCKED(h, rc, ec_lookup_collected_locked(h, k);
+            poisoned = ec_handle_poisoned_locked(h));
+  if (rc == ENCACHE_ECLOSED)
+    poisoned = h->closed_poisoned;
+  lk_abandon(k, poisoned);
+  PyMem_Free(k);
 }
 
 /* The allocator of k's destinations (host blocks from buffer.c, CUDA
@@ -688,10 +700,8 @@ int ec_step_complete(step *s, double timeout_s) {
       break;
     if (PyErr_CheckSignals() < 0) {
       k->waiting = 0;
-      if (k->abandoned) { /* a signal handler closed the step */
-        lk_abandon(k, k->abandon_poisoned);
-        PyMem_Free(k);
-      }
+      if (k->abandoned) /* a signal handler closed the step */
+        lk_give_up(h, k);
       Py_DECREF(h);
       return -1; /* still pending (or given up) */
     }
@@ -705,10 +715,9 @@ int ec_step_complete(step *s, double timeout_s) {
   if (k->abandoned || rc == ENCACHE_ECLOSED) {
     /* The step was closed meanwhile (it left k to us), or its Cache (which
      * waited for a running lookup, and dropped a queued one). */
-    lk_abandon(k, k->abandoned ? k->abandon_poisoned : h->closed_poisoned);
     if (s->pending == k)
       s->pending = NULL;
-    PyMem_Free(k);
+    lk_give_up(h, k);
     ec_raise(ENCACHE_ECLOSED, "the step or its Cache was closed while its "
                               "lookup was waited for");
     Py_DECREF(h);
@@ -737,13 +746,14 @@ int ec_handle_poisoned_locked(handle *h) {
   return encache_stats_get(h->ec, &st) < 0 || st.poisoned;
 }
 
+int ec_lookup_hand_to_waiter(ec_lookup *k) {
+  if (!k->waiting)
+    return 0;
+  k->abandoned = 1;
+  return 1;
+}
+
 void ec_step_drop_pending(ec_lookup *k, int poisoned) {
-  if (k->waiting) {
-    /* A wait() on another thread holds k: it frees it. */
-    k->abandoned = 1;
-    k->abandon_poisoned = poisoned;
-    return;
-  }
   lk_abandon(k, poisoned);
   PyMem_Free(k);
 }

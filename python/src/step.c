@@ -63,7 +63,10 @@ int ec_step_usable(step *s) {
 
 /* Closes s.  A pending lookup (wait=False) is given up: the library's
  * close waits for it when it runs (with the GIL released) and drops it
- * when it is queued; its hits are then released. */
+ * when it is queued; its hits are then released.  The lookup has one
+ * owner, decided here before the GIL is let go: a wait() running on
+ * another thread (k->waiting) keeps it and frees it once it sees the
+ * step closed; else the close does. */
 void ec_step_close(step *s) {
   handle *h = s->owner;
   if (h == NULL)
@@ -71,6 +74,8 @@ void ec_step_close(step *s) {
   s->owner = NULL;
   ec_lookup *k = s->pending;
   s->pending = NULL;
+  if (k != NULL && ec_lookup_hand_to_waiter(k))
+    k = NULL;
   int rc = 0, poisoned = 1, closed = 0;
   /* A closed handle closed its steps; a handle of the parent process is
    * left alone in a child; a step freed by code the handle runs (a
@@ -242,15 +247,18 @@ static PyObject *step_publish(PyObject *self, PyObject *args) {
   /* Host memory is copied now: whatever the caller does to the tensor
    * afterwards (resize_, set_, in-place writes, even freeing it), the
    * bytes written are those of the call.  A view the library will refuse
-   * (not a contiguous matrix of a known dtype) is passed as it is: it is
-   * never read.  CUDA memory is copied on its stream at the call, by the
-   * library. */
+   * (not a contiguous matrix of a known dtype, or not inside its storage:
+   * one shrunk before the call) is passed as it is, with its storage: the
+   * library checks it (encache_publish: Skip.OUTSIDE_STORAGE) and never
+   * reads it.  CUDA memory is copied on its stream at the call, by the
+   * library, after the same check. */
   unsigned char hdr[ENCACHE_HEADER_SIZE];
   uint64_t size = 0;
   encache_storage *snap = NULL;
   if (device == ENCACHE_DEVICE_HOST && encache_header_encode(&view, hdr) == 0 &&
       encache_payload_size(dtype, (uint64_t)dims[0], (uint64_t)dims[1],
-                           &size) == 0 && size > 0) {
+                           &size) == 0 && size > 0 &&
+      data >= base && data - base <= nbytes && size <= nbytes - (data - base)) {
     int rc = ec_snapshot(view.data, size, &snap, &view.data);
     if (rc < 0) {
       ec_raise(rc, "publish: no memory for the copy of the output");

@@ -632,3 +632,59 @@ def test_one_coroutine_awaits_a_step_at_a_time(open_cache, shm, fault):
     assert asyncio.run(main()) is step
     assert step.results[0].hit
     step.close()
+
+
+# A step's close() from another thread while its wait() runs (a shutdown
+# path, a timeout handler): the lookup has one owner, never freed twice.
+# Run in a child process: before the fix this crashed the interpreter
+# (a use-after-free in the close) in most runs.
+CLOSE_DURING_WAIT = r"""
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import ectest, encache
+from ectest import F32
+f = ectest.fault()
+c = ectest.open_cache(sys.argv[2])
+ectest.publish_one(c, "h", ectest.sample(64, 64))
+outcomes = {"hit": 0, "closed": 0}
+for i in range(int(sys.argv[3])):
+    f.reset()
+    f.hold(f.READS)
+    step = c.lookup([("h", F32, (64, 64))], wait=False)
+    assert f.wait_held(f.READS)
+
+    def waiter():
+        try:
+            assert step.wait(ectest.TIMEOUT)
+            outcomes["hit"] += step.results[0].hit
+        except encache.ClosedError:
+            outcomes["closed"] += 1
+
+    w = threading.Thread(target=waiter)
+    w.start()
+    time.sleep(0.001 * (i % 4))
+    closer = threading.Thread(target=step.close)
+    closer.start()
+    time.sleep(0.001 * (i % 3))
+    f.hold(f.READS, False)
+    closer.join(ectest.TIMEOUT)
+    w.join(ectest.TIMEOUT)
+    assert not closer.is_alive() and not w.is_alive() and step.closed
+st = c.stats()
+assert st.steps_open == 0, st.steps_open
+assert ectest.lookup_one(c, "h", F32, (64, 64)).hit
+c.close()
+print(outcomes["hit"], outcomes["closed"])
+"""
+
+
+def test_close_on_another_thread_during_wait(shm, fault):
+    import subprocess
+    import sys
+    out = subprocess.run(
+        [sys.executable, "-c", CLOSE_DURING_WAIT, os.path.dirname(__file__),
+         shm(scheme="pyfault"), "60"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    hits, closed = map(int, out.stdout.split())
+    assert hits + closed == 60

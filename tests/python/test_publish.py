@@ -122,3 +122,57 @@ def test_a_tensor_neither_on_the_cpu_nor_on_cuda_is_refused(open_cache):
     with c.lookup([("m", F32, (2, 2))]) as step:
         with pytest.raises(ectest.encache.InvalidError, match="meta"):
             step.publish("m", torch.empty(2, 2, device="meta"))
+
+
+# A view outside its storage (the storage shrunk before the call, legal in
+# torch and NumPy) is never published: before the fix its bytes were read
+# past the storage's end (a crash when it was shrunk to nothing) and served
+# as a HIT.  In a child process, so that a crash fails this test alone.
+OUTSIDE = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import ectest
+from ectest import F32
+
+
+def shrink(t, nbytes):
+    if hasattr(t, "untyped_storage"):
+        t.untyped_storage().resize_(nbytes)
+    else:  # torch < 2: the storage's size in elements
+        t.storage().resize_(nbytes // t.element_size())
+    return t
+
+
+c = ectest.open_cache(sys.argv[2])
+cases = {f"torch{keep}": shrink(ectest.sample(64, 64), keep)
+         for keep in (0, 16, 64 * 64 * 4 - 4)}
+cases["torch-offset"] = shrink(ectest.sample(64, 64)[8:24], 64 * 16 * 4)
+a = np.ones(256 * 64, np.float32)
+cases["numpy"] = a.reshape(256, 64)[:64]
+a.resize(16, refcheck=False)
+items = [(k, F32, tuple(v.shape)) for k, v in cases.items()]
+with c.lookup(items) as step:
+    for k, v in cases.items():
+        print("publish", k, step.publish(k, v).name)
+c.flush()
+with c.lookup(items) as step:
+    for k, r in zip(cases, step.results):
+        print("lookup", k, r.outcome.name)
+c.close()
+"""
+
+
+def test_a_view_outside_its_storage_is_never_published(store):
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run(
+        [sys.executable, "-c", OUTSIDE, os.path.dirname(__file__), store],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    said = sorted(out.stdout.splitlines())
+    names = sorted(["torch0", "torch16", f"torch{64 * 64 * 4 - 4}",
+                    "torch-offset", "numpy"])
+    assert said == sorted([f"publish {k} OUTSIDE_STORAGE" for k in names] +
+                          [f"lookup {k} MISS" for k in names]), said
