@@ -5,6 +5,7 @@ forward to the inner connector, the rare cases they hand to Python, bad
 input, and no reference left behind by a step."""
 
 import abc
+import contextlib
 import gc
 import pickle
 import sys
@@ -65,6 +66,17 @@ def _pair(shm, inner="", **extra):
     return s, w
 
 
+@contextlib.contextmanager
+def _connectors(shm, inner="", **extra):
+    """_pair's two connectors, shut down at the end."""
+    s, w = _pair(shm, inner, **extra)
+    try:
+        yield s, w
+    finally:
+        w.shutdown()
+        s.shutdown()
+
+
 def _publish(w, ids, rows=4):
     cache = w.core.cache
     hidden = vf.ModelConfig().get_hidden_size()
@@ -82,8 +94,7 @@ def _meta(s, ids, rows=4, tag="r1"):
 
 
 def test_hooks_take_vllms_arguments_by_position_and_by_name(shm):
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         _publish(w, ["A", "B"])
         meta = _meta(s, ["A", "B"])
         for how in ("position", "name"):
@@ -102,9 +113,6 @@ def test_hooks_take_vllms_arguments_by_position_and_by_name(shm):
             assert not w.core.open and w.core.state.step is None
         assert w.core.counters.steps == 2
         assert w.core.counters.loaded == 4
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 @pytest.mark.parametrize("call, message", [
@@ -116,18 +124,13 @@ def test_hooks_take_vllms_arguments_by_position_and_by_name(shm):
     (lambda w: w.clear_connector_metadata(1), "takes no arguments"),
 ])
 def test_hooks_refuse_calls_vllm_never_makes(shm, call, message):
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         with pytest.raises(TypeError, match=message):
             call(w)
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 def test_hooks_forward_to_the_inner_connector_with_its_metadata(shm):
-    s, w = _pair(shm, inner="KwargsDelivery")
-    try:
+    with _connectors(shm, inner="KwargsDelivery") as (s, w):
         _publish(w, ["A"])
         meta = _meta(s, ["A"])
         assert meta.inner == "inner-meta"
@@ -148,14 +151,10 @@ def test_hooks_forward_to_the_inner_connector_with_its_metadata(shm):
             w.neither_has_this
         with pytest.raises(AttributeError):
             w.__neither__
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 def test_a_rejected_lookup_is_encoded_instead(shm):
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         bad = ecc.EncacheECConnectorMetadata(_core.StepPlan((
             _core.Candidate("A", 4, 8, "float7"),)))
         cache = {}
@@ -164,9 +163,6 @@ def test_a_rejected_lookup_is_encoded_instead(shm):
         w.clear_connector_metadata()
         assert cache == {}
         assert w.core.counters.lookup_errors == 1
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 def test_the_rare_cases_take_pythons_path(shm):
@@ -176,8 +172,7 @@ def test_the_rare_cases_take_pythons_path(shm):
     class Cache(dict):
         pass
 
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         _publish(w, ["A", "B"])
         meta = _meta(s, ["A", "B"])
         local = torch.zeros(1)
@@ -189,14 +184,10 @@ def test_the_rare_cases_take_pythons_path(shm):
         assert cache.__class__ is Cache
         assert w.core.counters.already_local == 1
         assert w.core.counters.loaded == 3
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 def test_a_step_left_open_is_closed_by_the_next_bind(shm):
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         _publish(w, ["A"])
         meta = _meta(s, ["A"])
         w.bind_connector_metadata(meta)
@@ -210,9 +201,6 @@ def test_a_step_left_open_is_closed_by_the_next_bind(shm):
         assert set(cache) == {"A"}
         w.clear_connector_metadata()
         assert w.core.cache.stats().steps_open == 0
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 def test_worker_step_refuses_bad_state():
@@ -269,8 +257,7 @@ def test_a_worker_dropped_unclosed_frees_its_core_at_once(shm):
 
 
 def test_a_plan_whose_items_are_not_a_tuple_takes_pythons_path(shm):
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         _publish(w, ["A", "B"])
         plan = _meta(s, ["A", "B"]).plan
         object.__setattr__(plan, "items", list(plan.items))
@@ -278,9 +265,6 @@ def test_a_plan_whose_items_are_not_a_tuple_takes_pythons_path(shm):
         assert w.core.state.begin(cache, plan) == 2
         assert set(cache) == {"A", "B"}
         w.core.state.end()
-    finally:
-        w.shutdown()
-        s.shutdown()
 
 
 def test_an_abstract_method_left_undefined_still_refuses_the_class():
@@ -313,8 +297,7 @@ def test_inner_connectors_in_a_ring_raise_instead_of_crashing():
 
 
 def test_no_reference_is_left_behind_by_a_step(shm):
-    s, w = _pair(shm)
-    try:
+    with _connectors(shm) as (s, w):
         _publish(w, ["A", "B"])
         meta = _meta(s, ["A", "B"])
         plan, items = meta.plan, meta.plan.items
@@ -335,6 +318,3 @@ def test_no_reference_is_left_behind_by_a_step(shm):
         gc.collect()
         assert [sys.getrefcount(o) for o in (meta, plan, items, w)] == refs
         assert len(gc.get_objects()) - objects < 50
-    finally:
-        w.shutdown()
-        s.shutdown()
