@@ -940,6 +940,26 @@ ENCACHE_EXTERN int encache_store_namespaces(
     int (*cb)(const encache_namespace_count *c, void *arg), void *arg);
 
 /*
+ * Added in 1.3: a time bound on the calls of st that walk its keys
+ * (encache_store_list(), encache_store_remove_prefix(),
+ * encache_store_count_prefix(), encache_store_namespaces()), so that a
+ * command an operator runs ends by a time they chose (`encache ls`,
+ * `purge`, `namespaces`: --timeout).  Each such call started afterwards
+ * stops once timeout_ms have passed since it began: ENCACHE_EUNAVAIL,
+ * encache_store_errmsg() saying where it stopped (what a remove_prefix
+ * removed until then is counted).  0, the default: no time bound, only
+ * the bounds of the walk itself (docs/stores.md, "Bounded listings").
+ * Redis and Redis Cluster check it before each SCAN (a call's own wait is
+ * bounded by the URL's timeout_ms); a tier passes it to both its tiers;
+ * an shm walk is bounded by its segment and Mooncake's removal is one
+ * call, so they need none; a backend of yours is not told.  Returns 0,
+ * or ENCACHE_EINVAL (st NULL).  Any thread; set it before the calls it
+ * should bound.
+ */
+ENCACHE_EXTERN int encache_store_set_list_timeout(encache_store *st,
+                                                  uint32_t timeout_ms);
+
+/*
  * Added in 1.2: single-flight leases (docs/engine.md, "Single flight").  A
  * lease on an object's key says "an encoder is producing this object":
  * one holder at a time, for at most ttl_ms, identified by a token (any

@@ -189,6 +189,7 @@
   XX(redis_fake_bytes_after_the_last_reply_are_refused)                      \
   XX(redis_fake_scan_that_never_ends_is_bounded)                             \
   XX(redis_fake_scan_with_non_string_keys_is_refused)                        \
+  XX(redis_fake_scan_without_end_stops_at_the_list_timeout)                  \
   XX(redis_large_value_into_small_buffer_is_refused_unread)                  \
   XX(redis_stats_of_an_unreachable_cluster_fail)                             \
   XX(redis_window_object_rewritten_between_windows_is_a_miss)                \

@@ -221,6 +221,28 @@ static void serve(int fd, resp_mode mode) {
         return;
       }
       break;
+    case RESP_SCAN_SLOW:
+      if (strcmp(verb, "DBSIZE") == 0) {
+        if (out_str(fd, "+lots\r\n") < 0)
+          return;
+      } else if (strcmp(verb, "SCAN") == 0) {
+        char reply[512];
+        int n = snprintf(reply, sizeof(reply), "*2\r\n$1\r\n7\r\n*10\r\n");
+        for (int k = 0; k < 10; k++) {
+          char key[32];
+          int kl = snprintf(key, sizeof(key), "k%llu", scan_key++);
+          n += snprintf(reply + n, sizeof(reply) - (size_t)n, "$%d\r\n%s\r\n",
+                        kl, key);
+        }
+        sleep_ms(1);
+        if (out_all(fd, reply, (size_t)n) < 0)
+          return;
+      } else if (out_str(fd, strcmp(verb, "UNLINK") == 0
+                                 ? ":1\r\n"
+                                 : normal_answer(verb)) < 0) {
+        return;
+      }
+      break;
     case RESP_EPIPE:
       return;
     }

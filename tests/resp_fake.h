@@ -29,8 +29,11 @@ typedef enum resp_mode {
                         an array and one string */
   RESP_MOVED,        /* any command: -MOVED 1234 127.0.0.1:1, as a cluster's
                         node would answer a key of another's slot */
-  RESP_EXTRA         /* any command: its normal answer, then :7 that answers
+  RESP_EXTRA,        /* any command: its normal answer, then :7 that answers
                         nothing asked */
+  RESP_SCAN_SLOW     /* SCAN: 10 new keys and a cursor that never is 0, each
+                        answer 1 ms late; DBSIZE: a status, not a count;
+                        UNLINK: 1 (removed) */
 } resp_mode;
 
 /* Starts the server; sets *port; returns its pid (stop with

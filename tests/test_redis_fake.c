@@ -219,3 +219,39 @@ TEST(redis_fake_scan_with_non_string_keys_is_refused) {
   encache_store_close(st);
   resp_fake_stop(srv);
 }
+
+/* A walk (a listing, then a removal by prefix) on a server whose SCAN
+ * cursor never comes back to 0 and whose DBSIZE is no count: the bound on
+ * calls alone (64 + 2^24/100) would take minutes at a SCAN a millisecond;
+ * the handle's list timeout ends each walk instead, with the message of
+ * that bound. */
+TEST(redis_fake_scan_without_end_stops_at_the_list_timeout) {
+  int port;
+  pid_t srv = resp_fake_start(RESP_SCAN_SLOW, &port);
+  encache_store *st = open_fake(port, 1000);
+  ASSERT_EQ_INT(encache_store_set_list_timeout(st, 1000), 0);
+  long n = 0;
+  double t0 = now_s();
+  ASSERT_EQ_INT(encache_store_list(st, NULL, count_keys, &n),
+                ENCACHE_EUNAVAIL);
+  double took = now_s() - t0;
+  ASSERT_CONTAINS(encache_store_errmsg(st), "SCAN did not finish after");
+  ASSERT_CONTAINS(encache_store_errmsg(st),
+                  "the server's cursor never comes back to 0");
+  if (took < 0.9 || took > 20.0)
+    test__fail(__FILE__, __LINE__, "a listing with a 1 s bound: %.1f s",
+               took);
+  uint64_t removed = 0;
+  t0 = now_s();
+  ASSERT_EQ_INT(encache_store_remove_prefix(st, "k", &removed),
+                ENCACHE_EUNAVAIL);
+  took = now_s() - t0;
+  ASSERT_CONTAINS(encache_store_errmsg(st),
+                  "the server's cursor never comes back to 0");
+  ASSERT(removed > 0); /* the keys of the pages it saw, counted */
+  if (took < 0.9 || took > 20.0)
+    test__fail(__FILE__, __LINE__, "a removal with a 1 s bound: %.1f s",
+               took);
+  encache_store_close(st);
+  resp_fake_stop(srv);
+}

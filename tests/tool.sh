@@ -314,6 +314,68 @@ check "purge --namespace-of needs --dtype" 2 "--dtype is required" -- purge --na
 check "purge --namespace-of needs --model" 2 "--model is required" -- purge --namespace-of --dtype float32
 check "purge takes no argument" 2 "unexpected argument 'x'" -- purge --key-prefix k x
 check "purge --help" 0 'NAMESPACE "@id:"' -- purge --help
+# --- --timeout (issue 41): a Redis server whose SCAN cursor never comes
+# back to 0 and whose DBSIZE is no count (a bound of some 168 000 SCANs, a
+# millisecond each here: minutes) stops ls, namespaces and purge at the
+# bound given, with the message of the bound on SCAN calls.
+for c in ls namespaces purge; do
+  check "$c --help has --timeout" 0 "--timeout SECONDS stop after SECONDS" -- $c --help
+done
+check "ls --timeout 0" 2 "encache ls: --timeout: must be an integer from 1 to 86400, got \"0\"" -- ls --timeout 0
+check "purge --timeout x" 2 "encache purge: --timeout: must be an integer from 1 to 86400" -- purge --key-prefix k --timeout x
+check "ls --timeout on shm" 0 "" -- ls --timeout 5
+if [ -x /usr/bin/python3 ]; then
+  /usr/bin/python3 - "$tmp/scan.port" <<'PY' &
+import os, socket, sys, threading, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(srv.getsockname()[1]))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+def serve(c):
+    f = c.makefile("rb")
+    try:
+        while True:
+            line = f.readline()
+            if not line.startswith(b"*"):
+                return
+            args = []
+            for _ in range(int(line[1:])):
+                n = int(f.readline()[1:])
+                args.append(f.read(n + 2)[:n])
+            verb = args[0].upper()
+            if verb == b"SCAN":  # one key, and a cursor that is never 0
+                time.sleep(0.001)
+                c.sendall(b"*2\r\n$1\r\n7\r\n*1\r\n$1\r\nk\r\n")
+            else:
+                c.sendall({b"DBSIZE": b"+lots\r\n", b"UNLINK": b":1\r\n",
+                           b"PING": b"+PONG\r\n"}.get(verb, b"+OK\r\n"))
+    except (OSError, ValueError):
+        pass
+    finally:
+        c.close()
+threading.Timer(120, lambda: os._exit(0)).start()
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+PY
+  scan_pid=$!
+  for _ in $(seq 100); do [ -s "$tmp/scan.port" ] && break; sleep 0.05; done
+  scan="redis://127.0.0.1:$(cat "$tmp/scan.port")"
+  for c in ls namespaces "purge --key-prefix k"; do
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    check "$c --timeout 1 on a SCAN without end" 1 "SCAN did not finish after" -- --store "$scan" $c --timeout 1
+    took=$(($(date +%s) - t0))
+    n=$((n + 1))
+    if printf '%s' "$out" | grep -qF "in the list timeout of 1000 ms: the server's cursor never comes back to 0" &&
+       [ "$took" -le 20 ]; then echo "ok $n - $c --timeout 1 ends by its bound (${took} s)"
+    else echo "not ok $n - $c --timeout 1 ends by its bound (${took} s)"; fails=$((fails + 1)); fi
+  done
+  check "purge stopped by --timeout says what it removed" 1 "objects before the failure" -- --store "$scan" purge --key-prefix k --timeout 1
+  kill "$scan_pid" 2>/dev/null
+fi
 # --- the demo on real PNG files (one of them broken: skipped, named)
 check "demo --images DIR" 0 "verification passed" -- demo --encoders 2 --requests 10 --images "$src/tests/data/images" --tokens 16 --hidden 32 --verify all --no-baseline
 check "demo names a broken image" 0 "skipping $src/tests/data/images/not-an-image.png" -- demo --encoders 1 --requests 2 --images "$src/tests/data/images" --tokens 4 --hidden 8 --no-baseline

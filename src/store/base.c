@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* Messages are per thread, so that threads sharing a handle never see or
  * clobber each other's, and scoped to the handle they are about. */
@@ -94,6 +95,15 @@ int encache__backend_check(const encache_store_backend *b) {
                                 given ? "given" : "NULL", given ? "off" : "on");
   }
   return 0;
+}
+
+uint64_t encache__store_list_deadline(const encache_store *st) {
+  uint32_t ms = __atomic_load_n(&st->list_timeout_ms, __ATOMIC_RELAXED);
+  if (ms == 0)
+    return 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + ms;
 }
 
 int encache__store_control(encache_store *st, int op, void *arg) {

@@ -74,6 +74,10 @@ struct encache_store {
   char *url;  /* as shown: never holds a password */
   void *data; /* encache_store_new()'s data */
   encache__store_profile profile; /* set once at open, read-only after */
+  /* encache_store_set_list_timeout()'s bound on a walk of the keys, in
+   * ms (0: none); atomic, read at the start of each walk
+   * (encache__store_list_deadline()). */
+  uint32_t list_timeout_ms;
 };
 
 /* The most writes a publisher keeps in flight (store_writes_in_flight):
@@ -110,6 +114,10 @@ int encache__backend_check(const encache_store_backend *b);
  * not know op (docs/stores.md). */
 int encache__store_control(encache_store *st, int op, void *arg);
 
+/* The monotonic time in ms (CLOCK_MONOTONIC) by which a walk of st's
+ * keys that starts now must end, or 0 when st has no list timeout. */
+uint64_t encache__store_list_deadline(const encache_store *st);
+
 /* Decides st's profile from its backend (at open, once st->ops is set). */
 void encache__store_profile_set(encache_store *st);
 /* The profile of an open handle (never NULL). */
@@ -129,7 +137,10 @@ encache__store_profile_of(const encache_store *st) {
 enum {
   ENCACHE__CONTROL_PURGE_EPOCH = 65536,
   ENCACHE__CONTROL_PURGE_EPOCH_BUMP,
-  ENCACHE__CONTROL_WRITE_AT_EPOCH
+  ENCACHE__CONTROL_WRITE_AT_EPOCH,
+  /* A Store that wraps others (the tier) passes a list timeout on to
+   * them: arg, the uint32_t of encache_store_set_list_timeout(). */
+  ENCACHE__CONTROL_LIST_TIMEOUT
 };
 typedef struct encache__epoch_write {
   uint64_t epoch;

@@ -296,6 +296,15 @@ int encache_store_list(encache_store *st, const char *pattern,
   return st->ops->list(st, pattern, cb, arg);
 }
 
+int encache_store_set_list_timeout(encache_store *st, uint32_t timeout_ms) {
+  if (st == NULL)
+    return ENCACHE_EINVAL;
+  __atomic_store_n(&st->list_timeout_ms, timeout_ms, __ATOMIC_RELAXED);
+  /* A Store of Stores (the tier) walks its tiers' handles. */
+  encache__store_control(st, ENCACHE__CONTROL_LIST_TIMEOUT, &timeout_ms);
+  return 0;
+}
+
 int encache_store_stats_get(encache_store *st, encache_store_stats *stats) {
   if (st == NULL || stats == NULL)
     return ENCACHE_EINVAL;

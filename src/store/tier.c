@@ -493,6 +493,19 @@ static int tier_stats(encache_store *st, encache_store_stats *out) {
   return 0;
 }
 
+/* The built-in requests a tier passes on to its tiers (base.h): a list
+ * timeout, to both (a listing walks both; a removal by prefix too). */
+static int tier_control(encache_store *st, int op, void *arg) {
+  tier_store *t = TIER(st);
+  if (op != ENCACHE__CONTROL_LIST_TIMEOUT)
+    return ENCACHE_STORE_CONTROL_UNKNOWN;
+  if (arg != NULL) {
+    encache_store_set_list_timeout(t->local, *(const uint32_t *)arg);
+    encache_store_set_list_timeout(t->remote, *(const uint32_t *)arg);
+  }
+  return 0;
+}
+
 /* ------------------------------------------------------------ the handle */
 
 static void tier_close(encache_store *st) {
@@ -525,7 +538,8 @@ static const encache_store_backend tier_template = {
     .close = tier_close,
     .remove_prefix = tier_remove_prefix,
     .lease_take = tier_lease_take,
-    .lease_drop = tier_lease_drop};
+    .lease_drop = tier_lease_drop,
+    .control = tier_control};
 
 /* This handle's table: what both tiers allow (docs/stores.md). */
 static void make_ops(tier_store *t) {

@@ -19,8 +19,9 @@ static const char purge_usage[] =
     "usage: encache [--store URL] purge --namespace-of --model M\n"
     "                   [--prefix P | --config JSON|@FILE] [--revision R]\n"
     "                   [--encoder-hash H | --vllm-mm-* ...]\n"
-    "                   --dtype DTYPE [--dry-run]\n"
+    "                   --dtype DTYPE [--dry-run] [--timeout SECONDS]\n"
     "       encache [--store URL] purge --key-prefix KP [--dry-run]\n"
+    "                   [--timeout SECONDS]\n"
     "\n"
     "Removes every object of a namespace from the Store: the objects whose\n"
     "keys start with NAMESPACE \"@id:\", NAMESPACE being what 'encache key\n"
@@ -37,19 +38,26 @@ static const char purge_usage[] =
     "  --dry-run         remove nothing: count the objects and their bytes\n"
     "                    (a Store that cannot list its keys, Mooncake, cannot\n"
     "                    count them: it says so)\n"
+    TOOL_TIMEOUT_HELP
     "\n"
     "Prints the key prefix, then \"would remove N objects (B bytes)\" or\n"
     "\"removed N objects\".  Redis and Redis Cluster: SCAN and UNLINK on\n"
     "every master; Mooncake: remove by regex, which skips objects read in\n"
     "the last seconds (Mooncake's read lease): run it again for those.\n"
-    "Objects written while it runs may stay.\n";
+    "Objects written while it runs may stay.  Stopped by --timeout, it\n"
+    "prints what it removed until then: run it again for the rest.\n";
 
-enum { PURGE_NS_OF = NS_COUNT_, PURGE_KEY_PREFIX, PURGE_DRY_RUN };
+enum {
+  PURGE_NS_OF = NS_COUNT_,
+  PURGE_KEY_PREFIX,
+  PURGE_DRY_RUN,
+  PURGE_TIMEOUT
+};
 
 static const tool_opt purge_opts[] = {
     TOOL_NS_OPTS, [PURGE_NS_OF] = {"namespace-of", 0},
     [PURGE_KEY_PREFIX] = {"key-prefix", 1}, [PURGE_DRY_RUN] = {"dry-run", 0},
-    {NULL, 0}};
+    [PURGE_TIMEOUT] = {"timeout", 1}, {NULL, 0}};
 
 /* The key prefix the arguments name, from malloc; NULL after a message
  * with *exit_code set. */
@@ -98,6 +106,9 @@ static char *purge_prefix(const tool_args *a, int *exit_code) {
 
 static int run_purge(const tool_globals *g, const tool_args *a) {
   int rc;
+  uint32_t ms;
+  if (tool_timeout("purge", a->val[PURGE_TIMEOUT], &ms) < 0)
+    return EXIT_USAGE;
   char *prefix = purge_prefix(a, &rc);
   if (prefix == NULL)
     return rc;
@@ -106,6 +117,7 @@ static int run_purge(const tool_globals *g, const tool_args *a) {
     free(prefix);
     return EXIT_FAIL;
   }
+  encache_store_set_list_timeout(st, ms);
   printf("prefix: %s\n", prefix);
   uint64_t n = 0, bytes = 0;
   int r;

@@ -164,18 +164,39 @@ static int ls_cmp(const void *x, const void *y) {
   return strcmp(((const ls_item *)x)->key, ((const ls_item *)y)->key);
 }
 
+/* The own options of ls and namespaces: --timeout. */
+static const tool_opt walk_opts[] = {{"timeout", 1}, {NULL, 0}};
+
+/* The existing Store of g for cmd, its walks bounded by --timeout (a's
+ * first own option); NULL after a message, *rc the exit status. */
+static encache_store *walk_store(const char *cmd, const tool_globals *g,
+                                 const tool_args *a, int *rc) {
+  uint32_t ms;
+  *rc = EXIT_USAGE;
+  if (tool_timeout(cmd, a->val[0], &ms) < 0)
+    return NULL;
+  *rc = EXIT_FAIL;
+  encache_store *st = tool_open_store(cmd, g, 1);
+  if (st != NULL)
+    encache_store_set_list_timeout(st, ms);
+  return st;
+}
+
 static const char ls_usage[] =
-    "usage: encache [--store URL] ls [PATTERN]\n"
+    "usage: encache [--store URL] ls [PATTERN] [--timeout SECONDS]\n"
     "\n"
     "Lists the objects whose keys match the shell PATTERN (default: all),\n"
-    "sorted, one per line: BYTES <tab> KEY.\n";
+    "sorted, one per line: BYTES <tab> KEY.\n"
+    "\n" TOOL_TIMEOUT_HELP;
 
 static int run_ls(const tool_globals *g, const tool_args *a) {
-  (void)g;
-  encache_store *st = a->st;
+  int rc;
+  encache_store *st = walk_store("ls", g, a, &rc);
+  if (st == NULL)
+    return rc;
   ls_acc acc = {NULL, 0, 0, 0};
   int r = encache_store_list(st, a->argc == 1 ? a->argv[0] : NULL, ls_collect, &acc);
-  int rc = EXIT_OK;
+  rc = EXIT_OK;
   if (acc.oom) {
     fprintf(stderr, "encache ls: out of memory\n");
     rc = EXIT_FAIL;
@@ -191,11 +212,12 @@ static int run_ls(const tool_globals *g, const tool_args *a) {
   for (size_t i = 0; i < acc.n; i++)
     free(acc.items[i].key);
   free(acc.items);
+  encache_store_close(st);
   return rc;
 }
 
 static const char namespaces_usage[] =
-    "usage: encache [--store URL] namespaces\n"
+    "usage: encache [--store URL] namespaces [--timeout SECONDS]\n"
     "\n"
     "Lists the namespaces present in the Store, sorted, one per line:\n"
     "OBJECTS <tab> BYTES <tab> NAMESPACE.  A key's namespace is everything\n"
@@ -205,7 +227,8 @@ static const char namespaces_usage[] =
     "Keys with no \"@id:\" are counted on a line of their own, NAMESPACE\n"
     "empty.  It lists every key: shm, Redis, Redis Cluster and tier Stores\n"
     "can; a Mooncake Store cannot (its C ABI lists nothing: exit 1, saying\n"
-    "so).\n";
+    "so).\n"
+    "\n" TOOL_TIMEOUT_HELP;
 
 static int ns_line(const encache_namespace_count *c, void *arg) {
   (void)arg;
@@ -218,13 +241,15 @@ static int ns_line(const encache_namespace_count *c, void *arg) {
 }
 
 static int run_namespaces(const tool_globals *g, const tool_args *a) {
-  (void)g;
-  int n = encache_store_namespaces(a->st, ns_line, NULL);
-  if (n < 0) {
-    fprintf(stderr, "encache namespaces: %s\n", encache_store_errmsg(a->st));
-    return EXIT_FAIL;
-  }
-  return EXIT_OK;
+  int rc;
+  encache_store *st = walk_store("namespaces", g, a, &rc);
+  if (st == NULL)
+    return rc;
+  int n = encache_store_namespaces(st, ns_line, NULL);
+  if (n < 0)
+    fprintf(stderr, "encache namespaces: %s\n", encache_store_errmsg(st));
+  encache_store_close(st);
+  return n < 0 ? EXIT_FAIL : EXIT_OK;
 }
 
 static const char stats_usage[] =
@@ -372,8 +397,9 @@ const tool_command cmd_get = {"get", "write an object to standard output",
 const tool_command cmd_inspect = {"inspect", "decode an object's v3 header",
                                   inspect_usage, NULL, OPEN_EXISTING_, 1, 1,
                                   "KEY", run_inspect};
+/* ls and namespaces open their Store once --timeout is read. */
 const tool_command cmd_ls = {"ls", "list objects whose keys match a pattern",
-                             ls_usage, NULL, OPEN_EXISTING_, 0, 1,
+                             ls_usage, walk_opts, TOOL_STORE, 0, 1,
                              "at most one PATTERN (quote it)", run_ls};
 static const tool_opt stats_opts[] = {{"format", 1}, {"segment", 1},
                                       {NULL, 0}};
@@ -383,7 +409,7 @@ const tool_command cmd_stats = {"stats", "show the Store's and this host's encod
                                 run_stats};
 const tool_command cmd_namespaces = {
     "namespaces", "list the namespaces in the Store, with objects and bytes",
-    namespaces_usage, NULL, OPEN_EXISTING_, 0, 0, "no argument",
+    namespaces_usage, walk_opts, TOOL_STORE, 0, 0, "no argument",
     run_namespaces};
 const tool_command cmd_rm = {"rm", "remove objects", rm_usage, NULL,
                              OPEN_EXISTING_, 1, -1, "KEY...", run_rm};

@@ -110,6 +110,15 @@ int tool_int32(const char *cmd, const char *opt, const char *text, int lo,
   return 0;
 }
 
+int tool_timeout(const char *cmd, const char *text, uint32_t *ms) {
+  long long s = TOOL_TIMEOUT_S;
+  if (text != NULL &&
+      tool_int(cmd, "--timeout", text, 1, TOOL_TIMEOUT_MAX_S, &s) < 0)
+    return -1;
+  *ms = (uint32_t)s * 1000u;
+  return 0;
+}
+
 int tool_add_store(tool_globals *g, const char *cmd, const char *url) {
   /* Refused here too, with the tool's usage exit code. */
   if (url[0] == '\0')

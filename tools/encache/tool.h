@@ -118,4 +118,19 @@ int tool_int(const char *cmd, const char *opt, const char *text, long long lo,
 int tool_int32(const char *cmd, const char *opt, const char *text, int lo,
                int hi, int *out);
 
+/* --timeout SECONDS of the commands that walk a Store's keys (ls,
+ * namespaces, purge): the time bound they set on their Store
+ * (encache_store_set_list_timeout()), so that a server whose SCAN never
+ * ends cannot keep them running for minutes.  TOOL_TIMEOUT_HELP is the
+ * line of their usage texts. */
+#define TOOL_TIMEOUT_S 60
+#define TOOL_TIMEOUT_MAX_S 86400
+#define TOOL_TIMEOUT_HELP                                                      \
+  "  --timeout SECONDS stop after SECONDS (1 to 86400, default 60), exit 1:\n" \
+  "                    a Redis server whose SCAN never ends cannot keep\n"     \
+  "                    the command running\n"
+/* Parses text (NULL: not given, the default) into *ms; -1 after a usage
+ * error naming --timeout. */
+int tool_timeout(const char *cmd, const char *text, uint32_t *ms);
+
 #endif

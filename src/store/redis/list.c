@@ -5,8 +5,11 @@
  * check: check.c), and removing the keys under a prefix with SCAN and pipelined
  * UNLINK, on a short-lived context of ordinary (bounded) replies.  A
  * server whose cursor never comes back to 0 is stopped by a bound on
- * calls and keys derived from its DBSIZE (LIST_* in redis.h); an answer
- * that is not [cursor, [key strings...]] is refused.
+ * calls and keys derived from its DBSIZE (LIST_* in redis.h), and by the
+ * walk's deadline when the handle has a list timeout
+ * (encache_store_set_list_timeout(): a DBSIZE that is no count leaves a
+ * bound of some 168 000 calls, minutes over a network); an answer that is
+ * not [cursor, [key strings...]] is refused.
  */
 #include "redis.h"
 #include "../prefix.h"
@@ -130,10 +133,11 @@ static int sizes_of(redis_store *s, redisContext *c, const redisReply *keys,
   return 0;
 }
 
-/* SCANs the node from cursor 0 to 0 for pattern, page by page, bounded.
- * Returns 0, *stop's value, or ENCACHE_EUNAVAIL with the message set. */
+/* SCANs the node from cursor 0 to 0 for pattern, page by page, bounded
+ * (and by deadline, now_ms()'s clock; 0: none).  Returns 0, *stop's
+ * value, or ENCACHE_EUNAVAIL with the message set. */
 static int scan_node(redis_store *s, redisContext *c, const char *pattern,
-                     page_fn page, void *ctx) {
+                     uint64_t deadline, page_fn page, void *ctx) {
   char why[512] = "";
   uint64_t dbsize = 0;
   if (dbsize_of(s, c, &dbsize) < 0)
@@ -143,12 +147,17 @@ static int scan_node(redis_store *s, redisContext *c, const char *pattern,
   char cursor[32] = "0";
   int stop = 0;
   do {
-    if (++calls > max_calls || seen > max_keys) {
+    int late = deadline != 0 && now_ms() >= deadline;
+    if (++calls > max_calls || seen > max_keys || late) {
+      char in[64] = "";
+      if (late)
+        snprintf(in, sizeof(in), " in the list timeout of %" PRIu32 " ms",
+                 __atomic_load_n(&s->base.list_timeout_ms, __ATOMIC_RELAXED));
       snprintf(why, sizeof(why),
                "SCAN did not finish after %" PRIu64 " calls and %" PRIu64
-               " keys (DBSIZE %" PRIu64 "): the "
+               " keys (DBSIZE %" PRIu64 ")%s: the "
                "server's cursor never comes back to 0",
-               calls - 1, seen, dbsize);
+               calls - 1, seen, dbsize, in);
       break;
     }
     redisReply *r, *keys;
@@ -167,10 +176,10 @@ static int scan_node(redis_store *s, redisContext *c, const char *pattern,
 }
 
 int encache__redis_list_node(
-    redis_store *s, redisContext *c, const char *pattern,
+    redis_store *s, redisContext *c, const char *pattern, uint64_t deadline,
     int (*cb)(const char *key, uint64_t len, void *arg), void *arg) {
   list_ctx l = {cb, arg};
-  return scan_node(s, c, pattern, sizes_of, &l);
+  return scan_node(s, c, pattern, deadline, sizes_of, &l);
 }
 
 /* A removal by prefix on one node. */
@@ -245,12 +254,13 @@ static int unlink_page(redis_store *s, redisContext *c, const redisReply *page,
 }
 
 int encache__redis_unlink_node(redis_store *s, redisContext *c,
-                               const char *prefix, uint64_t *removed) {
+                               const char *prefix, uint64_t deadline,
+                               uint64_t *removed) {
   char *pattern = encache__prefix_glob(prefix);
   if (pattern == NULL)
     return encache_store_fail(&s->base, ENCACHE_ENOMEM, "out of memory");
   unlink_ctx u = {prefix, strlen(prefix), 0};
-  int rc = scan_node(s, c, pattern, unlink_page, &u);
+  int rc = scan_node(s, c, pattern, deadline, unlink_page, &u);
   encache__free(pattern);
   *removed += u.removed;
   return rc;

@@ -554,8 +554,10 @@ typedef struct on_master {
   uint64_t removed;
 } on_master;
 
-/* Runs what on every master in turn, on a short-lived context each. */
+/* Runs what on every master in turn, on a short-lived context each,
+ * all of them by one deadline (the handle's list timeout). */
 static int each_master(redis_store *s, on_master *what) {
+  uint64_t deadline = encache__store_list_deadline(&s->base);
   size_t nodes[MAX_NODES], m;
   int rc = encache__redis_masters(s, nodes, &m);
   for (size_t k = 0; rc == 0 && k < m; k++) {
@@ -563,9 +565,10 @@ static int each_master(redis_store *s, on_master *what) {
     if (c == NULL)
       return ENCACHE_EUNAVAIL;
     rc = what->cb != NULL
-             ? encache__redis_list_node(s, c, what->pattern, what->cb,
-                                        what->arg)
-             : encache__redis_unlink_node(s, c, what->pattern, &what->removed);
+             ? encache__redis_list_node(s, c, what->pattern, deadline,
+                                        what->cb, what->arg)
+             : encache__redis_unlink_node(s, c, what->pattern, deadline,
+                                          &what->removed);
     redisFree(c);
   }
   return rc;

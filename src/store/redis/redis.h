@@ -157,7 +157,8 @@
   250 /* deadline allowance per MiB moved: 4 MB/s at least                     \
          (a stall fails sooner: timeout_ms with no byte) */
 /* A listing stops with an error after 64 + DBSIZE/100 SCAN calls or
- * 2 x DBSIZE + 100000 keys on a node (DBSIZE taken as at most 16 Mi). */
+ * 2 x DBSIZE + 100000 keys on a node (DBSIZE taken as at most 16 Mi), or
+ * at the handle's list timeout (list.c). */
 #define LIST_CALLS_MIN 64
 #define LIST_KEYS_SLACK 100000
 #define LIST_DBSIZE_MAX (16u << 20)
@@ -390,14 +391,17 @@ int encache__redis_lease_drop(encache_store *st, const char *key,
 
 /* ------------------------------------------------------------- list.c */
 
+/* Both walk the node with SCAN until deadline at most (now_ms()'s
+ * clock; 0: none; encache__store_list_deadline()). */
 int encache__redis_list_node(
-    redis_store *s, redisContext *c, const char *pattern,
+    redis_store *s, redisContext *c, const char *pattern, uint64_t deadline,
     int (*cb)(const char *key, uint64_t len, void *arg), void *arg);
 /* UNLINKs the node's keys that start with prefix (SCAN MATCH with the
  * prefix escaped, each key compared again); adds their count to
  * *removed.  Returns 0 or ENCACHE_EUNAVAIL / ENCACHE_ENOMEM. */
 int encache__redis_unlink_node(redis_store *s, redisContext *c,
-                               const char *prefix, uint64_t *removed);
+                               const char *prefix, uint64_t deadline,
+                               uint64_t *removed);
 
 /* ------------------------------------------------------------- check.c */
 
