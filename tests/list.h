@@ -99,6 +99,8 @@
   XX(shm_fifo_or_symlink_at_the_name_is_refused)                             \
   XX(shm_group_shares_a_segment_on_purpose)                                  \
   XX(shm_group_and_mode_options)                                             \
+  XX(shm_group_create_by_a_non_member_leaves_no_file)                        \
+  XX(shm_segment_a_member_may_not_open_names_its_owner)                      \
   XX(publish_refuses_an_output_that_is_not_the_candidates)                   \
   XX(publish_accepts_either_contract_of_an_id_asked_twice)                   \
   XX(lookup_skips_an_id_too_long_for_a_key)                                  \

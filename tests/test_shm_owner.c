@@ -46,23 +46,29 @@ static int open_msg(const char *url, char *msg, size_t size,
   return rc;
 }
 
-/* Runs fn(arg) in a child as uid/gid OTHER_ID; returns its exit status,
- * or -1 where this process cannot switch users (not root). */
-static int as_other_user(int (*fn)(const char *), const char *arg) {
+/* Runs fn(arg) in a child as uid, with gid as its group and its only
+ * supplementary one; returns its exit status, or -1 where this process
+ * cannot switch users (not root). */
+static int as_user(unsigned uid, unsigned gid, int (*fn)(const char *),
+                   const char *arg) {
   if (geteuid() != 0)
     return -1;
   pid_t pid = fork();
   ASSERT(pid >= 0);
   if (pid == 0) {
-    gid_t g = OTHER_ID;
-    if (setgroups(1, &g) != 0 || setgid(OTHER_ID) != 0 ||
-        setuid(OTHER_ID) != 0)
+    gid_t g = gid;
+    if (setgroups(1, &g) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
       _exit(90);
     _exit(fn(arg));
   }
   int status = 0;
   ASSERT(waitpid(pid, &status, 0) == pid);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+/* ... as uid/gid OTHER_ID. */
+static int as_other_user(int (*fn)(const char *), const char *arg) {
+  return as_user(OTHER_ID, OTHER_ID, fn, arg);
 }
 
 /* The hostile user: makes the segment, plants an object, opens it to all. */
@@ -220,4 +226,112 @@ TEST(shm_group_and_mode_options) {
   ASSERT_EQ_INT(sb.st_mode & 0777, 0600);
   ASSERT_EQ_INT(sb.st_gid, getegid());
   encache_store_close(st);
+}
+
+/* A member of a group that has no other user here (MEMBER_ID, in group
+ * SHARED_GID only); OTHER_ID is not in that group. */
+#define MEMBER_ID 65533u
+#define SHARED_GID 64999u
+
+/* Opens url; 0 when its open fails and the message holds every one of the
+ * needles (separated by '|' after the URL: "URL|needle|needle"), else 1
+ * (opened) or 2 (another message, printed). */
+static int open_fails_saying(const char *spec) {
+  char url[256], msg[1024];
+  const char *bar = strchr(spec, '|');
+  snprintf(url, sizeof(url), "%.*s", (int)(bar - spec), spec);
+  int rc = open_msg(url, msg, sizeof(msg), NULL);
+  if (rc == 0)
+    return 1;
+  for (const char *n = bar; n != NULL; n = strchr(n + 1, '|')) {
+    char needle[128];
+    const char *end = strchr(n + 1, '|');
+    snprintf(needle, sizeof(needle), "%.*s",
+             (int)(end ? end - n - 1 : (long)strlen(n + 1)), n + 1);
+    if (strstr(msg, needle) == NULL) {
+      fprintf(stderr, "# uid %u: open %s: %d, \"%s\" (lacks \"%s\")\n",
+              (unsigned)geteuid(), url, rc, msg, needle);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+/* Opens url and writes an object; 0 on success (the message printed
+ * otherwise). */
+static int open_and_write(const char *url) {
+  char msg[1024];
+  encache_store *st = NULL;
+  if (open_msg(url, msg, sizeof(msg), &st) != 0) {
+    fprintf(stderr, "# uid %u: open %s: \"%s\"\n", (unsigned)geteuid(), url,
+            msg);
+    return 1;
+  }
+  unsigned char buf[64];
+  ts_fill("member", 6, buf, sizeof(buf));
+  int rc = encache_store_write(st, "member", NULL, 0, buf, sizeof(buf));
+  encache_store_close(st);
+  return rc == 0 ? 0 : 2;
+}
+
+/* issue 41 (b): a user outside the group who opens a group= segment first
+ * cannot give it to the group; the file it made is removed (it was left,
+ * empty and 0600, and kept every member out with a bare "Permission
+ * denied"), and a member then makes the segment. */
+TEST(shm_group_create_by_a_non_member_leaves_no_file) {
+  char path[128], spec[512];
+  const char *name = fresh_name(path, sizeof(path));
+  snprintf(spec, sizeof(spec),
+           "shm://%s?size=1MiB&group=%u|cannot give the new segment to "
+           "group %u|is this user a member of it?|the file it made is "
+           "removed",
+           name, SHARED_GID, SHARED_GID);
+  int made = as_other_user(open_fails_saying, spec);
+  if (made < 0) {
+    printf("# not root: cannot act as another user; skipped\n");
+    return;
+  }
+  ASSERT_EQ_INT(made, 0);
+  struct stat sb;
+  errno = 0;
+  ASSERT(lstat(path, &sb) != 0);
+  ASSERT_EQ_INT(errno, ENOENT); /* no file left behind */
+  char url[256];
+  snprintf(url, sizeof(url), "shm://%s?size=1MiB&group=%u", name, SHARED_GID);
+  ASSERT_EQ_INT(as_user(MEMBER_ID, SHARED_GID, open_and_write, url), 0);
+  ASSERT(stat(path, &sb) == 0);
+  ASSERT_EQ_INT(sb.st_uid, MEMBER_ID);
+  ASSERT_EQ_INT(sb.st_gid, SHARED_GID);
+  ASSERT_EQ_INT(sb.st_mode & 0777, 0660);
+}
+
+/* A file a member may not open at all (shm_open: EACCES) is refused with
+ * the message that names its owner and the way out, not a bare
+ * "shm_open ...: Permission denied". */
+TEST(shm_segment_a_member_may_not_open_names_its_owner) {
+  char path[128], url[256], spec[512];
+  const char *name = fresh_name(path, sizeof(path));
+  /* Another user's private segment (as a failed group= create used to
+   * leave behind), opened by a member naming its group. */
+  snprintf(url, sizeof(url), "shm://%s?size=1MiB", name);
+  int made = as_other_user(plant, url);
+  if (made < 0) {
+    printf("# not root: cannot act as another user; skipped\n");
+    return;
+  }
+  ASSERT_EQ_INT(made, 0);
+  snprintf(spec, sizeof(spec),
+           "shm://%s?size=1MiB&group=%u|/dev/shm/encache-%s is owned by "
+           "uid 65534|not by this process's user (uid %u|encache shm "
+           "destroy %s|group=GROUP",
+           name, SHARED_GID, name, MEMBER_ID, name);
+  ASSERT_EQ_INT(as_user(MEMBER_ID, SHARED_GID, open_fails_saying, spec), 0);
+  /* Its group named, but not one the member is in (0660, group 65534). */
+  ASSERT(chmod(path, 0660) == 0);
+  snprintf(spec, sizeof(spec),
+           "shm://%s?group=%u|owned by uid 65534|group gid %u, mode 0660|"
+           "may not be opened by this process's user (uid %u|"
+           "encache shm destroy %s",
+           name, OTHER_ID, OTHER_ID, MEMBER_ID, name);
+  ASSERT_EQ_INT(as_user(MEMBER_ID, SHARED_GID, open_fails_saying, spec), 0);
 }

@@ -108,6 +108,29 @@ static int parse_query(shm_store *s, const char *query, uint64_t *size,
   return encache__shm_check_options(s);
 }
 
+/* Opens the segment's file at path (shm_open), making it when create is
+ * set: with O_EXCL first, so that s->created says whether this open made
+ * it.  Never through a symbolic link, never blocking (a FIFO at the
+ * name); the file is then checked before anything in it is used
+ * (owner.c).  The descriptor, or -1 with errno set. */
+static int open_file(shm_store *s, const char *path, int create) {
+  int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+  for (int tries = 0; tries < 8; tries++) {
+    if (create) {
+      int fd = shm_open(path, flags | O_CREAT | O_EXCL, 0600);
+      s->created = fd >= 0;
+      if (fd >= 0 || errno != EEXIST)
+        return fd;
+    }
+    int fd = shm_open(path, flags, 0600);
+    if (fd >= 0 || errno != ENOENT || !create)
+      return fd;
+    /* Removed between the two opens: make it again. */
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
 int encache__shm_open(const char *url, encache_store **out) {
   shm_store *s;
   *out = NULL;
@@ -130,12 +153,7 @@ int encache__shm_open(const char *url, encache_store **out) {
   snprintf(s->name, sizeof(s->name), "%.*s", (int)nlen, name);
   char file[sizeof(path) + 16]; /* where Linux keeps it, for messages */
   snprintf(file, sizeof(file), "/dev/shm%s", path);
-  /* Never through a symbolic link, never blocking (a FIFO at the name);
-   * the file is then checked before anything in it is used (owner.c). */
-  s->fd = shm_open(path,
-                   O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC | O_NOFOLLOW |
-                       O_NONBLOCK,
-                   0600);
+  s->fd = open_file(s, path, create);
   if (s->fd < 0 && errno == ENOENT && !create)
     return encache_store_fail(&s->base, ENCACHE_ENOENT,
                               "%s: no such segment \"%s\" (create=no opens "
@@ -145,6 +163,8 @@ int encache__shm_open(const char *url, encache_store **out) {
                               "%s: %s is a symbolic link: refused "
                               "(someone else made it: remove it and open "
                               "again)", url, file);
+  if (s->fd < 0 && errno == EACCES) /* who owns it, and the way out */
+    return encache__shm_refuse_unopened(s, file);
   if (s->fd < 0)
     return encache_store_fail(&s->base, -errno, "%s: shm_open %s: %s", url,
                               path, strerror(errno));

@@ -14,7 +14,15 @@
  * choice for encoders under several uids) whose group is the named one.
  * A group-writable file is accepted only with its group named.  A new
  * segment's file gets mode 0600, or with group= that group and 0660
- * (mode= overrides), whatever the umask.
+ * (mode= overrides), whatever the umask.  A file this user may not open
+ * at all is refused with the same messages (who owns it, and the way
+ * out), not a bare "Permission denied".
+ *
+ * A creator that cannot give the new file to the group (not a member of
+ * it) removes the file it made: left there, empty and 0600, it would
+ * keep every member out until its owner or root removed it.  It removes
+ * only its own: the file it created (O_CREAT | O_EXCL, open.c), still at
+ * the name.
  */
 #include "shm.h"
 
@@ -92,6 +100,19 @@ static int group_named(const shm_store *s, const struct stat *sb) {
   return s->share_gid >= 0 && (gid_t)s->share_gid == sb->st_gid;
 }
 
+/* The refusal (rc) of path, owned by who, not this process's user (me),
+ * whose group the URL does not name. */
+static int refuse_other_user(shm_store *s, int rc, const char *path,
+                             const char *who, const char *me) {
+  return encache_store_fail(&s->base, rc,
+                            "%s: %s is owned by %s, not by this process's "
+                            "user (%s), and not by a group the URL names: "
+                            "refused; if it is not meant to be shared, its "
+                            "owner (or root) can remove it: encache shm "
+                            "destroy %s; " SHARE_HINT, s->base.url, path, who,
+                            me, s->name);
+}
+
 int encache__shm_check_owner(shm_store *s, const char *path) {
   const char *u = s->base.url;
   struct stat sb;
@@ -116,13 +137,7 @@ int encache__shm_check_owner(shm_store *s, const char *path) {
                               path, who, (unsigned)(sb.st_mode & 0777),
                               s->name);
   if (sb.st_uid != geteuid() && !group_named(s, &sb))
-    return encache_store_fail(&s->base, -EPERM,
-                              "%s: %s is owned by %s, not by this process's "
-                              "user (%s), and not by a group the URL names: "
-                              "refused; if it is not meant to be shared, its "
-                              "owner (or root) can remove it: encache shm "
-                              "destroy %s; " SHARE_HINT, u, path, who, me,
-                              s->name);
+    return refuse_other_user(s, -EPERM, path, who, me);
   if ((sb.st_mode & S_IWGRP) && !group_named(s, &sb))
     return encache_store_fail(&s->base, -EPERM,
                               "%s: %s is writable by its group (gid %u, "
@@ -133,16 +148,52 @@ int encache__shm_check_owner(shm_store *s, const char *path) {
   return 0;
 }
 
+int encache__shm_refuse_unopened(shm_store *s, const char *path) {
+  struct stat sb;
+  char who[300], me[300];
+  if (lstat(path, &sb) != 0) /* gone meanwhile, or not where Linux puts it */
+    return encache_store_fail(&s->base, -EACCES, "%s: shm_open %s: %s",
+                              s->base.url, path, strerror(EACCES));
+  uid_text(sb.st_uid, who, sizeof(who));
+  uid_text(geteuid(), me, sizeof(me));
+  if (sb.st_uid != geteuid() && !group_named(s, &sb))
+    return refuse_other_user(s, -EACCES, path, who, me);
+  return encache_store_fail(&s->base, -EACCES,
+                            "%s: %s (owned by %s, group gid %u, mode 0%03o) "
+                            "may not be opened by this process's user (%s): "
+                            "permission denied; a member of its group (the "
+                            "URL's group=) may open it when its mode is "
+                            "0660; else its owner (or root) can remove it: "
+                            "encache shm destroy %s", s->base.url, path, who,
+                            (unsigned)sb.st_gid, (unsigned)(sb.st_mode & 0777),
+                            me, s->name);
+}
+
+/* Removes the file this open created, if the name still holds it;
+ * returns whether it did. */
+static int unlink_created(shm_store *s) {
+  char path[SHM_MAX_NAME + 32];
+  struct stat mine, there;
+  snprintf(path, sizeof(path), "/dev/shm/encache-%s", s->name);
+  return s->created && fstat(s->fd, &mine) == 0 &&
+         lstat(path, &there) == 0 && mine.st_dev == there.st_dev &&
+         mine.st_ino == there.st_ino && encache_shm_destroy(s->name) == 0;
+}
+
 int encache__shm_own_new_file(shm_store *s) {
   if (s->create_mode == 0) /* opened on a descriptor: left as it is */
     return 0;
-  if (s->share_gid >= 0 && fchown(s->fd, (uid_t)-1, (gid_t)s->share_gid) != 0)
-    return encache_store_fail(&s->base, -errno,
+  int group = s->share_gid >= 0 &&
+              fchown(s->fd, (uid_t)-1, (gid_t)s->share_gid) != 0;
+  if (!group && fchmod(s->fd, (mode_t)s->create_mode) == 0)
+    return 0;
+  int err = errno;
+  const char *gone = unlink_created(s) ? "; the file it made is removed" : "";
+  if (group)
+    return encache_store_fail(&s->base, -err,
                               "%s: cannot give the new segment to group %ld "
-                              "(is this user a member of it?): %s",
-                              s->base.url, s->share_gid, strerror(errno));
-  if (fchmod(s->fd, (mode_t)s->create_mode) != 0)
-    return encache_store_fail(&s->base, -errno, "%s: fchmod: %s",
-                              s->base.url, strerror(errno));
-  return 0;
+                              "(is this user a member of it?): %s%s",
+                              s->base.url, s->share_gid, strerror(err), gone);
+  return encache_store_fail(&s->base, -err, "%s: fchmod: %s%s", s->base.url,
+                            strerror(err), gone);
 }

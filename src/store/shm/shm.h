@@ -317,6 +317,9 @@ typedef struct shm_store {
    * but this uid) and the mode a new segment's file gets (open.c). */
   long share_gid;
   unsigned create_mode;
+  /* This open made the segment's file (O_CREAT | O_EXCL): if it cannot
+   * give it to the group, it removes it (owner.c). */
+  int created;
   int checksum;         /* compute and verify object checksums */
   int validate_pending; /* check the structure at the next lock */
   uint64_t stalled_until_ms; /* after a lock timeout: wait briefly */
@@ -504,12 +507,16 @@ shm_store *encache__shm_handle(encache_store *st);
 int encache__shm_alloc(const char *url, encache_store **out, shm_store **sp);
 
 /* owner.c: the URL's group= and mode=, their consistency (after the whole
- * query), the check of an opened segment's file (path: its shm name, for
- * messages), and the group and mode a new segment's file gets. */
+ * query), the check of an opened segment's file (path: where the file
+ * lies, for messages), the message of a file this user may not open
+ * (shm_open failed with EACCES: -EACCES), and the group and mode a new
+ * segment's file gets (a file this open created is removed when that
+ * fails). */
 int encache__shm_parse_group(shm_store *s, const char *v);
 int encache__shm_parse_mode(shm_store *s, const char *v);
 int encache__shm_check_options(shm_store *s);
 int encache__shm_check_owner(shm_store *s, const char *path);
+int encache__shm_refuse_unopened(shm_store *s, const char *path);
 int encache__shm_own_new_file(shm_store *s);
 
 #endif
