@@ -1682,6 +1682,14 @@ typedef struct encache_stats {
   /* Added in 1.3: publications skipped as ENCACHE_SKIP_MISMATCH (an
    * output whose dtype, rows or cols are not the candidate's). */
   uint64_t published_mismatch;
+  /* Added in 1.3: objects the Store served this handle without a check
+   * that vouched for their bytes (a Redis Store under checksum=on, the
+   * default, or off: objects written without one, by an older encache or
+   * with checksum=off, or whose check a server hid; docs/stores.md,
+   * "Integrity").  Counted as the Store serves them (one then found
+   * INCOMPATIBLE counts too); 0 on other Stores.  When it should stay 0,
+   * checksum=required makes such objects misses. */
+  uint64_t hits_unchecked;
 } encache_stats;
 
 #define ENCACHE_STATS_INIT {.size = sizeof(encache_stats)}

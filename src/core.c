@@ -106,6 +106,18 @@ const char *encache_skip_name(int reason) {
   }
 }
 
+void encache__count_unchecked(encache *ec) {
+  uint64_t n, *c = &ec->live->hits_unchecked;
+  if (!encache__store_profile_of(ec->store)->unchecked ||
+      encache__store_control(ec->store, ENCACHE__CONTROL_UNCHECKED, &n) != 0)
+    return;
+  uint64_t was = __atomic_load_n(c, __ATOMIC_RELAXED);
+  while (was < n && !__atomic_compare_exchange_n(c, &was, n, 1,
+                                                 __ATOMIC_RELAXED,
+                                                 __ATOMIC_RELAXED))
+    ;
+}
+
 uint64_t encache__lease_token(void) {
   static uint64_t counter; /* only when getrandom fails */
   uint64_t t = 0;

@@ -133,6 +133,12 @@ static inline void encache__enter_step(encache *ec, encache_step *step) {
 #define ENCACHE__COUNT(ec, field, v)                                         \
   __atomic_add_fetch(&(ec)->live->field, (v), __ATOMIC_RELAXED)
 
+/* After a read: hits_unchecked follows the count of objects the handle's
+ * Store served without a check, when it keeps one (its profile).  The
+ * Store is the handle's own, so its count is the handle's; several
+ * threads may read it at once: the counter only grows. */
+void encache__count_unchecked(encache *ec);
+
 /* Records the handle's message and returns rc. */
 int encache__fail(encache *ec, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

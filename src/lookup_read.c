@@ -141,6 +141,7 @@ static int phase_read(encache__plan *p, size_t from, size_t to) {
                  : ops->read(ec->store, keys, to - from, p->bufs + from,
                              p->caps + from, answers);
   encache__plan_store_end(p);
+  encache__count_unchecked(ec);
   int answer = rc;
   rc = encache__plan_batch(p, rc, "a batched read");
   if (rc == 1) {

@@ -221,6 +221,7 @@
   XX(redis_check_long_stream_of_small_windows)                              \
   XX(redis_check_tier_never_promotes_a_damaged_object)                     \
   XX(redis_check_on_the_url_under_test)                                    \
+  XX(redis_check_hits_without_it_are_counted_and_shown)                    \
   XX(mooncake_missing_library_or_symbol_is_clear)                            \
   XX(mooncake_configuration_errors_name_the_field)                           \
   XX(mooncake_result_code_table)                                             \

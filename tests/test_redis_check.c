@@ -23,6 +23,7 @@
 
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define ROWS 4
@@ -315,10 +316,9 @@ TEST(redis_check_object_copied_under_another_key_is_not_a_hit) {
   kill_wait(pid, SIGKILL);
 }
 
-/* An object SET raw, as an older encache wrote it (no check): served by url;
- * returns whether it was a hit with its payload. */
-static int old_object_served(const char *url, const char *id) {
-  encache *ec = open_engine(url);
+/* SETs id's object raw under its key, as an older encache wrote it (no
+ * check). */
+static void old_object_put(encache *ec, const char *url, const char *id) {
   char key[512];
   key_of(ec, id, key, sizeof(key));
   static unsigned char obj[24 + MAX_NBYTES];
@@ -327,7 +327,18 @@ static int old_object_served(const char *url, const char *id) {
   raw_open(&r, url);
   raw_set(&r, key, obj, 24 + NBYTES);
   raw_close(&r);
+}
+
+/* An object SET raw, as an older encache wrote it (no check): served by url;
+ * returns whether it was a hit with its payload.  A hit is counted in the
+ * handle's hits_unchecked (issue 41). */
+static int old_object_served(const char *url, const char *id) {
+  encache *ec = open_engine(url);
+  old_object_put(ec, url, id);
   int right = hit_is_right(ec, id);
+  encache_stats st = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+  ASSERT_EQ_U64(st.hits_unchecked, right != 0);
   ASSERT_EQ_INT(encache_close(ec), 0);
   return right;
 }
@@ -876,4 +887,118 @@ TEST(redis_check_on_the_url_under_test) {
   ASSERT_EQ_INT(copies_served(url, strncmp(url, "redis-cluster:", 14) != 0), 0);
   snprintf(id, sizeof(id), "old-%d", (int)getpid());
   ASSERT_EQ_INT(old_object_served(url, id), 1);
+}
+
+/* The registry's entry of this process, copied (see_own). */
+typedef struct own_entry {
+  int found;
+  encache_stats stats;
+} own_entry;
+
+static int see_own(const encache_fleet_entry *e, void *ctx) {
+  own_entry *o = ctx;
+  if (e->pid == (int64_t)getpid()) {
+    o->found++;
+    o->stats = *e->stats;
+  }
+  return 0;
+}
+
+/* The output of the built tool (beside this program) run with args, into
+ * out; 0, or -1 when there is no tool beside it. */
+static int run_tool(const char *args, char *out, size_t size) {
+  char exe[512], cmd[1024];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0)
+    return -1;
+  exe[n] = '\0';
+  char *slash = strrchr(exe, '/');
+  ASSERT(slash != NULL);
+  snprintf(slash + 1, sizeof(exe) - (size_t)(slash + 1 - exe), "encache");
+  if (access(exe, X_OK) != 0)
+    return -1;
+  snprintf(cmd, sizeof(cmd), "'%s' %s 2>&1", exe, args);
+  FILE *p = popen(cmd, "r");
+  ASSERT(p != NULL);
+  size_t got = fread(out, 1, size - 1, p);
+  out[got] = '\0';
+  pclose(p);
+  return 0;
+}
+
+/*
+ * issue 41: under checksum=on (the default) an object without a check is
+ * served, as documented: a hit whose bytes nothing vouched for.  The
+ * handle counts them (hits_unchecked, whole values and windows), the
+ * statistics registry carries the count and `encache stats` shows it; an
+ * object with its check counts as a hit only; checksum=required serves
+ * none of them and counts none.
+ */
+TEST(redis_check_hits_without_it_are_counted_and_shown) {
+  if (!redis_have())
+    return;
+  int port = free_port();
+  pid_t pid = spawn_redis(port, NULL);
+  char url[200], reg[64], key[512];
+  snprintf(reg, sizeof(reg), "encache.rcheck-%d", (int)getpid());
+  char path[128];
+  snprintf(path, sizeof(path), "/%s", reg);
+  shm_unlink(path);
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  char json[512];
+  snprintf(json, sizeof(json),
+           "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
+           "\"stats_segment\": \"%s\", \"encoder_name\": \"rcheck\"}}", reg);
+  encache_options o = ENCACHE_OPTIONS_INIT;
+  o.ec_transfer_config = json;
+  o.model = "redis/check";
+  o.model_dtype = ENCACHE_FLOAT32;
+  o.store_url = url;
+  encache *ec = NULL;
+  ASSERT_EQ_INT(encache_open(&o, &ec), 0);
+  key_of(ec, "with-check", key, sizeof(key));
+  store_put(url, key, "with-check");
+  ASSERT_EQ_INT(hit_is_right(ec, "with-check"), 1);
+  old_object_put(ec, url, "bare");
+  ASSERT_EQ_INT(hit_is_right(ec, "bare"), 1);
+  ASSERT_EQ_INT(hit_is_right(ec, "bare"), 1);
+  encache_stats st = ENCACHE_STATS_INIT;
+  ASSERT_EQ_INT(encache_stats_get(ec, &st), 0);
+  ASSERT_EQ_U64(st.hits, 3);
+  ASSERT_EQ_U64(st.hits_unchecked, 2);
+  /* What `encache stats` reads: the registry... */
+  own_entry own = {0, ENCACHE_STATS_INIT};
+  ASSERT(encache_fleet_read(reg, see_own, &own) >= 1);
+  ASSERT_EQ_INT(own.found, 1);
+  ASSERT_EQ_U64(own.stats.hits_unchecked, 2);
+  /* ... and what it prints of it. */
+  static char out[1 << 16];
+  char args[512];
+  snprintf(args, sizeof(args), "--store '%s' stats --segment %s --format json",
+           url, reg);
+  if (run_tool(args, out, sizeof(out)) == 0) {
+    ASSERT_CONTAINS(out, "\"encoder\": \"rcheck\"");
+    ASSERT_CONTAINS(out, "\"hits\": 3");
+    ASSERT_CONTAINS(out, "\"hits_unchecked\": 2");
+    snprintf(args, sizeof(args),
+             "--store '%s' stats --segment %s --format prometheus", url, reg);
+    ASSERT_EQ_INT(run_tool(args, out, sizeof(out)), 0);
+    ASSERT_CONTAINS(out, "# TYPE encache_hits_unchecked_total counter");
+    ASSERT_CONTAINS(out, "encache_hits_unchecked_total{encoder=\"rcheck\"");
+    snprintf(args, sizeof(args), "--store '%s' stats --segment %s", url, reg);
+    ASSERT_EQ_INT(run_tool(args, out, sizeof(out)), 0);
+    ASSERT_CONTAINS(out, "unchecked");
+  } else {
+    printf("# no encache tool beside this program: its output not checked\n");
+  }
+  ASSERT_EQ_INT(encache_close(ec), 0);
+  /* In windows too; and never under checksum=required. */
+  snprintf(url, sizeof(url),
+           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
+           port);
+  ASSERT_EQ_INT(old_object_served(url, "bare-win"), 1);
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=required", port);
+  ASSERT_EQ_INT(old_object_served(url, "bare-req"), 0);
+  shm_unlink(path);
+  kill_wait(pid, SIGKILL);
 }

@@ -125,6 +125,8 @@ void encache__store_profile_set(encache_store *st) {
   /* A NULL argument asks whether the request is known, doing nothing. */
   p->ask_ahead =
       encache__store_control(st, ENCACHE_STORE_CONTROL_WRITE_KNOWN, NULL) == 0;
+  p->unchecked =
+      encache__store_control(st, ENCACHE__CONTROL_UNCHECKED, NULL) == 0;
   /* On a Store shared with other processes (a service or a segment: a
    * write waits on more than this CPU) two writes in flight; but one
    * whose calls wait by polling spends a CPU per write in flight, taken

@@ -57,6 +57,10 @@ typedef struct encache__store_profile {
   unsigned ask_ahead : 1;
   /* Leases are given (single flight). */
   unsigned lease : 1;
+  /* The Store counts the objects it served without a check
+   * (ENCACHE__CONTROL_UNCHECKED): the engine reads the count after its
+   * reads. */
+  unsigned unchecked : 1;
   /* How many writes the publisher keeps in flight when
    * store_writes_in_flight does not say: ENCACHE__WRITERS on a Store
    * shared with other processes whose calls do not poll, else 1. */
@@ -140,7 +144,11 @@ enum {
   ENCACHE__CONTROL_WRITE_AT_EPOCH,
   /* A Store that wraps others (the tier) passes a list timeout on to
    * them: arg, the uint32_t of encache_store_set_list_timeout(). */
-  ENCACHE__CONTROL_LIST_TIMEOUT
+  ENCACHE__CONTROL_LIST_TIMEOUT,
+  /* The count of objects the handle served without a check (Redis under
+   * checksum=on or off: docs/stores.md, "Integrity") into the uint64_t
+   * at arg: the engine's hits_unchecked.  A tier answers its remote's. */
+  ENCACHE__CONTROL_UNCHECKED
 };
 typedef struct encache__epoch_write {
   uint64_t epoch;

@@ -494,9 +494,13 @@ static int tier_stats(encache_store *st, encache_store_stats *out) {
 }
 
 /* The built-in requests a tier passes on to its tiers (base.h): a list
- * timeout, to both (a listing walks both; a removal by prefix too). */
+ * timeout, to both (a listing walks both; a removal by prefix too); the
+ * count of objects served without a check, the remote's (the local
+ * segment's objects have their sums). */
 static int tier_control(encache_store *st, int op, void *arg) {
   tier_store *t = TIER(st);
+  if (op == ENCACHE__CONTROL_UNCHECKED)
+    return encache__store_control(t->remote, op, arg);
   if (op != ENCACHE__CONTROL_LIST_TIMEOUT)
     return ENCACHE_STORE_CONTROL_UNKNOWN;
   if (arg != NULL) {

@@ -469,9 +469,10 @@ static const char top_usage[] =
     "\n"
     "Shows the engine handles open on this host, live: one row per encoder\n"
     "with its pid, Store, hit rate (hits per candidate looked up), encodes\n"
-    "avoided (hits), bytes read from and written to the Store, lookup\n"
-    "latency percentiles (p50, p99, from the histograms) and pending\n"
-    "writes.  Press q to quit.\n"
+    "avoided (hits), hits served without a check (UNCHECKED: Redis under\n"
+    "checksum=on; checksum=required refuses them), bytes read from and\n"
+    "written to the Store, lookup latency percentiles (p50, p99, from the\n"
+    "histograms) and pending writes.  Press q to quit.\n"
     "\n"
     "  --interval MS   refresh every MS milliseconds (default 1000)\n"
     "  --once          print one frame and exit (for scripts)\n"
@@ -521,9 +522,9 @@ static void top_text(FILE *out, const char *segment) {
           v.n, v.n == 1 ? "" : "s", t);
   if (rc < 0)
     fprintf(out, "error: %s\n", why);
-  fprintf(out, "%-20s %8s %6s %9s %9s %9s %8s %8s %7s  %s\n", "ENCODER", "PID",
-          "HIT%", "AVOIDED", "READ", "WRITTEN", "P50", "P99", "PENDING",
-          "STORE");
+  fprintf(out, "%-20s %8s %6s %9s %9s %9s %9s %8s %8s %7s  %s\n", "ENCODER",
+          "PID", "HIT%", "AVOIDED", "UNCHECKED", "READ", "WRITTEN", "P50",
+          "P99", "PENDING", "STORE");
   if (v.n > 1)
     qsort(v.rows, v.n, sizeof(v.rows[0]), row_cmp);
   for (size_t k = 0; k < v.n; k++) {
@@ -532,8 +533,8 @@ static void top_text(FILE *out, const char *segment) {
                       ? 100.0 * (double)r->st.hits / (double)r->st.candidates
                       : 0.0;
     fleet_label(out, r->encoder, LABEL_TEXT, 20, 20);
-    fprintf(out, " %8lld %5.1f%% %9" PRIu64 " %9s %9s %8s %8s %7" PRIu64
-            "  ", r->pid, rate, r->st.hits,
+    fprintf(out, " %8lld %5.1f%% %9" PRIu64 " %9" PRIu64 " %9s %9s %8s %8s %7"
+            PRIu64 "  ", r->pid, rate, r->st.hits, r->st.hits_unchecked,
             human_bytes(r->st.bytes_read, b1, sizeof(b1)),
             human_bytes(r->bytes_written, b2, sizeof(b2)),
             human_us(fleet_quantile(&r->lookup, 0.5), l1, sizeof(l1)),

@@ -160,6 +160,9 @@ static const metric metrics[] = {
        "page-locked pool memory for CUDA outputs allocated now"),
     M_(device_pool_full, "device_pool_full", COUNTER, 1,
        "CUDA publications skipped: the page-locked pool was full"),
+    M_(hits_unchecked, "hits_unchecked", COUNTER, 1,
+       "objects the Store served without a check (Redis checksum=on): "
+       "nothing vouched for their bytes"),
 };
 
 #define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
@@ -536,15 +539,16 @@ int fleet_json(FILE *out, encache_store *st, const fleet_view *v, char *why,
 void fleet_text(FILE *out, const fleet_view *v) {
   if (v->n == 0)
     return;
-  fprintf(out, "\n%-24s %8s %10s %10s %12s %10s %10s  %s\n", "encoder", "pid",
-          "lookups", "hits", "candidates", "p50_us", "p99_us", "store");
+  fprintf(out, "\n%-24s %8s %10s %10s %10s %12s %10s %10s  %s\n", "encoder",
+          "pid", "lookups", "hits", "unchecked", "candidates", "p50_us",
+          "p99_us", "store");
   for (size_t k = 0; k < v->n; k++) {
     const fleet_row *r = &v->rows[k];
     fleet_label(out, r->encoder, LABEL_TEXT, 0, 24);
-    fprintf(out, " %8lld %10" PRIu64 " %10" PRIu64 " %12" PRIu64
+    fprintf(out, " %8lld %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %12" PRIu64
             " %10.0f %10.0f  ", r->pid, r->st.lookups, r->st.hits,
-            r->st.candidates, fleet_quantile(&r->lookup, 0.5),
-            fleet_quantile(&r->lookup, 0.99));
+            r->st.hits_unchecked, r->st.candidates,
+            fleet_quantile(&r->lookup, 0.5), fleet_quantile(&r->lookup, 0.99));
     fleet_label(out, r->store, LABEL_TEXT, 0, 0);
     fputc('\n', out);
   }

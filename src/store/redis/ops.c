@@ -133,6 +133,8 @@ static int64_t value_answer(batch_run *b, size_t i, const rreply *r) {
              b->keys[i]);
     return ENCACHE_ENOENT;
   }
+  if (r->check == CHECK_NONE && b->op == OP_GET && r->len > 0)
+    __atomic_add_fetch(&b->s->unchecked, 1, __ATOMIC_RELAXED);
   return r->len;
 }
 
@@ -589,6 +591,17 @@ static int redis_remove_prefix(encache_store *st, const char *prefix,
   return rc;
 }
 
+/* The built-in requests Redis answers (base.h): the count of values
+ * served without a check. */
+static int redis_control(encache_store *st, int op, void *arg) {
+  if (op != ENCACHE__CONTROL_UNCHECKED)
+    return ENCACHE_STORE_CONTROL_UNKNOWN;
+  if (arg != NULL)
+    *(uint64_t *)arg =
+        __atomic_load_n(&((redis_store *)st)->unchecked, __ATOMIC_RELAXED);
+  return 0;
+}
+
 static uint64_t info_field(const char *info, const char *name) {
   const char *p = strstr(info, name);
   return p ? strtoull(p + strlen(name), NULL, 10) : 0;
@@ -674,7 +687,8 @@ static const encache__store_ops redis_ops = {
     .close = redis_close,
     .remove_prefix = redis_remove_prefix,
     .lease_take = encache__redis_lease_take,
-    .lease_drop = encache__redis_lease_drop};
+    .lease_drop = encache__redis_lease_drop,
+    .control = redis_control};
 
 int encache__redis_open(const char *url, encache_store **out) {
   *out = NULL;

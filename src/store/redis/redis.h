@@ -113,7 +113,8 @@
  * a value whose check fails is a miss (ENCACHE_ENOENT, the message says
  * why), so a tier never promotes it.  Values without a check (written by
  * an older encache, or with checksum=off) are served as they are, unless
- * checksum=required.
+ * checksum=required; the handle counts them (`unchecked`), so that an
+ * operator sees how many hits nothing vouched for.
  *
  * Nothing here poisons: Redis never writes into our memory after a call
  * returns.  Every failure is recoverable (EUNAVAIL) or a plain answer.
@@ -194,6 +195,10 @@ typedef struct redis_store {
   uint64_t window_threshold; /* larger objects go in windows (0: all) */
   unsigned window_depth;     /* windows per exchange */
   int checksum;              /* CHECKSUM_* */
+  /* Values this handle served without a check (not under
+   * checksum=required), for the engine's hits_unchecked (atomic;
+   * ENCACHE__CONTROL_UNCHECKED, base.h). */
+  uint64_t unchecked;
   pthread_mutex_t mu; /* guards everything below */
   rnode nodes[MAX_NODES];
   size_t nnodes;

@@ -794,6 +794,8 @@ void encache__redis_wread(redis_store *s, rset *set, size_t n,
     results[i] = all[i].result;
     if (all[i].result < 0 && all[i].whybuf[0] != '\0')
       snprintf(why, whysize, "%s", all[i].whybuf); /* a plain miss: none */
+    if (all[i].result > 0 && !all[i].checked) /* served, unvouched for */
+      __atomic_add_fetch(&s->unchecked, 1, __ATOMIC_RELAXED);
   }
 out:
   encache__free(all);
