@@ -232,6 +232,7 @@ class Stats:
     device_published: int = 0
     device_pool_bytes: int = 0
     device_pool_full: int = 0
+    hits_unchecked: int = 0
 
 
 _OUTPUTS = {"buffer": 0, "numpy": 1, "torch": 2}

@@ -327,6 +327,7 @@ static PyObject *handle_stats(PyObject *self, PyObject *args) {
   PUT(steps_open) PUT(in_flight) PUT(leases_taken) PUT(leases_failed)
   PUT(waited) PUT(waited_hits) PUT(wait_us) PUT(device_bytes_copied)
   PUT(device_published) PUT(device_pool_bytes) PUT(device_pool_full)
+  PUT(hits_unchecked)
 #undef PUT
   /* By reason code; the package names them. */
   for (int r = 0; r < ENCACHE_SKIP_REASONS_; r++) {

@@ -53,3 +53,20 @@ def test_many_items_in_one_lookup(open_cache):
             assert r.hit == (r.id in ts), (r.id, r.outcome, r.why)
         assert all(ectest.torch_bits_equal(step.hits[k], t)
                    for k, t in ts.items())
+
+
+def test_hits_without_a_check_are_counted(open_cache):
+    """An object written without a check (checksum=off), read under
+    checksum=on, is served and counted in stats().hits_unchecked; one
+    written with its check is not."""
+    url, model = _url(0), ectest.unique("model")
+    sep = "&" if "?" in url else "?"
+    bare = open_cache(url + sep + "checksum=off", model=model)
+    checked = open_cache(url, model=model)
+    reader = open_cache(url + sep + "checksum=on", model=model)
+    publish_one(bare, "bare", sample(4, 4))
+    publish_one(checked, "checked", sample(4, 4, seed=1))
+    assert lookup_one(reader, "checked", F32, (4, 4)).hit
+    assert reader.stats().hits_unchecked == 0
+    assert lookup_one(reader, "bare", F32, (4, 4)).hit
+    assert reader.stats().hits_unchecked == 1
