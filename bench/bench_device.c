@@ -18,7 +18,7 @@
  *     device-to-host copy (synchronised) plus a raw Store write.
  * Without --store a private shm segment is created and destroyed.
  */
-#include "bench_common.h"
+#include "hits.h"
 #include "cuda_rt.h"
 
 #include <stdio.h>

@@ -20,13 +20,14 @@
  *     step loop with encache_lookup_start() overlapping a compute of C =
  *     0.5, 1 and 2 x the read time R against the blocking loop, and a
  *     lookup started and waited at once against encache_lookup()
- *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
+ *     (bench_overlap_table(), overlap.h; goals <= 1.1 x max(C, R) and
  *     <= 1.05).  --overlap runs only (f); --sleep: the compute sleeps
  *     instead of spinning (its core left free); --pin: this thread on
  *     one CPU, the handle's threads on the others (measure_pin_threads()).
  * Without --store a private shm segment is created and destroyed.
  */
-#include "bench_common.h"
+#include "hits.h"
+#include "overlap.h"
 
 #include <stdio.h>
 #include <stdlib.h>

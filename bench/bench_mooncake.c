@@ -23,7 +23,7 @@
  *     step loop with encache_lookup_start() overlapping a compute of C =
  *     0.5, 1 and 2 x the read time R against the blocking loop, and a
  *     lookup started and waited at once against encache_lookup()
- *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
+ *     (bench_overlap_table(), overlap.h; goals <= 1.1 x max(C, R) and
  *     <= 1.05).  --overlap runs only (c); --sleep: the compute sleeps
  *     instead of spinning (its core left free); --pin: this thread on
  *     one CPU, the handle's threads on the others (measure_pin_threads());
@@ -36,9 +36,14 @@
  * words), and its client is set up from the same client JSON.  Without
  * ENCACHE_TEST_MOONCAKE=1 it says "skipped: ..." and exits 0.
  */
-#include "bench_common.h"
+#include "hits.h"
+#include "overlap.h"
 
 #include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define NOBJ 4
 

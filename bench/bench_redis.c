@@ -35,14 +35,15 @@
  *     step loop with encache_lookup_start() overlapping a compute of C =
  *     0.5, 1 and 2 x the read time R against the blocking loop, and a
  *     lookup started and waited at once against encache_lookup()
- *     (bench_overlap_table(), bench_common.h; goals <= 1.1 x max(C, R) and
+ *     (bench_overlap_table(), overlap.h; goals <= 1.1 x max(C, R) and
  *     <= 1.05).
  * --ab runs only (c), --reads only (a), --overlap only (d); --sleep: (d)'s
  * compute sleeps instead of spinning (its core left free); --pin: this
  * thread on one CPU, the handle's threads on the others
  * (measure_pin_threads()).
  */
-#include "bench_common.h"
+#include "hits.h"
+#include "overlap.h"
 #include "direct_redis.h"
 #include "naive_redis.h"
 

@@ -16,7 +16,9 @@
  * (the default) and off, and prints what the checksums cost: each
  * figure with them over the same figure without them.
  */
-#include "bench_common.h"
+#include "measure.h"
+
+#include "encache.h"
 
 #include <stdio.h>
 #include <stdlib.h>

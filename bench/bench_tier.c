@@ -21,11 +21,12 @@
  *
  * The two lookups of a pair alternate so that both see the same machine.
  */
-#include "bench_common.h"
+#include "hits.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NOBJ 4
 

@@ -29,7 +29,8 @@ import subprocess
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-SEARCH = ["src", "src/store", "src/config", "include"]  # CMake's -I
+SEARCH = ["src", "src/store", "src/config", "include", "tools/bench",
+          "tools/demo"]  # CMake's -I
 
 
 FOLDERS = []  # --room: folders that are one room each

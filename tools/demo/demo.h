@@ -2,8 +2,8 @@
 /*
  * demo.h: the demo's library (tools/demo/), which the tool's
  * `encache demo` (tools/encache/cmd_demo.c: its options and report)
- * calls.  It uses the public header and bench/measure.h, nothing of the
- * tool.
+ * calls.  It uses the public header and tools/bench/measure.h, nothing
+ * of the tool.
  *
  *   demo_workload.c   the images (procedural, or loaded by demo_images.c),
  *                     their content identifiers, the Zipf request stream

@@ -3,18 +3,19 @@
  * encache bench: the machine's memcpy bandwidth, each Store's raw batched
  * read, and an encache lookup of the same hits, in one run, for several
  * object sizes; every figure with its ratio to memcpy and to the raw read.
- * Then the blocking and the non-blocking lookup side by side (issue 29):
- * the lookup against one started and waited at once, and a step loop's
- * step with the compute C equal to the read time, blocking against
- * overlapped (bench_overlap_measure(), bench/bench_common.h).  Prints
- * tables (or JSON) and can draw an SVG chart.  The timing is the
- * benchmarks' measuring core (bench/measure.h).
+ * Then the blocking and the non-blocking lookup side by side: the lookup
+ * against one started and waited at once, and a step loop's step with
+ * the compute C equal to the read time, blocking against overlapped
+ * (bench_overlap_measure(), tools/bench/overlap.h).  Prints tables (or
+ * JSON) and can draw an SVG chart.  The timing is the benchmarks'
+ * measuring core (tools/bench/measure.h), the objects tools/bench/hits.h's.
  */
 #include "commands.h"
 
 #include "encache.h"
 
-#include "bench_common.h"
+#include "hits.h"
+#include "overlap.h"
 
 #include <inttypes.h>
 #include <math.h>

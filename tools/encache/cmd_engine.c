@@ -38,7 +38,7 @@ static const encache_allocator host_allocator = {
 
 /* lookup --device cuda:N: destinations in that device's memory, allocated
  * through the CUDA runtime the tool loads as the library does
- * (bench/cuda_rt.c); NULL ctx: no runtime (the library then answers
+ * (tools/bench/cuda_rt.c); NULL ctx: no runtime (the library then answers
  * SKIPPED with the reason, and alloc is never called). */
 static int device_alloc(void *ctx, size_t i, const encache_candidate *c,
                         uint64_t nbytes, void **data, void **handle) {

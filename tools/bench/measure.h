@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * measure.h: the measuring core of the benchmark programs (bench_engine,
- * bench_store, bench_redis) and of `encache bench`: a clock, series of
- * timed samples with percentiles, warm-up, an operation timed against a
- * baseline measured in the same run, the printing of those figures and
- * ratios, and the options the benchmark programs share.  Public API only.
+ * measure.h: the measuring core of the benchmark programs (bench/), of
+ * `encache bench` and of the demo: a clock, series of timed samples with
+ * percentiles, warm-up, an operation timed against a baseline measured in
+ * the same run, the printing of those figures and ratios, and the options
+ * the benchmark programs share.  Public API only.
  */
 #ifndef ENCACHE_MEASURE_H
 #define ENCACHE_MEASURE_H
