@@ -81,25 +81,6 @@ int encache__struct_out(void *out, const void *full, size_t full_size,
  * (the device fields were added in 1.3). */
 #define ENCACHE__TENSOR_MIN offsetof(encache_tensor, device)
 
-/*
- * Mooncake's result codes (src/store/mooncake_codes.c holds the one
- * table): the encache code a Mooncake answer means for an existence check, a read or a
- * write (0 for counts; ENCACHE_ENOENT, ENCACHE_EEXIST, ENCACHE_EUNAVAIL
- * for recoverable, ENCACHE_EUNCONFIRMED for poison).  The table's rows,
- * for the tests: code_at(i) for 0 <= i < code_count().
- */
-enum { ENCACHE__MC_EXISTS, ENCACHE__MC_READ, ENCACHE__MC_WRITE, ENCACHE__MC_OPS };
-int encache__mooncake_classify_op(int op, int64_t code);
-int encache__mooncake_code_count(void);
-int64_t encache__mooncake_code_at(int i);
-
-/* The hostname a vLLM encoder gives Mooncake (src/config/sections.c); an
- * allocation, NULL when out of memory. */
-char *encache__mooncake_local_hostname(void);
-/* Python's str() of a float into buf (size >= 32); ENCACHE_EINVAL for a
- * value JSON cannot hold. */
-int encache__py_float_str(double d, char *buf, size_t size);
-
 /* Records the message of a failed call that has no handle
  * (encache_open(), encache_model_identity()) for the calling thread's
  * encache_errmsg(NULL); returns rc. */

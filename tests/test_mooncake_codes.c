@@ -14,6 +14,7 @@
 #include "lookup_read.h"
 #include "fault_store.h"
 #include "mooncake_codes.h"
+#include "mooncake_testing.h"
 #include "store_util.h"
 
 #include <dlfcn.h>

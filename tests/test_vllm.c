@@ -9,7 +9,9 @@
 #include "runner.h"
 
 #include "encache.h"
-#include "internal.h"
+#include "config/python.h"
+#include "mooncake_codes.h"
+#include "mooncake_testing.h"
 
 #include <jansson.h>
 #include <stdio.h>

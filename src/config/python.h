@@ -23,6 +23,9 @@ int encache__vllm_size(const json_t *j, uint64_t *out, char *why, size_t wsize);
 /* vLLM's _normalize_tenant_id of a string: stripped, blank = "default".
  * An allocation, NULL when out of memory. */
 char *encache__tenant_normalize(const char *t);
+/* Python's str() of a float into buf (size >= 32); ENCACHE_EINVAL for a
+ * value JSON cannot hold (the tests compare it with Python's own). */
+int encache__py_float_str(double d, char *buf, size_t size);
 /* Python's str() of a key field's JSON value into num[64] (or the
  * string itself); *odd says what vLLM made of a non-string value (NULL
  * for a string).  ENCACHE_ECONFIG for an object, an array or a float

@@ -87,7 +87,7 @@ static char *outbound_address(int family, const void *addr, size_t alen) {
  * source address of a UDP route to 8.8.8.8:80, else to
  * [2001:4860:4860::8888]:80, else "0.0.0.0".  Returns an allocation.
  */
-char *encache__mooncake_local_hostname(void) {
+static char *mooncake_local_hostname(void) {
   const char *o = getenv("MOONCAKE_REQUESTER_LOCAL_HOSTNAME");
   if (o != NULL) {
     const char *e = o + strlen(o);
@@ -122,7 +122,7 @@ char *encache__mooncake_local_hostname(void) {
 }
 
 int encache__derive_hostname(encache_config *cfg, value *vals) {
-  value v = {.set = 1, .s = encache__mooncake_local_hostname()};
+  value v = {.set = 1, .s = mooncake_local_hostname()};
   if (v.s == NULL ||
       encache__value_render(&encache__opt_defs[ENCACHE_OPT_LOCAL_HOSTNAME],
                             &v) < 0) {

@@ -5,6 +5,7 @@
  */
 #include "internal.h"
 #include "mooncake_codes.h"
+#include "mooncake_testing.h"
 
 /*
  * The one table of Mooncake answers (docs/compatibility.md), taken from
