@@ -77,10 +77,6 @@ struct encache {
   size_t nsteps;
 
   struct encache__publisher *pub; /* NULL until started */
-  /* The publisher's reap (publisher.c sets it at start; NULL: none): the
-   * read path reaps finished jobs through the core, so that lookup and
-   * publication stand side by side (encache__reap_finished). */
-  int (*reap)(encache *ec);
 
   /* CUDA devices (device.c): the options, and the state (streams,
    * events, the pinned pool), NULL until first used. */
@@ -101,11 +97,22 @@ struct encache {
    * of the caller and by the lookup thread while it runs a lookup. */
   pthread_mutex_t run;
   /* The lookup threads (lookup_async.c), NULL until the first
-   * encache_lookup_start(); and their hooks (set with them; NULL: none),
-   * so that step.c stands below them: for a step that closes, and for a
-   * call on a step whose started lookup may be reading the Store without
-   * the turn (encache__enter_step). */
+   * encache_lookup_start() or encache_step_fd(). */
   struct encache__async *async;
+  /* The lookup threads' two hooks, for the calls below them: async_hold
+   * waits until a step's started lookup, which may be reading the Store
+   * without the turn, is done (encache__enter_step, before every call on
+   * a step); async_forget takes a closing step out of their queue and
+   * closes its fd (step.c).  Who sets them: lookup_async.c, when it starts
+   * the threads (with the turn, before it publishes `async`), and clears
+   * them when it frees them at close; NULL until then: no lookup was
+   * ever started, there is nothing to wait for or forget, and a handle
+   * that never starts one pays nothing.  Why not calls: the queue is
+   * lookup_async.c's own (struct encache__async), and lookup_async.c
+   * stands on step.c and the lookup (it runs encache__lookup_timed); a
+   * call from core.h or step.c up to it would make them one circle.  The
+   * structure view (scripts/rooms.py) does not see these two edges: they
+   * are the engine's only calls upward. */
   void (*async_forget)(encache_step *step);
   void (*async_hold)(encache_step *step);
 };
@@ -159,14 +166,6 @@ void encache__lease_end(encache *ec, const char *key, uint64_t token);
 /* Sets a step's lease slot (0 ends nothing: it forgets), keeping
  * ec->leases_held right; returns the token it held. */
 uint64_t encache__lease_slot_set(encache *ec, uint64_t *slot, uint64_t token);
-
-/* Releases the publisher's finished jobs, if it has started: 0, or
- * ENCACHE_EPOISONED (a write was unconfirmed). */
-static inline int encache__reap_finished(encache *ec) {
-  if (ec->reap != NULL)
-    return ec->reap(ec);
-  return encache__is_poisoned(ec) ? ENCACHE_EPOISONED : 0;
-}
 
 /* The minimum accepted sizes of the caller's structs: their size at API
  * 1.0 (see encache__struct_in()). */

@@ -44,6 +44,7 @@
 #include "lookup_read.h"
 #include "device.h"
 #include "fleet.h"
+#include "publisher.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -437,7 +438,7 @@ static int lookup(encache_step *step, const encache_candidate *c, size_t n,
     ENCACHE__COUNT(ec, skipped, n);
     return 0;
   }
-  rc = encache__reap_finished(ec);
+  rc = encache__reap(ec); /* the publisher's finished jobs */
   if (rc < 0 || n == 0)
     return rc;
   encache__plan p;

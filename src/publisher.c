@@ -309,7 +309,6 @@ int encache__publisher_start(encache *ec) {
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&pub->idle, NULL);
   ec->pub = pub;
-  ec->reap = encache__reap;
   int rc = 0, want = (int)writes_in_flight(ec);
   while (pub->nwriters < want &&
          (rc = pthread_create(&pub->writers[pub->nwriters], NULL, worker_main,
@@ -344,7 +343,6 @@ void encache__publisher_free(encache *ec) {
   pthread_cond_destroy(&pub->idle);
   encache__free(pub);
   ec->pub = NULL;
-  ec->reap = NULL;
 }
 
 /* ------------------------------------------------------------------- reap */
