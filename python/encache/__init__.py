@@ -46,7 +46,7 @@ except ImportError as _e:  # name the cause, not "a circular import"
         f"({_sys.executable}): `sh scripts/install.sh` installs it for "
         "Debian's /usr/bin/python3, which pyenv, conda and virtual "
         "environments do not use (docs/python.md)") from None
-from . import _tensors
+from . import _mooncake, _tensors
 from ._keys import vllm_encoder_hash
 from ._errors import (ClosedError, ConfigError, Error, ForkError,
                       FormatError, InvalidError, JsonError, LibraryError,
@@ -169,6 +169,7 @@ def purge(store: str, namespace: str, dry_run: bool = False
     count: a dry run there raises InvalidError)."""
     if not namespace:
         raise InvalidError("purge: give the namespace to remove")
+    _mooncake.route(store)
     return _encache.purge(store, namespace + "@id:", bool(dry_run))
 
 
@@ -181,6 +182,18 @@ def model_identity(model_dir: str,
     label defaults to the directory's name.  Raises encache.Error (with
     the path) when the directory cannot be read or holds no weights."""
     return _encache.model_identity(model_dir, label)
+
+
+def mooncake_route(store: typing.Optional[str] = None
+                   ) -> typing.Optional[str]:
+    """The way the Store URL `store` (None: $ENCACHE_STORE) reaches
+    Mooncake in this process: "c-abi" (Mooncake's libmooncake_store.so),
+    "python" (Mooncake's Python client from pip, through the package's
+    C ABI over it) or "none" (neither is installed); None when the URL
+    names no Mooncake Store.  Prepares that route for the Stores opened
+    next (the environment, once) and says it in the log; a Cache does it
+    itself (Cache.mooncake_route).  docs/stores.md."""
+    return _mooncake.route(store)
 
 
 def library_version() -> str:
@@ -272,6 +285,9 @@ class Cache(_encache.Handle):
         the library's lookup thread for a lookup started with wait=False
         (it may not call the Cache there).
 
+    mooncake_route: how the Store reaches Mooncake ("c-abi", "python",
+    "none"; None: not a Mooncake Store), see encache.mooncake_route().
+
     Raises ConfigError (naming the field), JsonError, UrlError, StoreError,
     LibraryError, InvalidError.  A Cache may be shared by threads (its
     calls are serialised); each Step belongs to one thread at a time.
@@ -297,11 +313,15 @@ class Cache(_encache.Handle):
             raise InvalidError(
                 f"output {output!r} is not 'torch', 'numpy' or 'buffer'")
         _set_outputs(output)
+        route = _mooncake.route(store)
         super().__init__(ec_transfer_config, model=model, revision=revision,
                          encoder_hash=encoder_hash,
                          dtype=_tensors.dtype_of(dtype), store=store,
                          options=options, output=_OUTPUTS[output], log=log)
         self.output = output
+        self.mooncake_route = route
+        if route == "python":
+            _mooncake.track(self)
 
     def stats(self) -> "Stats":
         """The counters now, as a Stats."""
@@ -339,5 +359,5 @@ __all__ = [
     "Error", "ConfigError", "JsonError", "UrlError", "StoreError",
     "FormatError", "LibraryError", "PoisonedError", "ClosedError",
     "StepsError", "InvalidError", "OutOfMemoryError", "ForkError",
-    "MAX_STEPS", "library_version", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "vllm_encoder_hash", "__version__",
+    "MAX_STEPS", "library_version", "mooncake_route", "shm_destroy", "set_block_cache", "url_redact", "model_identity", "purge", "vllm_encoder_hash", "__version__",
 ]

@@ -19,6 +19,14 @@ def main():
         sys.exit(f"encache: the tool is not installed beside this package "
                  f"({tool} is missing); install the package with pip, or "
                  f"run the encache that `cmake --install` put in bin/")
+    # A Mooncake Store named on the command line or by ENCACHE_STORE takes
+    # the route this Python has (Mooncake's C ABI, or its Python client:
+    # encache/_mooncake.py); the tool inherits the environment it sets.
+    from . import _mooncake
+    for arg in sys.argv[1:] + [os.environ.get("ENCACHE_STORE", "")]:
+        for part in arg.split("="):
+            if _mooncake.names_mooncake(part):
+                _mooncake.route(part)
     os.execv(tool, ["encache"] + sys.argv[1:])
 
 
