@@ -398,10 +398,12 @@ PyTypeObject ec_worker_step_type = {
  * vLLM's ECConnectorBase): called by vLLM's model runner, they run no
  * Python frame.  Each does what ECConnectorBase's does with the bound
  * metadata (bind and clear set _connector_metadata, and nothing else:
- * vllm/distributed/ec_transfer/ec_connector/base.py at
- * 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6), then the producer's
- * WorkerStep's call, then the inner connector's hook of the same name,
- * when there is one and it has that hook. */
+ * vllm/distributed/ec_transfer/ec_connector/base.py, vLLM 0.32.0), then
+ * the producer's WorkerStep's call, then the inner connector's hook of the
+ * same name, when there is one and it has that hook.  The connector's
+ * other hooks, each of vLLM's base class among them, are Python methods
+ * of EncacheECConnector that pass the call on by name; the attribute
+ * lookup below reaches only what neither class has. */
 typedef struct hooks {
   PyObject_HEAD
   PyObject *state; /* the producer's WorkerStep, or NULL */

@@ -1,15 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The connector class against vLLM's interface: the abstract methods and
-the hooks of ECConnectorBase, with their parameters, as they are in
-vllm-project/vllm, vllm/distributed/ec_transfer/ec_connector/base.py at
-commit 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6 (written here from that
-file), and the producer hooks of ECMooncakeConnector
-(vllm/distributed/ec_transfer/ec_connector/mooncake_ec_connector.py,
-0b319fdcfe2ab13f1358b9de85bd0459fd93451d).  A method of these lists that
-the connector lacks, or whose parameters it would not accept, fails here;
-where vLLM is importable (test_real_vllm.py), the same lists are checked
-against vLLM's own class, so that a method vLLM removes or renames fails
-too."""
+the hooks of ECConnectorBase, with their parameters, as they are in vLLM
+0.32.0's vllm/distributed/ec_transfer/ec_connector/base.py (written here
+from that file).  A method of these lists that the connector lacks, or
+whose parameters it would not accept, fails here; tests/vllm_real
+(scripts/vllm-real.sh) checks the connector against the installed vLLM's
+own classes, enumerating their methods, so that a hook vLLM adds, removes
+or renames fails there."""
 
 import inspect
 
@@ -17,7 +14,7 @@ import pytest
 
 from encache.vllm import connector as ecc
 
-# name -> the parameters vLLM passes (after self), from base.py 035e2dd3.
+# name -> the parameters vLLM passes (after self), from base.py, 0.32.0.
 ABSTRACT = {
     "start_load_caches": ("encoder_cache", "**kwargs"),
     "save_caches": ("encoder_cache", "mm_hash", "**kwargs"),
@@ -36,13 +33,24 @@ HOOKS = {
     "update_connector_output": ("connector_output",),
     "request_finished": ("request",),
     "has_pending_push_work": (),
+    "start_worker_services": (),
+    "take_unavailable_requests": (),
+    "update_state_after_free": ("request", "index"),
+    "get_ec_connector_stats": (),
 }
-# ECMooncakeConnector 0b319fdc: the producer's lookup point and the extra
-# argument of its ensure_cache_available.
+# The producer's lookup point, called by keyword (encoder_cache=...); and
+# an argument an older ECMooncakeConnector's ensure_cache_available took
+# (local_cache_hashes), passed on if a vLLM passes it.
 PRODUCER = {
     "start_save_caches": ("encoder_cache", "**kwargs"),
     "ensure_cache_available": ("request", "num_computed_tokens",
                                "local_cache_hashes"),
+}
+# The class methods vLLM calls on the connector's class (metrics.py).
+CLASS_HOOKS = {
+    "build_ec_connector_stats": ("data",),
+    "build_prom_metrics": ("vllm_config", "metric_types", "labelnames",
+                           "per_engine_labelvalues"),
 }
 
 
@@ -53,22 +61,27 @@ def _call_args(params):
     return args, kwargs
 
 
-@pytest.mark.parametrize("table", [ABSTRACT, HOOKS, PRODUCER],
-                         ids=["abstract", "hooks", "producer"])
+@pytest.mark.parametrize("table", [ABSTRACT, HOOKS, PRODUCER, CLASS_HOOKS],
+                         ids=["abstract", "hooks", "producer", "class"])
 def test_every_method_vllm_calls_is_there_and_takes_its_arguments(table):
     for name, params in table.items():
         method = getattr(ecc.EncacheECConnector, name, None)
         assert callable(method), f"EncacheECConnector lacks {name}"
+        # Its own, not the base class's default: a default would never
+        # reach the inner connector.
+        assert name in vars(ecc.EncacheECConnector) or name in vars(
+            ecc.encache._encache.ConnectorHooks), name
         sig = inspect.signature(method)
+        head = () if table is CLASS_HOOKS else (None,)
         args, kwargs = _call_args(params)
         try:
-            sig.bind(None, *args, **kwargs)
+            sig.bind(*head, *args, **kwargs)
         except TypeError as e:
             pytest.fail(f"{name}{sig} refuses vLLM's call {params}: {e}")
         # Called by keyword too, as the model runner calls save_caches
         # (encoder_cache=..., mm_hash=...) and start_save_caches.
         named = {p: object() for p in params if not p.startswith("**")}
-        sig.bind(None, **named)
+        sig.bind(*head, **named)
 
 
 def test_no_abstract_method_is_left():
@@ -80,7 +93,7 @@ def test_the_stand_in_base_has_vllms_abstract_methods():
     # must not hide one of vLLM's (it declares none: the connector's own
     # definitions are what the lists above check).
     if ecc.HAVE_VLLM:
-        pytest.skip("vLLM is importable: test_real_vllm.py checks its class")
+        pytest.skip("vLLM is importable: tests/vllm_real checks its class")
     from encache.vllm import _shim
     assert set(_shim.ECConnectorBase.__abstractmethods__) <= set(ABSTRACT)
 
@@ -89,7 +102,8 @@ def check_bind_and_clear_only_set_the_metadata(base):
     """The connector sets _connector_metadata itself in its bind and clear
     hooks, without super(): right only while the base class's two methods
     do nothing but that assignment (vllm/distributed/ec_transfer/
-    ec_connector/base.py at 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6)."""
+    ec_connector/base.py, vLLM 0.32.0; tests/vllm_real checks the real
+    one)."""
     import types
     obj, m = types.SimpleNamespace(_connector_metadata=None), object()
     base.bind_connector_metadata(obj, m)
@@ -167,7 +181,7 @@ def test_every_call_the_engine_makes_is_in_the_lists(shm):
         e.finish(reqs)
     finally:
         e.shutdown()
-    listed = set(ABSTRACT) | set(HOOKS) | set(PRODUCER)
+    listed = set(ABSTRACT) | set(HOOKS) | set(PRODUCER) | set(CLASS_HOOKS)
     assert calls - listed == set(), sorted(calls - listed)
     # And the engine exercises every abstract method but a consumer's two
     # (start_load_caches, and update_state_after_alloc for an external

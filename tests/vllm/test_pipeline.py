@@ -500,7 +500,7 @@ def test_scheduler_prefetch_hands_its_hits_to_the_worker_of_its_process(
         engines, shm, fault):
     # vLLM's single-GPU executor runs the worker in the engine core's
     # process, on the scheduler's thread (vllm/v1/executor/
-    # uniproc_executor.py at 01e4fce07423dafcc832600ba05159fb28dc1126):
+    # uniproc_executor.py, vLLM 0.32.0):
     # the worker's step takes the hits its scheduler half read when it
     # planned the step, and reads nothing from the Store itself.
     url = shm(scheme="pyfault")

@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Registration: the vllm.general_plugins entry point installed with the
 package (vLLM loads every plugin of that group in each process it starts,
-vllm/plugins/__init__.py, load_general_plugins, commit
-01425553bdbed63400efa72ff14a8f4ffe20bada: entry_points(group=...), filtered
-by name with VLLM_PLUGINS, each loaded and called), and
-ECConnectorFactory.register_connector(name, module_path, class_name) as in
-vllm/distributed/ec_transfer/ec_connector/factory.py
-(03d01c47230ca0c740122d8d2129a0ebe22cf72a), re-created below with the
-same registry and loader."""
+vllm/plugins/__init__.py, load_general_plugins, vLLM 0.32.0:
+entry_points(group=...), filtered by name with VLLM_PLUGINS, each loaded
+and called), and ECConnectorFactory.register_connector(name, module_path,
+class_name) as in vllm/distributed/ec_transfer/ec_connector/factory.py
+(0.32.0; the same in 0.34.0), re-created below with the same registry and
+loader.  tests/vllm_real/test_plugin.py runs vLLM's own."""
 
 import importlib
 import importlib.metadata
@@ -19,7 +18,7 @@ from encache.vllm import connector as ecc
 
 
 class Factory:
-    """ECConnectorFactory's registry, as factory.py 03d01c47 has it."""
+    """ECConnectorFactory's registry, as factory.py (0.32.0) has it."""
     _registry = {}
 
     @classmethod

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """RecordingDelivery: the inner connector of the tests, in place of vLLM's
-ECMooncakeConnector (whose P2P transfer needs Mooncake's TransferEngine).
+ECMooncakeConnector (whose P2P transfer needs Mooncake's TransferEngine),
+its methods with that class's signatures (vLLM 0.32.0,
+vllm/distributed/ec_transfer/ec_connector/mooncake_ec_connector.py;
+tests/vllm_real/test_stand_ins.py compares them).
 It records each call of vLLM's interface that reaches it, with what the
 encoder cache held at that moment, so that a test sees that delivery
 stays the inner connector's: every output, hit or encoded, reaches it."""
@@ -22,17 +25,18 @@ class RecordingDelivery(ECConnectorBase):
     def _note(self, *what):
         self.calls.append(what)
 
-    def bind_connector_metadata(self, m):
-        super().bind_connector_metadata(m)
-        self._note("bind", m)
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        self._note("bind", connector_metadata)
 
-    def start_save_caches(self, encoder_cache=None, **kw):
-        self._note("start_save_caches", set(encoder_cache or ()))
+    def start_save_caches(self, **kwargs):
+        self._note("start_save_caches",
+                   set(kwargs.get("encoder_cache") or ()))
 
-    def start_load_caches(self, encoder_cache, **kw):
+    def start_load_caches(self, encoder_cache, **kwargs):
         self._note("start_load_caches", set(encoder_cache))
 
-    def save_caches(self, encoder_cache, mm_hash, **kw):
+    def save_caches(self, encoder_cache, mm_hash, **kwargs):
         self._note("save_caches", mm_hash)
 
     def has_cache_item(self, identifier):
@@ -46,7 +50,7 @@ class RecordingDelivery(ECConnectorBase):
         self._note("build_connector_meta")
         return {"inner": "meta"}
 
-    def get_finished(self, finished):
+    def get_finished(self, finished_req_ids):
         self._note("get_finished")
         return {"sent"}, None
 

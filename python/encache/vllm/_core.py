@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The logic of encache's vLLM EC connector, without vLLM.
 
-vLLM splits an EC connector in two halves (vllm-project/vllm,
-vllm/distributed/ec_transfer/ec_connector/base.py, commit
-035e2dd3a4b5edaa4c3f3ab98795f6e34eebf2c6): a scheduler half that builds
+vLLM splits an EC connector in two halves (vLLM 0.32.0,
+vllm/distributed/ec_transfer/ec_connector/base.py): a scheduler half that builds
 per-step metadata, and a worker half that the model runner drives with that
 metadata bound.  This module holds both halves' logic as plain Python over
 encache.Cache, so that it is tested without vLLM (tests/vllm); the class
@@ -203,9 +202,10 @@ class ConnectorConfig:
 def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
     """Refuses what the reference refuses at start-up: with reuse on and
     the processor cache off, an encoder-only instance names images with
-    process-local counters, which collide across encoders (vLLM,
-    tests/v1/ec_connector/unit/test_cross_encoder_cache.py,
-    test_shared_reuse_requires_content_stable_identifiers)."""
+    process-local counters, which collide across encoders (vLLM 0.32.0,
+    vllm/distributed/ec_transfer/ec_connector/mooncake/config.py,
+    MooncakeECConfig: "cross_encoder_cache requires mm_processor_cache_gb
+    > 0 to preserve content identifiers across Encoders and restarts")."""
     if enabled and mm_processor_cache_gb is not None and \
             mm_processor_cache_gb <= 0:
         raise ValueError(
@@ -217,10 +217,9 @@ def check_identifiers(enabled: bool, mm_processor_cache_gb) -> None:
 # Prefetchers that hand their hits to a worker half of the same process,
 # by (Store URL, namespace).  With vLLM's UniProcExecutor (one GPU: the
 # "uni" backend) the engine core builds its one worker in its own process
-# and runs execute_model on the scheduler's thread (vllm-project/vllm,
-# vllm/v1/executor/uniproc_executor.py at
-# 01e4fce07423dafcc832600ba05159fb28dc1126: driver_worker, collective_rpc),
-# so both halves of a connector live there.
+# and runs execute_model on the scheduler's thread (vLLM 0.32.0,
+# vllm/v1/executor/uniproc_executor.py: driver_worker, collective_rpc,
+# execute_model), so both halves of a connector live there.
 _HANDOFFS: dict = {}
 _HANDOFFS_LOCK = threading.Lock()
 
@@ -234,16 +233,91 @@ def handoff_key(store_url: str | None, namespace: str) -> tuple:
     return (store_url or os.environ.get("ENCACHE_STORE") or "", namespace)
 
 
+def mooncake_client_for_gpu(client: dict, gpu) -> dict | None:
+    """vLLM 0.34.0's device_name_per_gpu (vllm/distributed/
+    mooncake_store.py: MooncakeStoreConfig.__post_init__ and
+    _device_name_for_current_gpu): a list of device names indexed by
+    physical GPU id that replaces device_name when set.  Returns the
+    client JSON with device_name the entry of `gpu` (an int, or a callable
+    that gives it; None: no GPU) and device_name_per_gpu removed, or None
+    when the JSON has no device_name_per_gpu (null counts as absent).
+    Raises ConfigError as vLLM refuses: both set, a list that is empty or
+    holds a blank name, no entry for the GPU."""
+    names = client.get("device_name_per_gpu")
+    if names is None:
+        return None
+    if client.get("device_name"):
+        raise encache.ConfigError(
+            "mooncake.device_name_per_gpu: set device_name or "
+            "device_name_per_gpu, not both")
+    if not (isinstance(names, list) and names and all(
+            isinstance(n, str) and n.strip() for n in names)):
+        raise encache.ConfigError(
+            "mooncake.device_name_per_gpu: must be a non-empty list of "
+            "device names")
+    if callable(gpu):
+        gpu = gpu()
+    if gpu is None:
+        raise encache.ConfigError(
+            "mooncake.device_name_per_gpu: no GPU is current in this "
+            "process to pick an entry for (set device_name instead)")
+    if not 0 <= gpu < len(names):
+        raise encache.ConfigError(
+            f"mooncake.device_name_per_gpu: no entry for physical GPU {gpu}")
+    out = {k: v for k, v in client.items() if k != "device_name_per_gpu"}
+    out["device_name"] = names[gpu]
+    return out
+
+
+def _mooncake_url_for_gpu(url: str | None, gpu):
+    """(URL to open, file to remove after the open or None): a mooncake:
+    URL (alone or as a tier's remote) whose client JSON has
+    device_name_per_gpu gets a private copy of the JSON with the GPU's
+    device_name (mooncake_client_for_gpu): the library reads the client
+    JSON once, when the Store opens (src/store/mooncake.c), and does not
+    know the process's GPU."""
+    if not url:
+        return url, None
+    head, sep, tail = url.partition("+") if url.startswith("tier:") \
+        else ("", "", url)
+    if not tail.startswith("mooncake:"):
+        return url, None
+    path = tail[len("mooncake:"):] or os.environ.get("MOONCAKE_CONFIG_PATH")
+    if not path:
+        return url, None  # the library says what is missing
+    try:
+        with open(path, "rb") as f:
+            client = json.load(f)
+    except (OSError, ValueError):
+        return url, None  # the library reports the file as it reads it
+    derived = mooncake_client_for_gpu(client, gpu) \
+        if isinstance(client, dict) else None
+    if derived is None:
+        return url, None
+    import tempfile
+    fd, copy = tempfile.mkstemp(prefix="encache-mooncake-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(derived, f)
+    return head + sep + "mooncake:" + copy, copy
+
+
 def open_cache(config: ConnectorConfig, library_config: dict,
-               namespace: dict, encoder_name: str | None):
+               namespace: dict, encoder_name: str | None, gpu=None):
     """A half's Cache on the connector's Store: library_config (copied),
-    labelled encoder_name unless it names a label of its own."""
+    labelled encoder_name unless it names a label of its own.  gpu: the
+    physical GPU id for a Mooncake client JSON with device_name_per_gpu
+    (an int, or a callable asked only then; mooncake_client_for_gpu)."""
     cfg = json.loads(json.dumps(library_config))
     extra = cfg.setdefault("ec_connector_extra_config", {})
     if encoder_name and "encoder_name" not in extra:
         extra["encoder_name"] = encoder_name
-    return encache.Cache(cfg, store=config.resolved_store(),
-                         log=logger.warning, **namespace)
+    url, copy = _mooncake_url_for_gpu(
+        config.resolved_store() or os.environ.get("ENCACHE_STORE"), gpu)
+    try:
+        return encache.Cache(cfg, store=url, log=logger.warning, **namespace)
+    finally:
+        if copy is not None:
+            os.unlink(copy)
 
 
 class Prefetcher:
@@ -413,11 +487,12 @@ class SchedulerCore:
     """The scheduler half: remembers each request's image features and
     plans, per step, the candidates of the encoder inputs scheduled.
     namespace (dict(model=, revision=, encoder_hash=, dtype=), as
-    WorkerCore's): given with scheduler_prefetch on, for its Cache."""
+    WorkerCore's): given with scheduler_prefetch on, for its Cache (gpu:
+    as WorkerCore's)."""
 
     def __init__(self, config: ConnectorConfig, cols: int, dtype: str,
                  namespace: dict | None = None,
-                 encoder_name: str | None = None):
+                 encoder_name: str | None = None, gpu=None):
         self.config = config
         self.cols = config.encoder_output_width or cols
         self.dtype = dtype
@@ -427,7 +502,7 @@ class SchedulerCore:
         if config.enabled and config.is_producer and \
                 config.scheduler_prefetch and namespace is not None:
             cache = open_cache(config, config.library_config, namespace,
-                               encoder_name)
+                               encoder_name, gpu)
             self.prefetcher = Prefetcher(
                 cache, hold_bytes=config.scheduler_prefetch_bytes,
                 key=handoff_key(config.resolved_store(), cache.namespace))
@@ -494,11 +569,15 @@ class WorkerCore:
     namespace: dict(model=, revision=, encoder_hash=, dtype=), the key
     fields as vLLM's reuse takes them (encache.vllm.connector fills it from
     vLLM's model config); device: where hits go ("cpu", "cuda:N", or
-    "cuda": the GPU current on the worker's thread at each step)."""
+    "cuda": the GPU current on the worker's thread at each step); gpu: the
+    physical GPU id for a Mooncake client's device_name_per_gpu
+    (open_cache)."""
 
     def __init__(self, config: ConnectorConfig, namespace: dict,
-                 device: str = "cpu", encoder_name: str | None = None):
+                 device: str = "cpu", encoder_name: str | None = None,
+                 gpu=None):
         self.config = config
+        self._gpu = gpu
         self.device = device
         self._counters = WorkerCounters()
         self._namespace = dict(namespace)
@@ -522,7 +601,7 @@ class WorkerCore:
 
     def _open(self, library_config: dict):
         cache = open_cache(self.config, library_config, self._namespace,
-                           self._encoder_name)
+                           self._encoder_name, self._gpu)
         url = self.config.resolved_store() or os.environ.get("ENCACHE_STORE")
         self._handoff_key = handoff_key(url, cache.namespace)
         logger.info("encache: cross-encoder reuse on %s, namespace %s",
