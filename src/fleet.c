@@ -155,7 +155,8 @@ static off_t slot_off(unsigned i) {
   return (off_t)(sizeof(fleet_header) + (size_t)i * sizeof(fleet_slot));
 }
 
-/* "/" + name in path, or -1 when name is not one (message in why). */
+/* "/" + name in path: 0, or ENCACHE_EURL when name is not one (message
+ * in why). */
 static int seg_path(const char *name, char *path, size_t n, char *why,
                     size_t whysz) {
   size_t len = strlen(name);
@@ -167,7 +168,7 @@ static int seg_path(const char *name, char *path, size_t n, char *why,
   if (!ok) {
     snprintf(why, whysz, "not a segment name (1 to %d of A-Z a-z 0-9 . _ -, "
              "not starting with '.')", FLEET_NAME_MAX);
-    return -1;
+    return ENCACHE_EURL;
   }
   snprintf(path, n, "/%s", name);
   return 0;

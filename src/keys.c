@@ -186,7 +186,8 @@ static void md5_hex(const void *data, size_t n, char out[33]) {
 /* Appends Python's repr() of s (NULL: None) to o, for the printable ASCII
  * strings accepted here: single quotes unless s holds a ' and no ", a
  * backslash and the chosen quote escaped, as Python's str() of a list
- * writes its items.  Returns -1 for a byte that is not printable ASCII. */
+ * writes its items.  Returns 0, or ENCACHE_EINVAL for a byte that is not
+ * printable ASCII. */
 static int put_repr(out_t *o, const char *s) {
   if (s == NULL) {
     put(o, "None");
@@ -197,7 +198,7 @@ static int put_repr(out_t *o, const char *s) {
   put(o, one);
   for (const char *c = s; *c; c++) {
     if (*c < 0x20 || *c > 0x7e)
-      return -1;
+      return ENCACHE_EINVAL;
     one[0] = *c;
     one[1] = 0;
     if (*c == q || *c == '\\') {
@@ -255,16 +256,16 @@ int encache_vllm_mm_hash(const encache_vllm_mm_config *given, char *buf,
   out_t o = {text, sizeof(text), 0};
   int bad = 0;
   put(&o, "[");
-  bad |= put_repr(&o, backend);
+  bad |= put_repr(&o, backend) < 0;
   if (factors >= 2) {
     put(&o, ", ");
-    bad |= put_repr(&o, tp);
+    bad |= put_repr(&o, tp) < 0;
   }
   if (factors == 4) {
     put(&o, ", ");
-    bad |= put_repr(&o, c.attn_dtype);
+    bad |= put_repr(&o, c.attn_dtype) < 0;
     put(&o, ", ");
-    bad |= put_repr(&o, c.fp8_scale_path);
+    bad |= put_repr(&o, c.fp8_scale_path) < 0;
   }
   put(&o, "]");
   if (bad || finish(&o) < 0)

@@ -2,7 +2,7 @@
 /*
  * publish_ask.c: asking existence ahead, for a Store that answers
  * ENCACHE_STORE_CONTROL_WRITE_KNOWN (its write asks existence first, as
- * Mooncake's does: its profile's ask_ahead, src/store/core.h).  The
+ * Mooncake's does: its profile's ask_ahead, src/store/base.h).  The
  * writer that takes a job not yet asked for asks exists() for it and the
  * jobs queued behind it (at most ASK_AHEAD) in one call, and hands each
  * answer to its job if that job is its own or still queued; a job another

@@ -3,8 +3,8 @@
  * util.c: version, error names, dtypes, the allocation wrapper.
  *
  * The allocation wrapper keeps one process-wide countdown (atomic, so
- * that the publisher thread of a later issue can allocate too); when it
- * reaches zero every allocation fails until it is disarmed.
+ * that the handles' threads can allocate too); when it reaches zero
+ * every allocation fails until it is disarmed.
  */
 #include "internal.h"
 

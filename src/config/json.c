@@ -88,8 +88,9 @@ static char *string_member(encache_config *cfg, const opt_def *o,
 
 /* Python's int() of a str, base 10, for the values that fit 64 bits:
  * surrounding whitespace, a sign, digits with single '_' between them.
- * Returns 0 with *out, -1 when int() refuses it, -2 beyond 64 bits (a
- * negative one is -1 after the sign: vLLM refuses it as <= 0). */
+ * Returns 0 with *out, ENCACHE__PY_VLLM_REFUSES when int() refuses it,
+ * ENCACHE__PY_ONLY_ENCACHE beyond 64 bits (a negative one is a sign of -1
+ * and its magnitude: vLLM refuses it as <= 0). */
 static int python_int(const char *s, int64_t *sign, uint64_t *out) {
   while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
     s++;
@@ -101,7 +102,7 @@ static int python_int(const char *s, int64_t *sign, uint64_t *out) {
   for (; (*s >= '0' && *s <= '9') || *s == '_'; s++) {
     if (*s == '_') {
       if (digits == 0 || s[1] < '0' || s[1] > '9')
-        return -1;
+        return ENCACHE__PY_VLLM_REFUSES;
       continue;
     }
     unsigned d = (unsigned)(*s - '0');
@@ -112,9 +113,9 @@ static int python_int(const char *s, int64_t *sign, uint64_t *out) {
   while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
     s++;
   if (digits == 0 || *s != '\0')
-    return -1;
+    return ENCACHE__PY_VLLM_REFUSES;
   *out = u;
-  return big ? -2 : 0;
+  return big ? ENCACHE__PY_ONLY_ENCACHE : 0;
 }
 
 /* A store_* option as vLLM's _positive_int reads it
@@ -127,28 +128,28 @@ static int vllm_positive_int(encache_config *cfg, const opt_def *o,
                              const json_t *j, value *v, const char *got) {
   const char *sec = encache__section_names[o->sec];
   int64_t sign = 1;
-  int r = -1;
+  int r = ENCACHE__PY_VLLM_REFUSES;
   if (json_is_integer(j)) {
     sign = json_integer_value(j) < 0 ? -1 : 1;
     v->u = (uint64_t)json_integer_value(j);
     r = 0;
   } else if (json_is_real(j)) {
     double d = json_real_value(j);
-    r = isfinite(d) && d == floor(d) ? 0 : -1;
+    r = isfinite(d) && d == floor(d) ? 0 : ENCACHE__PY_VLLM_REFUSES;
     sign = d < 0 ? -1 : 1;
     if (r == 0 && fabs(d) >= 18446744073709551616.0)
-      r = -2;
+      r = ENCACHE__PY_ONLY_ENCACHE;
     else if (r == 0)
       v->u = (uint64_t)fabs(d);
   } else if (json_is_string(j)) {
     r = python_int(json_string_value(j), &sign, &v->u);
   }
-  if (r == -2)
+  if (r == ENCACHE__PY_ONLY_ENCACHE)
     return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                 "%s.%s: %s is 2^64 or more: vLLM reads it, "
                                 "encache holds 64 bits; refused",
                                 sec, o->name, got);
-  if (r < 0)
+  if (r != 0)
     return encache__config_fail(cfg, ENCACHE_ECONFIG,
                                 "%s.%s: must be a positive integer (an "
                                 "integer, an integral number or a string of "
@@ -170,11 +171,12 @@ static int u64_member(encache_config *cfg, const opt_def *o, const json_t *j,
   if (o->kind == K_SIZE) {
     char why[256];
     int r = encache__vllm_size(j, &v->u, why, sizeof(why));
-    if (r < 0)
+    if (r != 0)
       return encache__config_fail(
           cfg, ENCACHE_ECONFIG, "%s.%s: %s: %s%s", sec, o->name, got, why,
-          r == -1 ? "; vLLM would refuse this configuration too"
-                  : " (encache refuses it before Mooncake does)");
+          r == ENCACHE__PY_VLLM_REFUSES
+              ? "; vLLM would refuse this configuration too"
+              : " (encache refuses it before Mooncake does)");
     return 0;
   }
   if (o->kind == K_VPOSINT)

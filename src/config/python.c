@@ -117,8 +117,10 @@ int encache__py_float_str(double d, char *buf, size_t size) {
  * it: an integer as is; a float truncated (int()); a string stripped and
  * lowered, then NUMBER [UNIT] with NUMBER made of digits and dots (read as
  * a float, so "1.5GB" is int(1.5 * 2**30)) and UNIT one of gb, mb, kb, b
- * (powers of 1024).  Returns 0, or writes why into `why`: -1 when vLLM
- * refuses it too, -2 when only encache does (negative, boolean, >= 2**64).
+ * (powers of 1024).  Returns 0, or writes why into `why`:
+ * ENCACHE__PY_VLLM_REFUSES when vLLM refuses it too,
+ * ENCACHE__PY_ONLY_ENCACHE when only encache does (negative, boolean,
+ * >= 2**64).
  */
 /* The string form of a size: "NUMBER [UNIT]" into num and mult. */
 static int size_text(const char *t, double *num, double *mult, char *why,
@@ -134,7 +136,7 @@ static int size_text(const char *t, double *num, double *mult, char *why,
     snprintf(why, wsize,
              "an empty size (vLLM refuses it: \"Size cannot be "
              "empty\")");
-    return -1;
+    return ENCACHE__PY_VLLM_REFUSES;
   }
   const char *q = t;
   int ndig = 0, ndot = 0;
@@ -157,18 +159,18 @@ static int size_text(const char *t, double *num, double *mult, char *why,
              "not a size vLLM accepts (a number with an "
              "optional unit B, KB, MB or GB, powers of 1024; vLLM refuses "
              "anything else, GiB and TB included)");
-    return -1;
+    return ENCACHE__PY_VLLM_REFUSES;
   }
   if (ndig == 0 || ndot > 1) {
     snprintf(why, wsize,
              "not a number vLLM accepts (Python's float() "
              "refuses it)");
-    return -1;
+    return ENCACHE__PY_VLLM_REFUSES;
   }
   char numtext[64];
   if ((size_t)(nend - t) >= sizeof(numtext)) {
     snprintf(why, wsize, "a number too long");
-    return -2;
+    return ENCACHE__PY_ONLY_ENCACHE;
   }
   memcpy(numtext, t, (size_t)(nend - t));
   numtext[nend - t] = '\0';
@@ -182,7 +184,7 @@ int encache__vllm_size(const json_t *j, uint64_t *out, char *why,
   if (json_is_integer(j)) {
     if (json_integer_value(j) < 0) {
       snprintf(why, wsize, "a size must not be negative");
-      return -2;
+      return ENCACHE__PY_ONLY_ENCACHE;
     }
     *out = (uint64_t)json_integer_value(j);
     return 0;
@@ -192,29 +194,29 @@ int encache__vllm_size(const json_t *j, uint64_t *out, char *why,
              "a boolean is not a size (vLLM would take it as %d "
              "bytes)",
              json_is_true(j) ? 1 : 0);
-    return -2;
+    return ENCACHE__PY_ONLY_ENCACHE;
   }
   if (json_is_real(j)) {
     num = json_real_value(j);
   } else if (json_is_string(j)) {
     int r = size_text(json_string_value(j), &num, &mult, why, wsize);
-    if (r < 0)
+    if (r != 0)
       return r;
   } else {
     snprintf(why, wsize,
              "not a size (vLLM refuses %s: \"Unsupported type "
              "for size\")",
              encache__json_kind(j));
-    return -1;
+    return ENCACHE__PY_VLLM_REFUSES;
   }
   double v = num * mult; /* as Python: float * int, then int() */
   if (!(v > -1.0)) {
     snprintf(why, wsize, "a size must not be negative");
-    return -2;
+    return ENCACHE__PY_ONLY_ENCACHE;
   }
   if (v >= 18446744073709551616.0) {
     snprintf(why, wsize, "too large a size (2**64 bytes or more)");
-    return -2;
+    return ENCACHE__PY_ONLY_ENCACHE;
   }
   *out = (uint64_t)v;
   return 0;

@@ -17,8 +17,12 @@
 const char *encache__json_kind(const json_t *j);
 /* Python: [*a, *e) stripped as str.strip() strips ASCII. */
 void encache__py_strip(const char **a, const char **e);
-/* vLLM's _parse_size: 0, or -1 (vLLM refuses it too) / -2 (only encache
- * does) with why. */
+/* Why a number vLLM reads (a size, a positive integer) is refused: vLLM
+ * refuses it too, or only encache does (negative, a boolean, 2^64 or
+ * more, which vLLM would take).  Not a code: the caller's message says
+ * which, and its code is ENCACHE_ECONFIG either way. */
+enum { ENCACHE__PY_VLLM_REFUSES = 1, ENCACHE__PY_ONLY_ENCACHE = 2 };
+/* vLLM's _parse_size: 0, or ENCACHE__PY_* with why. */
 int encache__vllm_size(const json_t *j, uint64_t *out, char *why, size_t wsize);
 /* vLLM's _normalize_tenant_id of a string: stripped, blank = "default".
  * An allocation, NULL when out of memory. */

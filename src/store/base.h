@@ -21,8 +21,8 @@
  * Thread safety: every backend's operations may be called from several
  * threads at once on one handle.
  */
-#ifndef ENCACHE_STORE_CORE_H
-#define ENCACHE_STORE_CORE_H
+#ifndef ENCACHE_STORE_BASE_H
+#define ENCACHE_STORE_BASE_H
 
 #include "internal.h"
 

@@ -10,8 +10,8 @@
 
 #include <stdint.h>
 
-/* The table's rows: code_at(i) for 0 <= i < code_count() (0 out of
- * range). */
+/* The table's rows: encache__mooncake_code_at(i) for
+ * 0 <= i < encache__mooncake_code_count() (0 out of range). */
 int encache__mooncake_code_count(void);
 int64_t encache__mooncake_code_at(int i);
 

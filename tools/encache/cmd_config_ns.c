@@ -5,7 +5,7 @@
  * printed and, when a Store is named (--store or $ENCACHE_STORE), looked
  * for in it: a warning when it holds no object there while namespaces of
  * the same model field do (an encache encoder beside vLLM ones that
- * shares nothing because a field differs: issue 27).
+ * shares nothing because a field differs).
  */
 #include "cmd_config_ns.h"
 #include "ns.h"

@@ -98,7 +98,7 @@ int64_t encache__redis_check_value(const unsigned char *v, size_t len,
   uint64_t obj = encache__redis_check_objlen(v, len, len);
   *check = CHECK_NONE;
   if (obj > split && obj - split > cap)
-    return -1;
+    return ENCACHE_ETOOLARGE;
   sum_state st = {0};
   size_t h = obj < split ? (size_t)obj : split;
   encache__shm_copy_sum(head, v, h, obj != len ? &st : NULL);

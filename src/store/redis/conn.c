@@ -66,7 +66,8 @@ static redisContext *connect_node(const redis_store *s, const rnode *n,
 }
 
 /* AUTH and SELECT, pipelined, before anything else (c reads with our
- * reply functions).  Returns 0, or -1 with why set.  A server's error
+ * reply functions).  Returns 0, or ENCACHE_EUNAVAIL with why set.  A
+ * server's error
  * names the command, never the password. */
 static int handshake(const redis_store *s, redisContext *c, char *why,
                      size_t whysize) {
@@ -106,7 +107,7 @@ static int handshake(const redis_store *s, redisContext *c, char *why,
       }
   }
   encache__free(b.p);
-  return bad ? -1 : 0;
+  return bad ? ENCACHE_EUNAVAIL : 0;
 }
 
 redisContext *encache__redis_dial(redis_store *s, size_t node,

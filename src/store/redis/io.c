@@ -168,7 +168,7 @@ xtime encache__redis_deadline(const redis_store *s, uint64_t bytes) {
 }
 
 /* Waits until fd is ready for events, at most until the deadline and for
- * idle_ms.  Returns 0, or -1 with errno (ETIMEDOUT). */
+ * idle_ms.  Returns 0, or -errno (-ETIMEDOUT), errno set. */
 static int wait_fd(int fd, short events, xtime t) {
   uint64_t end = now_ms() + t.idle_ms;
   if (end > t.deadline)
@@ -177,7 +177,7 @@ static int wait_fd(int fd, short events, xtime t) {
     uint64_t now = now_ms();
     if (now >= end) {
       errno = ETIMEDOUT;
-      return -1;
+      return -ETIMEDOUT;
     }
     uint64_t left = end - now;
     struct pollfd pfd = {fd, events, 0};
@@ -185,11 +185,12 @@ static int wait_fd(int fd, short events, xtime t) {
     if (r > 0)
       return 0; /* ready, or an error the next call reports */
     if (r < 0 && errno != EINTR)
-      return -1;
+      return -errno;
   }
 }
 
-/* Sends all of iov (modified) before the deadline. */
+/* Sends all of iov (modified) before the deadline: 0, or -errno, errno
+ * set. */
 static int send_all(int fd, struct iovec *iov, int cnt, xtime deadline) {
   while (cnt > 0) {
     struct msghdr m;
@@ -202,7 +203,7 @@ static int send_all(int fd, struct iovec *iov, int cnt, xtime deadline) {
         continue;
       if ((errno != EAGAIN && errno != EWOULDBLOCK) ||
           wait_fd(fd, POLLOUT, deadline) < 0)
-        return -1;
+        return -errno;
       continue;
     }
     while (cnt > 0 && (size_t)w >= iov->iov_len) {
@@ -384,12 +385,13 @@ static int recv_direct(redisContext *c, rpipe *p, xtime deadline,
   return 1;
 }
 
-/* Sends what a stream's more() appended since the last call. */
+/* Sends what a stream's more() appended since the last call: 0, or
+ * ENCACHE_ENOMEM or ENCACHE_EUNAVAIL with why set. */
 static int send_more(int fd, rpipe *p, xtime deadline, char *why,
                      size_t whysize) {
   if (p->out->oom) {
     snprintf(why, whysize, "out of memory");
-    return -1;
+    return ENCACHE_ENOMEM;
   }
   if (p->out_sent == p->out->len)
     return 0;
@@ -399,7 +401,7 @@ static int send_more(int fd, rpipe *p, xtime deadline, char *why,
     return 0;
   snprintf(why, whysize, "%s",
            errno == ETIMEDOUT ? "timed out sending" : strerror(errno));
-  return -1;
+  return ENCACHE_EUNAVAIL;
 }
 
 /* Reads nrep replies (ordinary ones into out when out is not NULL) before

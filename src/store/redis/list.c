@@ -36,7 +36,7 @@ static int dbsize_of(redis_store *s, redisContext *c, uint64_t *dbsize) {
 }
 
 /* One SCAN from cursor (updated): its reply in *out and its key strings
- * in *keys.  Returns 0, or -1 with why set. */
+ * in *keys.  Returns 0, or ENCACHE_EUNAVAIL with why set. */
 static int scan_once(redis_store *s, redisContext *c, const char *pattern,
                      char cursor[32], redisReply **out, redisReply **keys,
                      char *why, size_t whysize) {
@@ -46,7 +46,7 @@ static int scan_once(redis_store *s, redisContext *c, const char *pattern,
   void *one[1];
   if (encache__redis_plain1(s, c, 6, scan, one, xwhy, sizeof(xwhy)) != XR_OK) {
     snprintf(why, whysize, "SCAN: %s", xwhy);
-    return -1;
+    return ENCACHE_EUNAVAIL;
   }
   redisReply *r = one[0], *k = NULL;
   if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
@@ -62,7 +62,7 @@ static int scan_once(redis_store *s, redisContext *c, const char *pattern,
                  ? r->str
                  : "the answer is not a cursor and a list of key strings");
     freeReplyObject(r);
-    return -1;
+    return ENCACHE_EUNAVAIL;
   }
   memcpy(cursor, r->element[0]->str, r->element[0]->len);
   cursor[r->element[0]->len] = '\0';
@@ -71,8 +71,8 @@ static int scan_once(redis_store *s, redisContext *c, const char *pattern,
   return 0;
 }
 
-/* What to do with each page of keys of a scan; returns 0, or -1 with why
- * set; sets *stop to end the scan early. */
+/* What to do with each page of keys of a scan; returns 0, or
+ * ENCACHE_EUNAVAIL with why set; sets *stop to end the scan early. */
 typedef int (*page_fn)(redis_store *s, redisContext *c, const redisReply *keys,
                        void *ctx, int *stop, char *why, size_t whysize);
 
@@ -120,7 +120,7 @@ static int sizes_of(redis_store *s, redisContext *c, const redisReply *keys,
   if (x != XR_OK) {
     snprintf(why, whysize, "STRLEN: %s", lens ? xwhy : "out of memory");
     encache__free(lens);
-    return -1;
+    return ENCACHE_EUNAVAIL;
   }
   for (size_t i = 0; i < n; i++) {
     int64_t len = object_len(lens[2 * i], lens[2 * i + 1]);
@@ -225,7 +225,7 @@ static int unlink_page(redis_store *s, redisContext *c, const redisReply *page,
           : m == 0 ? XR_OK
                    : encache__redis_plain(s, c, &b, m, rep, xwhy, sizeof(xwhy));
   encache__free(b.p);
-  int rc = x == XR_OK ? 0 : -1;
+  int rc = x == XR_OK ? 0 : ENCACHE_EUNAVAIL;
   for (size_t i = 0; x == XR_OK && i < m; i++) {
     redisReply *r = rep[i];
     if (r->type == REDIS_REPLY_INTEGER) {
@@ -237,12 +237,12 @@ static int unlink_page(redis_store *s, redisContext *c, const redisReply *page,
       u->removed += d == 0;
       if (d < 0 && d != ENCACHE_ENOENT && rc == 0) {
         snprintf(xwhy, sizeof(xwhy), "%s", encache_store_errmsg(&s->base));
-        rc = -1;
+        rc = ENCACHE_EUNAVAIL;
       }
     } else if (rc == 0) {
       snprintf(xwhy, sizeof(xwhy), "%s",
                r->type == REDIS_REPLY_ERROR ? r->str : "unexpected answer");
-      rc = -1;
+      rc = ENCACHE_EUNAVAIL;
     }
     freeReplyObject(r);
   }

@@ -6,6 +6,11 @@
  * prefix and counters (leases: lease.c);
  * the ops table and encache__redis_open().  Objects larger than
  * window_threshold go in windows (wread.c, wwrite.c).
+ *
+ * (Over 700 lines, on purpose: the backend's operations and its table
+ * read together, as mooncake.c's and tier.c's do; what each operation
+ * stands on has a file of its own: connections conn.c, replies io.c,
+ * listings list.c, windows wread.c and wwrite.c, leases lease.c.)
  */
 #include "redis.h"
 #include "../backends.h"

@@ -19,7 +19,7 @@
  *   wread.c    windowed reads of large objects (GETRANGE windows)
  *   wwrite.c   windowed writes of large objects (SETRANGE windows into
  *              a temporary key, RENAMENX into place)
- *   check.c    the key-bound check after each object (issue 26): made
+ *   check.c    the key-bound check after each object (since 1.3): made
  *              by writers, verified by readers as they copy
  *
  * URLs (docs/stores.md):
@@ -81,10 +81,11 @@
  * window_threshold, and a write of more than window_threshold bytes, move
  * the object as a pipeline of windows of `window` bytes rather than one
  * GET or SET: large single replies and requests are slow on some machines
- * (issue 14), and a window lands straight in the caller's buffer
- * (received there by recv(), io.c's recv_direct, not through the hiredis
- * reader).  The windowed keys of a read on one node go as one stream,
- * window_depth windows in flight, a new one asked as each comes in: a key
+ * (docs/performance.md, "Redis Store vs raw hiredis"), and a window lands
+ * straight in the caller's buffer (received there by recv(), io.c's
+ * recv_direct, not through the hiredis reader).  The windowed keys of a
+ * read on one node go as one stream, window_depth windows in flight, a
+ * new one asked as each comes in: a key
  * asks EXISTS, STRLEN and its first window, then its other windows with
  * GETRANGE.  A value with a check (Integrity, below) needs nothing more:
  * its windows are summed as they land and its last GETRANGE reads the
@@ -433,7 +434,7 @@ int encache__redis_check_make(int checksum, const char *key, const void *hdr,
  * first split bytes) and buf (cap bytes), with the seed of its key:
  * copies the object, without its check, verified while it is copied
  * when the value carries one (*check: CHECK_*).  Returns the object's
- * length, or -1 when it does not fit (nothing copied). */
+ * length, or ENCACHE_ETOOLARGE when it does not fit (nothing copied). */
 int64_t encache__redis_check_value(const unsigned char *v, size_t len,
                                    size_t split, void *head, void *buf,
                                    size_t cap, uint64_t seed, int *check);

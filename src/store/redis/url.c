@@ -126,22 +126,24 @@ static int default_password(redis_store *s, const char *password_file) {
   return 0;
 }
 
-/* Adds "host:port" as a node; returns 0 or -1. */
+/* Adds "host:port" as a node; returns 0 or ENCACHE_EURL. */
 static int add_hostport(redis_store *s, const char *hp, size_t len) {
   char buf[300];
   if (len == 0 || len >= sizeof(buf))
-    return -1;
+    return ENCACHE_EURL;
   memcpy(buf, hp, len);
   buf[len] = '\0';
   char *colon = strrchr(buf, ':');
   if (colon == NULL || colon == buf)
-    return -1;
+    return ENCACHE_EURL;
   *colon = '\0';
   char *end;
   long port = strtol(colon + 1, &end, 10);
   if (*end != '\0' || port <= 0 || port > 65535)
-    return -1;
-  return encache__redis_node_index(s, buf, (int)port) == NO_NODE ? -1 : 0;
+    return ENCACHE_EURL;
+  if (encache__redis_node_index(s, buf, (int)port) == NO_NODE)
+    return ENCACHE_EURL;
+  return 0;
 }
 
 /* unix:///path: the socket path is [rest, rest+hlen). */

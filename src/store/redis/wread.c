@@ -3,10 +3,11 @@
  * wread.c: windowed reads of large objects (see redis.h, "Windows").
  *
  * The windowed keys of a batch on one node are read as one stream
- * (issue 30): the commands of the keys go on one connection, sent as the
- * replies come in (io.c, rpipe.more), so that window_depth windows are in
- * flight at every moment, across the end of one object and the start of
- * the next, with no round trip between them.  A key asks EXISTS, STRLEN
+ * (docs/performance.md, "One stream per node"): the commands of the keys
+ * go on one connection, sent as the replies come in (io.c, rpipe.more),
+ * so that window_depth windows are in flight at every moment, across the
+ * end of one object and the start of the next, with no round trip
+ * between them.  A key asks EXISTS, STRLEN
  * and its first window (at least the split, so that the header lands in
  * its own buffer); an object that fits in it was read by one GETRANGE,
  * atomically.  While that first window is on its way the stream starts
@@ -31,6 +32,11 @@
  * a difference in any of them means that the windows may come from two
  * objects: the key is a miss.  A key redirected (Redis Cluster) is read
  * again on the node named, in a stream of its own.
+ *
+ * (About 800 lines, on purpose: a key's windows, its verdicts and the
+ * older guard, and the stream that reads a node's keys share the private
+ * wread state and are one mechanism; the fuzzer (fuzz_wread) drives it
+ * whole through encache__redis_wread().)
  */
 #include "redis.h"
 
@@ -414,16 +420,17 @@ typedef struct wstream {
  * any length holds about what is in flight, not all it asked. */
 #define STREAM_COMPACT 1024
 
-/* Moves the n-element array *a (of size-byte elements) to one of cap. */
+/* Moves the n-element array *a (of size-byte elements) to one of cap:
+ * 0, or ENCACHE_ENOMEM. */
 static int grow(void *a, size_t cap, size_t size) {
   void **pa = a, *np = encache__realloc(*pa, cap * size);
   if (np == NULL)
-    return -1;
+    return ENCACHE_ENOMEM;
   *pa = np;
   return 0;
 }
 
-/* Room for two more replies and one more item. */
+/* Room for two more replies and one more item: 0, or ENCACHE_ENOMEM. */
 static int room(wstream *ws) {
   if (ws->nrep + 2 > ws->rcap) {
     size_t c = ws->rcap ? 2 * ws->rcap : 64;
@@ -431,7 +438,7 @@ static int room(wstream *ws) {
         grow(&ws->item_of, c, sizeof(*ws->item_of)) ||
         grow(&ws->rkey, c, sizeof(*ws->rkey)) ||
         grow(&ws->role, c, sizeof(*ws->role)))
-      return -1;
+      return ENCACHE_ENOMEM;
     ws->rcap = c;
   }
   if (ws->nitems + 1 > ws->icap) {
@@ -442,7 +449,7 @@ static int room(wstream *ws) {
         grow(&ws->splits, c, sizeof(*ws->splits)) ||
         grow(&ws->sums, c, sizeof(*ws->sums)) ||
         grow(&ws->vlens, c, sizeof(*ws->vlens)))
-      return -1;
+      return ENCACHE_ENOMEM;
     ws->icap = c;
   }
   return 0;
@@ -543,6 +550,28 @@ static void sfinish(wread *w, int64_t result) {
   w->result = result;
 }
 
+/* Takes a key's first window r (a string): the whole object, or the
+ * first of its windows (the rest follow in the stream), or a value
+ * without a check (the older guard, after the stream). */
+static void stake_first(wread *w, const rreply *r) {
+  uint64_t want = w->len < w->first ? w->len : w->first;
+  if (r->too_large || (uint64_t)r->len != want) {
+    sfinish(w, changed(w, "first window"));
+    return;
+  }
+  w->got = 1;
+  int rc = wformat(w, want, r->check == CHECK_SUMMED);
+  if (rc == 1 && !w->checked) {
+    w->follow = WF_LEGACY; /* the older guard, after the stream */
+    sfinish(w, ENCACHE_EUNAVAIL);
+  } else if (rc == 1) {
+    w->nwin = wcount(w);
+    w->state = WS_WINDOWS;
+  } else {
+    sfinish(w, rc < 0 ? rc : (rc = wverdict(w)) < 0 ? rc : (int64_t)w->objend);
+  }
+}
+
 /* Takes reply j, of key kx. */
 static void stake(wstream *ws, size_t j) {
   wread *w = ws->w[ws->rkey[j]];
@@ -583,28 +612,11 @@ static void stake(wstream *ws, size_t j) {
       sfinish(w, ENCACHE_EUNAVAIL);
     }
     return;
-  case R_FIRST: {
+  case R_FIRST:
     if (r->type != REDIS_REPLY_STRING)
       break;
-    uint64_t want = w->len < w->first ? w->len : w->first;
-    if (r->too_large || (uint64_t)r->len != want) {
-      sfinish(w, changed(w, "first window"));
-      return;
-    }
-    w->got = 1;
-    rc = wformat(w, want, r->check == CHECK_SUMMED);
-    if (rc == 1 && !w->checked) {
-      w->follow = WF_LEGACY; /* the older guard, after the stream */
-      sfinish(w, ENCACHE_EUNAVAIL);
-    } else if (rc == 1) {
-      w->nwin = wcount(w);
-      w->state = WS_WINDOWS;
-    } else {
-      sfinish(w, rc < 0 ? rc : (rc = wverdict(w)) < 0 ? rc
-                                                      : (int64_t)w->objend);
-    }
+    stake_first(w, r);
     return;
-  }
   case R_WINDOW:
     if (r->too_large ||
         (uint64_t)r->len != wend(w, w->got) - wend(w, w->got - 1)) {

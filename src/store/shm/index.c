@@ -6,11 +6,11 @@
  *
  * Everything here runs under the segment lock (lock.c).  What an
  * operation trusts of an entry is never read where it lies in shared
- * memory: load_entry() copies the entry out once and the copy must pass
- * its check word and range checks; what the lock writes back goes through
- * store_entry(), which seals the private values, never what the shared
- * entry holds by then.  A chain that does not validate is repaired
- * (repair.c) and walked again.
+ * memory: encache__shm_load_entry() copies the entry out once and the
+ * copy must pass its check word and range checks; what the lock writes
+ * back goes through encache__shm_store_entry(), which seals the private
+ * values, never what the shared entry holds by then.  A chain that does
+ * not validate is repaired (repair.c) and walked again.
  */
 #include "shm.h"
 
@@ -25,10 +25,10 @@ uint32_t encache__shm_entry_check(const shm_entry *e, uint32_t id) {
   return check_words(0x9e3779b97f4a7c15ull, id, w, sizeof(w) / sizeof(w[0]));
 }
 
-/* After the lock changed any field entry_check() covers: writes those
- * fields from the private entry n, and the check word computed from n:
- * never from what the shared entry holds by then (a peer's damage must
- * not be sealed in). */
+/* After the lock changed any field encache__shm_entry_check() covers:
+ * writes those fields from the private entry n, and the check word
+ * computed from n: never from what the shared entry holds by then (a
+ * peer's damage must not be sealed in). */
 void encache__shm_store_entry(shm_store *s, shm_entry *e, const shm_entry *n) {
   e->hash = n->hash;
   e->pos = n->pos;

@@ -42,7 +42,7 @@ int encache__shm_publish(shm_store *s, const shm_pending *p) {
   if (!encache__shm_load_entry(s, ent_id(s, p->e), &c, 0) ||
       c.state != E_WRITING || c.gen != p->gen ||
       c.owner_slot != (uint32_t)s->slot || c.owner_token != s->token)
-    return -1;
+    return ENCACHE_ENOENT;
   if (p->at_epoch &&
       __atomic_load_n(&s->h->purge_epoch, __ATOMIC_ACQUIRE) != p->epoch) {
     encache__shm_entry_free(s, p->e);

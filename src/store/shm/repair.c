@@ -12,9 +12,10 @@
  * token.
  *
  * Crashes.  A process killed while holding the lock leaves it to the next
- * locker with EOWNERDEAD; that process runs repair(), which rebuilds all
- * derived structure (chains, lists, free list, ring head, counters) from
- * the entries that pass validation, and marks the mutex consistent.
+ * locker with EOWNERDEAD; that process runs encache__shm_repair(), which
+ * rebuilds all derived structure (chains, lists, free list, ring head,
+ * counters) from the entries that pass validation, and marks the mutex
+ * consistent.
  * Entries caught half-moved, or written by dead writers, are dropped.  The
  * same repair runs whenever an operation finds structure that does not
  * validate: the Store is repaired, never trusted blindly.

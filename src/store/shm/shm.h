@@ -134,9 +134,10 @@ enum entry_flags { F_SUMMED = 1 }; /* `sum` holds the object's checksum */
  * within [tail, head) of the ring and inside the data region; READY and
  * WRITING entries are on their hash chain and on the FIFO list in
  * position order; FREE entries are on the free list (through hnext);
- * `check` is entry_check() of the entry as the lock last left it (the
- * list links, `gen` and `referenced` are not covered: links are checked
- * by range and by walking, gen and referenced only ever make a miss).
+ * `check` is encache__shm_entry_check() of the entry as the lock last
+ * left it (the list links, `gen` and `referenced` are not covered: links
+ * are checked by range and by walking, gen and referenced only ever make
+ * a miss).
  * `gen` and `referenced` are also touched without the lock (atomically). */
 typedef struct shm_entry {
   uint64_t gen;         /* bumped whenever the record stops being valid */
@@ -152,7 +153,7 @@ typedef struct shm_entry {
   uint32_t owner_slot;  /* WRITING: the writer's handle slot */
   uint32_t referenced;  /* set by readers: earns a second chance */
   uint32_t flags;       /* entry_flags */
-  uint32_t check;       /* entry_check() */
+  uint32_t check;       /* encache__shm_entry_check() */
   uint32_t pad_;
 } shm_entry;
 
@@ -459,8 +460,8 @@ void encache__shm_unlock(shm_store *s);
 /* Whether m's kind word is not a robust process-shared mutex's. */
 int encache__shm_lock_damaged(pthread_mutex_t *m);
 /* Under the lock: READY the record p names, if still this handle's: 0;
- * -1 when it is not; 1 when p is for a purge epoch that has passed (the
- * record is freed instead). */
+ * ENCACHE_ENOENT when it is not (reclaimed); 1 when p is for a purge
+ * epoch that has passed (the record is freed instead). */
 int encache__shm_publish(shm_store *s, const shm_pending *p);
 
 /* ------------------------------------------- repair.c: liveness, repair */
