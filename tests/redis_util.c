@@ -138,6 +138,30 @@ void kill_wait(pid_t pid, int sig) {
     waitpid(pid, NULL, 0);
 }
 
+int redis_server_start_auth(redis_server *r, const char *password,
+                            const char *options) {
+  memset(r, 0, sizeof(*r));
+  if (!redis_have())
+    return 0;
+  r->port = free_port();
+  r->pid = spawn_redis_auth(r->port, NULL, password);
+  redis_server_url(r, options, r->url, sizeof(r->url));
+  return 1;
+}
+
+int redis_server_start(redis_server *r, const char *options) {
+  return redis_server_start_auth(r, NULL, options);
+}
+
+void redis_server_stop(redis_server *r) { kill_wait(r->pid, SIGKILL); }
+
+const char *redis_server_url(const redis_server *r, const char *options,
+                             char *buf, size_t size) {
+  snprintf(buf, size, "redis://127.0.0.1:%d%s", r->port,
+           options != NULL ? options : "");
+  return buf;
+}
+
 
 int slot_owner(const int *ports, int n, int ask, const char *key) {
   redisContext *c = connect_to(ask);

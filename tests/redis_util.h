@@ -4,6 +4,7 @@
 #define ENCACHE_TEST_REDIS_UTIL_H
 
 #include <hiredis/hiredis.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -24,6 +25,27 @@ pid_t spawn_redis(int port, const char *dir);
 int slot_owner(const int *ports, int n, int ask, const char *key);
 /* Sends sig; waits for the process when it is SIGKILL or SIGTERM. */
 void kill_wait(pid_t pid, int sig);
+
+/* One redis-server of a test, on a free loopback port, and its URL:
+ * redis://127.0.0.1:PORT followed by the options given. */
+typedef struct redis_server {
+  int port;
+  pid_t pid;
+  char url[256];
+} redis_server;
+/* Starts one (with --requirepass password when that is not NULL) and
+ * waits until it answers; options ("?timeout_ms=300", NULL: none) end its
+ * URL.  0 when redis-server is not installed (said: the test returns and
+ * passes), else 1. */
+int redis_server_start(redis_server *r, const char *options);
+int redis_server_start_auth(redis_server *r, const char *password,
+                            const char *options);
+/* Kills it (SIGKILL) and waits for it. */
+void redis_server_stop(redis_server *r);
+/* r's address with other options: "redis://127.0.0.1:PORT" options, in
+ * buf; returns buf. */
+const char *redis_server_url(const redis_server *r, const char *options,
+                             char *buf, size_t size);
 
 /* A three-master cluster in a fresh directory. */
 typedef struct cluster {

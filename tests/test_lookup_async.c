@@ -298,20 +298,18 @@ TEST(lookup_async_results_equal_blocking_lookups) {
 
 /* The same over a real redis-server (skipped without one). */
 TEST(lookup_async_results_equal_blocking_lookups_redis) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[64], extra[64];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  char extra[64];
   snprintf(extra, sizeof(extra), ", \"store_read_buffer_bytes\": %d",
            READ_BUF);
   aenv e;
-  aenv_open_url(&e, url, "async/redis", extra);
+  aenv_open_url(&e, rs.url, "async/redis", extra);
   property_run(&e, 60);
   ASSERT_EQ_INT(encache_close(e.ec), 0);
   aenv_done(&e);
-  kill_wait(pid, SIGTERM);
+  kill_wait(rs.pid, SIGTERM);
 }
 
 /* ---------------------------------------------------- the fd, the waits */
@@ -865,15 +863,11 @@ TEST(lookup_async_reads_of_several_steps_in_flight_at_once) {
  * with UNAVAILABLE (never a hang, never a poisoned handle), and lookups
  * hit again once the server is back. */
 TEST(lookup_async_stopped_store_waits_are_bounded) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?timeout_ms=300&connect_timeout_ms=300"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[128];
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300", port);
   aenv e;
-  aenv_open_url(&e, url, "async/stopped", "");
+  aenv_open_url(&e, rs.url, "async/stopped", "");
   char ids[2][32];
   seed(&e, "st", 2, 8, ids);
   encache_candidate c[2] = {cand(ids[0], 8), cand(ids[1], 8)};
@@ -886,7 +880,7 @@ TEST(lookup_async_stopped_store_waits_are_bounded) {
   ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
   ASSERT_EQ_INT(encache_step_wait(step, -1), 2); /* connected: hits */
   free_hits(r, 2);
-  ASSERT_EQ_INT(kill(pid, SIGSTOP), 0);
+  ASSERT_EQ_INT(kill(rs.pid, SIGSTOP), 0);
   double t0 = now_s();
   ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
   ASSERT(now_s() - t0 < 0.25); /* a start never waits for the Store */
@@ -897,7 +891,7 @@ TEST(lookup_async_stopped_store_waits_are_bounded) {
     test__fail(__FILE__, __LINE__, "the lookup took %.3f s", now_s() - t0);
   ASSERT_EQ_INT(r[0].outcome, ENCACHE_UNAVAILABLE);
   ASSERT_EQ_INT(r[1].outcome, ENCACHE_UNAVAILABLE);
-  ASSERT_EQ_INT(kill(pid, SIGCONT), 0);
+  ASSERT_EQ_INT(kill(rs.pid, SIGCONT), 0);
   int hits = 0;
   for (int i = 0; i < 300 && hits != 2; i++) { /* past the backoff */
     ASSERT_EQ_INT(encache_lookup_start(step, c, 2, &a, r), 0);
@@ -911,7 +905,7 @@ TEST(lookup_async_stopped_store_waits_are_bounded) {
   encache_step_close(step);
   ASSERT_EQ_INT(encache_close(e.ec), 0);
   aenv_done(&e);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* ------------------------------------------------ a process killed */

@@ -36,6 +36,8 @@ static int64_t check_cols = 300;
 #define NBYTES ((size_t)ROWS * (size_t)COLS * 4)
 #define MAX_NBYTES ((size_t)ROWS * MAX_COLS * 4)
 #define NFLIPS 200
+/* Windows of 1 KiB, two per exchange, for every value. */
+#define WIN_1K "?window=1KiB&window_depth=2&window_threshold=0"
 /* R1's digest (docs/format.md): mix64(sum(O1) ^ XXH3-64(K2)), in
  * little-endian order. */
 #define CHECK_VECTOR_DIGEST 0xe6, 0xd6, 0xd4, 0x5b, 0xe3, 0x19, 0x93, 0xce
@@ -242,20 +244,16 @@ static int flip_campaign(const char *url, const char *id, int flips) {
 }
 
 TEST(redis_check_flipped_bytes_are_never_hits) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
-  int served = flip_campaign(url, "flip-get", NFLIPS);
+  char url[256];
+  int served = flip_campaign(rs.url, "flip-get", NFLIPS);
   /* The same in windows of 1 KiB, two per exchange. */
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
-           port);
-  served += flip_campaign(url, "flip-win", NFLIPS);
+  served += flip_campaign(redis_server_url(&rs, WIN_1K, url, sizeof(url)),
+                          "flip-win", NFLIPS);
   ASSERT_EQ_INT(served, 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* id's object copied to id2's key by each of three means; never a hit. */
@@ -302,18 +300,14 @@ static int copies_served(const char *url, int with_copy) {
 }
 
 TEST(redis_check_object_copied_under_another_key_is_not_a_hit) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  char url[256];
+  ASSERT_EQ_INT(copies_served(rs.url, 1), 0);
+  redis_server_url(&rs, WIN_1K, url, sizeof(url));
   ASSERT_EQ_INT(copies_served(url, 1), 0);
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
-           port);
-  ASSERT_EQ_INT(copies_served(url, 1), 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* SETs id's object raw under its key, as an older encache wrote it (no
@@ -344,20 +338,16 @@ static int old_object_served(const char *url, const char *id) {
 }
 
 TEST(redis_check_objects_written_without_it_are_still_served) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[200];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
-  ASSERT_EQ_INT(old_object_served(url, "old-get"), 1);
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
-           port);
+  char url[256];
+  ASSERT_EQ_INT(old_object_served(rs.url, "old-get"), 1);
+  redis_server_url(&rs, WIN_1K, url, sizeof(url));
   ASSERT_EQ_INT(old_object_served(url, "old-win"), 1);
   /* checksum=off writes them so (older readers read them), and a reader
    * with checksum=required serves none of them, but serves checked ones. */
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=off", port);
+  redis_server_url(&rs, "?checksum=off", url, sizeof(url));
   encache *ec = open_engine(url);
   char key[512];
   key_of(ec, "off", key, sizeof(key));
@@ -370,37 +360,34 @@ TEST(redis_check_objects_written_without_it_are_still_served) {
   raw_close(&r);
   ASSERT_EQ_INT(n, 24 + NBYTES);
   ASSERT_EQ_INT(old_object_served(url, "old-off"), 1);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=required", port);
+  redis_server_url(&rs, "?checksum=required", url, sizeof(url));
   ASSERT_EQ_INT(old_object_served(url, "old-req"), 0);
   ec = open_engine(url);
   key_of(ec, "req", key, sizeof(key));
   store_put(url, key, "req");
   ASSERT_EQ_INT(hit_is_right(ec, "req"), 1);
   ASSERT_EQ_INT(encache_close(ec), 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* The same three, for values of 64 KiB and 1 MiB read by one GET each (below
  * window_threshold): longer than the reader's first read, they are received
  * straight into their destinations (io.c, recv_direct) and checked there. */
 TEST(redis_check_values_received_in_place_are_checked) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
   static const int64_t sizes[] = {4096, MAX_COLS};
   int served = 0;
   for (int k = 0; k < 2; k++) {
     check_cols = sizes[k];
-    served += flip_campaign(url, k ? "flip-1m" : "flip-64k", 64);
-    served += copies_served(url, 1);
-    ASSERT_EQ_INT(old_object_served(url, k ? "old-1m" : "old-64k"), 1);
+    served += flip_campaign(rs.url, k ? "flip-1m" : "flip-64k", 64);
+    served += copies_served(rs.url, 1);
+    ASSERT_EQ_INT(old_object_served(rs.url, k ? "old-1m" : "old-64k"), 1);
   }
   check_cols = 300;
   ASSERT_EQ_INT(served, 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /*
@@ -408,12 +395,9 @@ TEST(redis_check_values_received_in_place_are_checked) {
  * under K2's key is the 40 bytes of O1 then these 16.
  */
 TEST(redis_check_vector) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
   static const unsigned char o1[40] = {
       0x4e, 0x4f, 0x4f, 0x4d, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
       2,    0,    0,    0,    0, 0, 0, 0, 0, 0, 0x80, 0x3f, 0, 0, 0, 0x40,
@@ -425,10 +409,10 @@ TEST(redis_check_vector) {
                     "encoder:default@dtype:torch.float32@protocol:v3"
                     "@id:image@1";
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, key, o1, 24, o1 + 24, 16), 0);
   raw r;
-  raw_open(&r, url);
+  raw_open(&r, rs.url);
   size_t n = 0;
   unsigned char *v = raw_get(&r, key, &n);
   ASSERT_EQ_INT(n, 56);
@@ -449,7 +433,7 @@ TEST(redis_check_vector) {
   free(v);
   raw_close(&r);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /*
@@ -459,18 +443,13 @@ TEST(redis_check_vector) {
  * miss once a payload byte is flipped.
  */
 TEST(redis_check_window_edges) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?window=64&window_depth=2&window_threshold=0"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?window=64&window_depth=2&window_threshold=0",
-           port);
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   raw r;
-  raw_open(&r, url);
+  raw_open(&r, rs.url);
   static unsigned char obj[24 + 256], out[4096];
   for (int64_t cols = 0; cols <= 64; cols++) {
     int64_t shape[2] = {1, cols};
@@ -502,7 +481,7 @@ TEST(redis_check_window_edges) {
   }
   raw_close(&r);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* Reads key through st into a buffer of its size; returns the answer. */
@@ -562,17 +541,16 @@ static void tw_hook(const char *key, uint64_t done) {
  * 64 KiB.
  */
 TEST(redis_check_objects_rewritten_between_windows_are_misses) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
   char url[3][200];
   static const char *const modes[3] = {"on", "off", "required"};
   encache_store *st[3] = {NULL, NULL, NULL};
   for (int m = 0; m < 3; m++) {
     snprintf(url[m], sizeof(url[m]),
              "redis://127.0.0.1:%d?checksum=%s&window=4096&window_depth=2&"
-             "window_threshold=0", port, modes[m]);
+             "window_threshold=0", rs.port, modes[m]);
     ASSERT_EQ_INT(encache_store_open(url[m], &st[m]), 0);
   }
   /* {writer, rewriter} (0: with the check, 1: without), and the columns
@@ -605,7 +583,7 @@ TEST(redis_check_objects_rewritten_between_windows_are_misses) {
     }
   for (int m = 0; m < 3; m++)
     encache_store_close(st[m]);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 
@@ -618,10 +596,9 @@ TEST(redis_check_objects_rewritten_between_windows_are_misses) {
  * is).
  */
 TEST(redis_check_large_windows_received_in_place) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
   const int64_t cols = (6 << 20) / 4 + 1;
   size_t len = 24 + (size_t)cols * 4;
   unsigned char *a = malloc(len), *out = malloc(len + 4096);
@@ -629,7 +606,7 @@ TEST(redis_check_large_windows_received_in_place) {
   for (int mode = 0; mode < 2; mode++) {
     char url[200];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=%s&"
-             "window_threshold=0", port, mode ? "off" : "on");
+             "window_threshold=0", rs.port, mode ? "off" : "on");
     encache_store *st = NULL;
     ASSERT_EQ_INT(encache_store_open(url, &st), 0);
     raw r;
@@ -661,7 +638,7 @@ TEST(redis_check_large_windows_received_in_place) {
   }
   free(a);
   free(out);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /*
@@ -676,19 +653,17 @@ TEST(redis_check_large_windows_received_in_place) {
  * undisturbed, is the object now there.
  */
 TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?window=4096&window_depth=2&"
+                               "window_threshold=0"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[200], offurl[240];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?window=4096&"
-           "window_depth=2&window_threshold=0", port);
-  snprintf(offurl, sizeof(offurl), "%s&checksum=off", url);
+  char offurl[300];
+  snprintf(offurl, sizeof(offurl), "%s&checksum=off", rs.url);
   encache_store *st = NULL, *off = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   ASSERT_EQ_INT(encache_store_open(offurl, &off), 0);
   raw r;
-  raw_open(&r, url);
+  raw_open(&r, rs.url);
   enum { NK = 9 };
   static const char *const keys[NK] = {"s0", "s1", "s2", "s3", "s4",
                                        "s5", "s6", "s7", "s8"};
@@ -742,8 +717,8 @@ TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
   ASSERT_EQ_INT(res[0], (int64_t)len[0]);
   /* With checksum=required the empty value, which has no check, and the
    * object without one are misses; the checked ones are still hits. */
-  char requrl[240];
-  snprintf(requrl, sizeof(requrl), "%s&checksum=required", url);
+  char requrl[300];
+  snprintf(requrl, sizeof(requrl), "%s&checksum=required", rs.url);
   encache_store *req = NULL;
   ASSERT_EQ_INT(encache_store_open(requrl, &req), 0);
   ASSERT_EQ_INT(encache_store_read(req, keys, NK, bufs, caps, res), 0);
@@ -755,7 +730,7 @@ TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
   raw_close(&r);
   encache_store_close(st);
   encache_store_close(off);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /*
@@ -766,15 +741,12 @@ TEST(redis_check_windowed_keys_of_one_read_in_one_stream) {
  * back, and a miss once one byte of the middle object is flipped.
  */
 TEST(redis_check_long_stream_of_small_windows) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?window=64&window_depth=16&"
+                               "window_threshold=0"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[200];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?window=64&"
-           "window_depth=16&window_threshold=0", port);
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   enum { NK = 3, LCOLS = 24576 }; /* 96 KiB of float32 */
   static const char *const keys[NK] = {"l0", "l1", "l2"};
   static unsigned char obj[NK][24 + LCOLS * 4], body[NK][LCOLS * 4],
@@ -792,7 +764,7 @@ TEST(redis_check_long_stream_of_small_windows) {
   for (int flip = 0; flip < 2; flip++) {
     if (flip) {
       raw r;
-      raw_open(&r, url);
+      raw_open(&r, rs.url);
       raw_setrange(&r, "l1", 50000, (unsigned char)(obj[1][50000] ^ 1));
       raw_close(&r);
     }
@@ -810,7 +782,7 @@ TEST(redis_check_long_stream_of_small_windows) {
     }
   }
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /*
@@ -820,12 +792,11 @@ TEST(redis_check_long_stream_of_small_windows) {
  * one beside it is promoted.
  */
 TEST(redis_check_tier_never_promotes_a_damaged_object) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
   char rurl[160], turl[300], lurl[200], shm[64];
-  snprintf(rurl, sizeof(rurl), "redis://127.0.0.1:%d", port);
+  redis_server_url(&rs, NULL, rurl, sizeof(rurl));
   snprintf(shm, sizeof(shm), "check-tier-%d", (int)getpid());
   snprintf(turl, sizeof(turl), "tier:shm://%s?size=16MiB+%s", shm, rurl);
   snprintf(lurl, sizeof(lurl), "shm://%s?create=no", shm);
@@ -867,7 +838,7 @@ TEST(redis_check_tier_never_promotes_a_damaged_object) {
   raw_close(&r);
   encache_store_close(remote);
   encache_shm_destroy(shm);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* The flips, copies and old objects on the Store tests/on_redis.sh names
@@ -935,16 +906,15 @@ static int run_tool(const char *args, char *out, size_t size) {
  * none of them and counts none.
  */
 TEST(redis_check_hits_without_it_are_counted_and_shown) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
   char url[200], reg[64], key[512];
   snprintf(reg, sizeof(reg), "encache.rcheck-%d", (int)getpid());
   char path[128];
   snprintf(path, sizeof(path), "/%s", reg);
   shm_unlink(path);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  redis_server_url(&rs, NULL, url, sizeof(url));
   char json[512];
   snprintf(json, sizeof(json),
            "{\"ec_connector_extra_config\": {\"cross_encoder_cache\": true, "
@@ -993,12 +963,10 @@ TEST(redis_check_hits_without_it_are_counted_and_shown) {
   }
   ASSERT_EQ_INT(encache_close(ec), 0);
   /* In windows too; and never under checksum=required. */
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?window=1KiB&window_depth=2&window_threshold=0",
-           port);
+  redis_server_url(&rs, WIN_1K, url, sizeof(url));
   ASSERT_EQ_INT(old_object_served(url, "bare-win"), 1);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?checksum=required", port);
+  redis_server_url(&rs, "?checksum=required", url, sizeof(url));
   ASSERT_EQ_INT(old_object_served(url, "bare-req"), 0);
   shm_unlink(path);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }

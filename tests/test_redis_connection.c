@@ -82,14 +82,10 @@ static int publish(encache_step *step, const char *id) {
 }
 
 TEST(redis_server_killed_then_restarted) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?timeout_ms=300&connect_timeout_ms=300"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[128];
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300", port);
-  encache *ec = open_engine(url);
+  encache *ec = open_engine(rs.url);
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   static const char *const ids[] = {"k1", "k22", "k333"};
@@ -100,7 +96,7 @@ TEST(redis_server_killed_then_restarted) {
   ASSERT_EQ_INT(encache_flush(ec), 0);
   ASSERT_EQ_INT(look(step, ids, 3, out), 3);
 
-  kill_wait(pid, SIGKILL);
+  kill_wait(rs.pid, SIGKILL);
   /* No crash, nothing poisoned: lookups are UNAVAILABLE, writes skipped. */
   static const char *const more[] = {"k1", "fresh"};
   ASSERT_EQ_INT(look(step, more, 2, out), 0);
@@ -114,7 +110,7 @@ TEST(redis_server_killed_then_restarted) {
   ASSERT_EQ_INT(st.poisoned, 0);
 
   /* Restarted (empty): after the backoff, the handle works again. */
-  pid = spawn_redis(port, NULL);
+  rs.pid = spawn_redis(rs.port, NULL);
   int recovered = 0;
   for (int i = 0; i < 300 && !recovered; i++) { /* up to 30 s */
     look(step, more, 2, out);
@@ -128,24 +124,20 @@ TEST(redis_server_killed_then_restarted) {
   ASSERT_EQ_INT(look(step, more, 2, out), 1);
   ASSERT_EQ_INT(out[1], ENCACHE_HIT);
   ASSERT_EQ_INT(encache_close(ec), 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_stopped_server_lookups_bounded_by_timeout) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?timeout_ms=200&connect_timeout_ms=200"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[128];
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?timeout_ms=200&connect_timeout_ms=200", port);
-  encache *ec = open_engine(url);
+  encache *ec = open_engine(rs.url);
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
   static const char *const ids[] = {"s1", "s22"};
   int out[2];
   ASSERT_EQ_INT(look(step, ids, 2, out), 0); /* connected, misses */
-  kill(pid, SIGSTOP);
+  kill(rs.pid, SIGSTOP);
   double t0 = now_s();
   look(step, ids, 2, out);
   double took = now_s() - t0;
@@ -157,7 +149,7 @@ TEST(redis_stopped_server_lookups_bounded_by_timeout) {
   t0 = now_s();
   look(step, ids, 2, out); /* within the backoff: at once */
   ASSERT(now_s() - t0 < 1.0);
-  kill(pid, SIGCONT);
+  kill(rs.pid, SIGCONT);
   int recovered = 0;
   for (int i = 0; i < 300 && !recovered; i++) { /* up to 30 s */
     look(step, ids, 2, out);
@@ -167,7 +159,7 @@ TEST(redis_stopped_server_lookups_bounded_by_timeout) {
   }
   ASSERT(recovered);
   ASSERT_EQ_INT(encache_close(ec), 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* Waits until the server has no client but the one asking. */
@@ -197,10 +189,9 @@ static void sigpipe_default(void) {
 }
 
 TEST(redis_killed_connections_never_raise_sigpipe) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
   int ready[2], go[2];
   ASSERT(pipe(ready) == 0 && pipe(go) == 0);
   pid_t child = fork();
@@ -208,7 +199,7 @@ TEST(redis_killed_connections_never_raise_sigpipe) {
   if (child == 0) {
     sigpipe_default();
     char url[128], b = 0;
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    redis_server_url(&rs, NULL, url, sizeof(url));
     encache_store *st = NULL;
     size_t big = 1u << 20;
     char *value = calloc(1, big);
@@ -228,14 +219,14 @@ TEST(redis_killed_connections_never_raise_sigpipe) {
   }
   char b;
   ASSERT_EQ_INT(read(ready[0], &b, 1), 1);
-  redisContext *c = connect_to(port);
+  redisContext *c = connect_to(rs.port);
   redisReply *r = redisCommand(c, "CLIENT KILL TYPE normal SKIPME yes");
   ASSERT(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= 1);
   freeReplyObject(r);
   redisFree(c);
   ASSERT_EQ_INT(write(go[1], "g", 1), 1);
   run_child_expect_exit0(child, "writes after CLIENT KILL");
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_fake_send_to_a_closing_server_never_raises_sigpipe) {
@@ -262,17 +253,16 @@ TEST(redis_fake_send_to_a_closing_server_never_raises_sigpipe) {
 }
 
 TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  redisContext *c = connect_to(port);
+  redisContext *c = connect_to(rs.port);
   redisReply *r = redisCommand(c, "CONFIG SET timeout 1");
   ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS);
   freeReplyObject(r);
   redisFree(c);
   char url[128];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  redis_server_url(&rs, NULL, url, sizeof(url));
   encache *ec = open_engine(url);
   encache_step *step = NULL;
   ASSERT_EQ_INT(encache_step_open(ec, &step), 0);
@@ -285,14 +275,14 @@ TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
       ids[i] = id[i];
     }
     /* The server closed every pooled connection while they were idle. */
-    wait_alone(port);
+    wait_alone(rs.port);
     ASSERT_EQ_INT(look(step, ids, 3, out), 0);
     ASSERT_EQ_INT(out[0], ENCACHE_MISS);
-    wait_alone(port);
+    wait_alone(rs.port);
     for (int i = 0; i < 3; i++)
       ASSERT_EQ_INT(publish(step, ids[i]), ENCACHE_QUEUED);
     ASSERT_EQ_INT(encache_flush(ec), 0);
-    wait_alone(port);
+    wait_alone(rs.port);
     ASSERT_EQ_INT(look(step, ids, 3, out), 3);
   }
   encache_stats st = ENCACHE_STATS_INIT;
@@ -300,5 +290,5 @@ TEST(redis_idle_connections_closed_by_the_server_are_redialled) {
   ASSERT_EQ_U64(st.published_failed, 0);
   ASSERT_EQ_U64(st.published_written, 9);
   ASSERT_EQ_INT(encache_close(ec), 0);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }

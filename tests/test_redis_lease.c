@@ -70,32 +70,31 @@ static encache_store *open_url(int port, const char *query) {
 }
 
 TEST(redis_lease_take_renew_held_drop) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  encache_store *st = open_url(port, "");
+  encache_store *st = open_url(rs.port, "");
   ASSERT(encache_store_caps_of(st) & ENCACHE_STORE_CAP_LEASE);
   const char *lk = "encache-lease:img-1";
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 41, 5000), 0);
-  redisReply *v = cmd_on(port, "GET %s", lk, NULL);
+  redisReply *v = cmd_on(rs.port, "GET %s", lk, NULL);
   ASSERT_EQ_STR(v->str, "41"); /* the token, in decimal */
   freeReplyObject(v);
-  long long ttl = int_on(port, "PTTL %s", lk);
+  long long ttl = int_on(rs.port, "PTTL %s", lk);
   ASSERT(ttl > 0 && ttl <= 5000);
   /* Held by another: EEXIST, the lease untouched. */
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 42, 60000),
                 ENCACHE_EEXIST);
   ASSERT_CONTAINS(encache_store_errmsg(st), "held by another");
-  ASSERT(int_on(port, "PTTL %s", lk) <= 5000);
+  ASSERT(int_on(rs.port, "PTTL %s", lk) <= 5000);
   /* Renewed by its holder: the new deadline. */
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 41, 60000), 0);
-  ASSERT(int_on(port, "PTTL %s", lk) > 5000);
+  ASSERT(int_on(rs.port, "PTTL %s", lk) > 5000);
   /* Only the holder drops it. */
   ASSERT_EQ_INT(encache_store_lease_drop(st, "img-1", 42), ENCACHE_ENOENT);
-  ASSERT_EQ_INT(int_on(port, "EXISTS %s", lk), 1);
+  ASSERT_EQ_INT(int_on(rs.port, "EXISTS %s", lk), 1);
   ASSERT_EQ_INT(encache_store_lease_drop(st, "img-1", 41), 0);
-  ASSERT_EQ_INT(int_on(port, "EXISTS %s", lk), 0);
+  ASSERT_EQ_INT(int_on(rs.port, "EXISTS %s", lk), 0);
   ASSERT_EQ_INT(encache_store_lease_drop(st, "img-1", 41), ENCACHE_ENOENT);
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 42, 5000), 0);
   /* A lease is not an object, and an object's key is not a lease. */
@@ -109,29 +108,28 @@ TEST(redis_lease_take_renew_held_drop) {
   ASSERT_EQ_INT(ts_read_one(st, "img-1", buf, sizeof(buf)), 3);
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 43, 5000), 0);
   /* Each script went whole (EVAL) once, then by its SHA-1 (EVALSHA). */
-  ASSERT_EQ_INT(calls_of(port, "eval"), 2);
-  ASSERT(calls_of(port, "evalsha") >= 9);
+  ASSERT_EQ_INT(calls_of(rs.port, "eval"), 2);
+  ASSERT(calls_of(rs.port, "evalsha") >= 9);
   /* After SCRIPT FLUSH, NOSCRIPT: sent whole again. */
-  freeReplyObject(cmd_on(port, "SCRIPT FLUSH", NULL, NULL));
+  freeReplyObject(cmd_on(rs.port, "SCRIPT FLUSH", NULL, NULL));
   ASSERT_EQ_INT(encache_store_lease_take(st, "img-1", 43, 5000), 0);
-  ASSERT_EQ_INT(calls_of(port, "eval"), 3);
+  ASSERT_EQ_INT(calls_of(rs.port, "eval"), 3);
   /* The server refuses (the lease key is a list): unavailable, said. */
-  freeReplyObject(cmd_on(port, "RPUSH %s %s", "encache-lease:odd", "x"));
+  freeReplyObject(cmd_on(rs.port, "RPUSH %s %s", "encache-lease:odd", "x"));
   int rc = encache_store_lease_take(st, "odd", 1, 5000);
   ASSERT_EQ_INT(rc, ENCACHE_EUNAVAIL);
   ASSERT_EQ_INT(encache_store_classify(rc), ENCACHE_ANSWER_RECOVERABLE);
   ASSERT_CONTAINS(encache_store_errmsg(st), "WRONGTYPE");
   ASSERT_EQ_INT(encache_store_lease_drop(st, "odd", 1), ENCACHE_EUNAVAIL);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_lease_expires_at_its_ttl) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  encache_store *st = open_url(port, "");
+  encache_store *st = open_url(rs.port, "");
   ASSERT_EQ_INT(encache_store_lease_take(st, "short", 1, 50), 0);
   double t0 = now_s();
   ASSERT_EQ_INT(encache_store_lease_take(st, "short", 2, 50), ENCACHE_EEXIST);
@@ -147,23 +145,20 @@ TEST(redis_lease_expires_at_its_ttl) {
   ASSERT_EQ_INT(encache_store_lease_drop(st, "short", 1), ENCACHE_ENOENT);
   ASSERT_EQ_INT(encache_store_lease_drop(st, "short", 2), 0);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_lease_holder_killed_holds_until_its_ttl) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[96];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
   int ready[2];
   ASSERT(pipe(ready) == 0);
   pid_t holder = fork();
   ASSERT(holder >= 0);
   if (holder == 0) {
     encache_store *mine = NULL;
-    if (encache_store_open(url, &mine) != 0 ||
+    if (encache_store_open(rs.url, &mine) != 0 ||
         encache_store_lease_take(mine, "victim", 7, 1500) != 0)
       _exit(1);
     if (write(ready[1], "x", 1) != 1)
@@ -178,7 +173,7 @@ TEST(redis_lease_holder_killed_holds_until_its_ttl) {
   kill_wait(holder, SIGKILL);
   close(ready[0]);
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   /* Its death does not end the lease on Redis ... */
   ASSERT_EQ_INT(encache_store_lease_take(st, "victim", 8, 5000),
                 ENCACHE_EEXIST);
@@ -192,7 +187,7 @@ TEST(redis_lease_holder_killed_holds_until_its_ttl) {
     test__fail(__FILE__, __LINE__, "a 1500 ms lease of a killed holder "
                "ended after %.3f s", took);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 #define RACE_PROCS 8
@@ -258,18 +253,15 @@ static void lease_race(const char *url, const char *tag) {
 }
 
 TEST(redis_lease_race_one_winner_per_key) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[96];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
   for (int round = 0; round < 3; round++) {
     char tag[16];
     snprintf(tag, sizeof(tag), "r%d", round);
-    lease_race(url, tag);
+    lease_race(rs.url, tag);
   }
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* An object of a namespace and the lease on it: listing, counting and
@@ -295,14 +287,13 @@ static void lease_not_an_object(encache_store *st, const char *ns) {
 }
 
 TEST(redis_lease_is_never_listed_counted_or_purged) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  encache_store *st = open_url(port, "");
+  encache_store *st = open_url(rs.port, "");
   lease_not_an_object(st, "embedding@model:lease-test");
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* The slot of key, as a string. */
@@ -384,14 +375,14 @@ TEST(redis_lease_cluster_slots_and_redirections) {
 }
 
 TEST(redis_lease_dead_server_is_unavailable_promptly) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  encache_store *st = open_url(port, "?timeout_ms=200&connect_timeout_ms=200");
+  encache_store *st =
+      open_url(rs.port, "?timeout_ms=200&connect_timeout_ms=200");
   ASSERT_EQ_INT(encache_store_lease_take(st, "gone", 1, 60000), 0);
   /* A server that stops answering: one 200 ms timeout, not a hang. */
-  kill(pid, SIGSTOP);
+  kill(rs.pid, SIGSTOP);
   double t0 = now_s();
   int rc = encache_store_lease_take(st, "gone", 1, 60000);
   double took = now_s() - t0;
@@ -403,7 +394,7 @@ TEST(redis_lease_dead_server_is_unavailable_promptly) {
   ASSERT_EQ_INT(encache_store_lease_drop(st, "gone", 1), ENCACHE_EUNAVAIL);
   ASSERT(now_s() - t0 < 2.0);
   /* A killed one: refused, at once. */
-  kill_wait(pid, SIGKILL);
+  kill_wait(rs.pid, SIGKILL);
   t0 = now_s();
   ASSERT_EQ_INT(encache_store_lease_take(st, "gone", 2, 60000),
                 ENCACHE_EUNAVAIL);

@@ -64,26 +64,26 @@ TEST(redis_url_errors) {
 }
 
 TEST(redis_ttl_and_auth) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  redisContext *c = connect_to(port);
+  redisContext *c = connect_to(rs.port);
   redisReply *r = redisCommand(c, "CONFIG SET requirepass s3cret");
   freeReplyObject(r);
   redisFree(c);
   char url[160];
   encache_store *st = NULL;
-  snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", port);
+  snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", rs.port);
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, "t", NULL, 0, "v", 1), ENCACHE_EUNAVAIL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "AUTH");
   encache_store_close(st);
-  snprintf(url, sizeof(url), "redis://:s3cret@127.0.0.1:%d/3?ttl_s=100", port);
+  snprintf(url, sizeof(url), "redis://:s3cret@127.0.0.1:%d/3?ttl_s=100",
+           rs.port);
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, "t", NULL, 0, "v", 1), 0);
   encache_store_close(st);
-  c = connect_to(port);
+  c = connect_to(rs.port);
   r = redisCommand(c, "AUTH s3cret");
   freeReplyObject(r);
   r = redisCommand(c, "SELECT 3");
@@ -92,7 +92,7 @@ TEST(redis_ttl_and_auth) {
   ASSERT(r->type == REDIS_REPLY_INTEGER && r->integer > 90 && r->integer <= 100);
   freeReplyObject(r);
   redisFree(c);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_url_redact) {
@@ -255,50 +255,49 @@ static void password_files_remove(void) {
 }
 
 TEST(redis_auth_password_from_url_file_and_environment) {
-  if (!redis_have())
-    return;
   const char *pw = "s3cr3t:p@ss/w0rd"; /* ':', '@' and '/' raw in URLs */
-  int port = free_port();
-  pid_t pid = spawn_redis_auth(port, NULL, pw);
+  redis_server rs;
+  if (!redis_server_start_auth(&rs, pw, NULL))
+    return;
   char url[512], shown[128], file[128], bad[128], missing[160];
   unsetenv("ENCACHE_REDIS_PASSWORD");
   /* In the URL: raw, percent-encoded, with the default user. */
-  snprintf(url, sizeof(url), "redis://:%s@127.0.0.1:%d", pw, port);
+  snprintf(url, sizeof(url), "redis://:%s@127.0.0.1:%d", pw, rs.port);
   ASSERT_EQ_INT(write_read(url), 0);
   snprintf(url, sizeof(url),
-           "redis://default:s3cr3t%%3Ap%%40ss%%2Fw0rd@127.0.0.1:%d", port);
+           "redis://default:s3cr3t%%3Ap%%40ss%%2Fw0rd@127.0.0.1:%d", rs.port);
   ASSERT_EQ_INT(write_read(url), 0);
   /* In a file (newline stripped; CRLF too), and in the environment. */
   password_file(file, sizeof(file), "s3cr3t:p@ss/w0rd\r\nnext line\n");
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", port,
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", rs.port,
            file);
   ASSERT_EQ_INT(write_read(url), 0);
   setenv("ENCACHE_REDIS_PASSWORD", pw, 1);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", rs.port);
   ASSERT_EQ_INT(write_read(url), 0);
   /* Precedence: the URL's, then the file's, then the environment's. */
   setenv("ENCACHE_REDIS_PASSWORD", "wrong-env", 1);
   ASSERT_EQ_INT(write_read(url), ENCACHE_EUNAVAIL);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", port,
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", rs.port,
            file);
   ASSERT_EQ_INT(write_read(url), 0);
   password_file(bad, sizeof(bad), "wrong-file\n");
   snprintf(url, sizeof(url), "redis://:%s@127.0.0.1:%d?password_file=%s", pw,
-           port, bad);
+           rs.port, bad);
   ASSERT_EQ_INT(write_read(url), 0);
   unsetenv("ENCACHE_REDIS_PASSWORD");
 
   /* Refused: the message says AUTH and shows no password. */
   encache_store *st = NULL;
-  snprintf(url, sizeof(url), "redis://u:wrong-url@127.0.0.1:%d", port);
-  snprintf(shown, sizeof(shown), "redis://u:***@127.0.0.1:%d", port);
+  snprintf(url, sizeof(url), "redis://u:wrong-url@127.0.0.1:%d", rs.port);
+  snprintf(shown, sizeof(shown), "redis://u:***@127.0.0.1:%d", rs.port);
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, "t", NULL, 0, "v", 1),
                 ENCACHE_EUNAVAIL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "AUTH");
   assert_redacted(encache_store_errmsg(st), shown, "wrong-url");
   encache_store_close(st);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", port,
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", rs.port,
            bad);
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, "t", NULL, 0, "v", 1),
@@ -307,42 +306,42 @@ TEST(redis_auth_password_from_url_file_and_environment) {
   assert_redacted(encache_store_errmsg(st), "redis://127.0.0.1", "wrong-file");
   encache_store_close(st);
   /* No password at all: the server's NOAUTH, named. */
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d", rs.port);
   ASSERT_EQ_INT(write_read(url), ENCACHE_EUNAVAIL);
   ASSERT_CONTAINS(write_read_why, "NOAUTH");
 
   /* A password file that cannot be used: the open fails, naming the file
    * and never its content. */
   snprintf(missing, sizeof(missing), "%s.missing", file);
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", port,
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", rs.port,
            missing);
   ASSERT_EQ_INT(encache_store_open(url, &st), -ENOENT);
   ASSERT_CONTAINS(encache_store_errmsg(st), missing);
   encache_store_close(st);
   password_file(bad, sizeof(bad), "\nwrong-file\n");
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", port,
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?password_file=%s", rs.port,
            bad);
   ASSERT_EQ_INT(encache_store_open(url, &st), ENCACHE_EURL);
   ASSERT_CONTAINS(encache_store_errmsg(st), "the first line is empty");
   assert_redacted(encache_store_errmsg(st), bad, "wrong-file");
   encache_store_close(st);
   password_files_remove();
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_auth_out_of_memory_is_an_error_never_a_connection_without_auth) {
-  if (!redis_have())
-    return;
   const char *pw = "oom-s3cret";
-  int port = free_port();
-  pid_t pid = spawn_redis_auth(port, NULL, pw);
+  redis_server rs;
+  if (!redis_server_start_auth(&rs, pw, NULL))
+    return;
   char url[512], file[128];
   password_file(file, sizeof(file), "oom-s3cret\n");
   for (int variant = 0; variant < 3; variant++) {
     if (variant == 0)
-      snprintf(url, sizeof(url), "redis://default:%s@127.0.0.1:%d", pw, port);
+      snprintf(url, sizeof(url), "redis://default:%s@127.0.0.1:%d", pw,
+               rs.port);
     else
-      snprintf(url, sizeof(url), "redis://127.0.0.1:%d%s%s", port,
+      snprintf(url, sizeof(url), "redis://127.0.0.1:%d%s%s", rs.port,
                variant == 1 ? "?password_file=" : "", variant == 1 ? file : "");
     if (variant == 2)
       setenv("ENCACHE_REDIS_PASSWORD", pw, 1);
@@ -372,5 +371,5 @@ TEST(redis_auth_out_of_memory_is_an_error_never_a_connection_without_auth) {
     unsetenv("ENCACHE_REDIS_PASSWORD");
   }
   password_files_remove();
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }

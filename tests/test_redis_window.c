@@ -28,11 +28,10 @@
 #include <unistd.h>
 
 TEST(redis_large_value_into_small_buffer_is_refused_unread) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  redisContext *c = connect_to(port);
+  redisContext *c = connect_to(rs.port);
   /* 64 MiB made on the server: this process never holds it. */
   redisReply *r = redisCommand(c, "SETRANGE big 67108863 x");
   ASSERT(r != NULL && r->type == REDIS_REPLY_INTEGER);
@@ -49,7 +48,7 @@ TEST(redis_large_value_into_small_buffer_is_refused_unread) {
   char url[128];
   /* The server copies the 64 MiB into its output buffer before it sends
    * the header: a generous deadline, for a loaded machine. */
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=10000", port);
+  redis_server_url(&rs, "?timeout_ms=10000", url, sizeof(url));
   encache_store *st = NULL;
   ASSERT_EQ_INT(encache_store_open(url, &st), 0);
   static char mem[4][4096];
@@ -70,7 +69,7 @@ TEST(redis_large_value_into_small_buffer_is_refused_unread) {
     test__fail(__FILE__, __LINE__, "reading 64 MiB into 4 KiB: +%ld KiB",
                grew);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* The Redis Store's test hook, called between the exchanges of a windowed
@@ -117,14 +116,12 @@ static void wh_arm(void (*action)(void)) {
 }
 
 TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?" WOPTS))
     return;
-  wh.port = free_port();
-  pid_t pid = spawn_redis(wh.port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?" WOPTS, wh.port);
+  wh.port = rs.port;
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   static unsigned char a[WOBJ], b[WOBJ], out[WOBJ];
   wfill(a, WOBJ, 1);
   memcpy(b, a, WOBJ);
@@ -149,23 +146,19 @@ TEST(redis_window_object_rewritten_between_windows_is_a_miss) {
   ASSERT_EQ_MEM(out, b, WOBJ);
   encache__redis_window_hook = NULL;
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* A key that expires under a windowed read (between EXISTS and STRLEN in
  * its first exchange) is a miss, never "an empty object": thousands of
  * reads race a 1 ms expiry (before the fix about 1 in 90 answered 0). */
 TEST(redis_window_key_expiring_mid_read_is_a_miss) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, "?window=64&window_threshold=0"))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
-  char url[160];
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?window=64&window_threshold=0", port);
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
-  redisContext *c = connect_to(port);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
+  redisContext *c = connect_to(rs.port);
   static unsigned char val[200], out[4096];
   memset(val, 'x', sizeof(val));
   long empty = 0, misses = 0;
@@ -188,7 +181,7 @@ TEST(redis_window_key_expiring_mid_read_is_a_miss) {
   ASSERT_EQ_INT(ts_read_one(st, "ekey", out, sizeof(out)), 0);
   redisFree(c);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 /* The temporary keys on the server at port. */
@@ -219,13 +212,11 @@ static void wh_evict_tmp(void) {
 }
 
 TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
-  if (!redis_have())
+  redis_server rs;
+  if (!redis_server_start(&rs, NULL))
     return;
-  int port = free_port();
-  pid_t pid = spawn_redis(port, NULL);
   char url[160];
-  snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=200&" WOPTS,
-           port);
+  redis_server_url(&rs, "?timeout_ms=200&" WOPTS, url, sizeof(url));
   static unsigned char a[WOBJ];
   wfill(a, WOBJ, 3);
   pid_t child = fork();
@@ -247,27 +238,27 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
   ASSERT_EQ_INT(ts_read_one(st, "wkey", out, sizeof(out)), ENCACHE_ENOENT);
   /* Its temporary is there, with an expiry (2 x (200 ms + 250 ms)). */
   long long pttl = 0;
-  ASSERT_EQ_INT((int)tmp_keys(port, &pttl), 1);
+  ASSERT_EQ_INT((int)tmp_keys(rs.port, &pttl), 1);
   ASSERT(pttl > 0 && pttl <= 900);
   double t0 = now_s();
-  while (tmp_keys(port, NULL) > 0 && now_s() - t0 < 3)
+  while (tmp_keys(rs.port, NULL) > 0 && now_s() - t0 < 3)
     usleep(50000);
-  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  ASSERT_EQ_INT((int)tmp_keys(rs.port, NULL), 0);
   /* A write that fails mid-way (the key exists) leaves nothing either. */
   ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24), 0);
   ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24),
                 ENCACHE_EEXIST);
-  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  ASSERT_EQ_INT((int)tmp_keys(rs.port, NULL), 0);
   /* A temporary evicted mid-write (and made again by the next window) is
    * noticed: the write fails, nothing is left. */
-  wh.port = port;
+  wh.port = rs.port;
   wh_arm(wh_evict_tmp);
   ASSERT_EQ_INT(encache_store_write(st, "wkey3", a, 24, a + 24, WOBJ - 24),
                 ENCACHE_EUNAVAIL);
   encache__redis_window_hook = NULL;
   ASSERT_CONTAINS(encache_store_errmsg(st), "temporary");
   ASSERT_EQ_INT(ts_read_one(st, "wkey3", out, sizeof(out)), ENCACHE_ENOENT);
-  ASSERT_EQ_INT((int)tmp_keys(port, NULL), 0);
+  ASSERT_EQ_INT((int)tmp_keys(rs.port, NULL), 0);
   /* The final key has the objects' expiry, not the temporary's: none, or
    * ttl_s. */
   encache_store_close(st);
@@ -275,7 +266,7 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
   snprintf(ttl_url, sizeof(ttl_url), "%s&ttl_s=100", url);
   ASSERT_EQ_INT(encache_store_open(ttl_url, &st), 0);
   ASSERT_EQ_INT(encache_store_write(st, "wkey2", a, 24, a + 24, WOBJ - 24), 0);
-  redisContext *c = connect_to(port);
+  redisContext *c = connect_to(rs.port);
   redisReply *r1 = redisCommand(c, "PTTL wkey"), *r2 = redisCommand(c, "PTTL wkey2");
   ASSERT_EQ_INT((int)r1->integer, -1);
   ASSERT(r2->integer > 90000 && r2->integer <= 100000);
@@ -283,20 +274,18 @@ TEST(redis_window_writer_killed_leaves_no_object_and_its_temporary_expires) {
   freeReplyObject(r2);
   redisFree(c);
   encache_store_close(st);
-  kill_wait(pid, SIGKILL);
+  redis_server_stop(&rs);
 }
 
 TEST(redis_window_server_killed_mid_window_is_unavailable) {
-  if (!redis_have())
+  redis_server rs; /* killed by the hook (wh.server), twice */
+  if (!redis_server_start(&rs,
+                          "?timeout_ms=300&connect_timeout_ms=300&" WOPTS))
     return;
-  wh.port = free_port();
-  wh.server = spawn_redis(wh.port, NULL);
-  char url[192];
-  snprintf(url, sizeof(url),
-           "redis://127.0.0.1:%d?timeout_ms=300&connect_timeout_ms=300&" WOPTS,
-           wh.port);
+  wh.port = rs.port;
+  wh.server = rs.pid;
   encache_store *st = NULL;
-  ASSERT_EQ_INT(encache_store_open(url, &st), 0);
+  ASSERT_EQ_INT(encache_store_open(rs.url, &st), 0);
   static unsigned char a[WOBJ], out[WOBJ];
   wfill(a, WOBJ, 4);
   ASSERT_EQ_INT(encache_store_write(st, "wkey", a, 24, a + 24, WOBJ - 24), 0);
