@@ -14,56 +14,46 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Case 12's faults of one write, each a row: the Store's fault, and what
+ * the flush, the storage's release, the charge and the close come to. */
+static const struct {
+  const char *what;
+  int registered;        /* a Store that registers memory (env_init) */
+  int fail_unregister;   /* its unregistration fails */
+  int write_rc;          /* the write's answer (0: written) */
+  int flush_rc;          /* encache_flush() and encache_close() */
+  int releases;          /* storage releases after the flush */
+  uint64_t pending_bytes; /* still charged after the flush */
+} case12[] = {
+    {"a failed unregistration poisons and keeps the buffers", 1, 1, 0,
+     ENCACHE_EPOISONED, 0, 16},
+    {"an unconfirmed write result poisons and keeps the tensor", 0, 0,
+     ENCACHE_EUNCONFIRMED, ENCACHE_EPOISONED, 0, 16},
+    {"a quota-exceeded write is recoverable and releases the tensor", 0, 0,
+     ENCACHE_EUNAVAIL, 0, 1, 0},
+};
+
 TEST(engine_case12_unregistration_unconfirmed_quota_budget) {
   static const char *const ids[] = {"u"};
   encache_result r[1];
   talloc t = {0};
-  /* A failed unregistration poisons and keeps the buffers. */
-  {
+  for (size_t k = 0; k < sizeof(case12) / sizeof(case12[0]); k++) {
+    printf("# %s\n", case12[k].what);
     env e;
-    env_init(&e, 1);
+    env_init(&e, case12[k].registered);
     encache *ec = open_default(&e);
     encache_step *step = step_of(ec);
     lookup_ids(step, ids, 1, r, &t);
-    e.ctl.fail_unregister = 1;
+    e.ctl.fail_unregister = case12[k].fail_unregister;
+    e.ctl.write_rc = case12[k].write_rc;
     storage_releases = 0;
     ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_QUEUED);
-    ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
-    ASSERT_EQ_INT(storage_releases, 0);
-    ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
-    encache_shm_destroy(e.seg);
-  }
-  /* An unconfirmed write result poisons and keeps the tensor. */
-  {
-    env e;
-    env_init(&e, 0);
-    encache *ec = open_default(&e);
-    encache_step *step = step_of(ec);
-    lookup_ids(step, ids, 1, r, &t);
-    e.ctl.write_rc = ENCACHE_EUNCONFIRMED;
-    storage_releases = 0;
-    ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_QUEUED);
-    ASSERT_EQ_INT(encache_flush(ec), ENCACHE_EPOISONED);
-    ASSERT_EQ_INT(storage_releases, 0);
+    ASSERT_EQ_INT(encache_flush(ec), case12[k].flush_rc);
+    ASSERT_EQ_INT(storage_releases, case12[k].releases);
     encache_stats s = ENCACHE_STATS_INIT;
     encache_stats_get(ec, &s);
-    ASSERT_EQ_U64(s.pending_bytes, 16); /* the charge is kept */
-    ASSERT_EQ_INT(encache_close(ec), ENCACHE_EPOISONED);
-    encache_shm_destroy(e.seg);
-  }
-  /* A quota-exceeded write is recoverable and releases the tensor. */
-  {
-    env e;
-    env_init(&e, 0);
-    encache *ec = open_default(&e);
-    encache_step *step = step_of(ec);
-    lookup_ids(step, ids, 1, r, &t);
-    e.ctl.write_rc = ENCACHE_EUNAVAIL;
-    storage_releases = 0;
-    ASSERT_EQ_INT(publish_ref(step, "u"), ENCACHE_QUEUED);
-    ASSERT_EQ_INT(encache_flush(ec), 0);
-    ASSERT_EQ_INT(storage_releases, 1);
-    ASSERT_EQ_INT(encache_close(ec), 0);
+    ASSERT_EQ_U64(s.pending_bytes, case12[k].pending_bytes);
+    ASSERT_EQ_INT(encache_close(ec), case12[k].flush_rc);
     encache_shm_destroy(e.seg);
   }
   /* Over budget: skipped, the caller's tensor is not retained. */
