@@ -16,7 +16,7 @@ start=$(date +%s)
 bash scripts/vllm-venv.sh "$venv"
 "$venv/bin/python" -c 'import vllm; print(f"vllm-real: vLLM {vllm.__version__}")'
 set +e
-"$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
+PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
   --ignore-glob='*e2e*' tests/vllm_real "$@"
 rc=$?
 set -e
