@@ -276,3 +276,84 @@ int count_keys(const char *key, uint64_t len, void *arg) {
   ++*(long *)arg;
   return 0;
 }
+
+/* ------------------------------------------------ raw access to a Store */
+
+static redisContext *raw_dial(const char *url) {
+  char host[256] = "";
+  int port = 0;
+  if (strncmp(url, "unix://", 7) == 0) {
+    char path[256];
+    sscanf(url + 7, "%255[^?]", path);
+    return redisConnectUnix(path);
+  }
+  const char *hp = strstr(url, "://");
+  hp = hp ? hp + 3 : url;
+  const char *at = strchr(hp, '@');
+  if (at != NULL && (strchr(hp, '?') == NULL || at < strchr(hp, '?')))
+    hp = at + 1;
+  sscanf(hp, "%255[^:]:%d", host, &port);
+  return redisConnect(host, port);
+}
+
+void raw_open(redis_raw *r, const char *url) {
+  snprintf(r->url, sizeof(r->url), "%s", url);
+  r->c = raw_dial(url);
+  ASSERT(r->c != NULL && !r->c->err);
+}
+
+void raw_close(redis_raw *r) { redisFree(r->c); }
+
+redisReply *raw_cmd(redis_raw *r, int argc, const char **argv,
+                    const size_t *lens) {
+  for (int round = 0; round < 3; round++) {
+    redisReply *rep = redisCommandArgv(r->c, argc, argv, lens);
+    ASSERT(rep != NULL);
+    if (rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "MOVED ", 6) != 0)
+      return rep;
+    char where[300];
+    snprintf(where, sizeof(where), "redis://%s", strchr(rep->str + 6, ' ') + 1);
+    freeReplyObject(rep);
+    redisFree(r->c);
+    r->c = raw_dial(where);
+    ASSERT(r->c != NULL && !r->c->err);
+  }
+  test__fail(__FILE__, __LINE__, "still redirected");
+}
+
+void raw_set(redis_raw *r, const char *key, const void *v, size_t n) {
+  const char *argv[3] = {"SET", key, v};
+  size_t lens[3] = {3, strlen(key), n};
+  redisReply *rep = raw_cmd(r, 3, argv, lens);
+  ASSERT_EQ_INT(rep->type, REDIS_REPLY_STATUS);
+  freeReplyObject(rep);
+}
+
+unsigned char *raw_get(redis_raw *r, const char *key, size_t *n) {
+  const char *argv[2] = {"GET", key};
+  size_t lens[2] = {3, strlen(key)};
+  redisReply *rep = raw_cmd(r, 2, argv, lens);
+  unsigned char *out = NULL;
+  if (rep->type == REDIS_REPLY_STRING) {
+    out = malloc(rep->len + 1);
+    memcpy(out, rep->str, rep->len);
+    *n = rep->len;
+  }
+  freeReplyObject(rep);
+  return out;
+}
+
+void raw_setrange(redis_raw *r, const char *key, size_t off,
+                  unsigned char b) {
+  char at[32];
+  snprintf(at, sizeof(at), "%zu", off);
+  const char *argv[4] = {"SETRANGE", key, at, (const char *)&b};
+  size_t lens[4] = {8, strlen(key), strlen(at), 1};
+  freeReplyObject(raw_cmd(r, 4, argv, lens));
+}
+
+void raw_del(redis_raw *r, const char *key) {
+  const char *argv[2] = {"DEL", key};
+  size_t lens[2] = {3, strlen(key)};
+  freeReplyObject(raw_cmd(r, 2, argv, lens));
+}

@@ -66,6 +66,27 @@ char *node_id(int port);
  * error. */
 void on_node(int port, const char *fmt, const char *a, const char *b);
 
+/* A raw connection to the Store at url (redis://H:P, unix://PATH, or the
+ * first seed of redis-cluster://H:P,...), following MOVED by hand, for
+ * what a test writes and reads past the Store: the values as they lie
+ * on the server. */
+typedef struct redis_raw {
+  char url[512];
+  redisContext *c;
+} redis_raw;
+void raw_open(redis_raw *r, const char *url);
+void raw_close(redis_raw *r);
+/* A command about one key (its arguments as argv); MOVED followed. */
+redisReply *raw_cmd(redis_raw *r, int argc, const char **argv,
+                    const size_t *lens);
+void raw_set(redis_raw *r, const char *key, const void *v, size_t n);
+/* The value at key into a fresh buffer (*n bytes); NULL when none. */
+unsigned char *raw_get(redis_raw *r, const char *key, size_t *n);
+/* Sets the byte at off of key's value to b. */
+void raw_setrange(redis_raw *r, const char *key, size_t off,
+                  unsigned char b);
+void raw_del(redis_raw *r, const char *key);
+
 /* The peak resident set of this process, in KiB. */
 long maxrss_kib(void);
 /* Waits for child; fails the test (naming what) unless it exited 0. */
