@@ -17,16 +17,35 @@
 #     libmooncake_store.so (the wheels have none: said, not run);
 #   - the Python suite tests/mooncake_real (the route a Python process
 #     takes by itself), the console script `encache`, and the Python demo
-#     (python -m encache.demo, real images, every hit verified).
+#     (python -m encache.demo, real images, every hit verified);
+#   - with vLLM's Python (build/vllm-venv, scripts/vllm-venv.sh: used when
+#     it is there, never changed; said when not), the interop with vLLM's
+#     own reuse code both ways (tests/mooncake_real/test_vllm_interop.py)
+#     and the benchmark against vLLM's lookup path (bench/mooncake_vllm.py,
+#     figures, not a pass/fail: MOONCAKE_BENCH_ROUNDS, default 20), with
+#     Mooncake and encache for it installed with pip --target into
+#     BUILD_DIR/vllm-mooncake-packages.
 # Needs root (unshare -n), BUILD_DIR built (scripts/test.sh) and the
 # Python package index.  A failed install fails the run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$here/build}" && pwd)
 venv=$build/mooncake-venv
+vpy=$build/vllm-venv/bin/python
+vpkgs=$build/vllm-mooncake-packages
+pins="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 if [ "${MOONCAKE_REAL_NETNS:-}" != 1 ]; then
   # Outside the namespace: the package index is reachable here only.
   bash "$here/scripts/mooncake-venv.sh" "$venv"
+  if "$vpy" -c "import vllm" 2>/dev/null; then
+    if [ "$(cat "$vpkgs/encache-pins" 2>/dev/null)" != "$pins" ]; then
+      rm -rf "$vpkgs"
+      "$vpy" -m pip install -q --no-deps --target "$vpkgs" $pins
+      echo "$pins" >"$vpkgs/encache-pins"
+    fi
+    (cd "$here" && "$vpy" -m pip install -q --no-deps --upgrade \
+      --target "$vpkgs" .)
+  fi
   exec unshare -n env MOONCAKE_REAL_NETNS=1 bash -c \
     'ip link set lo up && exec bash "$0" "$@"' "$0" "$build"
 fi
@@ -69,6 +88,23 @@ echo "# route python, in a Python process: tests/mooncake_real"
 (cd "$here" && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   tests/mooncake_real 2>&1 | quiet
   exit "${PIPESTATUS[0]}") || rc=1
+
+echo "# interop with vLLM's own reuse code (its mooncake_store_embedding)"
+if [ -d "$vpkgs/encache" ] && "$vpy" -c "import vllm" 2>/dev/null; then
+  (cd "$here" && PYTHONPATH=$vpkgs VLLM_HOST_IP=127.0.0.1 \
+    MOONCAKE_REQUESTER_LOCAL_HOSTNAME=127.0.0.1 "$vpy" -m pytest -q \
+    -p no:cacheprovider -W ignore::DeprecationWarning \
+    tests/mooncake_real/test_vllm_interop.py 2>&1 | quiet
+  exit "${PIPESTATUS[0]}") || rc=1
+  echo "# encache against vLLM's lookup path (figures)"
+  (cd "$here" && PYTHONPATH=$vpkgs VLLM_HOST_IP=127.0.0.1 \
+    MOONCAKE_REQUESTER_LOCAL_HOSTNAME=127.0.0.1 "$vpy" bench/mooncake_vllm.py \
+    --rounds "${MOONCAKE_BENCH_ROUNDS:-20}" 2>&1 | quiet |
+    grep -v "^Triton") || true
+else
+  echo "# not run: no vLLM in $build/vllm-venv (bash scripts/vllm-venv.sh" \
+    "makes it)"
+fi
 
 echo "# the Python demo on Mooncake"
 out=$(cd / && "$venv/bin/python" -m encache.demo --store mooncake: \
