@@ -82,6 +82,7 @@ static struct {
   int (*TupleSet)(PyObject *, ptrdiff_t, PyObject *);
   PyObject *(*ListNew)(ptrdiff_t);
   int (*ListSet)(PyObject *, ptrdiff_t, PyObject *);
+  int (*ListAppend)(PyObject *, PyObject *);
   ptrdiff_t (*ListSize)(PyObject *);
   PyObject *(*ListGet)(PyObject *, ptrdiff_t);
   PyObject *(*Str)(const char *, ptrdiff_t, const char *);
@@ -102,7 +103,7 @@ static const char *const py_names[] = {
     "PyImport_ImportModule",  "PyObject_GetAttrString",
     "PyObject_CallObject",    "PyTuple_New",
     "PyTuple_SetItem",        "PyList_New",
-    "PyList_SetItem",         "PyList_Size",
+    "PyList_SetItem",         "PyList_Append",          "PyList_Size",
     "PyList_GetItem",         "PyUnicode_DecodeUTF8",
     "PyLong_FromUnsignedLongLong", "PyLong_AsLongLong",
     "PyBool_FromLong",        "Py_DecRef",
@@ -154,8 +155,19 @@ static const char probe_code[] =
     "print(1 if importlib.util.find_spec('mooncake') else 0)\n"
     "for p in sys.path: print(p)\n";
 
-/* Runs the probe with python: its output (malloc'd), or NULL. */
+/* Runs the probe with python (a name on PATH, or a path: a relative one
+ * is taken from the current directory, its links kept, since a virtual
+ * environment is known by the path of its bin/python): its output
+ * (malloc'd), or NULL. */
 static char *probe(const char *python) {
+  char abs[4096];
+  if (strchr(python, '/') != NULL && python[0] != '/') {
+    char cwd[2048];
+    if (getcwd(cwd, sizeof(cwd)) == NULL ||
+        snprintf(abs, sizeof(abs), "%s/%s", cwd, python) >= (int)sizeof(abs))
+      return NULL;
+    python = abs;
+  }
   int fd[2];
   if (pipe(fd) != 0)
     return NULL;
@@ -163,6 +175,8 @@ static char *probe(const char *python) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
   posix_spawn_file_actions_addclose(&fa, fd[0]);
+  /* Not the program's directory: nothing there may shadow a module. */
+  posix_spawn_file_actions_addchdir_np(&fa, "/");
   char *argv[] = {(char *)python, (char *)"-c", (char *)probe_code, NULL};
   pid_t pid;
   int rc = posix_spawnp(&pid, python, &fa, NULL, argv, environ);
@@ -212,18 +226,19 @@ static char *line(char **p) {
   return l;
 }
 
-/* Sets sys.path to the rest of the probe's lines, and sys.argv; under the
- * GIL of the interpreter just started. */
+/* Sets sys.path to the rest of the probe's lines but the empty one (the
+ * probe's current directory: a program's own is not a place to import
+ * from), and sys.argv; under the GIL of the interpreter just started. */
 static int set_sys(char *rest) {
-  ptrdiff_t n = 0;
-  for (const char *c = rest; c != NULL && *c != '\0'; c++)
-    n += *c == '\n';
-  PyObject *path = py.ListNew(n), *argv = py.ListNew(1);
+  PyObject *path = py.ListNew(0), *argv = py.ListNew(1);
   int rc = path != NULL && argv != NULL ? 0 : -1;
-  for (ptrdiff_t i = 0; rc == 0 && i < n; i++) {
-    const char *l = line(&rest);
+  for (const char *l; rc == 0 && (l = line(&rest)) != NULL;) {
+    if (l[0] == '\0')
+      continue;
     PyObject *s = py.Str(l, (ptrdiff_t)strlen(l), "surrogateescape");
-    rc = s != NULL ? py.ListSet(path, i, s) : -1; /* (takes s) */
+    rc = s != NULL ? py.ListAppend(path, s) : -1;
+    if (s != NULL)
+      py.DecRef(s);
   }
   if (rc == 0) {
     PyObject *s = py.Str("encache", 7, NULL);

@@ -183,15 +183,16 @@ def test_purge_removes_by_regex_through_the_client(standin, open_cache):
     assert store.CALLS["remove_by_regex"] == 1
 
 
-def _tool(url, **env):
+def _tool(url, cwd=None, **env):
     tool = os.environ.get("ENCACHE_TOOL")
     if not tool:
         pytest.skip("ENCACHE_TOOL is not set (tests/python/run.sh sets it)")
     e = {k: v for k, v in os.environ.items()
          if not k.startswith("ENCACHE_MOONCAKE")}
     e.update(env)
-    return subprocess.run([tool, "--store", url, "stats"], env=e,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([os.path.abspath(tool), "--store", url, "stats"],
+                          env=e, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_the_tool_starts_python_for_the_client(standin):
@@ -201,6 +202,15 @@ def test_the_tool_starts_python_for_the_client(standin):
               PYTHONPATH=os.path.realpath(STANDIN))
     assert p.returncode == 0, p.stderr
     assert "kind          mooncake" in p.stdout
+
+
+def test_a_relative_python_is_taken_from_the_current_directory(standin):
+    url, _ = standin
+    here, name = os.path.split(sys.executable)
+    p = _tool(url, cwd=here, ENCACHE_MOONCAKE_LIBRARY=SHIM,
+              ENCACHE_MOONCAKE_PYTHON="./" + name,
+              PYTHONPATH=os.path.realpath(STANDIN))
+    assert p.returncode == 0, p.stderr
 
 
 @pytest.mark.parametrize("python,said", [
