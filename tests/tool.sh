@@ -400,7 +400,12 @@ assert ov["lookups"]["started_ahead"] == ov["requests"] == 50, ov["lookups"]
 assert no["lookups"]["started_ahead"] == 0, no["lookups"]
 assert ov["images"] == no["images"], (ov["images"], no["images"])
 assert ov["verification"]["passed"] and no["verification"]["passed"]
-assert ov["verification"]["checked"] == ov["hits"]["total"] > 0
+# Every hit checked.  (How many hits there are depends on the machine: a
+# loaded one may run all 50 requests before the worker writes the first
+# publication, and every lookup misses.)
+for d in ov, no:
+    assert d["verification"]["checked"] == d["hits"]["total"], (
+        d["verification"], d["hits"])
 ' "$tmp/demo-ov.json" "$tmp/demo-no.json"; then echo "ok $n - demo --overlap and --no-overlap serve the same images"
 else echo "not ok $n - demo --overlap and --no-overlap serve the same images"; fails=$((fails + 1)); fi
 check "demo --overlap and --no-overlap" 2 "give one" -- demo --overlap --no-overlap
