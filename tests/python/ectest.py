@@ -6,6 +6,7 @@ one-item lookups and publications, the fault-injecting Store
 test's own, and the C tool (tools/encache)."""
 import ctypes
 import itertools
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -137,6 +138,19 @@ def shm_destroy(name):
     if path:
         subprocess.run([path, "shm", "destroy", name], capture_output=True,
                        timeout=TIMEOUT)
+
+
+def mooncake_client_json(directory):
+    """Writes a Mooncake client configuration for the stand-in clients
+    (no master is reached) into directory; its path."""
+    path = os.path.join(str(directory), "mooncake.json")
+    with open(path, "w") as f:
+        json.dump({
+            "local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+            "master_server_address": "127.0.0.1:50051", "protocol": "tcp",
+            "mode": "standalone-store", "global_segment_size": 0,
+            "local_buffer_size": "64MB"}, f)
+    return path
 
 
 # ------------------------------------------------ fixtures of both suites

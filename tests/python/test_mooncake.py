@@ -5,7 +5,6 @@ tensors lend the 24 bytes in front of them (encache_allocator.headroom),
 so a lookup of 1 MiB or more of objects reads each one straight into its
 tensor, header in front, and the tensor holds the output bit for bit."""
 import ctypes
-import json
 import os
 
 import pytest
@@ -22,14 +21,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def mooncake_url(tmp_path, monkeypatch):
-    cfg = tmp_path / "mooncake.json"
-    cfg.write_text(json.dumps({
-        "local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
-        "master_server_address": "127.0.0.1:50051", "protocol": "tcp",
-        "mode": "standalone-store", "global_segment_size": 0,
-        "local_buffer_size": "64MB"}))
     monkeypatch.setenv("ENCACHE_MOONCAKE_LIBRARY", LIB)
-    return f"mooncake:{cfg}"
+    return "mooncake:" + ectest.mooncake_client_json(tmp_path)
 
 
 def test_hits_are_read_straight_into_the_tensors(open_cache, mooncake_url):

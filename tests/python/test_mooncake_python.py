@@ -8,7 +8,6 @@ its answers for what the client cannot answer (an exception, a batch
 answer of the wrong length), Mooncake's codes classified by the backend's
 one table, and a C program (the tool) that starts Python for the client.
 tests/mooncake_real runs the same route on a real Mooncake Store."""
-import json
 import os
 import subprocess
 import sys
@@ -33,13 +32,7 @@ SHIM = os.path.join(os.path.dirname(encache.__file__), "_libs",
 
 @pytest.fixture
 def client_json(tmp_path):
-    cfg = tmp_path / "mooncake.json"
-    cfg.write_text(json.dumps({
-        "local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
-        "master_server_address": "127.0.0.1:50051", "protocol": "tcp",
-        "mode": "standalone-store", "global_segment_size": 0,
-        "local_buffer_size": "64MB"}))
-    return str(cfg)
+    return ectest.mooncake_client_json(tmp_path)
 
 
 @pytest.fixture
