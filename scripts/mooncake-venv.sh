@@ -8,7 +8,8 @@
 # $ENCACHE_VENV_PYTHON) and its packages (--system-site-packages: torch,
 # NumPy and pytest for the tests), reused while the pin is the same;
 # encache is reinstalled every time.  A failed install fails this script
-# with the installer's message.
+# with the installer's message.  ENCACHE_WHEEL=FILE: encache from that
+# wheel (as in scripts/vllm-venv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/mooncake-venv}
@@ -23,7 +24,7 @@ if [ ! -f "$venv/encache-pins" ] || [ "$(cat "$venv/encache-pins")" != "$pins" ]
   "$venv/bin/python" -m pip install -q $pins
   echo "$pins" >"$venv/encache-pins"
 fi
-"$venv/bin/python" -m pip install -q --no-deps --force-reinstall .
+"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "${ENCACHE_WHEEL:-.}"
 (cd / && "$venv/bin/python" - <<'PY')
 import importlib.metadata as md, sys
 import encache, mooncake.store

