@@ -6,7 +6,7 @@ libencache's Mooncake backend loads Mooncake's store C ABI:
 $ENCACHE_MOONCAKE_LIBRARY, else libmooncake_store.so, which only a
 Mooncake built from its sources has.  Mooncake's wheels (pip) have its
 Python client instead; for them the package ships the same C ABI over that
-client (encache/_libs/libencache_mooncake_py.so, python/src/mooncake_py.c),
+client (encache/_libs/libencache_mooncake_py.so, python/mooncake_py/mooncake_py.c),
 so the backend, its code table and everything above it are the same code
 on either route.  Before a Cache opens a Mooncake Store, route() picks:
 

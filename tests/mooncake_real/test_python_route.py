@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """encache on a real Mooncake Store from Mooncake's wheel, in a Python
 process, through the route it takes there: Mooncake's Python client behind
-the package's C ABI (encache/_mooncake.py, python/src/mooncake_py.c), or
+the package's C ABI (encache/_mooncake.py, python/mooncake_py/mooncake_py.c), or
 Mooncake's own C ABI when a libmooncake_store.so is installed.  Every hit
 is compared bit for bit with what was published."""
 import os

@@ -3,7 +3,7 @@
 which the Python suite's tests of the route run on where no Mooncake is
 installed, answers as the real client does: the same calls, in the same
 order, with the signatures encache's C ABI over the client uses
-(python/src/mooncake_py.c), give the same answers and bytes on both."""
+(python/mooncake_py/mooncake_py.c), give the same answers and bytes on both."""
 import ctypes
 import importlib.util
 import os

@@ -3,7 +3,7 @@
 "Mooncake through its Python client"), on a stand-in for that client
 (tests/mooncake_standin: mooncake.store over a table of this process's):
 the route a Cache takes and says, the package's C ABI over the client
-(python/src/mooncake_py.c) under the same Mooncake backend as the C ABI,
+(python/mooncake_py/mooncake_py.c) under the same Mooncake backend as the C ABI,
 its answers for what the client cannot answer (an exception, a batch
 answer of the wrong length), Mooncake's codes classified by the backend's
 one table, and a C program (the tool) that starts Python for the client.
