@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Types of the compiled part of the package (python/src), for type
+"""Types of the compiled part of the package (python/_encache), for type
 checkers: what `encache.Step`, `encache.Result`, `encache.Buffer` and the
 Cache's base offer.  The values of the enumerations and the error classes
 are set by encache/__init__.py."""
@@ -93,7 +93,7 @@ class Handle:
 
 class WorkerStep:
     """The step state of encache.vllm's worker half (internal:
-    python/src/worker.c)."""
+    python/_encache/worker.c)."""
     cache: Optional[Handle]
     step: Optional[Step]
     plan: Any

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """mooncake.store.MooncakeDistributedStore, stood in: the methods that
-encache's C ABI over Mooncake's Python client calls (python/src/
+encache's C ABI over Mooncake's Python client calls (python/mooncake_py/
 mooncake_py.c), with the signatures and answers of the real client
 (mooncake-transfer-engine 0.3.13.post1) over a table of this process's
 own (no master, no transfers, no leases).
