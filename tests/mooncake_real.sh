@@ -20,8 +20,9 @@
 #     (python -m encache.demo, real images, every hit verified);
 #   - with vLLM's Python (build/vllm-venv, scripts/vllm-venv.sh: used when
 #     it is there, never changed; said when not), the interop with vLLM's
-#     own reuse code both ways (tests/mooncake_real/test_vllm_interop.py)
-#     and the benchmark against vLLM's lookup path (bench/mooncake_vllm.py,
+#     own reuse code both ways (tests/mooncake_real/test_vllm_interop.py),
+#     the vLLM contract suite (tests/vllm_real, ENCACHE_VLLM_REAL_STORE=
+#     mooncake: its connectors on this Store) and the benchmark against vLLM's lookup path (bench/mooncake_vllm.py,
 #     figures, not a pass/fail: MOONCAKE_BENCH_ROUNDS, default 20), with
 #     Mooncake and encache for it installed with pip --target into
 #     BUILD_DIR/vllm-mooncake-packages.
@@ -96,6 +97,12 @@ if [ -d "$vpkgs/encache" ] && "$vpy" -c "import vllm" 2>/dev/null; then
     MOONCAKE_REQUESTER_LOCAL_HOSTNAME=127.0.0.1 "$vpy" -m pytest -q \
     -p no:cacheprovider -W ignore::DeprecationWarning \
     tests/mooncake_real/test_vllm_interop.py 2>&1 | quiet
+  exit "${PIPESTATUS[0]}") || rc=1
+  echo "# the vLLM contract suite (tests/vllm_real) on this Mooncake Store"
+  (cd "$here" && PYTHONPATH=$vpkgs VLLM_HOST_IP=127.0.0.1 \
+    MOONCAKE_REQUESTER_LOCAL_HOSTNAME=127.0.0.1 ENCACHE_VLLM_REAL_STORE=mooncake \
+    "$vpy" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
+    --ignore-glob='*e2e*' tests/vllm_real 2>&1 | quiet
   exit "${PIPESTATUS[0]}") || rc=1
   echo "# encache against vLLM's lookup path (figures)"
   (cd "$here" && PYTHONPATH=$vpkgs VLLM_HOST_IP=127.0.0.1 \

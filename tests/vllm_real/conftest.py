@@ -2,7 +2,8 @@
 """The contract against the real vLLM (scripts/vllm-real.sh runs it in the
 virtual environment of scripts/vllm-venv.sh: vLLM from the Python package
 index, encache installed with pip from the checkout).  Fixtures: a fresh
-shm Store per test, destroyed after it with the installed `encache` tool;
+shm Store per test, destroyed after it with the installed `encache` tool
+(or the real Mooncake Store: ENCACHE_VLLM_REAL_STORE=mooncake);
 the tiny model configuration (tiny_vlm.py); real VllmConfig objects."""
 
 import itertools
@@ -38,13 +39,29 @@ def encache_tool(*args, check=True):
     return p
 
 
+# The Store the suite runs on: "shm" (default: a fresh shm Store per
+# call, destroyed after the test) or "mooncake" (the real Mooncake Store
+# that tests/mooncake_real.sh starts, empty at its start, and names with
+# MOONCAKE_CONFIG_PATH; its objects stay until that script stops it: the
+# tests that publish do it under namespaces no other test uses).
+STORE = os.environ.get("ENCACHE_VLLM_REAL_STORE", "shm")
+if STORE not in ("shm", "mooncake"):
+    raise RuntimeError(f"ENCACHE_VLLM_REAL_STORE={STORE!r}: not shm or "
+                       "mooncake")
+
+
 @pytest.fixture
-def shm():
-    """shm(): a fresh shm Store URL (16 MiB); every segment made is
-    destroyed after the test."""
+def store():
+    """store(): the URL of a Store for one connector: a fresh shm Store
+    (16 MiB, destroyed after the test), or the real Mooncake Store
+    (ENCACHE_VLLM_REAL_STORE=mooncake)."""
     made = []
 
     def make():
+        if STORE == "mooncake":
+            assert os.environ.get("MOONCAKE_CONFIG_PATH"), \
+                "ENCACHE_VLLM_REAL_STORE=mooncake needs MOONCAKE_CONFIG_PATH"
+            return "mooncake:"
         name = f"ecreal-{os.getpid()}-{next(_names)}"
         made.append(name)
         return f"shm://{name}?size=16MiB"

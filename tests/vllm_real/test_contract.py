@@ -39,12 +39,12 @@ def _create(config):
 
 
 def test_the_factory_builds_it_for_both_roles_with_vllms_inner(
-        model_dir, shm, tmp_path):
+        model_dir, store, tmp_path):
     # The inner connector made by vLLM's factory from the same
     # configuration: vLLM's ECExampleConnector (ECMooncakeConnector, the
     # default, needs the mooncake package, which needs CUDA).
     config = real_config(model_dir, extra=reuse_extra(
-        shm(), inner="ECExampleConnector",
+        store(), inner="ECExampleConnector",
         shared_storage_path=str(tmp_path)))
     made = _create(config)
     try:
@@ -64,14 +64,14 @@ def test_the_factory_builds_it_for_both_roles_with_vllms_inner(
             c.shutdown()
 
 
-def test_no_abstract_method_is_left(model_dir, shm):
+def test_no_abstract_method_is_left(model_dir, store):
     assert not inspect.isabstract(ecc.EncacheECConnector)
     assert not ecc.EncacheECConnector.__abstractmethods__
     assert set(ECConnectorBase.__abstractmethods__) == {
         "start_load_caches", "save_caches", "has_cache_item",
         "update_state_after_alloc", "build_connector_meta"}, \
         "vLLM's abstract methods changed: read its base.py again"
-    for c in _create(real_config(model_dir, extra=reuse_extra(shm()))):
+    for c in _create(real_config(model_dir, extra=reuse_extra(store()))):
         c.shutdown()
 
 
@@ -117,7 +117,7 @@ def _call(target, name, config, connector):
 
 
 def test_every_hook_of_vllms_base_reaches_the_inner_connector(model_dir,
-                                                              shm):
+                                                              store):
     hooks = recording_inner.base_hooks()
     # The hooks the issue found vLLM's base defining are among them.
     assert {"start_save_caches", "start_worker_services",
@@ -131,7 +131,7 @@ def test_every_hook_of_vllms_base_reaches_the_inner_connector(model_dir,
     assert set(hooks) - mine == set(), \
         f"hooks of vLLM's base that encache does not define: " \
         f"{sorted(set(hooks) - mine)}"
-    config = real_config(model_dir, extra=reuse_extra(shm(),
+    config = real_config(model_dir, extra=reuse_extra(store(),
                                                       inner="RecordingInner"))
     made = _create(config)
     calls = recording_inner.CALLS
@@ -182,10 +182,10 @@ def test_every_hook_of_vllms_base_reaches_the_inner_connector(model_dir,
 
 
 def test_a_hook_only_the_inner_connector_has_is_still_reached(model_dir,
-                                                              shm):
+                                                              store):
     assert not hasattr(ECConnectorBase, "a_hook_no_vllm_base_has")
     made = _create(real_config(model_dir, extra=reuse_extra(
-        shm(), inner="RecordingInner")))
+        store(), inner="RecordingInner")))
     try:
         for c in made:
             assert c.a_hook_no_vllm_base_has(7) == "inner's answer"

@@ -58,8 +58,8 @@ def _grid(models):
         yield model, revision, dtype, next(key_opts), next(mm_opts)
 
 
-def test_namespaces_are_vllms_over_a_grid(model_dir, plain_model_dir, shm):
-    url = shm()
+def test_namespaces_are_vllms_over_a_grid(model_dir, plain_model_dir, store):
+    url = store()
     hashes, namespaces = set(), set()
     for model, revision, dtype, key, mm in _grid([model_dir,
                                                   plain_model_dir]):
@@ -84,8 +84,8 @@ def test_namespaces_are_vllms_over_a_grid(model_dir, plain_model_dir, shm):
     assert len(hashes) == 6 and len(namespaces) == 23, (hashes, namespaces)
 
 
-def test_no_multimodal_config_is_encoder_default(model_dir, shm):
-    config = real_config(model_dir, extra=reuse_extra(shm()))
+def test_no_multimodal_config_is_encoder_default(model_dir, store):
+    config = real_config(model_dir, extra=reuse_extra(store()))
     object.__setattr__(config.model_config, "multimodal_config", None)
     assert ecc.namespace_fields(config)["encoder_hash"] is None
     worker = ecc.EncacheECConnector(config, ECConnectorRole.WORKER)
@@ -134,9 +134,9 @@ def _step(config, identifiers, rows=3):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_objects_are_under_vllms_keys_with_vllms_header(model_dir, shm,
+def test_objects_are_under_vllms_keys_with_vllms_header(model_dir, store,
                                                        dtype):
-    url = shm()
+    url = store()
     config = real_config(model_dir, dtype=dtype, revision="rev:1",
                          extra=reuse_extra(url, embedding_cache_prefix="p"))
     namespace, candidates, outputs = _step(config, IDENTIFIERS)
@@ -152,7 +152,7 @@ def test_objects_are_under_vllms_keys_with_vllms_header(model_dir, shm,
             .tobytes(), ident
 
 
-def test_planned_outputs_are_vllms_tensor_specs(model_dir, shm):
+def test_planned_outputs_are_vllms_tensor_specs(model_dir, store):
     # What vLLM's own producer expects of each output (ECMooncakeScheduler.
     # _encoder_output_spec, vLLM 0.32.0 mooncake/scheduler.py: rows from
     # the request, the width measured at start-up, str(dtype)) is what
@@ -164,7 +164,7 @@ def test_planned_outputs_are_vllms_tensor_specs(model_dir, shm):
     from vllm.distributed.ec_transfer.ec_connector.mooncake.scheduler \
         import ECMooncakeScheduler
     config = real_config(model_dir, dtype="bfloat16",
-                         extra=reuse_extra(shm()))
+                         extra=reuse_extra(store()))
     measure_encoder_output_widths(config, lambda f: [{"image": 192}])
     assert get_encoder_output_width(config, "image") == 192
     req = request("r1", ["a", "b"], rows=5)

@@ -38,8 +38,8 @@ def _planned_cols(config):
         s.shutdown()
 
 
-def test_a_deepstack_model_plans_vllms_measured_width(model_dir, shm):
-    config = _measured(real_config(model_dir, extra=reuse_extra(shm())),
+def test_a_deepstack_model_plans_vllms_measured_width(model_dir, store):
+    config = _measured(real_config(model_dir, extra=reuse_extra(store())),
                        {"image": QWEN3_VL_WIDTH, "video": QWEN3_VL_WIDTH})
     vllms = get_encoder_output_width(config, "image")
     assert vllms == QWEN3_VL_WIDTH == 192
@@ -48,10 +48,10 @@ def test_a_deepstack_model_plans_vllms_measured_width(model_dir, shm):
     assert _planned_cols(config) == vllms
 
 
-def test_the_measured_width_wins_over_the_configurations(model_dir, shm):
+def test_the_measured_width_wins_over_the_configurations(model_dir, store):
     # Whatever the model reports is what vLLM sizes by: encache follows
     # the measurement, not its own reading of the configuration.
-    config = _measured(real_config(model_dir, extra=reuse_extra(shm())),
+    config = _measured(real_config(model_dir, extra=reuse_extra(store())),
                        {"image": 320})
     assert ecc.output_cols(config) == get_encoder_output_width(
         config, "image") == 320
@@ -70,19 +70,19 @@ def test_without_a_measurement_the_deepstack_width_is_computed(model_dir):
 
 
 def test_a_model_without_deepstack_plans_its_embedding_size(
-        plain_model_dir, shm):
+        plain_model_dir, store):
     config = real_config(plain_model_dir, role="ec_consumer")
     assert ecc.deepstack_cols(config.model_config.hf_config) is None
     assert ecc.output_cols(config) == \
         config.model_config.get_inputs_embeds_size() == tiny_vlm.PLAIN_HIDDEN
     # measured for another modality only: not the image's width
     config = _measured(real_config(plain_model_dir,
-                                   extra=reuse_extra(shm())),
+                                   extra=reuse_extra(store())),
                        {"video": 200})
     assert ecc.output_cols(config) == tiny_vlm.PLAIN_HIDDEN
 
 
-def test_encoder_output_width_still_overrides(model_dir, shm):
+def test_encoder_output_width_still_overrides(model_dir, store):
     config = _measured(real_config(model_dir, extra=reuse_extra(
-        shm(), encoder_output_width=100)), {"image": QWEN3_VL_WIDTH})
+        store(), encoder_output_width=100)), {"image": QWEN3_VL_WIDTH})
     assert _planned_cols(config) == 100
