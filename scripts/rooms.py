@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""rooms.py: the rooms of src/ and the floors they stand on.
+"""rooms.py: the rooms of src/ (or another folder) and their floors.
 
 A room is a source file with its header (src/lookup.c and src/lookup.h are
 the room src/lookup).  Room A stands on room B when a file of A includes a
@@ -14,7 +14,8 @@ circle is taken as one room.
                    [--check] [--allow REGEX]
 
 prints the circles and the floors of the rooms under the given folder (all
-of src/ by default; edges leaving it are ignored).  --room makes a folder
+of src/ by default, or tools/, or the Python extension's python/_encache;
+edges leaving it are ignored).  --room makes a folder
 one room (a backend's files: src/store/shm); --part NAME=REGEX makes the
 rooms REGEX matches one (to count the floors of parts: the Store's
 backends, the read path).  --check fails (exit 1)

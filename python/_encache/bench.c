@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * bench.c: the benchmark's baseline, the same lookup made from C alone
- * (python/encache/bench.py): on a Cache's own handle, for the same ids,
- * each iteration opens a step, looks the ids up into destinations from
+ * bench.c: the benchmark's baseline (bench.h), the same lookup made from
+ * C alone (python/encache/bench.py): on a Cache's own handle, for the same
+ * ids, each iteration opens a step, looks the ids up into destinations from
  * the binding's own allocator (buffer.c, so that both sides get memory
  * the same way and the difference is the binding's work), frees them,
  * closes the step.  Measured in the same process and run as the Python
  * lookups.
  */
-#include "ext.h"
+#include "bench.h"
+
+#include "buffer.h"
+#include "handle_type.h"
 
 #include <stdlib.h>
 #include <stdio.h>

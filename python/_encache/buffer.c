@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * buffer.c: the memory that hits land in.
+ * buffer.c: the memory that hits land in (buffer.h).
  *
  * A block is one allocation: a header (a DLPack managed tensor and its
  * shape and strides) followed, at a 64-byte boundary, by the matrix the
@@ -25,7 +25,7 @@
  * The DLPack structures are declared here as the DLPack ABI (v0.x) lays
  * them out; no header of DLPack or of PyTorch is needed to build.
  */
-#include "ext.h"
+#include "buffer.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -298,7 +298,7 @@ static PyGetSetDef buffer_getset[] = {
      NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-PyTypeObject ec_buffer_type = {
+static PyTypeObject buffer_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Buffer",
     .tp_basicsize = sizeof(buffer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -310,11 +310,19 @@ PyTypeObject ec_buffer_type = {
     .tp_getset = buffer_getset,
 };
 
+int ec_buffer_register(PyObject *m) {
+  return PyType_Ready(&buffer_type) < 0 ||
+                 PyModule_AddObjectRef(m, "Buffer",
+                                       (PyObject *)&buffer_type) < 0
+             ? -1
+             : 0;
+}
+
 PyObject *ec_block_wrap(void *blk, int output, int dtype, uint64_t rows,
                         uint64_t cols) {
   if (output == OUT_TORCH)
     return wrap_torch(blk, dtype, rows, cols);
-  buffer *b = PyObject_New(buffer, &ec_buffer_type);
+  buffer *b = PyObject_New(buffer, &buffer_type);
   if (b == NULL) {
     block_free(blk);
     return NULL;

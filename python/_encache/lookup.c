@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * lookup.c: Step.lookup(items): items to candidates, the library's lookup
- * with the GIL released, results to Result objects.
+ * lookup.c: Step.lookup(items) (lookup.h): items to candidates, the
+ * library's lookup with the GIL released, results to Result objects.
  *
  * A lookup started with wait=False (encache_lookup_start) runs the same
  * way on the library's lookup thread: its state (struct ec_lookup) then
@@ -20,7 +20,9 @@
  * own allocator) and handed out by the allocator, so a miss costs a
  * tensor that is dropped.
  */
-#include "ext.h"
+#include "lookup.h"
+
+#include "buffer.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -137,7 +139,7 @@ static PyGetSetDef result_getset[] = {
      "HIT: the address the library filled (the output's own memory)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-PyTypeObject ec_result_type = {
+static PyTypeObject result_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache.Result",
     .tp_basicsize = sizeof(result),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -149,6 +151,14 @@ PyTypeObject ec_result_type = {
     .tp_members = result_members,
     .tp_getset = result_getset,
 };
+
+int ec_result_register(PyObject *m) {
+  return PyType_Ready(&result_type) < 0 ||
+                 PyModule_AddObjectRef(m, "Result",
+                                       (PyObject *)&result_type) < 0
+             ? -1
+             : 0;
+}
 
 static PyObject *dtype_cache, *device_cache;
 
@@ -378,7 +388,7 @@ static int dests_make(dests *d, const encache_candidate *c, Py_ssize_t n) {
 static PyObject *result_of(int output, PyObject *id, const dests *d,
                            Py_ssize_t i, const encache_result *r) {
   const encache_candidate *c = &d->c[i];
-  PyObject *o = ec_result_type.tp_alloc(&ec_result_type, 0);
+  PyObject *o = result_type.tp_alloc(&result_type, 0);
   PyObject *tensor = r->outcome != ENCACHE_HIT ? Py_NewRef(Py_None)
                      : c->device == ENCACHE_DEVICE_CUDA
                          ? Py_NewRef(d->obj[i])
@@ -622,6 +632,36 @@ static PyObject *lk_start(step *s, handle *h, ec_lookup *k) {
   return Py_NewRef((PyObject *)s);
 }
 
+/* lookup(items, wait=True), also Handle.lookup's: 0 or -1 raised. */
+int ec_lookup_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                   PyObject **items, int *wait) {
+  PyObject *w = nargs > 1 ? args[1] : NULL;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nkw; i++) {
+    PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+    if (!PyUnicode_Check(name) ||
+        PyUnicode_CompareWithASCIIString(name, "wait") != 0) {
+      PyErr_Format(PyExc_TypeError, "lookup() got an unexpected keyword "
+                   "argument %R", name);
+      return -1;
+    }
+    if (w != NULL) {
+      PyErr_SetString(PyExc_TypeError,
+                      "lookup() got multiple values for argument 'wait'");
+      return -1;
+    }
+    w = args[nargs + i];
+  }
+  if (nargs < 1 || nargs > 2) {
+    PyErr_Format(PyExc_TypeError, "lookup() takes items and, optionally, "
+                 "wait (%zd positional arguments given)", nargs);
+    return -1;
+  }
+  *items = args[0];
+  *wait = w == NULL ? 1 : PyObject_IsTrue(w);
+  return *wait < 0 ? -1 : 0;
+}
+
 PyObject *ec_step_lookup(step *s, PyObject *items, int wait) {
   if (ec_step_usable(s) < 0)
     return NULL;
@@ -739,11 +779,6 @@ void ec_lookup_collected_locked(handle *h, ec_lookup *k) {
   if (k->counted)
     h->pending_lookups--;
   k->counted = 0;
-}
-
-int ec_handle_poisoned_locked(handle *h) {
-  encache_stats st = ENCACHE_STATS_INIT;
-  return encache_stats_get(h->ec, &st) < 0 || st.poisoned;
 }
 
 int ec_lookup_hand_to_waiter(ec_lookup *k) {

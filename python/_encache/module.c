@@ -1,163 +1,28 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * module.c: encache._encache: module state, errors, the handle's lock, the
- * fork generation and the log callback.  The package (encache/__init__.py)
- * calls _init() once with what only Python knows: the exception classes,
- * the Outcome and Skip enumerations, and how to describe tensors.
+ * module.c: encache._encache, the top room: the module's functions and
+ * PyInit__encache, which registers each room's types (from above: no
+ * room below knows the types above it).  _init() hands the package's
+ * objects to the core (core.h) and its Step subclass to step_type.c.
  */
-#include "ext.h"
+#include "core.h"
 
-#include <pthread.h>
+#include "bench.h"
+#include "buffer.h"
+#include "handle_type.h"
+#include "lookup.h"
+#include "step_type.h"
+#include "vllm_hooks.h"
+
 #include <errno.h>
-#include <stdarg.h>
-#include <string.h>
-
-PyObject *ec_outcomes, *ec_skips, *ec_describe, *ec_dtype_of, *ec_device_of,
-    *ec_device_empty,
-    *ec_from_dlpack, *ec_as_array;
-static PyObject *errors;      /* dict: library code -> exception class */
-static PyObject *error_base;  /* encache.Error */
-static PyObject *invalid_error, *closed_error, *fork_error;
-unsigned long ec_fork_gen;
-PyTypeObject *ec_step_class;
-_Thread_local handle *ec_calling_back;
-
-static void after_fork_in_child(void) { ec_fork_gen++; }
-
-PyObject *ec_text(const char *s) {
-  return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
-}
-
-static PyObject *raise_as(PyObject *cls, int code, const char *msg) {
-  PyObject *text = ec_text(msg);
-  if (text == NULL)
-    return NULL;
-  PyObject *exc = PyObject_CallFunction(cls, "Ois", text, code,
-                                        encache_err_name(code));
-  Py_DECREF(text);
-  if (exc != NULL) {
-    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    Py_DECREF(exc);
-  }
-  return NULL;
-}
-
-PyObject *ec_error_class(int code) {
-  PyObject *key = code != 0 ? PyLong_FromLong(code) : NULL;
-  PyObject *cls = key != NULL ? PyDict_GetItem(errors, key) : NULL;
-  Py_XDECREF(key);
-  return cls != NULL ? cls : error_base;
-}
-
-PyObject *ec_raise(int code, const char *detail) {
-  if (code == ENCACHE_ENOMEM && (detail == NULL || detail[0] == '\0'))
-    return PyErr_NoMemory();
-  PyObject *key = PyLong_FromLong(code);
-  if (key == NULL)
-    return NULL;
-  PyObject *cls = PyDict_GetItemWithError(errors, key);
-  Py_DECREF(key);
-  if (cls == NULL && PyErr_Occurred())
-    return NULL;
-  const char *msg =
-      detail != NULL && detail[0] != '\0' ? detail : encache_strerror(code);
-  return raise_as(cls != NULL ? cls : error_base, code, msg);
-}
-
-const char *ec_key_text(PyObject *s, const char *what) {
-  if (!PyUnicode_Check(s))
-    return ec_invalid("%s must be a str, not %s", what, Py_TYPE(s)->tp_name),
-           NULL;
-  Py_ssize_t n = 0;
-  const char *text = PyUnicode_AsUTF8AndSize(s, &n);
-  if (text == NULL) {
-    PyErr_Clear();
-    return ec_invalid("%s is not valid UTF-8 text", what), NULL;
-  }
-  const char *nul = memchr(text, '\0', (size_t)n);
-  if (nul != NULL)
-    return ec_invalid("%s holds a NUL character ('\\0', at byte %zd): "
-                      "refused, since a key or option would end there",
-                      what, (Py_ssize_t)(nul - text)),
-           NULL;
-  return text;
-}
-
-PyObject *ec_invalid(const char *fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  PyOS_vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  return raise_as(invalid_error, ENCACHE_EINVAL, msg);
-}
-
-int ec_handle_usable(handle *h) {
-  if (h->fork_gen != ec_fork_gen && h->ec != NULL) {
-    raise_as(fork_error, ENCACHE_EINVAL,
-             "this Cache was opened in the parent process before fork(): "
-             "open a new Cache in the child");
-    return -1;
-  }
-  if (h->ec == NULL) {
-    raise_as(closed_error, ENCACHE_ECLOSED, "the Cache is closed");
-    return -1;
-  }
-  if (h->locked_by == PyThread_get_thread_ident() || ec_calling_back == h) {
-    ec_invalid("the Cache was called from code it runs (its log callable, "
-               "or a finalizer of a tensor it releases): not allowed");
-    return -1;
-  }
-  return 0;
-}
-
-void ec_log(void *ctx, const char *message) {
-  handle *h = ctx;
-  PyGILState_STATE g = PyGILState_Ensure();
-  handle *outer = ec_calling_back;
-  ec_calling_back = h;
-  if (h->log != NULL) {
-    /* An exception may be propagating (a close from a deallocation). */
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *text = ec_text(message);
-    PyObject *r = text != NULL ? PyObject_CallOneArg(h->log, text) : NULL;
-    Py_XDECREF(text);
-    if (r == NULL)
-      PyErr_WriteUnraisable(h->log);
-    Py_XDECREF(r);
-    PyErr_Restore(type, value, tb);
-  }
-  ec_calling_back = outer;
-  PyGILState_Release(g);
-}
 
 static PyObject *mod_init(PyObject *self, PyObject *args, PyObject *kw) {
   (void)self;
-  static const char *names[] = {"errors", "error_base", "invalid_error",
-                          "closed_error", "fork_error", "outcomes", "skips",
-                          "describe", "dtype_of", "device_of", "device_empty",
-                          "step_type", NULL};
-  PyObject *v[11];
-  PyTypeObject *step_type = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOOO!O!OOOO|O!:_init",
-                                   (char **)names, &PyDict_Type, &v[0], &v[1],
-                                   &v[2], &v[3], &v[4], &PyTuple_Type, &v[5],
-                                   &PyTuple_Type, &v[6], &v[7], &v[8], &v[9],
-                                   &v[10], &PyType_Type, &step_type))
+  PyTypeObject *step_type;
+  if (ec_core_init(args, kw, &ec_step_type, &step_type) < 0)
     return NULL;
-  if (step_type != NULL) {
-    if (!PyType_IsSubtype(step_type, &ec_step_type))
-      return ec_invalid("step_type must be a subclass of Step");
-    Py_INCREF(step_type);
-    Py_XSETREF(ec_step_class, step_type);
-  }
-  PyObject **slots[] = {&errors,       &error_base,  &invalid_error,
-                        &closed_error, &fork_error,  &ec_outcomes,
-                        &ec_skips,     &ec_describe, &ec_dtype_of,
-                        &ec_device_of, &ec_device_empty};
-  for (int i = 0; i < 11; i++)
-    Py_XSETREF(*slots[i], Py_NewRef(v[i]));
+  if (step_type != NULL)
+    ec_step_set_class(step_type);
   Py_RETURN_NONE;
 }
 
@@ -361,26 +226,14 @@ static int add_tables(PyObject *m) {
 }
 
 PyMODINIT_FUNC PyInit__encache(void) {
-  PyTypeObject *types[] = {&ec_handle_type, &ec_step_type, &ec_result_type,
-                           &ec_buffer_type};
-  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
-    if (PyType_Ready(types[i]) < 0)
-      return NULL;
-  if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0 ||
-      ec_block_cache_init() != 0)
+  if (ec_core_fork_init() != 0 || ec_block_cache_init() != 0)
     return PyErr_Format(PyExc_ImportError, "pthread_atfork failed");
   PyObject *m = PyModule_Create(&moduledef);
   if (m == NULL)
     return NULL;
-  if (PyModule_AddObjectRef(m, "Handle", (PyObject *)&ec_handle_type) < 0 ||
-      PyModule_AddObjectRef(m, "Step", (PyObject *)&ec_step_type) < 0 ||
-      PyModule_AddObjectRef(m, "Result", (PyObject *)&ec_result_type) < 0 ||
-      PyModule_AddObjectRef(m, "Buffer", (PyObject *)&ec_buffer_type) < 0 ||
-      ec_worker_step_init() < 0 ||
-      PyModule_AddObjectRef(m, "WorkerStep",
-                            (PyObject *)&ec_worker_step_type) < 0 ||
-      PyModule_AddObjectRef(m, "ConnectorHooks",
-                            (PyObject *)&ec_connector_hooks_type) < 0 ||
+  if (ec_handle_register(m) < 0 || ec_step_register(m) < 0 ||
+      ec_result_register(m) < 0 || ec_buffer_register(m) < 0 ||
+      ec_vllm_hooks_register(m) < 0 ||
       PyModule_AddIntConstant(m, "MAX_STEPS", ENCACHE_MAX_STEPS) < 0 ||
       PyModule_AddStringConstant(m, "VERSION", ENCACHE_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "FLOAT32", ENCACHE_FLOAT32) < 0 ||

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * storage.c: the storages of published memory, one per backing storage
- * while any publication of it is pending, so that the budgets charge the
- * views of one storage once (docs/python.md, publish).
+ * storage.c: the storages of published memory (storage.h), one per
+ * backing storage while any publication of it is pending, so that the
+ * budgets charge the views of one storage once (docs/python.md, publish).
  *
  * Each handle lists the storages it made that are still alive (h->live),
  * under its live_lock (a storage is released on the reaping thread: the
@@ -17,7 +17,7 @@
  * The binding drops its own reference right after encache_publish(), so a
  * storage lives exactly as long as a queued publication needs it.
  */
-#include "ext.h"
+#include "storage.h"
 
 #include <stdlib.h>
 

@@ -93,7 +93,7 @@ class Handle:
 
 class WorkerStep:
     """The step state of encache.vllm's worker half (internal:
-    python/_encache/worker.c)."""
+    python/_encache/vllm_hooks.c)."""
     cache: Optional[Handle]
     step: Optional[Step]
     plan: Any

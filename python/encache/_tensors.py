@@ -90,9 +90,9 @@ def _describe_torch(t):
             f"a tensor on {t.device} cannot be published: publication reads "
             "host or CUDA memory (pass tensor.cpu())")
     st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    # A CPU tensor's bytes are copied at the call (step.c); a CUDA one's
-    # storage is kept until its write is reaped, though its bytes are
-    # already copied on the stream at the call.
+    # A CPU tensor's bytes are copied at the call (step_type.c); a CUDA
+    # one's storage is kept until its write is reaped, though its bytes
+    # are already copied on the stream at the call.
     return (t.data_ptr(), _torch_dtype_codes().get(t.dtype, -1), t.shape,
             t.stride(), st.data_ptr(), st.nbytes(), st) + place
 

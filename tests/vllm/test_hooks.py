@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The connector's per-step hooks in C (python/_encache/worker.c:
+"""The connector's per-step hooks in C (python/_encache/vllm_hooks.c:
 ConnectorHooks and WorkerStep): the arguments vLLM's model runner passes
 them, what they forward to the inner connector, the rare cases they hand to
 Python, bad input, and no reference left behind by a step."""

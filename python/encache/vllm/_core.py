@@ -588,7 +588,7 @@ class WorkerCore:
         cache = self._open(config.library_config) \
             if config.enabled and config.is_producer else None
         # The step's state and its per-step calls, in C (python/_encache/
-        # worker.c): the open step, the plan bound, what was looked up
+        # vllm_hooks.c): the open step, the plan bound, what was looked up
         # for publish(), the per-step counters; begin() calls _begin_with
         # for the rare cases and _lookup_failed on a rejected lookup,
         # through a weak proxy: the state holds no cycle back to this

@@ -365,9 +365,9 @@ class EncacheECConnector(encache._encache.ConnectorHooks, ECConnectorBase):
         else:
             raise ValueError(f"Unknown EC connector role: {role}")
         # The worker half that looks up (a producer's), decided once, and
-        # its step's calls in C (python/_encache/worker.c), taken once: the
-        # per-step hooks make one call each.  Elsewhere a state without a
-        # Cache, whose calls do nothing.
+        # its step's calls in C (python/_encache/vllm_hooks.c), taken once:
+        # the per-step hooks make one call each.  Elsewhere a state without
+        # a Cache, whose calls do nothing.
         self._producer = self._worker if self.is_producer else None
         self._set_hooks(self._producer.state if self._producer else None,
                         self._inner)
@@ -396,9 +396,10 @@ class EncacheECConnector(encache._encache.ConnectorHooks, ECConnectorBase):
     # (tests/vllm_real/test_contract.py enumerates the base's methods).
     # The three hooks of a step (bind_connector_metadata,
     # start_save_caches, clear_connector_metadata) are ConnectorHooks',
-    # in C (python/_encache/worker.c); bind and clear set the base class's
-    # _connector_metadata themselves, as ECConnectorBase's two methods do
-    # and nothing else (vllm/distributed/ec_transfer/ec_connector/base.py,
+    # in C (python/_encache/vllm_hooks.c); bind and clear set the base
+    # class's _connector_metadata themselves, as ECConnectorBase's two
+    # methods do and nothing else
+    # (vllm/distributed/ec_transfer/ec_connector/base.py,
     # vLLM 0.32.0; the contract suites check that they still do only
     # that), then call the producer's WorkerStep and the inner connector's
     # hook of the same name.  In Python, the three frames were most of

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * worker.c: WorkerStep, the step state of encache.vllm's worker half
- * (python/encache/vllm/_core.py, WorkerCore), with the three calls of a
- * step that vLLM's model runner makes through the connector's hooks:
- * bind (bind_connector_metadata), begin (start_save_caches or
- * start_load_caches) and end or clear (clear_connector_metadata).
+ * vllm_hooks.c: the vLLM connector's hooks (vllm_hooks.h).  WorkerStep,
+ * the step state of encache.vllm's worker half (python/encache/vllm/
+ * _core.py, WorkerCore), with the three calls of a step that vLLM's model
+ * runner makes through the connector's hooks: bind
+ * (bind_connector_metadata), begin (start_save_caches or
+ * start_load_caches) and end or clear (clear_connector_metadata); and
+ * ConnectorHooks, the C base class whose methods those hooks are.
  *
  * They are here, not in Python, because they run on every encoder step
  * and a step of small hits costs about 10 us: in Python the connector's
@@ -20,7 +22,11 @@
  * Like WorkerCore, a WorkerStep belongs to the worker's thread; its calls
  * hold the GIL throughout except inside the library's (the Handle's lock).
  */
-#include "ext.h"
+#include "vllm_hooks.h"
+
+#include "handle_type.h"
+#include "lookup.h"
+#include "step_type.h"
 
 #include <structmember.h>
 
@@ -375,7 +381,7 @@ static PyMethodDef ws_methods[] = {
      "clear(): end(), and the plan unbound."},
     {NULL, NULL, 0, NULL}};
 
-PyTypeObject ec_worker_step_type = {
+static PyTypeObject worker_step_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache._encache.WorkerStep",
     .tp_basicsize = sizeof(wstep),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -594,7 +600,7 @@ static PyObject *hk_set(PyObject *self, PyObject *args) {
   PyObject *state, *inner;
   if (!PyArg_ParseTuple(args, "OO:_set_hooks", &state, &inner))
     return NULL;
-  if (state != Py_None && !Py_IS_TYPE(state, &ec_worker_step_type))
+  if (state != Py_None && !Py_IS_TYPE(state, &worker_step_type))
     return ec_invalid("_set_hooks: state must be a WorkerStep or None");
   if (inner == self)
     return ec_invalid("_set_hooks: a connector cannot be its own inner");
@@ -648,7 +654,7 @@ static PyMethodDef hk_methods[] = {
      "hooks call (None: none)."},
     {NULL, NULL, 0, NULL}};
 
-PyTypeObject ec_connector_hooks_type = {
+static PyTypeObject connector_hooks_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "encache._encache.ConnectorHooks",
     .tp_basicsize = sizeof(hooks),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
@@ -663,7 +669,7 @@ PyTypeObject ec_connector_hooks_type = {
     .tp_methods = hk_methods,
 };
 
-int ec_worker_step_init(void) {
+int ec_vllm_hooks_register(PyObject *m) {
   const char *names[] = {"plan",       "items",
                          "inner",      "connector_metadata",
                          "encoder_cache", "bind_connector_metadata",
@@ -675,9 +681,13 @@ int ec_worker_step_init(void) {
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
     if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL)
       return -1;
-  ec_connector_hooks_type.tp_new = PyBaseObject_Type.tp_new;
-  return PyType_Ready(&ec_worker_step_type) < 0 ||
-                 PyType_Ready(&ec_connector_hooks_type) < 0
+  connector_hooks_type.tp_new = PyBaseObject_Type.tp_new;
+  return PyType_Ready(&worker_step_type) < 0 ||
+                 PyType_Ready(&connector_hooks_type) < 0 ||
+                 PyModule_AddObjectRef(m, "WorkerStep",
+                                       (PyObject *)&worker_step_type) < 0 ||
+                 PyModule_AddObjectRef(m, "ConnectorHooks",
+                                       (PyObject *)&connector_hooks_type) < 0
              ? -1
              : 0;
 }
