@@ -8,12 +8,12 @@
  *
  * The extension binds libencache's engine for the Python package, in
  * rooms (docs/development.md has their floors), bottom up: this core;
- * buffer (the memory of hits, Buffer) and handle (an open handle's state
- * and its lock); storage (a publication's storage) and step (a step's
- * state); lookup (Result, a step's lookups); step_type (Step); handle_type
- * (Handle, subclassed by encache.Cache); bench and vllm_hooks (the vLLM
- * connector's WorkerStep and ConnectorHooks); on top module (the module's
- * functions and PyInit__encache, which registers each type).
+ * buffer (the memory of hits, Buffer), handle (an open handle's state and
+ * its lock) and result (Result); storage (a publication's storage) and
+ * step (a step's state); lookup (a step's lookups); step_type (Step);
+ * handle_type (Handle, subclassed by encache.Cache); bench and vllm_hooks
+ * (the vLLM connector's WorkerStep and ConnectorHooks); on top module (the
+ * module's functions and PyInit__encache, which registers each type).
  *
  * Fork: a handle remembers the fork generation it was opened in (handle.h);
  * in a child every use raises ForkError, and the child never closes it

@@ -1,17 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * lookup.h: a step's lookups (lookup(items, wait=True)) and their results
- * (Result): the blocking lookup, the one started with wait=False and its
- * collection.  Above the step's state (step.h), below the Step type and
+ * lookup.h: a step's lookups (lookup(items, wait=True)), which make its
+ * Results (result.h): the blocking lookup, the one started with
+ * wait=False and its collection.  Above the step's state (step.h), below the Step type and
  * everything that looks up through it (Handle.lookup, the vLLM hooks).
  */
 #ifndef ENCACHE_PY_LOOKUP_H
 #define ENCACHE_PY_LOOKUP_H
 
 #include "step.h"
-
-/* Readies Result and adds it to module m; 0 or -1 raised. */
-int ec_result_register(PyObject *m);
 
 /* The arguments of lookup(items, wait=True) (a METH_FASTCALL |
  * METH_KEYWORDS method's: Step.lookup, Handle.lookup); 0 or -1 raised. */
@@ -21,8 +18,6 @@ int ec_lookup_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
  * to s's); without, starts the lookup (encache_lookup_start) and returns a
  * new reference to s, whose pending lookup ec_step_complete() collects. */
 PyObject *ec_step_lookup(step *s, PyObject *items, int wait);
-/* r (a Result) is a hit: its id and output, borrowed; else NULL. */
-PyObject *ec_result_hit(PyObject *r, PyObject **id);
 /* Waits at most timeout_s seconds (< 0: without a bound, 0: a poll) for
  * s's pending lookup, with the GIL released, and appends its Results to
  * s's: 1 when none is pending (any more), 0 when it still is, -1 raised

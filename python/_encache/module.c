@@ -10,7 +10,7 @@
 #include "bench.h"
 #include "buffer.h"
 #include "handle_type.h"
-#include "lookup.h"
+#include "result.h"
 #include "step_type.h"
 #include "vllm_hooks.h"
 

@@ -23,6 +23,7 @@
 
 #include "buffer.h"
 #include "lookup.h"
+#include "result.h"
 #include "storage.h"
 
 #include <poll.h>

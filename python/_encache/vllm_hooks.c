@@ -26,6 +26,7 @@
 
 #include "handle_type.h"
 #include "lookup.h"
+#include "result.h"
 #include "step_type.h"
 
 #include <structmember.h>
