@@ -7,4 +7,9 @@
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/build.sh "$@"
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure
+# A test that hangs (a process left holding ctest's pipe included) fails
+# after ENCACHE_CTEST_TIMEOUT seconds (default 1200; the slowest, the unit
+# tests under AddressSanitizer, take a few minutes) with its output,
+# instead of holding the run until CI gives up on it.
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure \
+  --timeout "${ENCACHE_CTEST_TIMEOUT:-1200}"
