@@ -21,6 +21,10 @@
  *
  * Like WorkerCore, a WorkerStep belongs to the worker's thread; its calls
  * hold the GIL throughout except inside the library's (the Handle's lock).
+ *
+ * (Over 600 lines: ConnectorHooks' methods are WorkerStep's step calls
+ * (ws_bind, ws_begin, ws_end) with vLLM's arguments; two files would share
+ * those statics through a header made for one caller.)
  */
 #include "vllm_hooks.h"
 

@@ -197,7 +197,7 @@ def test_a_hook_only_the_inner_connector_has_is_still_reached(model_dir,
 
 
 def test_base_bind_and_clear_only_set_the_metadata():
-    # encache's C hooks set _connector_metadata themselves (worker.c):
+    # encache's C hooks set _connector_metadata themselves (vllm_hooks.c):
     # right while vLLM's two methods do nothing else.
     import types
     obj, m = types.SimpleNamespace(_connector_metadata=None), object()
