@@ -97,6 +97,29 @@ def test_hits_go_into_the_encoder_cache_and_delivery_stays_the_inner_ones(
     assert "store_url" not in worker.extra
 
 
+def test_a_hit_encoded_again_by_the_v1_runner_is_not_published_again(
+        engines, shm):
+    # vLLM's V1 runner encodes the hits encache put in the encoder cache
+    # too, and calls save_caches for them: nothing is queued for those
+    # (no copy, no existence check), and published counts only C.
+    url = shm()
+    a = engines(vf.vllm_config(url))
+    a.step([vf.request("r1", ["A", "B"])])
+    a.worker.shutdown()
+    b = engines(vf.vllm_config(url))
+    b.v1_runner = True
+    b.step([vf.request("r2", ["A", "C", "B"])])
+    assert sorted(b.encoder.calls) == ["A", "B", "C"]
+    core = b.worker.core
+    assert core.counters.loaded == 2
+    assert core.counters.published == 1
+    assert core.counters.publish_skipped == 2
+    core.cache.flush()
+    s = core.stats()
+    assert (s.published_queued, s.published_written,
+            s.published_present) == (1, 1, 0), s
+
+
 def test_a_second_step_of_the_same_images_is_local(engines, shm):
     e = engines(vf.vllm_config(shm()))
     reqs = [vf.request("r1", ["A"])]

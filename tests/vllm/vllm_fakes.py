@@ -206,6 +206,11 @@ class Engine:
         mc = config.model_config
         self.encoder = Encoder(mc.get_hidden_size(), mc.dtype)
         self.seen = set()
+        # Model runner V1 (vllm/v1/worker/gpu_model_runner.py,
+        # _execute_mm_encoder, vLLM 0.32.0): every scheduled input is
+        # encoded, whatever the encoder cache holds, and save_caches is
+        # called for each output.
+        self.v1_runner = False
 
     def step(self, requests, num_computed_tokens=0):
         """Schedules every image of `requests` in one step and runs it;
@@ -241,11 +246,15 @@ class Engine:
             for req_id, indices in out.scheduled_encoder_inputs.items():
                 for i in indices:
                     f = by_id[req_id].mm_features[i]
-                    if f.identifier not in cache:
+                    if f.identifier not in cache or self.v1_runner:
                         cache[f.identifier] = self.encoder(
                             f.identifier, f.mm_position.get_num_embeds())
-            for mm_hash in set(cache) - before:
-                w.save_caches(encoder_cache=cache, mm_hash=mm_hash)
+                        if self.v1_runner:
+                            w.save_caches(encoder_cache=cache,
+                                          mm_hash=f.identifier)
+            if not self.v1_runner:
+                for mm_hash in set(cache) - before:
+                    w.save_caches(encoder_cache=cache, mm_hash=mm_hash)
         finally:
             output.finished_sending, output.finished_recving = \
                 w.get_finished(out.finished_req_ids)

@@ -65,6 +65,9 @@ import encache
 
 logger = logging.getLogger("encache.vllm")
 
+# WorkerCore's planned[id] for an output the step loaded from the Store.
+_LOADED = object()
+
 # The name vLLM knows the connector by (ec_connector in
 # --ec-transfer-config) and the module it is loaded from.
 CONNECTOR_NAME = "EncacheECConnector"
@@ -700,7 +703,8 @@ class WorkerCore:
 
     def _planned_now(self) -> dict:
         """The candidates this step looked up, by identifier (made on
-        publish()'s first call of the step)."""
+        publish()'s first call of the step); _LOADED for those it loaded
+        from the Store."""
         st = self.state
         planned = st.planned
         for plan, items in st.looked:
@@ -709,12 +713,18 @@ class WorkerCore:
                 if c.mm_hash in looked:
                     planned[c.mm_hash] = c
         st.looked.clear()
+        for r in st.step.results:
+            if r.hit:
+                planned[r.id] = _LOADED
         return planned
 
     def publish(self, encoder_cache: dict, mm_hash: str):
         """Queues encoder_cache[mm_hash], just encoded, for publication.
-        Returns the encache.Skip, or None when reuse is off or the output
-        is not there."""
+        Returns the encache.Skip, or None when reuse is off, the output is
+        not there, or this step loaded it from the Store (vLLM's V1 model
+        runner encodes every scheduled input, the hits put in its encoder
+        cache included, and calls save_caches for each: the object is in
+        the Store, so nothing is copied or checked again)."""
         st = self.state
         if st.cache is None:
             return None
@@ -726,6 +736,9 @@ class WorkerCore:
             st.open = True
         step = st.step
         planned = self._planned_now() if st.looked else st.planned
+        if planned.get(mm_hash) is _LOADED:
+            self.counters.publish_skipped += 1
+            return None
         if mm_hash not in planned:
             # No plan named it: make it a candidate of this step with the
             # output's own contract (a hit here means another encoder
