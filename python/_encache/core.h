@@ -9,7 +9,8 @@
  * The extension binds libencache's engine for the Python package, in
  * rooms (docs/development.md has their floors), bottom up: this core;
  * buffer (the memory of hits, Buffer), handle (an open handle's state and
- * its lock) and result (Result); storage (a publication's storage) and
+ * its lock), items (a lookup's items read into candidates) and result
+ * (Result); storage (a publication's storage) and
  * step (a step's state); lookup (a step's lookups); step_type (Step);
  * handle_type (Handle, subclassed by encache.Cache); bench and vllm_hooks
  * (the vLLM connector's WorkerStep and ConnectorHooks); on top module (the
