@@ -5,14 +5,21 @@
  * Usage: encache_tests [SUBSTRING...]   run the tests whose names contain
  *                                      any SUBSTRING (all without one)
  *        ENCACHE_TEST_NOFORK=1         run in-process (for a debugger)
- *        ENCACHE_TEST_TIMEOUT=SECONDS  per-test limit (default 120)
+ *        ENCACHE_TEST_TIMEOUT=SECONDS  per-test limit (default 120): the
+ *                                      test's alarm; 30 s later the runner
+ *                                      kills its process group
+ *                                      (a test whose alarm cannot end it)
  * Output is TAP; the exit status is 1 if any test failed.
  */
 #include "runner.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "list.h"
@@ -103,6 +110,30 @@ static int selected(const char *name, int argc, char **argv) {
   return 0;
 }
 
+/* Seconds past a test's own limit (its alarm) before the runner kills it. */
+#define KILL_GRACE_S 30
+
+/* Waits for child pid at most `seconds`: 1 with its *status, 0 when it
+ * still runs, polling every 2 ms (no signal handler: the tests own their
+ * signals). */
+static int wait_for(pid_t pid, unsigned seconds, int *status) {
+  struct timespec start, now, tick = {0, 2000000};
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid)
+      return 1;
+    if (r < 0 && errno != EINTR) {
+      perror("waitpid");
+      exit(2);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - start.tv_sec >= (time_t)seconds)
+      return 0;
+    nanosleep(&tick, NULL);
+  }
+}
+
 int main(int argc, char **argv) {
   size_t n = sizeof(tests) / sizeof(tests[0]);
   int nofork = getenv("ENCACHE_TEST_NOFORK") != NULL;
@@ -136,15 +167,29 @@ int main(int argc, char **argv) {
       return 2;
     }
     if (pid == 0) {
+      /* A process group of its own: a test that does not end is killed
+       * with the processes it started. */
+      setpgid(0, 0);
       alarm(timeout);
       tests[i].fn();
       /* exit(), not _exit(): LeakSanitizer checks for leaks at exit. */
       exit(0);
     }
-    int status;
-    while (waitpid(pid, &status, 0) < 0)
-      ;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    setpgid(pid, pid); /* also here: no race with the kill below */
+    int status, killed = 0;
+    if (wait_for(pid, timeout + KILL_GRACE_S, &status) == 0) {
+      /* Its alarm did not end it (SIGALRM blocked, a hang at exit): */
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+      killed = 1;
+    }
+    if (killed) {
+      failed++;
+      printf("not ok %d - %s (no end after %u s: killed by the runner)\n",
+             ran, tests[i].name, timeout + KILL_GRACE_S);
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       printf("ok %d - %s\n", ran, tests[i].name);
     } else {
       failed++;
