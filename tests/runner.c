@@ -134,6 +134,25 @@ static int wait_for(pid_t pid, unsigned seconds, int *status) {
   }
 }
 
+/* What a test that does not end is doing, on stdout as TAP comments:
+ * each thread's state and kernel wait channel, and, when gdb is there,
+ * every thread's stack (a LeakSanitizer pass at exit, say, blocks every
+ * signal while its tracer runs). */
+static void show_threads(pid_t pid) {
+  char cmd[640];
+  snprintf(cmd, sizeof(cmd),
+           "for t in /proc/%d/task/*; do echo \"# thread ${t##*/}: "
+           "$(cut -d' ' -f3 $t/stat 2>/dev/null) $(cat $t/wchan "
+           "2>/dev/null)\"; done; command -v gdb >/dev/null && "
+           "timeout 60 gdb -batch -nx -p %d -ex 'thread apply all bt' "
+           "2>&1 | sed 's/^/# /'",
+           (int)pid, (int)pid);
+  fflush(stdout);
+  if (system(cmd) != 0)
+    printf("# (no stacks: gdb could not attach)\n");
+  fflush(stdout);
+}
+
 int main(int argc, char **argv) {
   size_t n = sizeof(tests) / sizeof(tests[0]);
   int nofork = getenv("ENCACHE_TEST_NOFORK") != NULL;
@@ -179,6 +198,7 @@ int main(int argc, char **argv) {
     int status, killed = 0;
     if (wait_for(pid, timeout + KILL_GRACE_S, &status) == 0) {
       /* Its alarm did not end it (SIGALRM blocked, a hang at exit): */
+      show_threads(pid);
       kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
       while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
