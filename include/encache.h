@@ -1005,7 +1005,8 @@ typedef struct encache_store_stats {
   uint64_t tier_promotions_dropped;/* not promoted: queue full, out of
                                       memory, malformed object, refused by
                                       the local tier, gone when read again,
-                                      cancelled by a removal */
+                                      cancelled by a removal, served by the
+                                      remote without its check (1.3) */
 } encache_store_stats;
 
 ENCACHE_EXTERN int encache_store_stats_get(encache_store *st,

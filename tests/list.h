@@ -272,6 +272,7 @@
   XX(tier_remote_outage_keeps_local_hits)                                    \
   XX(tier_remote_outage_seen_by_an_engine)                                   \
   XX(tier_incompatible_remote_object_never_promoted)                         \
+  XX(tier_remote_object_without_its_check_is_not_promoted)                   \
   XX(tier_local_eviction_refilled_from_the_remote)                           \
   XX(tier_full_promotion_queue_drops_without_waiting)                        \
   XX(tier_writes_answer_as_the_shared_tier)                                  \

@@ -172,6 +172,52 @@ TEST(tier_incompatible_remote_object_never_promoted) {
   world_stop(&w);
 }
 
+/* A remote hit served without its check (Redis, checksum=on: an object an
+ * older writer SET raw) is not promoted: in the local segment it would get
+ * a sum of its own and be served as checked.  It stays a remote hit,
+ * counted as one without a check each time; an object with its check in
+ * the same read is promoted as ever (a read that served one check-less
+ * object promotes none of its hits, so they go in two reads here). */
+TEST(tier_remote_object_without_its_check_is_not_promoted) {
+  world w;
+  if (world_start(&w, "4MiB", 0, 0) < 0)
+    return;
+  char url[300], keys[2][64];
+  snprintf(url, sizeof(url), "tier:%s+%s", w.local_url, w.remote_url);
+  encache_store *tier = open_url(url);
+  key_of(keys[0], "checked");
+  key_of(keys[1], "bare");
+  tier_put(w.remote, keys[0], 3); /* with its check (checksum=on) */
+  unsigned char obj[OBJ_LEN];
+  make_obj(obj, 4);
+  redis_raw raw;
+  raw_open(&raw, w.remote_url);
+  raw_set(&raw, keys[1], obj, OBJ_LEN); /* without one */
+  raw_close(&raw);
+  unsigned seeds[2] = {3, 4};
+  int64_t res[2];
+  uint64_t served = 0;
+  for (int round = 0; round < 2; round++) {
+    read_n(tier, &keys[0], 1, res, &seeds[0]);
+    ASSERT_EQ_INT(res[0], OBJ_LEN);
+    read_n(tier, &keys[1], 1, res, &seeds[1]);
+    ASSERT_EQ_INT(res[0], OBJ_LEN); /* served, as checksum=on says */
+    encache__tier_drain(tier);
+    ASSERT_EQ_INT(has(w.local, keys[0]), 1);
+    ASSERT_EQ_INT(has(w.local, keys[1]), 0);
+    ASSERT_EQ_INT(encache__store_control(tier, ENCACHE__CONTROL_UNCHECKED,
+                                         &served), 0);
+    ASSERT_EQ_U64(served, (uint64_t)round + 1);
+  }
+  encache_store_stats s = stats_of(tier);
+  ASSERT_EQ_U64(s.tier_local_hits, 1);  /* "checked", the second time */
+  ASSERT_EQ_U64(s.tier_remote_hits, 3); /* "bare" both times */
+  ASSERT_EQ_U64(s.tier_promotions_done, 1);
+  ASSERT_EQ_U64(s.tier_promotions_dropped, 2);
+  encache_store_close(tier);
+  world_stop(&w);
+}
+
 TEST(tier_local_eviction_refilled_from_the_remote) {
   world w;
   if (world_start(&w, "1MiB", 0, 0) < 0)

@@ -101,9 +101,11 @@ static int rd_call(encache_store *s, const rd *r) {
              : s->ops->read(s, r->keys, r->n, r->bufs, r->caps, r->res);
 }
 
-/* The remote's answers to r: hits counted and promoted, errors counted
- * (and their message made the tier's). */
-static void remote_answered(tier_store *t, const rd *r, uint64_t gen) {
+/* The remote's answers to r: hits counted and promoted (unless
+ * `unchecked`: the read served an object without its check), errors
+ * counted (and their message made the tier's). */
+static void remote_answered(tier_store *t, const rd *r, uint64_t gen,
+                            int unchecked) {
   uint64_t hits = 0, errors = 0;
   for (size_t i = 0; i < r->n; i++) {
     int64_t v = r->res[i];
@@ -112,9 +114,12 @@ static void remote_answered(tier_store *t, const rd *r, uint64_t gen) {
       hits++;
       size_t len = (size_t)v, h = r->heads ? (len < r->split ? len : r->split)
                                            : len;
-      encache__tier_promote(t, gen, r->keys[i],
-                            r->heads ? r->heads[i] : r->bufs[i], h,
-                            r->bufs[i], len - h);
+      if (unchecked)
+        count(&t->n.promo_dropped, 1);
+      else
+        encache__tier_promote(t, gen, r->keys[i],
+                              r->heads ? r->heads[i] : r->bufs[i], h,
+                              r->bufs[i], len - h);
     } else if (cls == ENCACHE_ANSWER_RECOVERABLE ||
                cls == ENCACHE_ANSWER_UNCONFIRMED) {
       errors++;
@@ -162,19 +167,39 @@ static int sub_make(const rd *r, size_t m, sub *s) {
   return 0;
 }
 
+uint64_t encache__tier_remote_unchecked(tier_store *t) {
+  uint64_t n = 0;
+  if (encache__store_control(t->remote, ENCACHE__CONTROL_UNCHECKED, &n) != 0)
+    return 0;
+  return n;
+}
+
+/* A remote read that served an object without its check (the remote's
+ * count moved: this read's, or another thread's at the same time) promotes
+ * none of its hits: in the local segment such an object would get a sum
+ * of its own and be served as checked, on this host, by every process.
+ * It stays a remote hit, counted as one without a check each time
+ * (hits_unchecked), until it is written again with its check. */
+static int rd_remote(tier_store *t, const rd *r, int *unchecked) {
+  uint64_t before = encache__tier_remote_unchecked(t);
+  int rc = rd_call(t->remote, r);
+  *unchecked = encache__tier_remote_unchecked(t) != before;
+  return rc;
+}
+
 /* Reads the items of r the local tier did not have (m of them) from the
  * remote tier, in one batch. */
 static int read_remote(tier_store *t, const rd *r, size_t m) {
-  int rc;
+  int rc, unchecked;
   /* A removal after this point (in any process of the host) makes what
    * the remote answers stale for promotion (tier_promote.c). */
   uint64_t gen = encache__tier_epoch(t);
   if (m == r->n) { /* nothing local: the remote answers as it would alone */
-    if ((rc = rd_call(t->remote, r)) < 0) {
+    if ((rc = rd_remote(t, r, &unchecked)) < 0) {
       count(&t->n.remote_errors, r->n);
       return relay(t, t->remote, rc);
     }
-    remote_answered(t, r, gen);
+    remote_answered(t, r, gen, unchecked);
     return 0;
   }
   sub s;
@@ -186,7 +211,7 @@ static int read_remote(tier_store *t, const rd *r, size_t m) {
                        "tier for %zu items", m);
     return 0;
   }
-  rc = rd_call(t->remote, &s.r);
+  rc = rd_remote(t, &s.r, &unchecked);
   for (size_t j = 0; j < m; j++)
     r->res[s.idx[j]] = rc < 0 ? rc : s.r.res[j];
   if (rc < 0) {
@@ -194,7 +219,7 @@ static int read_remote(tier_store *t, const rd *r, size_t m) {
     count(&t->n.remote_errors, m);
     relay(t, t->remote, rc);
   } else {
-    remote_answered(t, &s.r, gen);
+    remote_answered(t, &s.r, gen, unchecked);
   }
   encache__free(s.idx);
   return 0;

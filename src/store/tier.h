@@ -91,6 +91,10 @@ void encache__tier_promote_stop(tier_store *t);
  * remote removal).  A lookup or write notes it before asking the remote;
  * what it promotes is written only while the epoch has not moved. */
 uint64_t encache__tier_epoch(tier_store *t);
+/* The remote's count of objects it served without their check (Redis
+ * with checksum=on: objects an older writer left), or 0 when it keeps
+ * none.  A read during which it moves promotes nothing (tier.c). */
+uint64_t encache__tier_remote_unchecked(tier_store *t);
 /* Queues a copy of the object key = head[0..hlen) + body[0..blen) when it
  * is a well-formed v3 object and the queue has room and no removal
  * happened since the remote was asked (gen: the epoch then); else counts

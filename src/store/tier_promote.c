@@ -189,7 +189,8 @@ void encache__tier_promote_kick(tier_store *t) {
 }
 
 /* Reads p's object again from the remote tier into the thread's buffer:
- * the object, or NULL (gone, changed length, not well-formed). */
+ * the object, or NULL (gone, changed length, not well-formed, served
+ * without its check: tier.c). */
 static const unsigned char *fetch(tier_store *t, tier_promo *p) {
   if (t->fcap < p->len) {
     encache__free(t->fbuf);
@@ -202,6 +203,7 @@ static const unsigned char *fetch(tier_store *t, tier_promo *p) {
   void *bufs[1] = {t->fbuf};
   size_t caps[1] = {p->len};
   int64_t res[1];
+  uint64_t unchecked = encache__tier_remote_unchecked(t);
   int rc = t->remote->ops->read(t->remote, keys, 1, bufs, caps, res);
   if (encache_store_classify(rc) == ENCACHE_ANSWER_UNCONFIRMED ||
       (rc == 0 && encache_store_classify(res[0]) == ENCACHE_ANSWER_UNCONFIRMED)) {
@@ -213,6 +215,7 @@ static const unsigned char *fetch(tier_store *t, tier_promo *p) {
     return NULL;
   }
   if (rc != 0 || res[0] != (int64_t)p->len ||
+      encache__tier_remote_unchecked(t) != unchecked ||
       encache_object_describe(t->fbuf, p->len, NULL, 0) != 0)
     return NULL;
   return t->fbuf;
