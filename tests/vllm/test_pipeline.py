@@ -555,6 +555,27 @@ def test_scheduler_prefetch_hands_its_hits_to_the_worker_of_its_process(
         assert bits(b.encoder_cache[i]) == bits(a.encoder_cache[i])
 
 
+def test_prefetched_hits_encoded_again_by_the_v1_runner_are_not_published(
+        engines, shm):
+    # The hits the worker took from its scheduler half's prefetch count as
+    # loaded by the step, as its own lookup's do.
+    url = shm()
+    imgs, _ = _published(engines, url, "hv", 3)
+    b = engines(vf.vllm_config(url, scheduler_prefetch=True))
+    b.v1_runner = True
+    pf, w = b.scheduler.core.prefetcher, b.worker.core
+    req = vf.request("r2", imgs)
+    out = _plan(b, req)
+    pf.wait()
+    b.run_worker(out, [req])
+    assert w.counters.prefetched == 3 and sorted(b.encoder.calls) == \
+        sorted(imgs)
+    # Not "unplanned" either: no lookup of its own to find them present.
+    assert (w.counters.published, w.counters.publish_skipped,
+            w.counters.unplanned) == (0, 3, 0)
+    assert w.cache.stats().lookups == 0
+
+
 def test_a_worker_step_waits_for_the_prefetch_of_its_images(engines, shm,
                                                              fault):
     # The worker runs while its scheduler half's prefetch is still reading:

@@ -663,6 +663,7 @@ class WorkerCore:
                 for ident, tensor in hits:
                     encoder_cache[ident] = tensor if self._device is None \
                         else tensor.to(self._current_device())
+                    st.planned[ident] = _LOADED  # as publish() sees hits
                 loaded = len(hits)
                 counters.prefetched += loaded
                 st.loaded += loaded
